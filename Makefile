@@ -1,0 +1,41 @@
+# The README's two commands: `make demo` and `make test`. Both build .venv/ from nothing.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+ARGS ?=
+
+# Triton reads this when a kernel is defined, so it is set for the whole run;
+# which code path runs is chosen per call, never by this variable.
+export TRITON_INTERPRET := 1
+export RAY_AUTH_MODE := disabled
+export RAY_USAGE_STATS_ENABLED := 0
+
+.PHONY: demo test lint types unit venv clean
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip 2>&1 | grep -v "is ignored" || true
+	@# torch first, from the CPU wheel that lies on these machines; then the rest.
+	$(BIN)/pip install --quiet torch==2.13.0 2>&1 | grep -v "is ignored" || true
+	$(BIN)/pip install --quiet -e '.[dev]' 2>&1 | grep -v "is ignored" || true
+	$(BIN)/python -c "import ipnext, torch, triton, ray, temporalio, ortools" 
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/ipnext demo $(ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+types: $(STAMP)
+	$(BIN)/mypy -p ipnext
+
+test: lint types
+	$(BIN)/pytest -ra --durations=15 $(ARGS)
+
+clean:
+	rm -rf $(VENV) .ipnext .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,23 @@
+"""Process-wide context of activities: the worker's settings and its Ray connection."""
+
+from __future__ import annotations
+
+import functools
+
+from ipnext.config import Settings, load_settings
+
+__all__ = ["settings", "writer"]
+
+
+@functools.cache
+def settings() -> Settings:
+    return load_settings()
+
+
+def writer() -> object:
+    """The Serve config writer actor, connecting this process to Ray on first use."""
+    from ipnext.serving.control import connect, get_writer
+
+    current = settings()
+    connect(current.ray_address())
+    return get_writer(current.serve.host, current.serve.port)

@@ -1,0 +1,161 @@
+"""Serving activities: set apps up, router weights, apps down. Each applies a desired state
+through the one Serve config writer and waits until Serve reports it, so retries are safe."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+from temporalio import activity
+
+from ipnext.activities import _context
+from ipnext.activities.validate import as_application_error
+from ipnext.errors import ServingError
+from ipnext.model import ModelSpec, SnapshotSet
+from ipnext.plan import Plan
+from ipnext.rollout import RouterConfig
+from ipnext.serving.layout import (
+    metrics_actor_name,
+    render_router_app,
+    render_set_app,
+    router_app_name,
+    set_app_plan,
+)
+
+__all__ = [
+    "DeploySetInput",
+    "DeploySetResult",
+    "RemoveAppsInput",
+    "RouteInput",
+    "RouteResult",
+    "TeardownInput",
+    "TeardownResult",
+    "deploy_set_apps",
+    "remove_apps",
+    "route_traffic",
+    "teardown_model",
+]
+
+APPS_RUNNING_TIMEOUT_S = 240.0
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DeploySetInput(_Frozen):
+    spec: ModelSpec
+    snapshot_set: SnapshotSet
+    plan: Plan
+
+
+class DeploySetResult(_Frozen):
+    apps: dict[str, str]  # region -> set app
+
+
+class RouteInput(_Frozen):
+    model: str
+    weights: dict[str, dict[str, float]]  # region -> set app -> percent
+
+
+class RouteResult(_Frozen):
+    generations: dict[str, int]  # region -> generation now applied
+
+
+class RemoveAppsInput(_Frozen):
+    names: list[str]
+
+
+class TeardownInput(_Frozen):
+    model: str
+
+
+class TeardownResult(_Frozen):
+    removed: list[str]
+
+
+def _heartbeat(detail: str) -> None:
+    activity.heartbeat(detail)
+
+
+@activity.defn
+def deploy_set_apps(input: DeploySetInput) -> DeploySetResult:
+    from ipnext.serving.control import wait_apps_running
+
+    current = _context.settings()
+    roots = [str(r) for r in current.snapshot_roots]
+    regions = sorted({r for p in input.plan.deployments.values() for r in p.regions()})
+    plans = {r: set_app_plan(input.spec, input.snapshot_set, input.plan, r, roots) for r in regions}
+    writer: Any = _context.writer()
+    upserts = [render_set_app(p, current.ray.replica_num_cpus) for p in plans.values()]
+    _ray_get(writer.apply.remote(upserts, []))
+    try:
+        wait_apps_running([p.name for p in plans.values()], APPS_RUNNING_TIMEOUT_S, _heartbeat)
+    except ServingError as err:
+        raise as_application_error(err) from None
+    return DeploySetResult(apps={r: p.name for r, p in plans.items()})
+
+
+@activity.defn
+def route_traffic(input: RouteInput) -> RouteResult:
+    """Give each region's router the weights; a new generation only where they changed."""
+    from ipnext.serving.control import wait_apps_running, wait_router_generation
+
+    writer: Any = _context.writer()
+    generations: dict[str, int] = {}
+    upserts = []
+    for region, weights in sorted(input.weights.items()):
+        name = router_app_name(input.model, region)
+        existing = _ray_get(writer.app.remote(name))
+        old = RouterConfig.model_validate(existing["deployments"][0]["user_config"]) if existing else None
+        if old is not None and old.weights == weights:
+            generations[region] = old.generation
+            continue
+        config = RouterConfig(generation=(old.generation + 1) if old else 1, weights=weights)
+        generations[region] = config.generation
+        upserts.append(render_router_app(input.model, region, config))
+    if upserts:
+        _ray_get(writer.apply.remote(upserts, []))
+    names = [router_app_name(input.model, r) for r in sorted(input.weights)]
+    try:
+        wait_apps_running(names, APPS_RUNNING_TIMEOUT_S, _heartbeat)
+        for region, generation in generations.items():
+            wait_router_generation(router_app_name(input.model, region), generation, 60)
+    except ServingError as err:
+        raise as_application_error(err) from None
+    return RouteResult(generations=generations)
+
+
+@activity.defn
+def remove_apps(input: RemoveAppsInput) -> None:
+    from ipnext.serving.control import wait_apps_gone
+
+    writer: Any = _context.writer()
+    _ray_get(writer.apply.remote([], input.names))
+    wait_apps_gone(input.names, APPS_RUNNING_TIMEOUT_S)
+
+
+@activity.defn
+def teardown_model(input: TeardownInput) -> TeardownResult:
+    """Remove every app of the model (routers and sets) and its metrics actors."""
+    import ray
+
+    from ipnext.serving.control import wait_apps_gone
+
+    writer: Any = _context.writer()
+    prefix = f"{input.model}."
+    names = [n for n in _ray_get(writer.app_names.remote()) if n.startswith(prefix)]
+    _ray_get(writer.apply.remote([], names))
+    wait_apps_gone(names, APPS_RUNNING_TIMEOUT_S)
+    for region in _context.settings().fleet().regions:
+        try:
+            ray.kill(ray.get_actor(metrics_actor_name(input.model, region), namespace="ipnext"))
+        except ValueError:
+            pass  # no metrics actor there: the model never served in that region
+    return TeardownResult(removed=names)
+
+
+def _ray_get(ref: Any) -> Any:
+    import ray
+
+    return ray.get(ref, timeout=120)

@@ -1,0 +1,69 @@
+"""Validate activities: a model spec against the fleet and its code, a snapshot set against its parts."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from ipnext.activities import _context
+from ipnext.errors import IpnextError
+from ipnext.model import (
+    ModelSpec,
+    SnapshotRef,
+    SnapshotSetRequest,
+    check_against_fleet,
+    check_factories,
+)
+from ipnext.validation import complete_set, validate_snapshot
+
+__all__ = [
+    "ValidateSetInput",
+    "ValidateSetResult",
+    "ValidateSpecInput",
+    "validate_model_spec",
+    "validate_snapshot_set",
+]
+
+
+class ValidateSpecInput(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    spec: ModelSpec
+
+
+class ValidateSetInput(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    spec: ModelSpec
+    request: SnapshotSetRequest
+    serving_parts: dict[str, SnapshotRef] | None = None
+
+
+class ValidateSetResult(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    parts: dict[str, SnapshotRef]
+
+
+def as_application_error(err: IpnextError) -> ApplicationError:
+    return ApplicationError(str(err), type=type(err).__name__, non_retryable=True)
+
+
+@activity.defn
+def validate_model_spec(input: ValidateSpecInput) -> None:
+    try:
+        check_against_fleet(input.spec, _context.settings().fleet())
+        check_factories(input.spec)
+    except IpnextError as err:
+        raise as_application_error(err) from None
+
+
+@activity.defn
+def validate_snapshot_set(input: ValidateSetInput) -> ValidateSetResult:
+    roots = _context.settings().snapshot_roots
+    try:
+        parts = complete_set(input.spec, input.request, input.serving_parts)
+        for part in sorted(input.request.parts):
+            activity.heartbeat(part)
+            validate_snapshot(input.spec, part, parts[part], roots)
+    except IpnextError as err:
+        raise as_application_error(err) from None
+    return ValidateSetResult(parts=parts)

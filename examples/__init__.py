@@ -1,0 +1,1 @@
+"""Demo models people copy from: each has its parts, a trainer that writes real snapshots, and a model.yaml."""

@@ -1,0 +1,1 @@
+"""The demo ranker: a sparse embedding part and a dense MLP part, trained on synthetic clicks."""

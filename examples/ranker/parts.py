@@ -1,0 +1,112 @@
+"""The ranker's two parts, following the part contract: `factory(weights, config) -> part`.
+
+- EmbeddingPart (sparse, memory-bound: wants high-memory hosts) looks up the user
+  and candidate item embeddings.
+- DensePart (compute-bound) scores each (user, item) pair with an MLP over the
+  two embeddings and their elementwise product, returning click probabilities.
+
+Request: {"user": int, "items": [int, ...]}; response: one probability per item.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from ipnext.errors import SnapshotError
+
+__all__ = ["DensePart", "EmbeddingPart", "RankerModules", "build_modules"]
+
+
+class RankerModules(nn.Module):
+    """Both parts' modules together, as the trainer trains them."""
+
+    def __init__(self, num_users: int, num_items: int, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.user = nn.Embedding(num_users, dim)
+        self.item = nn.Embedding(num_items, dim)
+        self.mlp = nn.Sequential(nn.Linear(3 * dim, hidden), nn.ReLU(), nn.Linear(hidden, 1))
+
+    def embed(self, user: torch.Tensor, items: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.user(user), self.item(items)
+
+    def score(self, user_vec: torch.Tensor, item_vecs: torch.Tensor) -> torch.Tensor:
+        user_b = user_vec.expand_as(item_vecs)
+        features = torch.cat([user_b, item_vecs, user_b * item_vecs], dim=-1)
+        return self.mlp(features).squeeze(-1)
+
+
+def build_modules(config: dict[str, Any]) -> RankerModules:
+    return RankerModules(
+        num_users=int(config["num_users"]),
+        num_items=int(config["num_items"]),
+        dim=int(config["dim"]),
+        hidden=int(config.get("hidden", 32)),
+    )
+
+
+def _load(module: nn.Module, prefix: str, weights: dict[str, torch.Tensor], part: str) -> None:
+    """Strictly load `weights` into the submodule, naming the first tensor that does not fit."""
+    expected = {k: v for k, v in module.state_dict().items()}
+    for name, tensor in expected.items():
+        got = weights.get(prefix + name)
+        if got is None:
+            raise SnapshotError(f"{part}: tensor {prefix + name!r} is missing from the snapshot")
+        if tuple(got.shape) != tuple(tensor.shape) or got.dtype != tensor.dtype:
+            raise SnapshotError(
+                f"{part}: tensor {prefix + name!r} is {str(got.dtype).removeprefix('torch.')}"
+                f"{list(got.shape)}, the part expects {str(tensor.dtype).removeprefix('torch.')}{list(tensor.shape)}"
+            )
+    extra = sorted(set(weights) - {prefix + n for n in expected})
+    if extra:
+        raise SnapshotError(f"{part}: unexpected tensors {extra}")
+    module.load_state_dict({k.removeprefix(prefix): v for k, v in weights.items()})
+
+
+def _expected(module: nn.Module, prefix: str) -> dict[str, tuple[tuple[int, ...], str]]:
+    return {
+        prefix + name: (tuple(t.shape), str(t.dtype).removeprefix("torch."))
+        for name, t in module.state_dict().items()
+    }
+
+
+class EmbeddingPart:
+    def __init__(self, weights: dict[str, torch.Tensor], config: dict[str, Any]) -> None:
+        modules = build_modules(config)
+        self._user, self._item = modules.user, modules.item
+        self._num_users, self._num_items = modules.user.num_embeddings, modules.item.num_embeddings
+        tables = nn.ModuleDict({"user": self._user, "item": self._item})
+        _load(tables, "", weights, "embed")
+        self._tables = tables.eval()
+
+    def expected_tensors(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        return _expected(self._tables, "")
+
+    async def __call__(self, inputs: dict[str, Any]) -> dict[str, torch.Tensor]:
+        request = inputs["input"]
+        user, items = int(request["user"]), [int(i) for i in request["items"]]
+        if not 0 <= user < self._num_users or any(not 0 <= i < self._num_items for i in items):
+            raise ValueError(f"user must be in [0, {self._num_users}) and items in [0, {self._num_items})")
+        with torch.inference_mode():
+            return {
+                "user": self._user(torch.tensor([user])),
+                "items": self._item(torch.tensor(items, dtype=torch.long)),
+            }
+
+
+class DensePart:
+    def __init__(self, weights: dict[str, torch.Tensor], config: dict[str, Any]) -> None:
+        self._modules = build_modules(config)
+        _load(self._modules.mlp, "mlp.", weights, "dense")
+        self._modules.eval()
+
+    def expected_tensors(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        return _expected(self._modules.mlp, "mlp.")
+
+    async def __call__(self, inputs: dict[str, Any]) -> list[float]:
+        vectors = inputs["embed"]
+        with torch.inference_mode():
+            logits = self._modules.score(vectors["user"], vectors["items"])
+            return [round(p, 6) for p in torch.sigmoid(logits).tolist()]

@@ -1,0 +1,201 @@
+"""The `ipnext` command line: the SDK's verbs plus the dev stack and the demo.
+
+ipnext dev up|down|status
+ipnext model publish FILE | get NAME | list | delete NAME
+ipnext snapshot publish MODEL FOLDER
+ipnext predict MODEL --inputs JSON [--source REGION | --region REGION] [--key KEY]
+ipnext serve export [-o FILE]
+ipnext demo [--once]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from ipnext.config import Settings, load_settings
+from ipnext.errors import IpnextError
+
+__all__ = ["main"]
+
+
+def _print_json(value: Any) -> None:
+    if hasattr(value, "model_dump"):
+        value = value.model_dump(mode="json")
+    print(json.dumps(value, indent=2, default=str))
+
+
+async def _with_client(settings: Settings, action: Callable[[Any], Awaitable[Any]]) -> Any:
+    from ipnext.sdk import Client
+
+    async with await Client.connect(settings) as ipn:
+        return await action(ipn)
+
+
+def _model(args: argparse.Namespace, settings: Settings) -> None:
+    from ipnext.model import load_model_spec
+
+    if args.verb == "publish":
+        spec = load_model_spec(args.file)
+        state = asyncio.run(_with_client(settings, lambda c: c.publish_model(spec)))
+        print(f"model {spec.name} registered (workflow model/{spec.name}, state {state.state})")
+    elif args.verb == "get":
+        _print_json(asyncio.run(_with_client(settings, lambda c: c.get_model(args.name))))
+    elif args.verb == "list":
+        models = asyncio.run(_with_client(settings, lambda c: c.list_models()))
+        for m in models:
+            print(f"{m.name:30} {m.state}")
+        if not models:
+            print("no models")
+    elif args.verb == "delete":
+        result = asyncio.run(_with_client(settings, lambda c: c.delete_model(args.name, who="cli")))
+        print(f"model {args.name} deleted; removed apps {result.removed_apps}")
+
+
+def _snapshot(args: argparse.Namespace, settings: Settings) -> None:
+    result = asyncio.run(
+        _with_client(settings, lambda c: c.publish_snapshot(args.model, Path(args.folder), who="cli"))
+    )
+    print(f"published {result.set_id} ({result.status})")
+    if args.wait:
+        state = asyncio.run(_with_client(settings, lambda c: c.wait_until_serving(args.model, result.set_id)))
+        print(f"{result.set_id} serves in {sorted(state.serving_apps)}")
+
+
+def _predict(args: argparse.Namespace, settings: Settings) -> None:
+    try:
+        inputs = json.loads(args.inputs)
+    except json.JSONDecodeError as err:
+        raise IpnextError(
+            f"--inputs is not JSON: {err}",
+            field="--inputs",
+            fix='pass e.g. \'{"user": 1, "items": [1, 2]}\'',
+        ) from None
+    reply = asyncio.run(
+        _with_client(
+            settings,
+            lambda c: c.predict(args.model, inputs, source=args.source, region=args.region, key=args.key),
+        )
+    )
+    _print_json(reply)
+
+
+def _serve(args: argparse.Namespace, settings: Settings) -> None:
+    import ray
+    import yaml
+
+    from ipnext.serving.control import connect, get_writer
+
+    connect(settings.ray_address())
+    config = ray.get(get_writer(settings.serve.host, settings.serve.port).export.remote())
+    text = yaml.safe_dump(config, sort_keys=False)
+    if args.output:
+        Path(args.output).write_text(text)
+        print(f"wrote the Serve config of {len(config['applications'])} apps to {args.output}")
+    else:
+        print(text)
+
+
+def _dev(args: argparse.Namespace, settings: Settings) -> None:
+    from ipnext.devstack import DevStack
+
+    stack = DevStack(settings)
+    if args.verb == "up":
+        stack.up()
+    elif args.verb == "down":
+        stack.down()
+    else:
+        record = stack.read_record()
+        if not record or not stack.is_up():
+            print("ipnext dev stack is not up")
+            sys.exit(1)
+        for name, proc in record["processes"].items():
+            print(f"{name:10} pid {proc['pid']:<8} log {proc['log']}")
+
+
+def _demo(args: argparse.Namespace, settings: Settings) -> None:
+    from ipnext.devstack import DevStack
+    from ipnext.examples.demo import run_scenario
+
+    stack = DevStack(settings)
+    started_here = not stack.is_up()
+    t0 = time.perf_counter()
+    stack.up()
+    try:
+        asyncio.run(run_scenario(settings))
+        print(f"demo scenario done in {time.perf_counter() - t0:.1f}s")
+        if not args.once:
+            print("the stack stays up; press Ctrl-C to stop it")
+            while True:
+                time.sleep(3600)
+    except KeyboardInterrupt:
+        print()
+    finally:
+        if started_here:
+            stack.down()
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ipnext", description="ipnext: publish, validate, plan, roll out and serve models"
+    )
+    parser.add_argument("--config", help="ipnext.yaml to use (default: $IPNEXT_CONFIG or config/ipnext.yaml)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    dev = sub.add_parser("dev", help="the embedded dev stack (Temporal, Ray, worker)")
+    dev.add_argument("verb", choices=["up", "down", "status"])
+    dev.set_defaults(run=_dev)
+
+    model = sub.add_parser("model", help="register, inspect and delete models")
+    msub = model.add_subparsers(dest="verb", required=True)
+    msub.add_parser("publish", help="register a model from its model.yaml").add_argument("file", type=Path)
+    msub.add_parser("get", help="a model's state as JSON").add_argument("name")
+    msub.add_parser("list", help="registered models")
+    msub.add_parser("delete", help="tear down serving and delete the model").add_argument("name")
+    model.set_defaults(run=_model)
+
+    snap = sub.add_parser("snapshot", help="publish snapshot sets")
+    ssub = snap.add_subparsers(dest="verb", required=True)
+    pub = ssub.add_parser("publish", help="publish a snapshot folder (with its manifest.json)")
+    pub.add_argument("model")
+    pub.add_argument("folder")
+    pub.add_argument("--wait", action="store_true", help="wait until the set serves")
+    snap.set_defaults(run=_snapshot)
+
+    predict = sub.add_parser("predict", help="ask a model for a prediction over HTTP")
+    predict.add_argument("model")
+    predict.add_argument("--inputs", required=True, help="the request inputs as JSON")
+    predict.add_argument("--source", help="the caller's region; the plan picks the serving region")
+    predict.add_argument("--region", help="the serving region to ask directly")
+    predict.add_argument("--key", help="sticky key: the same key lands on the same set")
+    predict.set_defaults(run=_predict)
+
+    serve = sub.add_parser("serve", help="the Serve config")
+    serve.add_argument("verb", choices=["export"])
+    serve.add_argument("-o", "--output", help="write YAML here instead of stdout")
+    serve.set_defaults(run=_serve)
+
+    demo = sub.add_parser("demo", help="bring the stack up and run the demo scenario")
+    demo.add_argument("--once", action="store_true", help="run once, stop the stack, exit 0 on success")
+    demo.set_defaults(run=_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    try:
+        settings = load_settings(args.config)
+        args.run(args, settings)
+    except IpnextError as err:
+        print(f"ipnext: {type(err).__name__}: {err}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

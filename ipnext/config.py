@@ -1,0 +1,163 @@
+"""Settings: ipnext.yaml (pydantic-settings) plus the Temporal dev server's temporal-dev.yaml.
+
+Where the file is: `IPNEXT_CONFIG`, else `config/ipnext.yaml` under the current
+folder, else the defaults below. Relative paths in a file are relative to that file.
+Environment wins over the file: `IPNEXT_<FIELD>` (nested with `__`, e.g.
+`IPNEXT_SERVE__PORT=8001`), and the conventional `TEMPORAL_ADDRESS` / `RAY_ADDRESS`,
+which make ipnext use existing clusters instead of starting its own.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from ipnext.errors import StackError
+from ipnext.fleet import Fleet, load_fleet
+from ipnext.specio import load_yaml, parse_spec
+
+__all__ = ["RaySettings", "ServeSettings", "Settings", "TemporalDevSettings", "load_settings"]
+
+DEFAULT_CONFIG = Path("config/ipnext.yaml")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TemporalSettings(_Section):
+    address: str | None = None  # None: the dev server that temporal-dev.yaml describes
+    namespace: str = "default"
+    task_queue: str = "ipnext"
+
+
+class ServeSettings(_Section):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, gt=0, lt=65536)
+
+
+class RaySettings(_Section):
+    address: str | None = None  # None: the dev stack starts a local cluster
+    num_cpus: int | None = Field(default=None, gt=0)
+    replica_num_cpus: float = Field(default=0, ge=0)  # 1 CPU per replica starves 2-core machines
+
+
+class TemporalDevSettings(_Section):
+    """temporal-dev.yaml: how `ipnext dev up` runs `temporal server start-dev`."""
+
+    ip: str = "127.0.0.1"
+    port: int = Field(default=7233, gt=0, lt=65536)
+    ui_port: int = Field(default=8233, gt=0, lt=65536)
+    namespace: str = "default"
+    db_filename: str = "temporal.db"
+    log_level: str = "warn"
+    search_attributes: dict[str, str] = Field(
+        default_factory=lambda: {
+            "IpnextModel": "Keyword",
+            "IpnextState": "Keyword",
+            "IpnextTrafficPercent": "Int",
+        }
+    )
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="IPNEXT_", env_nested_delimiter="__", extra="forbid")
+
+    fleet_file: Path = Path("config/fleet.dev.yaml")
+    snapshot_roots: list[Path] = Field(default_factory=lambda: [Path(".ipnext/snapshots")])
+    freeze_calendar: Path | None = None
+    state_dir: Path = Path(".ipnext")
+    temporal_dev_file: Path | None = None
+    temporal: TemporalSettings = Field(default_factory=TemporalSettings)
+    serve: ServeSettings = Field(default_factory=ServeSettings)
+    ray: RaySettings = Field(default_factory=RaySettings)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The file's values come in as init arguments; the environment overrides them.
+        return (env_settings, init_settings)
+
+    def temporal_dev(self) -> TemporalDevSettings:
+        if self.temporal_dev_file is None:
+            return TemporalDevSettings()
+        return parse_spec(
+            TemporalDevSettings,
+            load_yaml(self.temporal_dev_file),
+            source=str(self.temporal_dev_file),
+        )
+
+    @property
+    def temporal_address(self) -> str:
+        if self.temporal.address:
+            return self.temporal.address
+        dev = self.temporal_dev()
+        return f"{dev.ip}:{dev.port}"
+
+    @property
+    def temporal_namespace(self) -> str:
+        return self.temporal.namespace
+
+    @property
+    def serve_url(self) -> str:
+        return f"http://{self.serve.host}:{self.serve.port}"
+
+    @property
+    def ui_url(self) -> str:
+        dev = self.temporal_dev()
+        return f"http://{dev.ip}:{dev.ui_port}/namespaces/{self.temporal.namespace}"
+
+    def fleet(self) -> Fleet:
+        return load_fleet(self.fleet_file)
+
+    @property
+    def ray_address_file(self) -> Path:
+        return self.state_dir / "ray-address"
+
+    def ray_address(self) -> str:
+        """The configured Ray cluster, else the one the dev stack started."""
+        if self.ray.address:
+            return self.ray.address
+        try:
+            return self.ray_address_file.read_text().strip()
+        except FileNotFoundError:
+            raise StackError(
+                "no Ray cluster: RAY_ADDRESS is not set and the dev stack is not up.",
+                field="ray.address",
+                fix="run `ipnext dev up`, or set RAY_ADDRESS to an existing cluster",
+            ) from None
+
+
+_PATH_FIELDS = ("fleet_file", "freeze_calendar", "state_dir", "temporal_dev_file")
+
+
+def load_settings(path: str | Path | None = None) -> Settings:
+    """Load settings from `path`, `IPNEXT_CONFIG` or config/ipnext.yaml, then the environment."""
+    chosen = path or os.environ.get("IPNEXT_CONFIG")
+    file = Path(chosen) if chosen else (DEFAULT_CONFIG if DEFAULT_CONFIG.exists() else None)
+    data: dict[str, Any] = {}
+    if file is not None:
+        loaded = load_yaml(file) or {}
+        base = file.resolve().parent
+        data = dict(loaded)
+        for key in _PATH_FIELDS:
+            if data.get(key) is not None:
+                data[key] = (base / data[key]).resolve()
+        if "snapshot_roots" in data:
+            data["snapshot_roots"] = [(base / p).resolve() for p in data["snapshot_roots"]]
+    settings = Settings(**data)
+    if os.environ.get("TEMPORAL_ADDRESS"):
+        settings.temporal.address = os.environ["TEMPORAL_ADDRESS"]
+    if os.environ.get("RAY_ADDRESS"):
+        settings.ray.address = os.environ["RAY_ADDRESS"]
+    return settings

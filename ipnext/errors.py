@@ -1,0 +1,93 @@
+"""The ipnext error hierarchy: every error a caller can act on names what was wrong and the fix.
+
+IpnextError
+├── SpecError              a model, fleet, demand or config file is malformed (field, value, fix)
+├── SnapshotError          a snapshot failed validation: path, file, checksum, format, tensors
+├── InfeasiblePlanError    the planner cannot meet a constraint (which one, and why)
+├── ModelNotFoundError     no model of that name is registered
+├── ModelExistsError       a model of that name is already registered
+├── ServingError           Ray Serve could not deploy or answer
+└── StackError             the dev stack could not start or stop
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "InfeasiblePlanError",
+    "IpnextError",
+    "ModelExistsError",
+    "ModelNotFoundError",
+    "ServingError",
+    "SnapshotError",
+    "SpecError",
+    "StackError",
+    "error_from_type",
+]
+
+
+class IpnextError(Exception):
+    """Base of every error ipnext raises on purpose."""
+
+    def __init__(
+        self, message: str, *, field: str | None = None, value: Any = None, fix: str | None = None
+    ) -> None:
+        self.field = field
+        self.value = value
+        self.fix = fix
+        parts = [message]
+        if fix:
+            parts.append(f"Fix: {fix}")
+        super().__init__(" ".join(parts))
+
+
+class SpecError(IpnextError, ValueError):
+    """A spec (model.yaml, fleet.yaml, demand.yaml, ipnext.yaml) is malformed."""
+
+
+class SnapshotError(IpnextError, ValueError):
+    """A snapshot failed validation; nothing was changed."""
+
+
+class InfeasiblePlanError(IpnextError):
+    """No placement meets every constraint; the message names the one that fails."""
+
+
+class ModelNotFoundError(IpnextError, LookupError):
+    """No model of that name is registered."""
+
+
+class ModelExistsError(IpnextError):
+    """A model of that name is already registered."""
+
+
+class ServingError(IpnextError):
+    """Ray Serve could not deploy an app or answer a request."""
+
+
+class StackError(IpnextError):
+    """The dev stack could not start, or a component of it is not reachable."""
+
+
+_BY_NAME: dict[str, type[IpnextError]] = {
+    cls.__name__: cls
+    for cls in (
+        SpecError,
+        SnapshotError,
+        InfeasiblePlanError,
+        ModelNotFoundError,
+        ModelExistsError,
+        ServingError,
+        StackError,
+    )
+}
+
+
+def error_from_type(type_name: str | None, message: str) -> IpnextError:
+    """Rebuild an ipnext error from the `type` of a Temporal ApplicationError."""
+    cls = _BY_NAME.get(type_name or "", IpnextError)
+    err = cls.__new__(cls)
+    Exception.__init__(err, message)
+    err.field = err.value = err.fix = None
+    return err

@@ -1,0 +1,329 @@
+"""What an ML engineer writes and publishes: the model spec (model.yaml) and its snapshot sets."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+from ipnext.errors import SpecError
+from ipnext.fleet import Fleet, Name
+from ipnext.specio import load_yaml, parse_spec
+
+__all__ = [
+    "DAG_INPUT",
+    "DAG_OUTPUT",
+    "AvailabilitySpec",
+    "GateSpec",
+    "HardwareOption",
+    "ModelSpec",
+    "PartSpec",
+    "RolloutSpec",
+    "SnapshotRef",
+    "SnapshotSet",
+    "SnapshotSetRequest",
+    "TrafficSpec",
+    "WatchSpec",
+    "check_against_fleet",
+    "check_factories",
+    "import_factory",
+    "load_model_spec",
+]
+
+DAG_INPUT = "input"
+DAG_OUTPUT = "output"
+_RESERVED = {DAG_INPUT, DAG_OUTPUT}
+
+Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class HardwareOption(_Spec):
+    """Where one replica of a part may run: the pool units it takes and the QPS it serves."""
+
+    units: int = Field(gt=0)
+    qps: float = Field(gt=0)
+
+
+class PartSpec(_Spec):
+    factory: str = Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+    hardware: dict[Name, HardwareOption] = Field(min_length=1)
+    config: dict[str, Any] = Field(default_factory=dict)
+
+
+class TrafficSpec(_Spec):
+    peak_qps: dict[Name, Annotated[float, Field(gt=0)]] = Field(min_length=1)
+
+
+class AvailabilitySpec(_Spec):
+    headroom: float = Field(default=0.2, ge=0, lt=1)
+    min_regions: int = Field(default=1, ge=1)
+    survive_region_loss: bool = False
+
+
+class GateSpec(_Spec):
+    metric: Literal["error_rate", "latency_p99_ms", "ttft_p99_ms", "itl_p99_ms"]
+    max: float | None = Field(default=None, ge=0)
+    max_ratio_to_old: float | None = Field(default=None, gt=0)
+    floor: float = Field(default=0, ge=0)
+
+    @model_validator(mode="after")
+    def _one_bound(self) -> GateSpec:
+        if self.max is None and self.max_ratio_to_old is None:
+            raise ValueError(f"gate on {self.metric}: give max or max_ratio_to_old")
+        return self
+
+
+class RolloutSpec(_Spec):
+    steps: list[Annotated[int, Field(gt=0, le=100)]] = Field(default=[1, 5, 25, 50, 100])
+    bake_seconds: float = Field(default=60, ge=0)
+    check_interval_seconds: float = Field(default=2, gt=0)
+    min_requests: int = Field(default=100, ge=0)
+    gates: list[GateSpec] = Field(
+        default_factory=lambda: [
+            GateSpec(metric="error_rate", max=0.01),
+            GateSpec(metric="latency_p99_ms", max_ratio_to_old=1.5, floor=20),
+        ]
+    )
+
+    @model_validator(mode="after")
+    def _steps_rise_to_100(self) -> RolloutSpec:
+        if self.steps != sorted(set(self.steps)) or self.steps[-1] != 100:
+            raise ValueError(
+                f"rollout.steps: {self.steps} must rise strictly and end at 100, e.g. [1, 5, 25, 50, 100]"
+            )
+        return self
+
+
+class WatchSpec(_Spec):
+    """Opt-in: a Temporal Schedule that publishes new snapshots found in the training output."""
+
+    enabled: bool = False
+    interval_seconds: float = Field(default=60, ge=1)
+
+
+class ModelSpec(_Spec):
+    name: Name
+    owner: str = Field(min_length=1)
+    sync: Literal["synchronized", "independent"] = "synchronized"
+    parts: dict[Name, PartSpec] = Field(min_length=1)
+    dag: list[tuple[str, str]] = Field(min_length=1)
+    traffic: TrafficSpec
+    latency_budget_ms: float = Field(gt=0)
+    availability: AvailabilitySpec = Field(default_factory=AvailabilitySpec)
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec)
+    watch: WatchSpec = Field(default_factory=WatchSpec)
+
+    @model_validator(mode="after")
+    def _check_dag(self) -> ModelSpec:
+        for name in self.parts:
+            if name in _RESERVED:
+                raise ValueError(f"parts.{name}: {name!r} is reserved for the DAG; rename the part")
+        nodes = set(self.parts) | _RESERVED
+        seen_edges: set[tuple[str, str]] = set()
+        for i, (src, dst) in enumerate(self.dag):
+            for end in (src, dst):
+                if end not in nodes:
+                    raise ValueError(
+                        f"dag.{i}: edge [{src}, {dst}] names unknown node {end!r}; "
+                        f"known nodes are input, output and the parts {sorted(self.parts)}"
+                    )
+            if dst == DAG_INPUT or src == DAG_OUTPUT:
+                raise ValueError(
+                    f"dag.{i}: edge [{src}, {dst}] runs the wrong way; edges leave input and enter output"
+                )
+            if src == dst:
+                raise ValueError(f"dag.{i}: edge [{src}, {dst}] is a self-loop; remove it")
+            if (src, dst) in seen_edges:
+                raise ValueError(f"dag.{i}: edge [{src}, {dst}] is listed twice; remove one")
+            seen_edges.add((src, dst))
+        cycle = _find_cycle(self.dag)
+        if cycle:
+            raise ValueError(
+                f"dag: cycle {' -> '.join(cycle)}; a model's DAG must not loop back, "
+                "remove one of these edges"
+            )
+        from_input = _reachable(self.dag, DAG_INPUT, forward=True)
+        to_output = _reachable(self.dag, DAG_OUTPUT, forward=False)
+        for name in self.parts:
+            if name not in from_input or name not in to_output:
+                raise ValueError(
+                    f"dag: part {name!r} is not on any path from input to output; "
+                    "add edges to it and from it, or remove the part"
+                )
+        if DAG_OUTPUT not in from_input:
+            raise ValueError("dag: no path from input to output; connect them through the parts")
+        return self
+
+    def topological_order(self) -> list[str]:
+        """The parts in an order where every part comes after its upstream parts."""
+        order: list[str] = []
+        indegree = {p: 0 for p in self.parts}
+        for src, dst in self.dag:
+            if src in indegree and dst in indegree:  # input feeds everyone at the start
+                indegree[dst] += 1
+        ready = sorted(p for p, d in indegree.items() if d == 0)
+        while ready:
+            part = ready.pop(0)
+            order.append(part)
+            for src, dst in self.dag:
+                if src == part and dst in indegree:
+                    indegree[dst] -= 1
+                    if indegree[dst] == 0:
+                        ready.append(dst)
+        return order
+
+    def upstream(self, node: str) -> list[str]:
+        return [src for src, dst in self.dag if dst == node]
+
+
+def _find_cycle(edges: list[tuple[str, str]]) -> list[str] | None:
+    graph: dict[str, list[str]] = {}
+    for src, dst in edges:
+        graph.setdefault(src, []).append(dst)
+    state: dict[str, int] = {}  # 1 = on the stack, 2 = done
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in graph.get(node, []):
+            if state.get(nxt) == 1:
+                return [*stack[stack.index(nxt) :], nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def _reachable(edges: list[tuple[str, str]], start: str, *, forward: bool) -> set[str]:
+    seen = {start}
+    frontier = [start]
+    while frontier:
+        node = frontier.pop()
+        for src, dst in edges:
+            a, b = (src, dst) if forward else (dst, src)
+            if a == node and b not in seen:
+                seen.add(b)
+                frontier.append(b)
+    return seen
+
+
+def load_model_spec(path: str | Path) -> ModelSpec:
+    return parse_spec(ModelSpec, load_yaml(path), source=str(path))
+
+
+def check_against_fleet(spec: ModelSpec, fleet: Fleet) -> None:
+    """Hardware classes and traffic sources the spec names must exist in the fleet."""
+    for part, part_spec in spec.parts.items():
+        for hw in part_spec.hardware:
+            if hw not in fleet.hardware:
+                raise SpecError(
+                    f"parts.{part}.hardware: hardware class {hw!r} is not in the fleet.",
+                    field=f"parts.{part}.hardware",
+                    value=hw,
+                    fix=f"use one of {sorted(fleet.hardware)}",
+                )
+    for source in spec.traffic.peak_qps:
+        if source not in fleet.regions:
+            raise SpecError(
+                f"traffic.peak_qps: traffic source {source!r} is not a region of the fleet.",
+                field="traffic.peak_qps",
+                value=source,
+                fix=f"use one of {fleet.regions}",
+            )
+    if spec.availability.min_regions > len(fleet.regions):
+        raise SpecError(
+            f"availability.min_regions: {spec.availability.min_regions} is more than the "
+            f"fleet's {len(fleet.regions)} regions.",
+            field="availability.min_regions",
+            value=spec.availability.min_regions,
+            fix=f"use at most {len(fleet.regions)}",
+        )
+
+
+def import_factory(factory: str) -> Callable[..., Any]:
+    """Resolve "module:callable"; errors say which part of the path failed."""
+    module_name, _, attr = factory.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as err:  # an import can fail in any way; report it, whatever it is
+        raise SpecError(
+            f"factory {factory!r}: module {module_name!r} does not import ({type(err).__name__}: {err}).",
+            field="factory",
+            value=factory,
+            fix="check the module path and that its package is installed on the worker",
+        ) from None
+    target = getattr(module, attr, None)
+    if not callable(target):
+        raise SpecError(
+            f"factory {factory!r}: {module_name} has no callable {attr!r}.",
+            field="factory",
+            value=factory,
+            fix="name a class or function of that module as module:callable",
+        )
+    return target
+
+
+def check_factories(spec: ModelSpec) -> None:
+    for part, part_spec in spec.parts.items():
+        try:
+            import_factory(part_spec.factory)
+        except SpecError as err:
+            raise SpecError(
+                f"parts.{part}.factory: {err}",
+                field=f"parts.{part}.factory",
+                value=part_spec.factory,
+            ) from None
+
+
+class SnapshotRef(_Spec):
+    """One part's weights: where they are and what they must hash to."""
+
+    uri: str = Field(min_length=1)
+    sha256: Sha256
+    snapshot_id: str = Field(min_length=1)
+
+
+class SnapshotSetRequest(_Spec):
+    """What a publish carries: a label from training and a snapshot per part.
+
+    With `sync: independent` a request may name only the parts that changed; the
+    others keep the snapshots of the serving set.
+    """
+
+    model: Name
+    version: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+    parts: dict[Name, SnapshotRef] = Field(min_length=1)
+
+
+SetStatus = Literal["validated", "rolling_out", "serving", "retired", "superseded", "rolled_back", "failed"]
+
+
+class SnapshotSet(_Spec):
+    """A published, validated set: id `<model>@<n>`, a snapshot for every part."""
+
+    id: str
+    number: int
+    version: str
+    parts: dict[str, SnapshotRef]
+    status: SetStatus
+    published_at: datetime
+    detail: str = ""

@@ -1,0 +1,115 @@
+"""Inputs, results and state of the lifecycle workflows (ModelWorkflow, RolloutWorkflow, the watcher).
+
+Each workflow, update, signal and activity takes one of these and returns one, so
+fields can be added later without breaking callers or running histories.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ipnext.model import ModelSpec, SnapshotSet, SnapshotSetRequest
+from ipnext.plan import Plan
+from ipnext.rollout import RolloutState, RolloutStatus
+
+__all__ = [
+    "DeleteInput",
+    "DeleteResult",
+    "ModelState",
+    "ModelWorkflowInput",
+    "ModelWorkflowResult",
+    "PublishInput",
+    "PublishResult",
+    "RolloutInput",
+    "RolloutResult",
+    "WatchInput",
+    "WatchResult",
+    "model_workflow_id",
+    "rollout_workflow_id",
+]
+
+
+def model_workflow_id(model: str) -> str:
+    return f"model/{model}"
+
+
+def rollout_workflow_id(model: str, set_id: str) -> str:
+    return f"rollout/{model}/{set_id}"
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelWorkflowInput(_Frozen):
+    """Start (or continue-as-new) a model's registry workflow; later fields carry state over."""
+
+    spec: ModelSpec
+    sets: list[SnapshotSet] = Field(default_factory=list)
+    serving_set: str | None = None
+    serving_apps: dict[str, str] = Field(default_factory=dict)  # region -> set app
+    plan: Plan | None = None
+    queued: list[str] = Field(default_factory=list)
+    next_number: int = 1
+
+
+class ModelWorkflowResult(_Frozen):
+    model: str
+    deleted_by: str
+    sets: int
+
+
+class PublishInput(_Frozen):
+    request: SnapshotSetRequest
+    who: str = "unknown"
+
+
+class PublishResult(_Frozen):
+    set_id: str
+    status: str  # "queued" until its rollout starts
+
+
+class DeleteInput(_Frozen):
+    who: str = "unknown"
+
+
+class DeleteResult(_Frozen):
+    model: str
+    removed_apps: list[str]
+
+
+class ModelState(_Frozen):
+    """What `get` answers: the model's spec, its sets, what serves, the plan, the rollout."""
+
+    spec: ModelSpec
+    state: str  # "empty", "rolling_out", "serving", "deleting"
+    sets: list[SnapshotSet]
+    serving_set: str | None
+    serving_apps: dict[str, str]
+    queued: list[str]
+    plan: Plan | None
+    rollout: RolloutStatus | None
+
+
+class RolloutInput(_Frozen):
+    spec: ModelSpec
+    plan: Plan
+    new_set: SnapshotSet
+    old_set: SnapshotSet | None
+    old_apps: dict[str, str] = Field(default_factory=dict)  # region -> set app of the old set
+
+
+class RolloutResult(_Frozen):
+    state: RolloutState
+    apps: dict[str, str]  # region -> set app serving when the rollout ended
+    generations: list[int]
+    detail: str = ""
+
+
+class WatchInput(_Frozen):
+    model: str
+
+
+class WatchResult(_Frozen):
+    published: list[str]
+    rejected: list[str] = Field(default_factory=list)  # why a found snapshot was refused

@@ -1,0 +1,283 @@
+"""`ipnext.sdk.Client`: every lifecycle verb from Python, async and typed.
+
+    async with await Client.connect() as ipn:
+        await ipn.publish_model(load_model_spec("model.yaml"))
+        result = await ipn.publish_snapshot("feed-ranker", Path("snapshots/feed-ranker/v1"))
+        await ipn.wait_until_serving("feed-ranker", result.set_id)
+        reply = await ipn.predict("feed-ranker", {"user": 3, "items": [1, 2]}, source="us-east")
+
+Errors are ipnext errors (ipnext.errors), translated from Temporal and HTTP at this boundary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from pydantic import BaseModel, ConfigDict
+from temporalio.client import (
+    Client as TemporalClient,
+)
+from temporalio.client import (
+    WorkflowExecutionStatus,
+    WorkflowFailureError,
+    WorkflowQueryFailedError,
+    WorkflowUpdateFailedError,
+)
+from temporalio.common import (
+    SearchAttributePair,
+    TypedSearchAttributes,
+    WorkflowIDConflictPolicy,
+    WorkflowIDReusePolicy,
+)
+from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
+from temporalio.service import RPCError, RPCStatusCode
+
+from ipnext.config import Settings, load_settings
+from ipnext.errors import (
+    IpnextError,
+    ModelExistsError,
+    ModelNotFoundError,
+    ServingError,
+    error_from_type,
+)
+from ipnext.model import ModelSpec, SnapshotSetRequest, check_against_fleet, check_factories
+from ipnext.registry import (
+    DeleteInput,
+    DeleteResult,
+    ModelState,
+    ModelWorkflowInput,
+    PublishInput,
+    PublishResult,
+    model_workflow_id,
+)
+from ipnext.rollout import RolloutStatus
+from ipnext.snapshots import request_from_folder
+from ipnext.temporal import MODEL_KEY, STATE_KEY, connect_client
+
+__all__ = ["Client", "ModelSummary", "Prediction"]
+
+
+class ModelSummary(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    name: str
+    state: str
+    workflow_id: str
+
+
+class Prediction(BaseModel):
+    """The response envelope: outputs, the set that answered, each part's snapshot, the variant."""
+
+    model_config = ConfigDict(frozen=True)
+    outputs: Any
+    set: str
+    parts: dict[str, str]
+    variant: str | None = None
+    region: str
+
+
+class Client:
+    def __init__(self, temporal: TemporalClient, settings: Settings) -> None:
+        self.temporal = temporal
+        self.settings = settings
+        self._http = httpx.AsyncClient(base_url=settings.serve_url, timeout=30.0)
+
+    @classmethod
+    async def connect(cls, settings: Settings | None = None) -> Client:
+        settings = settings or load_settings()
+        try:
+            temporal = await connect_client(settings)
+        except RuntimeError as err:
+            raise ServingError(
+                f"cannot reach Temporal at {settings.temporal_address}: {err}",
+                fix="run `ipnext dev up`, or set TEMPORAL_ADDRESS",
+            ) from None
+        return cls(temporal, settings)
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    # ---- models --------------------------------------------------------------------------
+
+    async def publish_model(self, spec: ModelSpec) -> ModelState:
+        """Register a model: checks it against the fleet and its code first, so a bad spec creates nothing."""
+        check_against_fleet(spec, self.settings.fleet())
+        check_factories(spec)
+        try:
+            handle = await self.temporal.start_workflow(
+                "ModelWorkflow",
+                ModelWorkflowInput(spec=spec),
+                id=model_workflow_id(spec.name),
+                task_queue=self.settings.temporal.task_queue,
+                id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+                id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
+                search_attributes=TypedSearchAttributes(
+                    [
+                        SearchAttributePair(MODEL_KEY, spec.name),
+                        SearchAttributePair(STATE_KEY, "empty"),
+                    ]
+                ),
+                static_summary=f"model {spec.name} (owner {spec.owner})",
+            )
+        except WorkflowAlreadyStartedError:
+            raise ModelExistsError(
+                f"model {spec.name!r} already exists.",
+                field="name",
+                value=spec.name,
+                fix="publish snapshots to it, or delete it first to change its spec",
+            ) from None
+        return await self._query_state(handle.id)
+
+    async def get_model(self, name: str) -> ModelState:
+        return await self._query_state(model_workflow_id(name))
+
+    async def list_models(self) -> list[ModelSummary]:
+        """Running models, from Temporal visibility (which lags writes by a moment)."""
+        found = []
+        async for execution in self.temporal.list_workflows(
+            'WorkflowType = "ModelWorkflow" AND ExecutionStatus = "Running"'
+        ):
+            attrs = execution.typed_search_attributes
+            found.append(
+                ModelSummary(
+                    name=attrs.get(MODEL_KEY) or execution.id.removeprefix("model/"),
+                    state=attrs.get(STATE_KEY) or "unknown",
+                    workflow_id=execution.id,
+                )
+            )
+        return sorted(found, key=lambda m: m.name)
+
+    async def delete_model(self, name: str, who: str = "sdk") -> DeleteResult:
+        handle = await self._running_model(name)
+        try:
+            result: DeleteResult = await handle.execute_update(
+                "delete", DeleteInput(who=who), result_type=DeleteResult
+            )
+        except WorkflowUpdateFailedError as err:
+            raise _translate(err) from None
+        try:
+            await handle.result()
+        except WorkflowFailureError as err:
+            raise _translate(err) from None
+        return result
+
+    # ---- snapshots -----------------------------------------------------------------------
+
+    async def publish_snapshot(
+        self, name: str, snapshot: Path | SnapshotSetRequest, who: str = "sdk"
+    ) -> PublishResult:
+        """Publish a snapshot set (a folder with a manifest, or a request); it is validated before anything changes."""
+        request = request_from_folder(snapshot) if isinstance(snapshot, Path) else snapshot
+        handle = await self._running_model(name)
+        try:
+            return await handle.execute_update(
+                "publish", PublishInput(request=request, who=who), result_type=PublishResult
+            )
+        except WorkflowUpdateFailedError as err:
+            raise _translate(err) from None
+
+    async def wait_until_serving(self, name: str, set_id: str, timeout_s: float = 300.0) -> ModelState:
+        """Wait until `set_id` serves; raise if its rollout failed or time runs out."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            state = await self.get_model(name)
+            if state.serving_set == set_id and state.state == "serving":
+                return state
+            mine = next((s for s in state.sets if s.id == set_id), None)
+            if mine is not None and mine.status in ("failed", "superseded", "rolled_back"):
+                raise ServingError(f"{set_id} will not serve: {mine.status}: {mine.detail}")
+            if time.monotonic() > deadline:
+                raise ServingError(f"{set_id} not serving after {timeout_s:.0f}s (model is {state.state})")
+            await asyncio.sleep(0.5)
+
+    async def rollout_status(self, name: str) -> RolloutStatus | None:
+        return (await self.get_model(name)).rollout
+
+    # ---- predictions ---------------------------------------------------------------------
+
+    async def predict(
+        self,
+        name: str,
+        inputs: Any,
+        *,
+        source: str | None = None,
+        region: str | None = None,
+        key: str | None = None,
+        state: ModelState | None = None,
+    ) -> Prediction:
+        """POST to the serving region the plan routes `source` to (or `region`, if given)."""
+        if region is None:
+            state = state or await self.get_model(name)
+            region = _serving_region(state, source)
+        body: dict[str, Any] = {"inputs": inputs}
+        if key is not None:
+            body["key"] = key
+        response = await self._http.post(f"/{region}/models/{name}/predict", json=body)
+        if response.status_code != 200:
+            raise ServingError(
+                f"predict {name} in {region}: HTTP {response.status_code}: {response.text[:500]}"
+            )
+        return Prediction(**response.json(), region=region)
+
+    # ---- helpers -------------------------------------------------------------------------
+
+    async def _running_model(self, name: str) -> Any:
+        handle = self.temporal.get_workflow_handle(model_workflow_id(name))
+        try:
+            description = await handle.describe()
+        except RPCError as err:
+            if err.status == RPCStatusCode.NOT_FOUND:
+                raise _not_found(name) from None
+            raise
+        if description.status != WorkflowExecutionStatus.RUNNING:
+            raise _not_found(name)
+        return handle
+
+    async def _query_state(self, workflow_id: str) -> ModelState:
+        name = workflow_id.removeprefix("model/")
+        handle = await self._running_model(name)
+        try:
+            return await handle.query("get", result_type=ModelState)
+        except WorkflowQueryFailedError as err:
+            raise ServingError(f"model {name}: query failed: {err}") from None
+
+
+def _serving_region(state: ModelState, source: str | None) -> str:
+    if not state.serving_apps:
+        raise ServingError(
+            f"model {state.spec.name} serves nowhere yet (state {state.state}).",
+            fix="publish a snapshot set and wait until it serves",
+        )
+    if source is not None and state.plan is not None:
+        first = next(iter(state.plan.deployments.values()))
+        region = first.serving_region(source)
+        if region in state.serving_apps:
+            return region
+    return sorted(state.serving_apps)[0]
+
+
+def _not_found(name: str) -> ModelNotFoundError:
+    return ModelNotFoundError(
+        f"model {name!r} is not registered.",
+        field="name",
+        value=name,
+        fix="check `ipnext model list`",
+    )
+
+
+def _translate(err: Exception) -> IpnextError:
+    cause: BaseException | None = err
+    while cause is not None and not isinstance(cause, ApplicationError):
+        cause = cause.__cause__ or getattr(cause, "cause", None)
+    if isinstance(cause, ApplicationError):
+        return error_from_type(cause.type, cause.message)
+    return IpnextError(str(err))

@@ -1,0 +1,240 @@
+"""Snapshot folders as training writes them, and the checks every snapshot passes before use.
+
+A training job writes one folder per version under `<snapshot root>/<model>/`:
+
+    <root>/feed-ranker/v2/
+        manifest.json          {"format": "ipnext.snapshot/v1", "model": "feed-ranker",
+                                "version": "v2", "created_at": "<ISO 8601>",
+                                "parts": {"embed": {"file": "embed.safetensors",
+                                                    "sha256": "<64 hex>"}, ...}}
+        embed.safetensors
+        dense.safetensors
+
+The manifest is written last, so a folder without one is still being written and
+is ignored. Weights are only ever read as safetensors: nothing here unpickles.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import urlparse
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ipnext.errors import SnapshotError
+from ipnext.model import SnapshotRef, SnapshotSetRequest
+from ipnext.specio import format_validation_error
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "MANIFEST",
+    "Manifest",
+    "ManifestPart",
+    "discover",
+    "inspect_safetensors",
+    "load_weights",
+    "read_manifest",
+    "request_from_folder",
+    "resolve_in_roots",
+    "sha256_file",
+    "write_snapshot",
+]
+
+MANIFEST = "manifest.json"
+_MAX_HEADER = 100 * 1024 * 1024
+# safetensors dtype tags -> torch dtype names
+_DTYPES = {
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "I64": "int64",
+    "I32": "int32",
+    "I16": "int16",
+    "I8": "int8",
+    "U8": "uint8",
+    "BOOL": "bool",
+}
+
+
+class ManifestPart(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    file: str = Field(pattern=r"^[^/\\]+$")  # a file beside the manifest, never a path
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+class Manifest(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    format: Literal["ipnext.snapshot/v1"] = "ipnext.snapshot/v1"
+    model: str
+    version: str
+    created_at: datetime
+    parts: dict[str, ManifestPart] = Field(min_length=1)
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def resolve_in_roots(uri: str, roots: list[Path]) -> Path:
+    """The file a snapshot URI names, refused unless it lies inside a configured root.
+
+    Symlinks and `..` are resolved first, so neither can step outside a root.
+    """
+    parsed = urlparse(uri)
+    if parsed.scheme not in ("", "file"):
+        raise SnapshotError(
+            f"snapshot uri {uri!r}: scheme {parsed.scheme!r} is not supported.",
+            field="uri",
+            value=uri,
+            fix="use a file:// URI or a plain path inside a snapshot root",
+        )
+    raw = parsed.path if parsed.scheme == "file" else uri
+    path = Path(raw).resolve()
+    for root in roots:
+        if path.is_relative_to(root.resolve()):
+            return path
+    raise SnapshotError(
+        f"snapshot uri {uri!r} resolves to {path}, outside every snapshot root {[str(r) for r in roots]}.",
+        field="uri",
+        value=uri,
+        fix="write snapshots under a configured snapshot root (snapshot_roots in ipnext.yaml)",
+    )
+
+
+def inspect_safetensors(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Tensor names -> (shape, dtype) from a safetensors header, reading no tensor data.
+
+    Anything else (a pickle, a zip from torch.save, random bytes) is refused here.
+    """
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise _not_safetensors(path, "file is shorter than a safetensors header")
+        (header_len,) = struct.unpack("<Q", head)
+        if header_len > min(size - 8, _MAX_HEADER):
+            raise _not_safetensors(path, "its first 8 bytes are not a safetensors header length")
+        raw = f.read(header_len)
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise _not_safetensors(path, "its header is not JSON") from None
+    if not isinstance(header, dict):
+        raise _not_safetensors(path, "its header is not a JSON object")
+    tensors: dict[str, tuple[tuple[int, ...], str]] = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype = _DTYPES[info["dtype"]]
+            shape = tuple(int(d) for d in info["shape"])
+            begin, end = (int(x) for x in info["data_offsets"])
+        except (KeyError, TypeError, ValueError):
+            raise _not_safetensors(path, f"entry {name!r} of its header is malformed") from None
+        if not 0 <= begin <= end <= size - 8 - header_len:
+            raise _not_safetensors(path, f"tensor {name!r} points past the end of the file")
+        tensors[name] = (shape, dtype)
+    return tensors
+
+
+def _not_safetensors(path: Path, why: str) -> SnapshotError:
+    return SnapshotError(
+        f"{path.name} is not a safetensors file: {why}. Weights are never unpickled.",
+        field="file",
+        value=str(path),
+        fix="save weights with safetensors (safetensors.torch.save_file)",
+    )
+
+
+def load_weights(path: Path) -> dict[str, torch.Tensor]:
+    """Load weights from a safetensors file (after inspect_safetensors accepted it)."""
+    from safetensors.torch import load_file
+
+    inspect_safetensors(path)
+    return load_file(str(path))
+
+
+def read_manifest(folder: Path) -> Manifest:
+    file = folder / MANIFEST
+    try:
+        data: Any = json.loads(file.read_text())
+    except FileNotFoundError:
+        raise SnapshotError(
+            f"{folder}: no {MANIFEST}.",
+            field="folder",
+            value=str(folder),
+            fix="point at a snapshot folder that training finished writing",
+        ) from None
+    except json.JSONDecodeError as err:
+        raise SnapshotError(f"{file}: not JSON: {err}", field=MANIFEST, value=str(file)) from None
+    try:
+        return Manifest.model_validate(data)
+    except ValidationError as err:
+        raise SnapshotError(
+            f"{file}: {format_validation_error(err)}", field=MANIFEST, value=str(file)
+        ) from None
+
+
+def request_from_folder(folder: Path) -> SnapshotSetRequest:
+    """The publish request for a snapshot folder: one SnapshotRef per part in its manifest."""
+    folder = folder.resolve()
+    manifest = read_manifest(folder)
+    return SnapshotSetRequest(
+        model=manifest.model,
+        version=manifest.version,
+        parts={
+            part: SnapshotRef(
+                uri=(folder / entry.file).as_uri(),
+                sha256=entry.sha256,
+                snapshot_id=f"{manifest.model}/{part}@{manifest.version}",
+            )
+            for part, entry in manifest.parts.items()
+        },
+    )
+
+
+def discover(roots: list[Path], model: str) -> list[tuple[Path, Manifest]]:
+    """Finished snapshot folders of a model under every root, oldest first."""
+    found: list[tuple[Path, Manifest]] = []
+    for root in roots:
+        model_dir = root / model
+        if not model_dir.is_dir():
+            continue
+        for folder in sorted(model_dir.iterdir()):
+            if (folder / MANIFEST).is_file():
+                manifest = read_manifest(folder)
+                if manifest.model == model:
+                    found.append((folder, manifest))
+    found.sort(key=lambda item: (item[1].created_at, item[1].version))
+    return found
+
+
+def write_snapshot(
+    folder: Path, model: str, version: str, weights_by_part: dict[str, dict[str, torch.Tensor]]
+) -> Manifest:
+    """Save each part's weights as safetensors, then the manifest (last, so readers see it whole)."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    parts: dict[str, ManifestPart] = {}
+    for part, weights in weights_by_part.items():
+        file = folder / f"{part}.safetensors"
+        save_file({k: v.contiguous() for k, v in weights.items()}, str(file))
+        parts[part] = ManifestPart(file=file.name, sha256=sha256_file(file))
+    manifest = Manifest(model=model, version=version, created_at=datetime.now(UTC), parts=parts)
+    tmp = folder / (MANIFEST + ".tmp")
+    tmp.write_text(manifest.model_dump_json(indent=2))
+    tmp.replace(folder / MANIFEST)
+    return manifest

@@ -1,0 +1,105 @@
+"""Checks a snapshot passes before anything serves it: confined path, file, checksum,
+safetensors format (never unpickled), and tensors that fit the part."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ipnext.errors import SnapshotError
+from ipnext.model import ModelSpec, SnapshotRef, SnapshotSetRequest, import_factory
+from ipnext.snapshots import inspect_safetensors, load_weights, resolve_in_roots, sha256_file
+
+__all__ = ["complete_set", "validate_snapshot"]
+
+
+def complete_set(
+    spec: ModelSpec, request: SnapshotSetRequest, serving: dict[str, SnapshotRef] | None
+) -> dict[str, SnapshotRef]:
+    """A snapshot for every part: the request's, and with `independent`, the serving set's for the rest."""
+    for part in request.parts:
+        if part not in spec.parts:
+            raise SnapshotError(
+                f"parts.{part}: model {spec.name} has no part {part!r}.",
+                field=f"parts.{part}",
+                value=part,
+                fix=f"publish snapshots for the parts {sorted(spec.parts)}",
+            )
+    missing = sorted(set(spec.parts) - set(request.parts))
+    if not missing:
+        return dict(request.parts)
+    if spec.sync == "synchronized" or serving is None:
+        why = (
+            "the model is synchronized: every set names every part"
+            if spec.sync == "synchronized"
+            else "no set serves yet to take them from"
+        )
+        raise SnapshotError(
+            f"parts: no snapshot for {missing} ({why}).",
+            field="parts",
+            value=missing,
+            fix="add a snapshot for every part to the set",
+        )
+    return {**{p: serving[p] for p in missing}, **request.parts}
+
+
+def validate_snapshot(spec: ModelSpec, part: str, ref: SnapshotRef, roots: list[Path]) -> None:
+    """Raise a SnapshotError naming the part, the snapshot and what is wrong; return if it fits."""
+    where = f"parts.{part} ({ref.snapshot_id})"
+    path = resolve_in_roots(ref.uri, roots)
+    if not path.is_file():
+        raise SnapshotError(
+            f"{where}: file {path} does not exist.",
+            field=f"parts.{part}.uri",
+            value=ref.uri,
+            fix="check that training finished writing the snapshot",
+        )
+    digest = sha256_file(path)
+    if digest != ref.sha256:
+        raise SnapshotError(
+            f"{where}: checksum mismatch: the file's sha256 is {digest}, the manifest says {ref.sha256}.",
+            field=f"parts.{part}.sha256",
+            value=ref.sha256,
+            fix="the file changed or is corrupt: write the snapshot again",
+        )
+    try:
+        header = inspect_safetensors(path)
+    except SnapshotError as err:
+        raise SnapshotError(f"{where}: {err}", field=f"parts.{part}.uri", value=ref.uri) from None
+    part_spec = spec.parts[part]
+    factory = import_factory(part_spec.factory)
+    try:
+        built = factory(load_weights(path), dict(part_spec.config))
+    except Exception as err:  # the part rejected the weights; say so with its words
+        raise SnapshotError(
+            f"{where}: tensors do not fit the part: {type(err).__name__}: {err}",
+            field=f"parts.{part}",
+            value=ref.uri,
+            fix="publish weights trained for this part's config",
+        ) from None
+    expected_fn = getattr(built, "expected_tensors", None)
+    if expected_fn is None:
+        return
+    expected: dict[str, tuple[tuple[int, ...], str]] = expected_fn()
+    for name, (shape, dtype) in sorted(expected.items()):
+        if name not in header:
+            raise _mismatch(where, part, ref, f"tensor {name!r} is missing")
+        got_shape, got_dtype = header[name]
+        if tuple(got_shape) != tuple(shape) or got_dtype != dtype:
+            raise _mismatch(
+                where,
+                part,
+                ref,
+                f"tensor {name!r} is {got_dtype}{list(got_shape)}, the part expects {dtype}{list(shape)}",
+            )
+    extra = sorted(set(header) - set(expected))
+    if extra:
+        raise _mismatch(where, part, ref, f"unexpected tensors {extra}")
+
+
+def _mismatch(where: str, part: str, ref: SnapshotRef, what: str) -> SnapshotError:
+    return SnapshotError(
+        f"{where}: tensors do not fit the part: {what}.",
+        field=f"parts.{part}",
+        value=ref.uri,
+        fix="publish weights trained for this part's config",
+    )

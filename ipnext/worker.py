@@ -1,0 +1,85 @@
+"""The ipnext worker: runs the lifecycle workflows and activities on the configured task queue.
+
+Run it with `python -m ipnext.worker` (the dev stack does). It stops cleanly on
+SIGTERM or SIGINT, finishing the activities it is running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from temporalio.worker import Worker
+
+from ipnext.activities.metadata import WatchActivities, discover_snapshots
+from ipnext.activities.plan import plan_placement
+from ipnext.activities.serving import deploy_set_apps, remove_apps, route_traffic, teardown_model
+from ipnext.activities.validate import validate_model_spec, validate_snapshot_set
+from ipnext.config import Settings, load_settings
+from ipnext.temporal import connect_client
+from ipnext.workflows.model_workflow import ModelWorkflow
+from ipnext.workflows.rollout_workflow import RolloutWorkflow
+from ipnext.workflows.watch_workflow import SnapshotWatchWorkflow
+
+__all__ = ["WORKFLOWS", "run_worker"]
+
+WORKFLOWS = [ModelWorkflow, RolloutWorkflow, SnapshotWatchWorkflow]
+# Sync activities (Ray calls, hashing, torch loads) run on these threads.
+ACTIVITY_THREADS = 8
+
+
+async def run_worker(
+    settings: Settings, ready_file: Path | None = None, stop: asyncio.Event | None = None
+) -> None:
+    client = await connect_client(settings)
+    watch = WatchActivities(client)
+    stop = stop or asyncio.Event()
+    with ThreadPoolExecutor(max_workers=ACTIVITY_THREADS) as executor:
+        worker = Worker(
+            client,
+            task_queue=settings.temporal.task_queue,
+            workflows=WORKFLOWS,
+            activities=[
+                validate_model_spec,
+                validate_snapshot_set,
+                plan_placement,
+                discover_snapshots,
+                deploy_set_apps,
+                route_traffic,
+                remove_apps,
+                teardown_model,
+                watch.ensure_watch_schedule,
+                watch.publish_new_snapshots,
+            ],
+            activity_executor=executor,
+        )
+        async with worker:
+            if ready_file is not None:
+                ready_file.write_text("ready\n")
+            await stop.wait()
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = load_settings()
+    ready = settings.state_dir / "worker.ready"
+    ready.unlink(missing_ok=True)
+
+    async def serve() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            await run_worker(settings, ready, stop)
+        finally:
+            ready.unlink(missing_ok=True)
+
+    asyncio.run(serve())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,300 @@
+"""Ray Serve deployments and the app builders that Serve imports by path.
+
+- `set_app` (`ipnext.serving.apps:set_app`): one PartHost deployment per (part, hardware)
+  plus a small `set` ingress that describes the set to routers.
+- `router_app` (`ipnext.serving.apps:router_app`): the model's HTTP entry in a region;
+  picks a set app per request by weight and runs the DAG against that app only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import inspect
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray import serve
+from ray.serve.handle import DeploymentHandle
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from ipnext.model import DAG_INPUT, DAG_OUTPUT, import_factory
+from ipnext.rollout import RouterConfig
+from ipnext.serving.layout import (
+    RAY_NAMESPACE,
+    ROUTER_DEPLOYMENT,
+    SET_DEPLOYMENT,
+    PartHostArgs,
+    RouterAppArgs,
+    SetAppArgs,
+    metrics_actor_name,
+)
+from ipnext.serving.metrics import MetricsStore, SetCounters
+from ipnext.snapshots import load_weights, resolve_in_roots, sha256_file
+
+__all__ = ["PartHost", "Router", "SetInfo", "router_app", "set_app"]
+
+METRICS_PUSH_SECONDS = 1.0
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0})
+class PartHost:
+    """Hosts one part of one snapshot set: loads its safetensors weights and stamps its snapshot id."""
+
+    def __init__(self, args: dict[str, Any]) -> None:
+        import torch
+
+        torch.set_num_threads(1)  # many replicas share few cores; torch would take them all
+        host = PartHostArgs.model_validate(args)
+        path = resolve_in_roots(host.uri, [Path(r) for r in host.snapshot_roots])
+        digest = sha256_file(path)
+        if digest != host.sha256:
+            raise ValueError(f"{host.uri}: sha256 {digest} != {host.sha256} that was validated")
+        factory = import_factory(host.factory)
+        self._part = factory(load_weights(path), dict(host.config))
+        self._snapshot_id = host.snapshot_id
+
+    async def __call__(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        result = self._part(inputs)
+        if inspect.isawaitable(result):
+            result = await result
+        return {"output": result, "snapshot_id": self._snapshot_id}
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0})
+class SetInfo:
+    """The set app's ingress: tells routers the set's DAG, parts and per-deployment capacity."""
+
+    def __init__(self, args: dict[str, Any], parts: dict[str, DeploymentHandle]) -> None:
+        self._args = SetAppArgs.model_validate(args)
+        self._parts = parts  # bound so Serve deploys them with this app
+        self._capacity: dict[str, float] = {}
+
+    def reconfigure(self, config: dict[str, Any]) -> None:
+        self._capacity = dict(config.get("capacity", {}))
+
+    def describe(self) -> dict[str, Any]:
+        deployments: dict[str, dict[str, float]] = {}
+        for part, hardware in self._args.hardware.items():
+            deployments[part] = {f"{part}-{hw}": self._capacity.get(f"{part}-{hw}", 1.0) for hw in hardware}
+        return {
+            "set_id": self._args.set_id,
+            "dag": self._args.dag,
+            "order": self._args.order,
+            "deployments": deployments,
+        }
+
+    async def __call__(self, request: Request) -> dict[str, Any]:
+        return self.describe()
+
+
+class _SetRoute:
+    """A router's view of one set app: its DAG and a handle per part deployment."""
+
+    def __init__(self, app: str, info: dict[str, Any]) -> None:
+        self.app = app
+        self.set_id: str = info["set_id"]
+        self.order: list[str] = info["order"]
+        self.upstream: dict[str, list[str]] = {}
+        for src, dst in info["dag"]:
+            self.upstream.setdefault(dst, []).append(src)
+        self.choices: dict[str, tuple[list[DeploymentHandle], list[float]]] = {}
+        for part, capacity in info["deployments"].items():
+            names = sorted(capacity)
+            handles = [serve.get_deployment_handle(n, app_name=app) for n in names]
+            self.choices[part] = (handles, [max(capacity[n], 1e-9) for n in names])
+
+    def handle(self, part: str, rng: random.Random) -> DeploymentHandle:
+        handles, weights = self.choices[part]
+        return handles[0] if len(handles) == 1 else rng.choices(handles, weights)[0]
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0})
+class Router:
+    """The (model, region) HTTP entry: picks a set app by weight and runs the DAG against it."""
+
+    def __init__(self, args: dict[str, Any]) -> None:
+        router = RouterAppArgs.model_validate(args)
+        self._model = router.model
+        self._region = router.region
+        self._config = RouterConfig(generation=0, weights={})
+        self._routes: dict[str, _SetRoute] = {}
+        self._rng = random.Random()
+        self._counters: dict[str, SetCounters] = {}
+        self._replica = f"{os.getpid()}-{id(self)}"
+        self._pusher: asyncio.Task[None] | None = None
+        self._prometheus = _PrometheusMetrics()
+
+    async def reconfigure(self, config: dict[str, Any]) -> None:
+        new = RouterConfig.model_validate(config)
+        routes: dict[str, _SetRoute] = {}
+        for app, weight in new.weights.items():
+            if weight <= 0:
+                continue
+            info = await serve.get_deployment_handle(SET_DEPLOYMENT, app_name=app).describe.remote()
+            routes[app] = _SetRoute(app, info)
+        self._routes = routes
+        self._config = new
+        self._ensure_pusher()
+
+    def generation(self) -> int:
+        return self._config.generation
+
+    async def __call__(self, request: Request) -> JSONResponse:
+        path = request.url.path.rstrip("/")
+        if request.method == "GET" and not path.endswith("/predict"):
+            return JSONResponse({"model": self._model, "region": self._region, **self._config.model_dump()})
+        if request.method != "POST" or not path.endswith("/predict"):
+            return JSONResponse({"error": "use POST .../predict"}, status_code=404)
+        try:
+            body = await request.json()
+        except ValueError:
+            return JSONResponse({"error": "body is not JSON"}, status_code=400)
+        if not isinstance(body, dict) or "inputs" not in body:
+            return JSONResponse(
+                {"error": 'body must be a JSON object {"inputs": ..., "key": optional}'},
+                status_code=400,
+            )
+        envelope, status = await self.predict(body["inputs"], body.get("key"))
+        return JSONResponse(envelope, status_code=status)
+
+    async def predict(self, inputs: Any, key: str | None = None) -> tuple[dict[str, Any], int]:
+        app = self._pick(key)
+        if app is None:
+            return {"error": f"model {self._model} has no serving set in {self._region}"}, 503
+        route = self._routes[app]
+        counters = self._counters.setdefault(app, SetCounters())
+        started = time.perf_counter()
+        try:
+            outputs, stamps = await self._run_dag(route, inputs)
+        except Exception as err:  # a part failed: count it and answer 500 with the reason
+            counters.requests += 1
+            counters.errors += 1
+            self._prometheus.record(self._model, self._region, app, None)
+            return {"error": f"{type(err).__name__}: {err}", "set": route.set_id}, 500
+        elapsed_ms = (time.perf_counter() - started) * 1000
+        counters.requests += 1
+        counters.observe("latency_ms", elapsed_ms)
+        self._prometheus.record(self._model, self._region, app, elapsed_ms)
+        return {"outputs": outputs, "set": route.set_id, "parts": stamps, "variant": None}, 200
+
+    def _pick(self, key: str | None) -> str | None:
+        apps = sorted(self._routes)
+        if not apps:
+            return None
+        weights = [self._config.weights[a] for a in apps]
+        total = sum(weights)
+        if key is None:
+            point = self._rng.random() * total
+        else:  # sticky: the same key lands on the same set while weights stay put
+            digest = hashlib.sha256(key.encode()).digest()
+            point = int.from_bytes(digest[:8], "big") / 2**64 * total
+        for app, weight in zip(apps, weights, strict=True):
+            point -= weight
+            if point < 0:
+                return app
+        return apps[-1]
+
+    async def _run_dag(self, route: _SetRoute, inputs: Any) -> tuple[Any, dict[str, str]]:
+        results: dict[str, Any] = {DAG_INPUT: inputs}
+        stamps: dict[str, str] = {}
+        tasks: dict[str, asyncio.Task[Any]] = {}
+
+        async def run(part: str) -> Any:
+            ups = route.upstream.get(part, [])
+            values = await asyncio.gather(*(tasks[u] for u in ups if u != DAG_INPUT))
+            upstream_values = dict(zip([u for u in ups if u != DAG_INPUT], values, strict=True))
+            if DAG_INPUT in ups:
+                upstream_values[DAG_INPUT] = inputs
+            reply = await route.handle(part, self._rng).remote(upstream_values)
+            stamps[part] = reply["snapshot_id"]
+            return reply["output"]
+
+        for part in route.order:  # topological: upstream tasks exist before their consumers
+            tasks[part] = asyncio.ensure_future(run(part))
+        done = await asyncio.gather(*tasks.values())
+        results.update(dict(zip(tasks, done, strict=True)))
+        finals = route.upstream.get(DAG_OUTPUT, [])
+        outputs = results[finals[0]] if len(finals) == 1 else {u: results[u] for u in finals}
+        return _jsonable(outputs), stamps
+
+    def _ensure_pusher(self) -> None:
+        if self._pusher is None or self._pusher.done():
+            self._pusher = asyncio.get_running_loop().create_task(self._push_forever())
+
+    async def _push_forever(self) -> None:
+        actor = (
+            ray.remote(MetricsStore)
+            .options(
+                name=metrics_actor_name(self._model, self._region),
+                namespace=RAY_NAMESPACE,
+                lifetime="detached",
+                get_if_exists=True,
+                num_cpus=0,
+            )
+            .remote()
+        )
+        while True:
+            await asyncio.sleep(METRICS_PUSH_SECONDS)
+            payload = {app: c.model_dump() for app, c in self._counters.items()}
+            try:
+                await actor.push.remote(self._replica, payload)  # type: ignore[attr-defined]
+            except ray.exceptions.RayActorError:
+                return  # the model was deleted; the next reconfigure starts a new pusher
+
+
+class _PrometheusMetrics:
+    """The same request counters, exported through Ray's Prometheus metrics endpoint."""
+
+    def __init__(self) -> None:
+        from ray.util import metrics
+
+        tags = ("model", "region", "set_app")
+        self._requests = metrics.Counter("ipnext_requests_total", "Requests served", tag_keys=tags)
+        self._errors = metrics.Counter("ipnext_errors_total", "Requests failed", tag_keys=tags)
+        self._latency = metrics.Histogram(
+            "ipnext_latency_ms",
+            "Request latency through the router (ms)",
+            boundaries=[1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000],
+            tag_keys=tags,
+        )
+
+    def record(self, model: str, region: str, app: str, latency_ms: float | None) -> None:
+        tags = {"model": model, "region": region, "set_app": app}
+        self._requests.inc(1, tags)
+        if latency_ms is None:
+            self._errors.inc(1, tags)
+        else:
+            self._latency.observe(latency_ms, tags)
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def set_app(args: dict[str, Any]) -> serve.Application:
+    """Builder Serve imports for a set app: a PartHost per (part, hardware) behind a `set` ingress."""
+    parsed = SetAppArgs.model_validate(args)
+    parts = {
+        f"{part}-{hw}": PartHost.options(name=f"{part}-{hw}").bind(parsed.parts[part].model_dump(mode="json"))  # type: ignore[attr-defined]
+        for part, hardware in parsed.hardware.items()
+        for hw in hardware
+    }
+    return SetInfo.options(name=SET_DEPLOYMENT).bind(parsed.model_dump(mode="json"), parts)  # type: ignore[attr-defined]
+
+
+def router_app(args: dict[str, Any]) -> serve.Application:
+    """Builder Serve imports for a router app."""
+    parsed = RouterAppArgs.model_validate(args)
+    return Router.options(name=ROUTER_DEPLOYMENT).bind(parsed.model_dump(mode="json"))  # type: ignore[attr-defined]

@@ -1,0 +1,206 @@
+"""Names and desired state of Serve apps, and the declarative config rendered from them.
+
+Pure code (no Ray imports): the Serve config writer, the activities and the tests share it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ipnext.model import ModelSpec, SnapshotSet
+from ipnext.plan import Plan
+from ipnext.rollout import RouterConfig
+
+__all__ = [
+    "ROUTER_DEPLOYMENT",
+    "SET_DEPLOYMENT",
+    "PartHostArgs",
+    "RouterAppArgs",
+    "SetAppArgs",
+    "SetAppPlan",
+    "metrics_actor_name",
+    "render_router_app",
+    "render_serve_config",
+    "render_set_app",
+    "router_app_name",
+    "set_app_name",
+    "set_app_plan",
+]
+
+ROUTER_DEPLOYMENT = "router"
+SET_DEPLOYMENT = "set"
+RAY_NAMESPACE = "ipnext"
+WRITER_ACTOR = "ipnext-serve-writer"
+# A replica asks for a sliver of its region so it lands on a node of that region
+# without the region count limiting how many replicas fit.
+_REGION_SHARE = 0.001
+
+
+def router_app_name(model: str, region: str) -> str:
+    return f"{model}.{region}"
+
+
+def set_app_name(model: str, region: str, set_number: int, revision: int) -> str:
+    return f"{model}.{region}.s{set_number}.r{revision}"
+
+
+def metrics_actor_name(model: str, region: str) -> str:
+    return f"ipnext-metrics/{model}/{region}"
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PartHostArgs(_Frozen):
+    model: str
+    part: str
+    factory: str
+    config: dict[str, Any] = Field(default_factory=dict)
+    uri: str
+    sha256: str
+    snapshot_id: str
+    snapshot_roots: list[str]
+
+
+class SetAppArgs(_Frozen):
+    """Fixed for the life of a set app: which (part, hardware) deployments it holds."""
+
+    model: str
+    region: str
+    set_id: str
+    dag: list[tuple[str, str]]
+    order: list[str]
+    parts: dict[str, PartHostArgs]
+    hardware: dict[str, list[str]]  # part -> hardware classes with a deployment here
+
+
+class RouterAppArgs(_Frozen):
+    model: str
+    region: str
+
+
+class SetAppPlan(_Frozen):
+    """One set app as the writer should deploy it."""
+
+    name: str
+    args: SetAppArgs
+    replicas: dict[str, dict[str, int]]  # part -> hardware -> replicas
+    units: dict[str, dict[str, int]]  # part -> hardware -> units per replica
+    qps: dict[str, dict[str, float]]  # part -> hardware -> QPS per replica
+
+
+def set_app_plan(
+    spec: ModelSpec,
+    snapshot_set: SnapshotSet,
+    plan: Plan,
+    region: str,
+    snapshot_roots: list[str],
+) -> SetAppPlan:
+    replicas: dict[str, dict[str, int]] = {}
+    for part in spec.parts:
+        placement = plan.deployments[f"{spec.name}/{part}"]
+        replicas[part] = {hw: n for hw, n in placement.replicas.get(region, {}).items() if n > 0}
+    args = SetAppArgs(
+        model=spec.name,
+        region=region,
+        set_id=snapshot_set.id,
+        dag=list(spec.dag),
+        order=spec.topological_order(),
+        parts={
+            part: PartHostArgs(
+                model=spec.name,
+                part=part,
+                factory=part_spec.factory,
+                config=dict(part_spec.config),
+                uri=snapshot_set.parts[part].uri,
+                sha256=snapshot_set.parts[part].sha256,
+                snapshot_id=snapshot_set.parts[part].snapshot_id,
+                snapshot_roots=snapshot_roots,
+            )
+            for part, part_spec in spec.parts.items()
+        },
+        hardware={part: sorted(by_hw) for part, by_hw in replicas.items()},
+    )
+    return SetAppPlan(
+        name=set_app_name(spec.name, region, snapshot_set.number, plan.revision),
+        args=args,
+        replicas=replicas,
+        units={p: {hw: spec.parts[p].hardware[hw].units for hw in r} for p, r in replicas.items()},
+        qps={p: {hw: spec.parts[p].hardware[hw].qps for hw in r} for p, r in replicas.items()},
+    )
+
+
+def _actor_options(
+    region: str, num_cpus: float, hardware: str | None = None, units: int = 0
+) -> dict[str, Any]:
+    resources = {f"region:{region}": _REGION_SHARE}
+    if hardware:
+        resources[f"hw:{hardware}"] = units
+    return {"num_cpus": num_cpus, "resources": resources}
+
+
+def render_set_app(app: SetAppPlan, replica_num_cpus: float) -> dict[str, Any]:
+    deployments: list[dict[str, Any]] = [
+        {
+            "name": SET_DEPLOYMENT,
+            "num_replicas": 1,
+            "ray_actor_options": _actor_options(app.args.region, 0),
+            # Capacity per deployment lets the router spread each hop; it rides in
+            # user_config so a replica count change reconfigures in place.
+            "user_config": {
+                "capacity": {
+                    f"{part}-{hw}": n * app.qps[part][hw]
+                    for part, by_hw in app.replicas.items()
+                    for hw, n in by_hw.items()
+                }
+            },
+        }
+    ]
+    for part, by_hw in sorted(app.replicas.items()):
+        for hw, n in sorted(by_hw.items()):
+            deployments.append(
+                {
+                    "name": f"{part}-{hw}",
+                    "num_replicas": n,
+                    "ray_actor_options": _actor_options(
+                        app.args.region, replica_num_cpus, hw, app.units[part][hw]
+                    ),
+                }
+            )
+    return {
+        "name": app.name,
+        "route_prefix": None,
+        "import_path": "ipnext.serving.apps:set_app",
+        "args": app.args.model_dump(mode="json"),
+        "deployments": deployments,
+    }
+
+
+def render_router_app(model: str, region: str, config: RouterConfig) -> dict[str, Any]:
+    return {
+        "name": router_app_name(model, region),
+        "route_prefix": f"/{region}/models/{model}",
+        "import_path": "ipnext.serving.apps:router_app",
+        "args": RouterAppArgs(model=model, region=region).model_dump(mode="json"),
+        "deployments": [
+            {
+                "name": ROUTER_DEPLOYMENT,
+                "num_replicas": 1,
+                "ray_actor_options": _actor_options(region, 0),
+                "user_config": config.model_dump(mode="json"),
+            }
+        ],
+    }
+
+
+def render_serve_config(apps: dict[str, dict[str, Any]], host: str, port: int) -> dict[str, Any]:
+    """The whole multi-app config, in the schema `serve deploy` and KubeRay's RayService take."""
+    return {
+        "proxy_location": "HeadOnly",
+        "http_options": {"host": host, "port": port},
+        "logging_config": {"enable_access_log": False},
+        "applications": [apps[name] for name in sorted(apps)],
+    }

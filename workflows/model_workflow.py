@@ -1,0 +1,339 @@
+"""ModelWorkflow: the registry and system of record of one model (`model/<name>`).
+
+Its history is the audit trail: every publish, every rollout (as a child
+workflow), the delete. A publish is an Update: the validator rejects malformed
+input without I/O, the handler validates the snapshots in an activity and raises
+a non-retryable ApplicationError before changing any state. Sets published while
+a rollout runs are queued; when it ends the newest starts and older ones are
+recorded as superseded.
+"""
+
+from __future__ import annotations
+
+from temporalio import workflow
+from temporalio.exceptions import ActivityError, ApplicationError
+
+with workflow.unsafe.imports_passed_through():
+    from ipnext.activities import DEPLOY_TIMEOUT, QUICK_TIMEOUT, RETRY, VALIDATE_TIMEOUT
+    from ipnext.activities.metadata import WatchActivities, WatchScheduleInput
+    from ipnext.activities.plan import PlanInput, plan_placement
+    from ipnext.activities.serving import TeardownInput, teardown_model
+    from ipnext.activities.validate import ValidateSetInput, validate_snapshot_set
+    from ipnext.model import SnapshotSet
+    from ipnext.plan import Plan
+    from ipnext.registry import (
+        DeleteInput,
+        DeleteResult,
+        ModelState,
+        ModelWorkflowInput,
+        ModelWorkflowResult,
+        PublishInput,
+        PublishResult,
+        RolloutInput,
+        rollout_workflow_id,
+    )
+    from ipnext.rollout import RolloutState, RolloutStatus
+    from ipnext.temporal import MODEL_KEY, STATE_KEY
+    from ipnext.workflows.rollout_workflow import RolloutWorkflow
+
+
+@workflow.defn
+class ModelWorkflow:
+    @workflow.init
+    def __init__(self, input: ModelWorkflowInput) -> None:
+        self._spec = input.spec
+        self._sets: list[SnapshotSet] = list(input.sets)
+        self._serving_set = input.serving_set
+        self._serving_apps = dict(input.serving_apps)
+        self._plan: Plan | None = input.plan
+        self._queue: list[str] = list(input.queued)
+        self._next_number = input.next_number
+        self._rolling_out = False
+        self._last_rollout: RolloutStatus | None = None
+        self._delete_by: str | None = None
+        self._removed_apps: list[str] | None = None
+        self._publishing = 0
+
+    # ---- queries -------------------------------------------------------------------------
+
+    @workflow.query
+    def get(self) -> ModelState:
+        return ModelState(
+            spec=self._spec,
+            state=self._state(),
+            sets=list(self._sets),
+            serving_set=self._serving_set,
+            serving_apps=dict(self._serving_apps),
+            queued=list(self._queue),
+            plan=self._plan,
+            rollout=self._last_rollout,
+        )
+
+    # ---- publish -------------------------------------------------------------------------
+
+    @workflow.update
+    async def publish(self, input: PublishInput) -> PublishResult:
+        serving = self._find(self._serving_set)
+        self._publishing += 1
+        try:
+            validated = await workflow.execute_activity(
+                validate_snapshot_set,
+                ValidateSetInput(
+                    spec=self._spec,
+                    request=input.request,
+                    serving_parts=serving.parts if serving else None,
+                ),
+                start_to_close_timeout=VALIDATE_TIMEOUT,
+                heartbeat_timeout=VALIDATE_TIMEOUT,
+                retry_policy=RETRY,
+                summary=f"validate {input.request.model} {input.request.version}",
+            )
+        except ActivityError as err:
+            raise _as_update_error(err) from None
+        finally:
+            self._publishing -= 1
+        if self._delete_by is not None:
+            raise ApplicationError(
+                f"model {self._spec.name} is being deleted",
+                type="ModelNotFoundError",
+                non_retryable=True,
+            )
+        number = self._next_number
+        self._next_number += 1
+        snapshot_set = SnapshotSet(
+            id=f"{self._spec.name}@{number}",
+            number=number,
+            version=input.request.version,
+            parts=validated.parts,
+            status="validated",
+            published_at=workflow.now(),
+            detail=f"published by {input.who}",
+        )
+        self._sets.append(snapshot_set)
+        self._queue.append(snapshot_set.id)
+        workflow.logger.info("published %s (%s) by %s", snapshot_set.id, input.request.version, input.who)
+        return PublishResult(set_id=snapshot_set.id, status="queued")
+
+    @publish.validator
+    def _check_publish(self, input: PublishInput) -> None:
+        request = input.request
+        if self._delete_by is not None:
+            raise ApplicationError(f"model {self._spec.name} is being deleted", type="ModelNotFoundError")
+        if request.model != self._spec.name:
+            raise ApplicationError(
+                f"model: the snapshot set is for {request.model!r}, not {self._spec.name!r}. "
+                f"Fix: publish it to model {request.model!r}.",
+                type="SnapshotError",
+            )
+        unknown = sorted(set(request.parts) - set(self._spec.parts))
+        if unknown:
+            raise ApplicationError(
+                f"parts: {unknown} are not parts of {self._spec.name} ({sorted(self._spec.parts)}).",
+                type="SnapshotError",
+            )
+        for existing in self._sets:
+            if existing.version == request.version:
+                raise ApplicationError(
+                    f"version: {request.version!r} was already published as {existing.id}. "
+                    "Fix: give every snapshot set a new version label.",
+                    type="SnapshotError",
+                )
+
+    # ---- delete --------------------------------------------------------------------------
+
+    @workflow.update
+    async def delete(self, input: DeleteInput) -> DeleteResult:
+        if self._delete_by is None:
+            self._delete_by = input.who
+        await workflow.wait_condition(lambda: self._removed_apps is not None)
+        return DeleteResult(model=self._spec.name, removed_apps=list(self._removed_apps or []))
+
+    # ---- the life of the model -----------------------------------------------------------
+
+    @workflow.run
+    async def run(self, input: ModelWorkflowInput) -> ModelWorkflowResult:
+        self._upsert_state()
+        if self._plan is None:
+            self._plan = await workflow.execute_activity(
+                plan_placement,
+                PlanInput(spec=self._spec),
+                start_to_close_timeout=QUICK_TIMEOUT,
+                retry_policy=RETRY,
+                summary=f"first placement of {self._spec.name}",
+            )
+            await workflow.execute_activity_method(
+                WatchActivities.ensure_watch_schedule,
+                WatchScheduleInput(
+                    model=self._spec.name,
+                    interval_seconds=self._spec.watch.interval_seconds,
+                    enabled=self._spec.watch.enabled,
+                ),
+                start_to_close_timeout=QUICK_TIMEOUT,
+                retry_policy=RETRY,
+                summary="watch schedule",
+            )
+        while True:
+            self._publish_details()
+            await workflow.wait_condition(
+                lambda: (
+                    bool(self._queue)
+                    or self._delete_by is not None
+                    or workflow.info().is_continue_as_new_suggested()
+                )
+            )
+            if self._delete_by is not None:
+                break
+            if self._queue:
+                await self._roll_out_newest()
+                continue
+            await workflow.wait_condition(lambda: workflow.all_handlers_finished() and self._publishing == 0)
+            if not self._queue and self._delete_by is None:
+                workflow.continue_as_new(self._carry_over())
+        return await self._delete()
+
+    async def _roll_out_newest(self) -> None:
+        newest_id = self._queue[-1]
+        for older in self._queue[:-1]:
+            self._set_status(older, "superseded", f"superseded by {newest_id} before its rollout")
+        self._queue.clear()
+        new = self._find(newest_id)
+        old = self._find(self._serving_set)
+        if new is None or self._plan is None:
+            raise ApplicationError(
+                f"internal: queued set {newest_id} or the plan is missing", non_retryable=True
+            )
+        self._set_status(new.id, "rolling_out")
+        child_id = rollout_workflow_id(self._spec.name, new.id)
+        self._last_rollout = self._rollout_status(child_id, RolloutState.RUNNING, [], "", old, new)
+        self._rolling_out = True
+        self._upsert_state()
+        try:
+            result = await workflow.execute_child_workflow(
+                RolloutWorkflow.run,
+                RolloutInput(
+                    spec=self._spec,
+                    plan=self._plan,
+                    new_set=new,
+                    old_set=old,
+                    old_apps=self._serving_apps,
+                ),
+                id=child_id,
+                static_summary=f"{self._spec.name}: {old.id if old else 'nothing'} -> {new.id} ({new.version})",
+                execution_timeout=DEPLOY_TIMEOUT * 6,
+            )
+        finally:
+            self._rolling_out = False
+        self._last_rollout = self._rollout_status(
+            child_id, result.state, result.generations, result.detail, old, new
+        )
+        if result.state == RolloutState.COMPLETED:
+            if old is not None:
+                self._set_status(old.id, "retired", f"replaced by {new.id}")
+            self._set_status(new.id, "serving")
+            self._serving_set = new.id
+            self._serving_apps = dict(result.apps)
+        else:
+            self._set_status(new.id, "failed", result.detail)
+        self._upsert_state()
+
+    def _rollout_status(
+        self,
+        child_id: str,
+        state: RolloutState,
+        generations: list[int],
+        detail: str,
+        old: SnapshotSet | None,
+        new: SnapshotSet,
+    ) -> RolloutStatus:
+        """The model's summary of its latest rollout; the child's `status` query has the live view."""
+        done = state == RolloutState.COMPLETED
+        traffic = {new.id: 100.0 if done else 0.0}
+        if old is not None:
+            traffic[old.id] = 0.0 if done else 100.0
+        return RolloutStatus(
+            model=self._spec.name,
+            set_id=new.id,
+            from_set_id=old.id if old else None,
+            state=state,
+            step=child_id,
+            traffic_percent=traffic,
+            generations=generations,
+            detail=detail,
+        )
+
+    async def _delete(self) -> ModelWorkflowResult:
+        self._upsert_state()
+        removed = await workflow.execute_activity(
+            teardown_model,
+            TeardownInput(model=self._spec.name),
+            start_to_close_timeout=DEPLOY_TIMEOUT,
+            retry_policy=RETRY,
+            summary=f"tear down serving of {self._spec.name}",
+        )
+        await workflow.execute_activity_method(
+            WatchActivities.ensure_watch_schedule,
+            WatchScheduleInput(model=self._spec.name, interval_seconds=60, enabled=False),
+            start_to_close_timeout=QUICK_TIMEOUT,
+            retry_policy=RETRY,
+            summary="remove watch schedule",
+        )
+        self._serving_apps = {}
+        self._serving_set = None
+        self._removed_apps = removed.removed
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        return ModelWorkflowResult(
+            model=self._spec.name, deleted_by=self._delete_by or "", sets=len(self._sets)
+        )
+
+    # ---- helpers -------------------------------------------------------------------------
+
+    def _find(self, set_id: str | None) -> SnapshotSet | None:
+        return next((s for s in self._sets if s.id == set_id), None)
+
+    def _set_status(self, set_id: str, status: str, detail: str = "") -> None:
+        self._sets = [
+            s.model_copy(update={"status": status, "detail": detail or s.detail}) if s.id == set_id else s
+            for s in self._sets
+        ]
+
+    def _state(self) -> str:
+        if self._delete_by is not None:
+            return "deleting"
+        if self._rolling_out:
+            return "rolling_out"
+        return "serving" if self._serving_set else "empty"
+
+    def _upsert_state(self) -> None:
+        workflow.upsert_search_attributes(
+            [MODEL_KEY.value_set(self._spec.name), STATE_KEY.value_set(self._state())]
+        )
+        self._publish_details()
+
+    def _publish_details(self) -> None:
+        lines = [f"**{self._state()}**, owner {self._spec.owner}"]
+        lines.append(f"serving: {self._serving_set or 'nothing'}")
+        if self._queue:
+            lines.append(f"queued: {', '.join(self._queue)}")
+        for s in self._sets[-5:]:
+            lines.append(f"- {s.id} ({s.version}): {s.status}")
+        workflow.set_current_details("\n\n".join(lines))
+
+    def _carry_over(self) -> ModelWorkflowInput:
+        return ModelWorkflowInput(
+            spec=self._spec,
+            sets=self._sets,
+            serving_set=self._serving_set,
+            serving_apps=self._serving_apps,
+            plan=self._plan,
+            queued=self._queue,
+            next_number=self._next_number,
+        )
+
+
+def _as_update_error(err: ActivityError) -> ApplicationError:
+    cause = err.cause
+    if isinstance(cause, ApplicationError):
+        return ApplicationError(cause.message, type=cause.type, non_retryable=True)
+    return ApplicationError(
+        f"validation could not run: {cause or err}", type="SnapshotError", non_retryable=True
+    )
