@@ -45,7 +45,10 @@ def complete_set(
 def validate_snapshot(spec: ModelSpec, part: str, ref: SnapshotRef, roots: list[Path]) -> None:
     """Raise a SnapshotError naming the part, the snapshot and what is wrong; return if it fits."""
     where = f"parts.{part} ({ref.snapshot_id})"
-    path = resolve_in_roots(ref.uri, roots)
+    try:
+        path = resolve_in_roots(ref.uri, roots)
+    except SnapshotError as err:
+        raise SnapshotError(f"{where}: {err}", field=f"parts.{part}.uri", value=ref.uri) from None
     if not path.is_file():
         raise SnapshotError(
             f"{where}: file {path} does not exist.",

@@ -1,0 +1,96 @@
+"""One real dev stack per test session: a Temporal dev server, a local Ray cluster with Serve and
+the ipnext worker, on ports and in a state folder of its own, so a running demo never collides."""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+import yaml
+
+from ipnext.config import Settings, load_settings
+from ipnext.devstack import DevStack, stack_processes
+from ipnext.examples.ranker.train import train
+from ipnext.model import ModelSpec, load_model_spec
+from ipnext.sdk import Client
+from ipnext.snapshots import Manifest
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE_MODEL = REPO / "examples" / "ranker" / "model.yaml"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def write_stack_config(base: Path) -> Path:
+    """An ipnext.yaml + temporal-dev.yaml of free ports under `base`, using the repo's dev fleet."""
+    (base / "snapshots").mkdir(parents=True)
+    dev = yaml.safe_load((REPO / "temporal-dev.yaml").read_text())
+    dev.update(port=free_port(), ui_port=free_port())
+    (base / "temporal-dev.yaml").write_text(yaml.safe_dump(dev))
+    config = {
+        "fleet_file": str(REPO / "config" / "fleet.dev.yaml"),
+        "snapshot_roots": ["snapshots"],
+        "state_dir": "state",
+        "temporal_dev_file": "temporal-dev.yaml",
+        "temporal": {"task_queue": f"ipnext-test-{uuid.uuid4().hex[:8]}"},
+        "serve": {"host": "127.0.0.1", "port": free_port()},
+    }
+    path = base / "ipnext.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@pytest.fixture(scope="session")
+def stack_config() -> Iterator[Path]:
+    # Short path: Ray's unix sockets live under the state folder and must stay under 107 bytes.
+    base = Path(tempfile.mkdtemp(prefix="ipn-", dir="/tmp"))
+    yield write_stack_config(base)
+
+
+@pytest.fixture(scope="session")
+def stack(stack_config: Path) -> Iterator[Settings]:
+    for var in ("TEMPORAL_ADDRESS", "RAY_ADDRESS", "IPNEXT_CONFIG"):
+        os.environ.pop(var, None)
+    dev = DevStack(config_path=stack_config)
+    record = dev.up()
+    try:
+        yield load_settings(stack_config)
+    finally:
+        dev.down()
+        assert stack_processes(record["stack_id"]) == [], "dev down left processes behind"
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def client(stack: Settings) -> AsyncIterator[Client]:
+    async with await Client.connect(stack) as ipn:
+        yield ipn
+
+
+@pytest.fixture
+def model_name(request: pytest.FixtureRequest) -> str:
+    """A fresh model name per test (names are [a-z][a-z0-9-]*)."""
+    return f"t{uuid.uuid4().hex[:6]}"
+
+
+def one_region_spec(name: str, **updates: object) -> ModelSpec:
+    """The demo ranker with traffic from one region only, so a set is one app (fewer replicas)."""
+    spec = load_model_spec(EXAMPLE_MODEL)
+    data = spec.model_dump(mode="json")
+    data.update(name=name, traffic={"peak_qps": {"us-east": 50}})
+    data.update(updates)
+    return ModelSpec.model_validate(data)
+
+
+def train_version(settings: Settings, model: str, version: str, seed: int = 1) -> tuple[Path, Manifest]:
+    report = train(settings.snapshot_roots[0], model, version, seed=seed, steps=60)
+    return report.folder, report.manifest

@@ -1,0 +1,125 @@
+"""The lifecycle on the real dev stack: publish, serve, predict over HTTP, a second set, delete,
+and the snapshot watcher."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+import ray
+
+from ipnext.config import Settings
+from ipnext.errors import ModelNotFoundError
+from ipnext.sdk import Client
+from ipnext.serving.control import connect, get_writer
+
+from .conftest import one_region_spec, train_version
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
+
+
+def serve_apps(settings: Settings) -> list[str]:
+    """App names in the Serve config the writer owns (what `ipnext serve export` prints)."""
+    connect(settings.ray_address())
+    config = ray.get(get_writer(settings.serve.host, settings.serve.port).export.remote())
+    return [app["name"] for app in config["applications"]]
+
+
+async def test_publish_serve_predict_then_second_set(
+    stack: Settings, client: Client, model_name: str
+) -> None:
+    spec = one_region_spec(model_name)
+    state = await client.publish_model(spec)
+    assert state.state == "empty" and state.sets == []
+
+    folder1, _ = train_version(stack, model_name, "v1", seed=1)
+    started = time.perf_counter()
+    published = await client.publish_snapshot(model_name, folder1)
+    assert published.set_id == f"{model_name}@1"
+    state = await client.wait_until_serving(model_name, published.set_id)
+    print(f"publish-to-serving of {published.set_id}: {time.perf_counter() - started:.1f}s")
+    assert state.serving_apps == {"us-east": f"{model_name}.us-east.s1.r1"}
+
+    # Raw HTTP, as a product engineer calls it: the envelope, stamped by each part's host.
+    async with httpx.AsyncClient(base_url=stack.serve_url, timeout=30) as http:
+        reply = await http.post(
+            f"/us-east/models/{model_name}/predict", json={"inputs": {"user": 3, "items": [1, 2, 3]}}
+        )
+        assert reply.status_code == 200, reply.text
+        envelope = reply.json()
+        assert set(envelope) == {"outputs", "set", "parts", "variant"}
+        assert envelope["set"] == f"{model_name}@1"
+        assert envelope["variant"] is None
+        assert envelope["parts"] == {
+            "embed": f"{model_name}/embed@v1",
+            "dense": f"{model_name}/dense@v1",
+        }
+        assert len(envelope["outputs"]) == 3 and all(0 <= p <= 1 for p in envelope["outputs"])
+        bad = await http.post(f"/us-east/models/{model_name}/predict", json={"nope": 1})
+        assert bad.status_code == 400 and "inputs" in bad.json()["error"]
+        router = (await http.get(f"/us-east/models/{model_name}")).json()
+        assert router["weights"] == {f"{model_name}.us-east.s1.r1": 100.0}
+        first_generation = router["generation"]
+
+    folder2, _ = train_version(stack, model_name, "v2", seed=2)
+    published2 = await client.publish_snapshot(model_name, folder2)
+    state = await client.wait_until_serving(model_name, published2.set_id)
+    assert [(s.id, s.status) for s in state.sets] == [
+        (f"{model_name}@1", "retired"),
+        (f"{model_name}@2", "serving"),
+    ]
+    for _ in range(5):
+        reply2 = await client.predict(model_name, {"user": 3, "items": [1, 2, 3]}, source="us-east")
+        assert reply2.set == f"{model_name}@2"
+        assert reply2.parts == {"embed": f"{model_name}/embed@v2", "dense": f"{model_name}/dense@v2"}
+    assert reply2.outputs != envelope["outputs"]  # other weights, other scores
+    # The router moved in place to a new generation; the old set's app is gone.
+    assert state.rollout is not None and state.rollout.generations == [first_generation + 1]
+    apps = serve_apps(stack)
+    assert f"{model_name}.us-east.s2.r1" in apps and f"{model_name}.us-east.s1.r1" not in apps
+
+
+async def test_delete_removes_serving(stack: Settings, client: Client, model_name: str) -> None:
+    await client.publish_model(one_region_spec(model_name))
+    folder, _ = train_version(stack, model_name, "v1")
+    published = await client.publish_snapshot(model_name, folder)
+    await client.wait_until_serving(model_name, published.set_id)
+    assert (await client.predict(model_name, {"user": 1, "items": [4]})).set == published.set_id
+
+    result = await client.delete_model(model_name, who="test")
+    assert sorted(result.removed_apps) == sorted([f"{model_name}.us-east", f"{model_name}.us-east.s1.r1"])
+    assert not [a for a in serve_apps(stack) if a.startswith(f"{model_name}.")]
+    async with httpx.AsyncClient(base_url=stack.serve_url, timeout=30) as http:
+        gone = await http.post(
+            f"/us-east/models/{model_name}/predict", json={"inputs": {"user": 1, "items": [4]}}
+        )
+    assert gone.status_code == 404
+    with pytest.raises(ModelNotFoundError):
+        await client.get_model(model_name)
+
+
+async def test_watcher_publishes_new_snapshots(stack: Settings, client: Client, model_name: str) -> None:
+    spec = one_region_spec(model_name, watch={"enabled": True, "interval_seconds": 2})
+    await client.publish_model(spec)
+    _, manifest = train_version(stack, model_name, "nightly-1")
+    deadline = time.monotonic() + 180
+    while True:
+        state = await client.get_model(model_name)
+        if state.serving_set is not None:
+            break
+        assert time.monotonic() < deadline, f"the watcher published nothing: {state}"
+        await asyncio.sleep(1)
+    served = next(s for s in state.sets if s.id == state.serving_set)
+    assert served.version == manifest.version == "nightly-1"
+    assert served.detail == "published by snapshot-watcher"
+    assert (await client.predict(model_name, {"user": 2, "items": [7, 8]})).parts["dense"] == (
+        f"{model_name}/dense@nightly-1"
+    )
+    # The schedule keeps ticking but finds nothing new: still one set.
+    await asyncio.sleep(5)
+    assert len((await client.get_model(model_name)).sets) == 1
+    await client.delete_model(model_name, who="test")
+    schedules = [s.id async for s in await client.temporal.list_schedules()]
+    assert f"watch/{model_name}" not in schedules

@@ -1,0 +1,161 @@
+"""Bad input on the real stack: each is refused with an error naming what is wrong and the fix,
+and nothing is created or changed (no workflow, no set, no Serve app)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pydantic
+import pytest
+import pytest_asyncio
+import torch
+from temporalio.service import RPCError
+
+from ipnext.config import Settings
+from ipnext.errors import SnapshotError, SpecError
+from ipnext.examples.ranker.train import train
+from ipnext.model import ModelSpec, SnapshotRef, SnapshotSetRequest
+from ipnext.registry import model_workflow_id
+from ipnext.sdk import Client
+from ipnext.snapshots import request_from_folder
+
+from .conftest import one_region_spec, train_version
+from .test_lifecycle import serve_apps
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def serving_model(stack: Settings) -> AsyncIterator[str]:
+    """A model serving its v1, the target of every bad publish below."""
+    name = f"r{uuid.uuid4().hex[:6]}"
+    async with await Client.connect(stack) as ipn:
+        await ipn.publish_model(one_region_spec(name))
+        folder, _ = train_version(stack, name, "v1")
+        published = await ipn.publish_snapshot(name, folder)
+        await ipn.wait_until_serving(name, published.set_id)
+        yield name
+        await ipn.delete_model(name, who="test")
+
+
+def _with_part(request: SnapshotSetRequest, part: str, **changes: str) -> SnapshotSetRequest:
+    parts = dict(request.parts)
+    parts[part] = parts[part].model_copy(update=changes)
+    return request.model_copy(update={"parts": parts, "version": f"bad-{uuid.uuid4().hex[:6]}"})
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+async def test_cyclic_dag_creates_nothing(stack: Settings, client: Client) -> None:
+    name = f"c{uuid.uuid4().hex[:6]}"
+    data = one_region_spec(name).model_dump(mode="json")
+    data["dag"] = [["input", "embed"], ["embed", "dense"], ["dense", "embed"], ["dense", "output"]]
+    with pytest.raises(
+        pydantic.ValidationError, match=r"cycle (embed -> dense -> embed|dense -> embed -> dense)"
+    ):
+        ModelSpec.model_validate(data)
+    # The CLI and SDK parse specs through parse_spec, which turns that into a SpecError:
+    from ipnext.specio import parse_spec
+
+    with pytest.raises(SpecError, match="dag: cycle"):
+        parse_spec(ModelSpec, data, source="model.yaml")
+    with pytest.raises(RPCError):
+        await client.temporal.get_workflow_handle(model_workflow_id(name)).describe()
+
+
+async def test_unknown_hardware_creates_nothing(stack: Settings, client: Client) -> None:
+    name = f"h{uuid.uuid4().hex[:6]}"
+    data = one_region_spec(name).model_dump(mode="json")
+    data["parts"]["dense"]["hardware"] = {"gpu-h100": {"units": 1, "qps": 900}}
+    with pytest.raises(
+        SpecError, match=r"parts\.dense\.hardware: hardware class 'gpu-h100' is not in the fleet"
+    ):
+        await client.publish_model(ModelSpec.model_validate(data))
+    with pytest.raises(RPCError):
+        await client.temporal.get_workflow_handle(model_workflow_id(name)).describe()
+
+
+def _bad_requests(stack: Settings, model: str, tmp: Path) -> dict[str, tuple[SnapshotSetRequest, str]]:
+    root = stack.snapshot_roots[0]
+    good_folder, _ = train_version(stack, model, f"good-{uuid.uuid4().hex[:6]}")
+    good = request_from_folder(good_folder)
+    outside = tmp / "dense.safetensors"
+    outside.write_bytes((good_folder / "dense.safetensors").read_bytes())
+    missing = root / model / "never-written" / "dense.safetensors"
+    posing = root / model / "posing"
+    posing.mkdir(parents=True)
+    pickle_file = posing / "dense.safetensors"
+    torch.save({"mlp.0.weight": torch.zeros(2, 2)}, pickle_file)
+    raw_pickle = posing / "raw.safetensors"
+    raw_pickle.write_bytes(pickle.dumps({"mlp.0.weight": [0.0]}))
+    misfit = train(
+        root,
+        model,
+        f"misfit-{uuid.uuid4().hex[:6]}",
+        steps=5,
+        config={"num_users": 200, "num_items": 500, "dim": 8, "hidden": 32},
+    )
+    return {
+        "outside the root": (
+            _with_part(good, "dense", uri=outside.as_uri(), sha256=_sha(outside)),
+            "outside every snapshot root",
+        ),
+        "path escape": (
+            _with_part(good, "dense", uri=str(root / model / os.path.relpath(outside, root / model))),
+            "outside every snapshot root",
+        ),
+        "missing file": (_with_part(good, "dense", uri=missing.as_uri()), "does not exist"),
+        "wrong checksum": (_with_part(good, "dense", sha256="0" * 64), "checksum mismatch"),
+        "torch.save pickle": (
+            _with_part(good, "dense", uri=pickle_file.as_uri(), sha256=_sha(pickle_file)),
+            "not a safetensors file",
+        ),
+        "raw pickle": (
+            _with_part(good, "dense", uri=raw_pickle.as_uri(), sha256=_sha(raw_pickle)),
+            "not a safetensors file",
+        ),
+        "tensors that do not fit": (
+            request_from_folder(misfit.folder).model_copy(
+                update={"version": f"misfit-{uuid.uuid4().hex[:6]}"}
+            ),
+            "tensors do not fit the part",
+        ),
+    }
+
+
+async def test_bad_snapshots_change_nothing(
+    stack: Settings, client: Client, serving_model: str, tmp_path: Path
+) -> None:
+    before = await client.get_model(serving_model)
+    apps_before = serve_apps(stack)
+    for case, (request, expected) in _bad_requests(stack, serving_model, tmp_path).items():
+        with pytest.raises(SnapshotError) as caught:
+            await client.publish_snapshot(serving_model, request)
+        assert expected in str(caught.value), f"{case}: {caught.value}"
+        assert "parts.dense" in str(caught.value) or "parts.embed" in str(caught.value), case
+    after = await client.get_model(serving_model)
+    assert after.sets == before.sets
+    assert after.serving_set == before.serving_set and after.queued == []
+    assert serve_apps(stack) == apps_before
+    reply = await client.predict(serving_model, {"user": 1, "items": [2]})
+    assert reply.set == before.serving_set
+
+
+async def test_wrong_model_and_unknown_part_rejected_by_the_validator(
+    client: Client, serving_model: str
+) -> None:
+    ref = SnapshotRef(uri="file:///nowhere", sha256="0" * 64, snapshot_id="x")
+    for request, expected in (
+        (SnapshotSetRequest(model="other-model", version="v9", parts={"embed": ref}), "is for 'other-model'"),
+        (SnapshotSetRequest(model=serving_model, version="v9", parts={"bogus": ref}), "bogus"),
+        (SnapshotSetRequest(model=serving_model, version="v1", parts={"embed": ref}), "already published"),
+    ):
+        with pytest.raises(SnapshotError, match=expected):
+            await client.publish_snapshot(serving_model, request)
