@@ -13,12 +13,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from ipnext.errors import StackError
+from ipnext.errors import SpecError, StackError
 from ipnext.fleet import Fleet, load_fleet
-from ipnext.specio import load_yaml, parse_spec
+from ipnext.specio import format_validation_error, load_yaml, parse_spec
 
 __all__ = ["RaySettings", "ServeSettings", "Settings", "TemporalDevSettings", "load_settings"]
 
@@ -155,7 +155,14 @@ def load_settings(path: str | Path | None = None) -> Settings:
                 data[key] = (base / data[key]).resolve()
         if "snapshot_roots" in data:
             data["snapshot_roots"] = [(base / p).resolve() for p in data["snapshot_roots"]]
-    settings = Settings(**data)
+    try:
+        settings = Settings(**data)
+    except ValidationError as err:
+        raise SpecError(
+            f"{file or 'settings'} is invalid: {format_validation_error(err)}",
+            field=".".join(str(p) for p in err.errors()[0]["loc"]),
+            fix="see config/ipnext.yaml for the fields and their meaning",
+        ) from None
     if os.environ.get("TEMPORAL_ADDRESS"):
         settings.temporal.address = os.environ["TEMPORAL_ADDRESS"]
     if os.environ.get("RAY_ADDRESS"):

@@ -82,7 +82,7 @@ class GateSpec(_Spec):
 
 
 class RolloutSpec(_Spec):
-    steps: list[Annotated[int, Field(gt=0, le=100)]] = Field(default=[1, 5, 25, 50, 100])
+    steps: list[Annotated[int, Field(gt=0, le=100)]] = Field(default=[1, 5, 25, 50, 100], min_length=1)
     bake_seconds: float = Field(default=60, ge=0)
     check_interval_seconds: float = Field(default=2, gt=0)
     min_requests: int = Field(default=100, ge=0)

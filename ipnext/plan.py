@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from ipnext.fleet import Fleet, Name
@@ -26,7 +28,7 @@ class DeploymentDemand(_Frozen):
 
     name: str = Field(pattern=r"^[a-z][a-z0-9-]*(/[a-z][a-z0-9-]*)?$")
     hardware: dict[Name, HardwareOption] = Field(min_length=1)
-    demand_qps: dict[Name, float] = Field(min_length=1)
+    demand_qps: dict[Name, Annotated[float, Field(ge=0)]] = Field(min_length=1)
     latency_budget_ms: float = Field(gt=0)
     headroom: float = Field(default=0.2, ge=0, lt=1)
     min_regions: int = Field(default=1, ge=1)

@@ -22,7 +22,7 @@ import struct
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
-from urllib.parse import urlparse
+from urllib.parse import unquote, urlparse
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -100,7 +100,7 @@ def resolve_in_roots(uri: str, roots: list[Path]) -> Path:
             value=uri,
             fix="use a file:// URI or a plain path inside a snapshot root",
         )
-    raw = parsed.path if parsed.scheme == "file" else uri
+    raw = unquote(parsed.path) if parsed.scheme == "file" else uri  # as_uri() encodes spaces
     path = Path(raw).resolve()
     for root in roots:
         if path.is_relative_to(root.resolve()):

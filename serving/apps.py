@@ -37,7 +37,7 @@ from ipnext.serving.layout import (
 from ipnext.serving.metrics import MetricsStore, SetCounters
 from ipnext.snapshots import load_weights, resolve_in_roots, sha256_file
 
-__all__ = ["PartHost", "Router", "SetInfo", "router_app", "set_app"]
+__all__ = ["PartHost", "Router", "SetInfo", "pick_set", "router_app", "set_app"]
 
 METRICS_PUSH_SECONDS = 1.0
 
@@ -184,21 +184,7 @@ class Router:
         return {"outputs": outputs, "set": route.set_id, "parts": stamps, "variant": None}, 200
 
     def _pick(self, key: str | None) -> str | None:
-        apps = sorted(self._routes)
-        if not apps:
-            return None
-        weights = [self._config.weights[a] for a in apps]
-        total = sum(weights)
-        if key is None:
-            point = self._rng.random() * total
-        else:  # sticky: the same key lands on the same set while weights stay put
-            digest = hashlib.sha256(key.encode()).digest()
-            point = int.from_bytes(digest[:8], "big") / 2**64 * total
-        for app, weight in zip(apps, weights, strict=True):
-            point -= weight
-            if point < 0:
-                return app
-        return apps[-1]
+        return pick_set({a: self._config.weights[a] for a in self._routes}, key, self._rng)
 
     async def _run_dag(self, route: _SetRoute, inputs: Any) -> tuple[Any, dict[str, str]]:
         results: dict[str, Any] = {DAG_INPUT: inputs}
@@ -271,6 +257,25 @@ class _PrometheusMetrics:
             self._errors.inc(1, tags)
         else:
             self._latency.observe(latency_ms, tags)
+
+
+def pick_set(weights: dict[str, float], key: str | None, rng: random.Random) -> str | None:
+    """Choose a set app in proportion to its weight; with a key, the same key always picks the
+    same app while the weights stay put (sticky sessions, A/B-stable users)."""
+    apps = sorted(a for a, w in weights.items() if w > 0)
+    if not apps:
+        return None
+    total = sum(weights[a] for a in apps)
+    if key is None:
+        point = rng.random() * total
+    else:
+        digest = hashlib.sha256(key.encode()).digest()
+        point = int.from_bytes(digest[:8], "big") / 2**64 * total
+    for app in apps:
+        point -= weights[app]
+        if point < 0:
+            return app
+    return apps[-1]
 
 
 def _jsonable(value: Any) -> Any:

@@ -87,8 +87,11 @@ class EmbeddingPart:
     async def __call__(self, inputs: dict[str, Any]) -> dict[str, torch.Tensor]:
         request = inputs["input"]
         user, items = int(request["user"]), [int(i) for i in request["items"]]
-        if not 0 <= user < self._num_users or any(not 0 <= i < self._num_items for i in items):
-            raise ValueError(f"user must be in [0, {self._num_users}) and items in [0, {self._num_items})")
+        if not 0 <= user < self._num_users:
+            raise ValueError(f"user {user} is out of range: users are 0..{self._num_users - 1}")
+        bad = [i for i in items if not 0 <= i < self._num_items]
+        if bad:
+            raise ValueError(f"items {bad[:5]} are out of range: items are 0..{self._num_items - 1}")
         with torch.inference_mode():
             return {
                 "user": self._user(torch.tensor([user])),

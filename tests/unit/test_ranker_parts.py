@@ -1,0 +1,161 @@
+"""The example ranker's parts built from a trained snapshot: answers, tensor contracts, bad inputs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from ipnext.errors import SnapshotError
+from ipnext.examples.ranker.parts import DensePart, EmbeddingPart
+from ipnext.model import ModelSpec
+from ipnext.snapshots import inspect_safetensors, load_weights
+from tests.unit.helpers import Trained
+
+
+@pytest.fixture(scope="module")
+def weights(trained: Trained) -> dict[str, dict[str, torch.Tensor]]:
+    return {part: load_weights(trained.folder / f"{part}.safetensors") for part in ("embed", "dense")}
+
+
+def config(spec: ModelSpec, part: str) -> dict[str, Any]:
+    return dict(spec.parts[part].config)
+
+
+@pytest.fixture(scope="module")
+def parts(
+    example_spec: ModelSpec, weights: dict[str, dict[str, torch.Tensor]]
+) -> tuple[EmbeddingPart, DensePart]:
+    return (
+        EmbeddingPart(weights["embed"], config(example_spec, "embed")),
+        DensePart(weights["dense"], config(example_spec, "dense")),
+    )
+
+
+async def rank(parts: tuple[EmbeddingPart, DensePart], user: int, items: list[int]) -> list[float]:
+    embed, dense = parts
+    vectors = await embed({"input": {"user": user, "items": items}})
+    return await dense({"input": {"user": user, "items": items}, "embed": vectors})
+
+
+async def test_parts_answer_one_probability_per_item(parts: tuple[EmbeddingPart, DensePart]) -> None:
+    items = [0, 7, 42, 499, 7]
+    scores = await rank(parts, 3, items)
+    assert isinstance(scores, list)
+    assert len(scores) == len(items)
+    assert all(isinstance(p, float) and 0.0 <= p <= 1.0 for p in scores)
+    assert scores[1] == scores[4]  # the same item scores the same
+    assert len(set(scores)) > 1  # trained weights, not a constant
+
+
+async def test_embedding_part_returns_the_tables_rows(
+    parts: tuple[EmbeddingPart, DensePart], weights: dict[str, dict[str, torch.Tensor]]
+) -> None:
+    out = await parts[0]({"input": {"user": 5, "items": [1, 2]}})
+    assert out["user"].shape == (1, 16)
+    assert out["items"].shape == (2, 16)
+    assert torch.equal(out["user"][0], weights["embed"]["user.weight"][5])
+    assert torch.equal(out["items"][1], weights["embed"]["item.weight"][2])
+
+
+async def test_scores_match_the_trained_modules(
+    parts: tuple[EmbeddingPart, DensePart],
+    weights: dict[str, dict[str, torch.Tensor]],
+    example_spec: ModelSpec,
+) -> None:
+    from ipnext.examples.ranker.parts import build_modules
+
+    modules = build_modules(config(example_spec, "dense"))
+    modules.load_state_dict({**weights["embed"], **weights["dense"]})
+    with torch.no_grad():
+        u, i = modules.embed(torch.tensor([9]), torch.tensor([10, 20, 30]))
+        expected = torch.sigmoid(modules.score(u, i)).tolist()
+    assert await rank(parts, 9, [10, 20, 30]) == pytest.approx(expected, abs=1e-6)
+
+
+async def test_empty_item_list(parts: tuple[EmbeddingPart, DensePart]) -> None:
+    assert await rank(parts, 0, []) == []
+
+
+@pytest.mark.parametrize("part", ["embed", "dense"])
+def test_expected_tensors_match_the_safetensors_header(
+    trained: Trained, example_spec: ModelSpec, weights: dict[str, dict[str, torch.Tensor]], part: str
+) -> None:
+    cls = EmbeddingPart if part == "embed" else DensePart
+    built = cls(weights[part], config(example_spec, part))
+    header = inspect_safetensors(trained.folder / f"{part}.safetensors")
+    assert built.expected_tensors() == header
+    assert header  # not vacuous
+
+
+def test_expected_tensor_names(parts: tuple[EmbeddingPart, DensePart]) -> None:
+    assert parts[0].expected_tensors() == {
+        "user.weight": ((200, 16), "float32"),
+        "item.weight": ((500, 16), "float32"),
+    }
+    assert parts[1].expected_tensors() == {
+        "mlp.0.weight": ((32, 48), "float32"),
+        "mlp.0.bias": ((32,), "float32"),
+        "mlp.2.weight": ((1, 32), "float32"),
+        "mlp.2.bias": ((1,), "float32"),
+    }
+
+
+def test_wrong_shape_embedding_is_rejected(
+    example_spec: ModelSpec, weights: dict[str, dict[str, torch.Tensor]]
+) -> None:
+    bad = {**weights["embed"], "item.weight": torch.zeros(500, 8)}
+    with pytest.raises(SnapshotError) as info:
+        EmbeddingPart(bad, config(example_spec, "embed"))
+    message = str(info.value)
+    assert "'item.weight'" in message
+    assert "[500, 8]" in message
+    assert "[500, 16]" in message
+
+
+def test_wrong_shape_dense_tensor_is_rejected(
+    example_spec: ModelSpec, weights: dict[str, dict[str, torch.Tensor]]
+) -> None:
+    bad = {**weights["dense"], "mlp.2.weight": torch.zeros(2, 32)}
+    with pytest.raises(SnapshotError) as info:
+        DensePart(bad, config(example_spec, "dense"))
+    assert "'mlp.2.weight'" in str(info.value)
+    assert "[2, 32]" in str(info.value)
+
+
+def test_wrong_dtype_is_rejected(
+    example_spec: ModelSpec, weights: dict[str, dict[str, torch.Tensor]]
+) -> None:
+    bad = {**weights["dense"], "mlp.0.bias": weights["dense"]["mlp.0.bias"].to(torch.float16)}
+    with pytest.raises(SnapshotError) as info:
+        DensePart(bad, config(example_spec, "dense"))
+    assert "'mlp.0.bias'" in str(info.value)
+    assert "float16" in str(info.value)
+
+
+def test_missing_and_extra_tensors_are_rejected(
+    example_spec: ModelSpec, weights: dict[str, dict[str, torch.Tensor]]
+) -> None:
+    missing = {k: v for k, v in weights["embed"].items() if k != "user.weight"}
+    with pytest.raises(SnapshotError, match=r"'user\.weight' is missing"):
+        EmbeddingPart(missing, config(example_spec, "embed"))
+    extra = {**weights["dense"], "mlp.9.weight": torch.zeros(1)}
+    with pytest.raises(SnapshotError, match=r"unexpected tensors \['mlp\.9\.weight'\]"):
+        DensePart(extra, config(example_spec, "dense"))
+
+
+@pytest.mark.parametrize(
+    ("user", "items"),
+    [(200, [1]), (-1, [1]), (0, [500]), (0, [3, -1]), (10_000, [])],
+)
+async def test_out_of_range_ids_are_rejected(
+    parts: tuple[EmbeddingPart, DensePart], user: int, items: list[int]
+) -> None:
+    with pytest.raises(ValueError) as info:
+        await parts[0]({"input": {"user": user, "items": items}})
+    if not 0 <= user < 200:
+        assert f"user {user} is out of range: users are 0..199" in str(info.value)
+    else:
+        bad = [i for i in items if not 0 <= i < 500]
+        assert f"items {bad} are out of range: items are 0..499" in str(info.value)

@@ -1,0 +1,313 @@
+"""The pure parts of serving: app layout and Serve config, request metrics, and weighted set picking."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import Counter
+from datetime import UTC, datetime
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from ray.serve.schema import ServeDeploySchema
+
+from ipnext.fleet import Fleet
+from ipnext.model import ModelSpec, SnapshotRef, SnapshotSet
+from ipnext.plan import Plan, PlanningProblem, demand_from_model
+from ipnext.planner import solve
+from ipnext.rollout import RouterConfig
+from ipnext.serving.apps import pick_set
+from ipnext.serving.layout import (
+    metrics_actor_name,
+    render_router_app,
+    render_serve_config,
+    render_set_app,
+    router_app_name,
+    set_app_name,
+    set_app_plan,
+)
+from ipnext.serving.metrics import LATENCY_BUCKETS_MS, MetricsStore, SetCounters, percentile
+
+MODEL = "feed-ranker"
+ROOTS = ["/srv/snapshots"]
+
+
+@pytest.fixture(scope="module")
+def plan(example_spec: ModelSpec, dev_fleet: Fleet) -> Plan:
+    # The solved plan, with more embed replicas in us-east so counts differ per region and part.
+    problem = PlanningProblem(fleet=dev_fleet, deployments=demand_from_model(example_spec))
+    base = solve(problem)
+    embed = base.deployments[f"{MODEL}/embed"].model_copy(
+        update={"replicas": {"us-east": {"cpu-highmem": 3}, "eu-west": {"cpu-highmem": 1}}}
+    )
+    return base.model_copy(
+        update={"deployments": {**base.deployments, f"{MODEL}/embed": embed}, "revision": 4}
+    )
+
+
+@pytest.fixture(scope="module")
+def snapshot_set() -> SnapshotSet:
+    return SnapshotSet(
+        id=f"{MODEL}@7",
+        number=7,
+        version="v2",
+        parts={
+            part: SnapshotRef(
+                uri=f"file:///srv/snapshots/{MODEL}/v2/{part}.safetensors",
+                sha256=("a" if part == "embed" else "b") * 64,
+                snapshot_id=f"{MODEL}/{part}@v2",
+            )
+            for part in ("embed", "dense")
+        },
+        status="validated",
+        published_at=datetime(2025, 1, 1, tzinfo=UTC),
+    )
+
+
+# --- names ------------------------------------------------------------------------------------
+
+
+def test_names() -> None:
+    assert set_app_name(MODEL, "us-east", 3, 2) == "feed-ranker.us-east.s3.r2"
+    assert router_app_name(MODEL, "eu-west") == "feed-ranker.eu-west"
+    assert metrics_actor_name(MODEL, "eu-west") == "ipnext-metrics/feed-ranker/eu-west"
+
+
+# --- set apps ---------------------------------------------------------------------------------
+
+
+def test_set_app_plan(example_spec: ModelSpec, snapshot_set: SnapshotSet, plan: Plan) -> None:
+    app = set_app_plan(example_spec, snapshot_set, plan, "us-east", ROOTS)
+    assert app.name == "feed-ranker.us-east.s7.r4"
+    assert app.replicas == {"embed": {"cpu-highmem": 3}, "dense": {"cpu-std": 1}}
+    assert app.units == {"embed": {"cpu-highmem": 2}, "dense": {"cpu-std": 1}}
+    assert app.qps == {"embed": {"cpu-highmem": 400}, "dense": {"cpu-std": 300}}
+    args = app.args
+    assert (args.model, args.region, args.set_id) == (MODEL, "us-east", f"{MODEL}@7")
+    assert args.order == ["embed", "dense"]
+    assert args.hardware == {"embed": ["cpu-highmem"], "dense": ["cpu-std"]}
+    embed = args.parts["embed"]
+    assert embed.factory == "ipnext.examples.ranker.parts:EmbeddingPart"
+    assert embed.uri == snapshot_set.parts["embed"].uri
+    assert embed.sha256 == "a" * 64
+    assert embed.snapshot_id == f"{MODEL}/embed@v2"
+    assert embed.snapshot_roots == ROOTS
+    assert embed.config == example_spec.parts["embed"].config
+
+
+def test_render_set_app(example_spec: ModelSpec, snapshot_set: SnapshotSet, plan: Plan) -> None:
+    app = set_app_plan(example_spec, snapshot_set, plan, "us-east", ROOTS)
+    rendered = render_set_app(app, replica_num_cpus=0.25)
+    assert rendered["name"] == "feed-ranker.us-east.s7.r4"
+    assert rendered["route_prefix"] is None
+    assert rendered["import_path"] == "ipnext.serving.apps:set_app"
+    assert rendered["args"]["set_id"] == f"{MODEL}@7"
+    by_name = {d["name"]: d for d in rendered["deployments"]}
+    assert sorted(by_name) == ["dense-cpu-std", "embed-cpu-highmem", "set"]
+
+    embed = by_name["embed-cpu-highmem"]
+    assert embed["num_replicas"] == 3
+    assert embed["ray_actor_options"]["num_cpus"] == 0.25
+    resources = embed["ray_actor_options"]["resources"]
+    assert set(resources) == {"region:us-east", "hw:cpu-highmem"}
+    assert resources["hw:cpu-highmem"] == 2
+    assert 0 < resources["region:us-east"] < 1
+
+    dense = by_name["dense-cpu-std"]
+    assert dense["num_replicas"] == 1
+    assert dense["ray_actor_options"]["resources"]["hw:cpu-std"] == 1
+    assert set(dense["ray_actor_options"]["resources"]) == {"region:us-east", "hw:cpu-std"}
+
+    ingress = by_name["set"]
+    assert ingress["num_replicas"] == 1
+    assert set(ingress["ray_actor_options"]["resources"]) == {"region:us-east"}
+    assert ingress["user_config"] == {"capacity": {"embed-cpu-highmem": 1200, "dense-cpu-std": 300}}
+
+
+def test_render_set_app_in_the_other_region(
+    example_spec: ModelSpec, snapshot_set: SnapshotSet, plan: Plan
+) -> None:
+    rendered = render_set_app(set_app_plan(example_spec, snapshot_set, plan, "eu-west", ROOTS), 0)
+    assert rendered["name"] == "feed-ranker.eu-west.s7.r4"
+    by_name = {d["name"]: d for d in rendered["deployments"]}
+    assert by_name["embed-cpu-highmem"]["num_replicas"] == 1
+    assert all("region:eu-west" in d["ray_actor_options"]["resources"] for d in by_name.values())
+
+
+def test_render_router_app() -> None:
+    config = RouterConfig(
+        generation=5, weights={"feed-ranker.us-east.s7.r4": 25, "feed-ranker.us-east.s6.r4": 75}
+    )
+    rendered = render_router_app(MODEL, "us-east", config)
+    assert rendered["name"] == "feed-ranker.us-east"
+    assert rendered["route_prefix"] == "/us-east/models/feed-ranker"
+    assert rendered["import_path"] == "ipnext.serving.apps:router_app"
+    assert rendered["args"] == {"model": MODEL, "region": "us-east"}
+    [router] = rendered["deployments"]
+    assert router["name"] == "router"
+    assert router["num_replicas"] == 1
+    assert router["user_config"] == {
+        "generation": 5,
+        "weights": {"feed-ranker.us-east.s7.r4": 25, "feed-ranker.us-east.s6.r4": 75},
+    }
+    assert set(router["user_config"]) == {"generation", "weights"}
+
+
+def test_render_serve_config_is_a_valid_serve_deploy_schema(
+    example_spec: ModelSpec, snapshot_set: SnapshotSet, plan: Plan
+) -> None:
+    apps = {}
+    for region in ("us-east", "eu-west"):
+        set_app = render_set_app(set_app_plan(example_spec, snapshot_set, plan, region, ROOTS), 0)
+        router = render_router_app(MODEL, region, RouterConfig(generation=1, weights={set_app["name"]: 100}))
+        apps[set_app["name"]] = set_app
+        apps[router["name"]] = router
+    config = render_serve_config(apps, "127.0.0.1", 8000)
+    schema = ServeDeploySchema.model_validate(config)
+    assert schema.http_options.host == "127.0.0.1"
+    assert schema.http_options.port == 8000
+    assert config["http_options"] == {"host": "127.0.0.1", "port": 8000}
+    names = [a["name"] for a in config["applications"]]
+    assert names == sorted(apps)
+    assert [a.name for a in schema.applications] == names
+    prefixes = {a.name: a.route_prefix for a in schema.applications}
+    assert prefixes["feed-ranker.eu-west"] == "/eu-west/models/feed-ranker"
+    assert prefixes["feed-ranker.us-east.s7.r4"] is None
+
+
+# --- metrics ----------------------------------------------------------------------------------
+
+
+def test_observe_puts_values_in_upper_bound_buckets() -> None:
+    counters = SetCounters()
+    for value in (0.5, 1, 4, 5, 5.01, 20000):
+        counters.observe("latency_ms", value)
+    buckets = counters.histograms["latency_ms"]
+    assert len(buckets) == len(LATENCY_BUCKETS_MS) + 1
+    assert buckets[0] == 2  # 0.5 and 1 (bounds are inclusive)
+    assert buckets[LATENCY_BUCKETS_MS.index(5)] == 2  # 4 and 5
+    assert buckets[LATENCY_BUCKETS_MS.index(7)] == 1  # 5.01
+    assert buckets[-1] == 1  # above the last bound
+    assert sum(buckets) == 6
+
+
+def test_plus_adds_requests_errors_and_histograms() -> None:
+    a = SetCounters(requests=10, errors=1)
+    a.observe("latency_ms", 3)
+    b = SetCounters(requests=5, errors=2)
+    b.observe("latency_ms", 3)
+    b.observe("ttft_ms", 40)
+    total = a.plus(b)
+    assert (total.requests, total.errors) == (15, 3)
+    assert total.histograms["latency_ms"][LATENCY_BUCKETS_MS.index(3)] == 2
+    assert sum(total.histograms["ttft_ms"]) == 1
+    assert (a.requests, sum(a.histograms["latency_ms"])) == (10, 1)  # inputs unchanged
+
+
+def histogram(values: dict[float, int]) -> list[int]:
+    counters = SetCounters()
+    for value, count in values.items():
+        for _ in range(count):
+            counters.observe("m", value)
+    return counters.histograms["m"]
+
+
+def test_percentile() -> None:
+    buckets = histogram({10: 99, 500: 1})
+    assert percentile(buckets, 0.99) == 10
+    assert percentile(buckets, 0.5) == 10
+    assert percentile(buckets, 1.0) == 500
+    assert percentile(histogram({10: 98, 500: 2}), 0.99) == 500
+    assert percentile(histogram({3: 1000, 75: 10}), 0.99) == 3
+    assert percentile(histogram({3: 989, 75: 11}), 0.99) == 75
+    assert percentile(histogram({50_000: 3}), 0.5) == float("inf")
+    assert percentile([0] * (len(LATENCY_BUCKETS_MS) + 1), 0.99) is None
+
+
+@settings(deadline=None, derandomize=True, max_examples=60)
+@given(
+    st.lists(st.floats(0, 20_000, allow_nan=False), min_size=1, max_size=200),
+    st.sampled_from([0.5, 0.9, 0.99]),
+)
+def test_percentile_bounds_the_nearest_rank_value(values: list[float], q: float) -> None:
+    counters = SetCounters()
+    for value in values:
+        counters.observe("m", value)
+    result = percentile(counters.histograms["m"], q)
+    assert result is not None
+    ordered = sorted(values)
+    nearest_rank = ordered[max(0, math.ceil(q * len(values)) - 1)]
+    # The answer is the upper bound of the bucket holding the nearest-rank value.
+    bounds = [*LATENCY_BUCKETS_MS, float("inf")]
+    expected = next(b for b in bounds if nearest_rank <= b)
+    assert result == expected
+
+
+def test_metrics_store_replaces_a_replicas_counters_and_sums_replicas() -> None:
+    store = MetricsStore()
+    first = SetCounters(requests=10, errors=1)
+    first.observe("latency_ms", 7)
+    store.push("replica-a", {"app.s1": first.model_dump()})
+    # Cumulative: the next push from the same replica replaces, not adds.
+    later = SetCounters(requests=25, errors=2)
+    later.observe("latency_ms", 7)
+    later.observe("latency_ms", 150)
+    store.push("replica-a", {"app.s1": later.model_dump()})
+    other = SetCounters(requests=4, errors=0)
+    other.observe("latency_ms", 7)
+    store.push("replica-b", {"app.s1": other.model_dump(), "app.s2": SetCounters(requests=3).model_dump()})
+
+    snapshot = store.snapshot()
+    s1 = snapshot["sets"]["app.s1"]
+    assert (s1["requests"], s1["errors"]) == (29, 2)
+    assert s1["histograms"]["latency_ms"][LATENCY_BUCKETS_MS.index(7)] == 2
+    assert s1["histograms"]["latency_ms"][LATENCY_BUCKETS_MS.index(150)] == 1
+    assert snapshot["sets"]["app.s2"] == {"requests": 3, "errors": 0, "histograms": {}}
+
+
+def test_empty_metrics_store() -> None:
+    assert MetricsStore().snapshot() == {"sets": {}}
+
+
+# --- pick_set ---------------------------------------------------------------------------------
+
+
+def test_pick_set_single_app() -> None:
+    rng = random.Random(1)
+    assert {pick_set({"a": 100}, None, rng) for _ in range(200)} == {"a"}
+
+
+def test_pick_set_skips_zero_weights() -> None:
+    rng = random.Random(2)
+    assert {pick_set({"a": 0, "b": 100}, None, rng) for _ in range(500)} == {"b"}
+    assert {pick_set({"a": 0, "b": 100}, f"user-{i}", rng) for i in range(500)} == {"b"}
+
+
+def test_pick_set_with_no_weights() -> None:
+    rng = random.Random(3)
+    assert pick_set({}, None, rng) is None
+    assert pick_set({"a": 0, "b": 0}, None, rng) is None
+    assert pick_set({}, "user-1", rng) is None
+
+
+def test_pick_set_sticky_key() -> None:
+    weights: dict[str, float] = {"a": 50, "b": 50}
+    for i in range(50):
+        key = f"user-{i}"
+        picks = {pick_set(weights, key, random.Random(seed)) for seed in range(20)}
+        assert len(picks) == 1
+    # Keys still spread over both apps.
+    assert {pick_set(weights, f"user-{i}", random.Random(0)) for i in range(200)} == {"a", "b"}
+
+
+def test_pick_set_follows_the_weights() -> None:
+    rng = random.Random(0)
+    draws = Counter(pick_set({"a": 30, "b": 70}, None, rng) for _ in range(20_000))
+    assert set(draws) == {"a", "b"}
+    assert 0.27 <= draws["a"] / 20_000 <= 0.33
+
+
+def test_pick_set_keys_follow_the_weights() -> None:
+    draws = Counter(pick_set({"a": 30, "b": 70}, f"k{i}", random.Random(0)) for i in range(20_000))
+    assert 0.27 <= draws["a"] / 20_000 <= 0.33
