@@ -14,6 +14,7 @@ from ipnext.config import Settings
 from ipnext.errors import ModelNotFoundError
 from ipnext.sdk import Client
 from ipnext.serving.control import connect, get_writer
+from ipnext.serving.layout import metrics_actor_name
 
 from .conftest import one_region_spec, train_version
 
@@ -42,6 +43,7 @@ async def test_publish_serve_predict_then_second_set(
     print(f"publish-to-serving of {published.set_id}: {time.perf_counter() - started:.1f}s")
     assert state.serving_apps == {"us-east": f"{model_name}.us-east.s1.r1"}
 
+    connect(stack.ray_address())
     # Raw HTTP, as a product engineer calls it: the envelope, stamped by each part's host.
     async with httpx.AsyncClient(base_url=stack.serve_url, timeout=30) as http:
         reply = await http.post(
@@ -59,6 +61,17 @@ async def test_publish_serve_predict_then_second_set(
         assert len(envelope["outputs"]) == 3 and all(0 <= p <= 1 for p in envelope["outputs"])
         bad = await http.post(f"/us-east/models/{model_name}/predict", json={"nope": 1})
         assert bad.status_code == 400 and "inputs" in bad.json()["error"]
+        # The router pushes its counters to the model's metrics actor every second.
+        metrics = ray.get_actor(metrics_actor_name(model_name, "us-east"), namespace="ipnext")
+        app = f"{model_name}.us-east.s1.r1"
+        deadline = time.monotonic() + 30
+        while True:
+            counted = ray.get(metrics.snapshot.remote())["sets"].get(app, {})
+            if counted.get("requests", 0) >= 1:
+                break
+            assert time.monotonic() < deadline, f"no metrics pushed: {counted}"
+            await asyncio.sleep(0.5)
+        assert counted["errors"] == 0 and sum(counted["histograms"]["latency_ms"]) >= 1
         router = (await http.get(f"/us-east/models/{model_name}")).json()
         assert router["weights"] == {f"{model_name}.us-east.s1.r1": 100.0}
         first_generation = router["generation"]

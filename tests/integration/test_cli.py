@@ -1,0 +1,79 @@
+"""The `ipnext` CLI against the session's stack: the same verbs as the SDK, errors with exit code 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from ray.serve.schema import ServeDeploySchema
+
+from ipnext.config import Settings
+
+from .conftest import EXAMPLE_MODEL, train_version
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+
+def ipnext(stack_config: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("TEMPORAL_ADDRESS", "RAY_ADDRESS")}
+    env["IPNEXT_CONFIG"] = str(stack_config)
+    return subprocess.run(
+        [sys.executable, "-m", "ipnext.cli", *args], env=env, capture_output=True, text=True, timeout=240
+    )
+
+
+def test_cli_verbs(stack: Settings, stack_config: Path, tmp_path: Path, model_name: str) -> None:
+    spec = yaml.safe_load(EXAMPLE_MODEL.read_text())
+    spec.update(name=model_name, traffic={"peak_qps": {"eu-west": 20}})
+    spec_file = tmp_path / "model.yaml"
+    spec_file.write_text(yaml.safe_dump(spec))
+
+    out = ipnext(stack_config, "model", "publish", str(spec_file))
+    assert out.returncode == 0, out.stderr
+    assert f"model {model_name} registered" in out.stdout
+    again = ipnext(stack_config, "model", "publish", str(spec_file))
+    assert again.returncode == 2 and "ModelExistsError" in again.stderr and "already exists" in again.stderr
+
+    folder, _ = train_version(stack, model_name, "v1")
+    out = ipnext(stack_config, "snapshot", "publish", model_name, str(folder), "--wait")
+    assert out.returncode == 0, out.stderr
+    assert f"published {model_name}@1" in out.stdout and "serves in ['eu-west']" in out.stdout
+
+    # --source picks the serving region from the plan's routing fractions.
+    out = ipnext(
+        stack_config, "predict", model_name, "--inputs", '{"user": 1, "items": [1, 2]}', "--source", "eu-west"
+    )
+    assert out.returncode == 0, out.stderr
+    reply = json.loads(out.stdout)
+    assert reply["set"] == f"{model_name}@1" and reply["region"] == "eu-west" and len(reply["outputs"]) == 2
+
+    got = json.loads(ipnext(stack_config, "model", "get", model_name).stdout)
+    assert got["serving_set"] == f"{model_name}@1" and got["state"] == "serving"
+
+    deadline = time.monotonic() + 30
+    while model_name not in ipnext(stack_config, "model", "list").stdout:  # visibility lags writes
+        assert time.monotonic() < deadline, "model never listed"
+        time.sleep(1)
+
+    exported = tmp_path / "serve.yaml"
+    out = ipnext(stack_config, "serve", "export", "-o", str(exported))
+    assert out.returncode == 0, out.stderr
+    config = ServeDeploySchema.model_validate(yaml.safe_load(exported.read_text()))
+    names = {app.name for app in config.applications}
+    assert {f"{model_name}.eu-west", f"{model_name}.eu-west.s1.r1"} <= names
+
+    bad = ipnext(stack_config, "snapshot", "publish", model_name, str(tmp_path))
+    assert bad.returncode == 2 and "no manifest.json" in bad.stderr
+    bad_json = ipnext(stack_config, "predict", model_name, "--inputs", "{nope")
+    assert bad_json.returncode == 2 and "--inputs is not JSON" in bad_json.stderr
+
+    out = ipnext(stack_config, "model", "delete", model_name)
+    assert out.returncode == 0, out.stderr
+    gone = ipnext(stack_config, "model", "get", model_name)
+    assert gone.returncode == 2 and "ModelNotFoundError" in gone.stderr
