@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -123,6 +124,10 @@ def _demo(args: argparse.Namespace, settings: Settings) -> None:
     from ipnext.devstack import DevStack
     from ipnext.examples.demo import run_scenario
 
+    # Ctrl-C and SIGTERM both end the demo through the `finally` below, even where a
+    # launcher left SIGINT ignored (as shells do for background jobs).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     stack = DevStack(settings)
     started_here = not stack.is_up()
     t0 = time.perf_counter()
