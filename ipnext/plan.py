@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -53,10 +53,65 @@ class DeploymentPlacement(_Frozen):
 
 class Plan(_Frozen):
     deployments: dict[str, DeploymentPlacement]
-    cost: float
-    moved_units: int = 0
+    cost: float  # sum of replicas x units x unit_cost
+    moved_units: int = 0  # units newly placed against the current plan
     solver: str
     revision: int = 1
+    objective: float | None = None  # cost + churn_cost x moved_units
+    lower_bound: float | None = None  # a proven lower bound of the optimal objective
+    lower_bound_method: str = ""
+    gap: float | None = None  # (objective - lower_bound) / objective
+    solve_seconds: float | None = None
+    status: str = "feasible"  # "optimal" when the gap is closed
+
+    def to_report(self) -> dict[str, object]:
+        """The flat JSON `ipnext plan solve --out` writes."""
+        return {
+            "placements": [
+                {"deployment": d, "region": r, "hardware": h, "replicas": n}
+                for d, p in sorted(self.deployments.items())
+                for r, by_hw in sorted(p.replicas.items())
+                for h, n in sorted(by_hw.items())
+                if n > 0
+            ],
+            "routing": [
+                {"deployment": d, "source": s, "region": r, "fraction": f}
+                for d, p in sorted(self.deployments.items())
+                for s, row in sorted(p.fractions.items())
+                for r, f in sorted(row.items())
+                if f > 0
+            ],
+            "cost": self.cost,
+            "moved_units": self.moved_units,
+            "objective": self.objective if self.objective is not None else self.cost,
+            "lower_bound": self.lower_bound,
+            "lower_bound_method": self.lower_bound_method,
+            "gap": self.gap,
+            "solve_seconds": self.solve_seconds,
+            "status": self.status,
+            "solver": self.solver,
+            "revision": self.revision,
+        }
+
+    @classmethod
+    def from_report(cls, data: dict[str, object]) -> Plan:
+        """Read back what `to_report` wrote (for `--current plan.json`)."""
+        deployments: dict[str, dict[str, dict[str, dict[str, float]]]] = {}
+        rows: Any = data.get("placements", [])
+        for row in rows:
+            entry = deployments.setdefault(row["deployment"], {"replicas": {}, "fractions": {}})
+            entry["replicas"].setdefault(row["region"], {})[row["hardware"]] = int(row["replicas"])
+        rows = data.get("routing", [])
+        for row in rows:
+            entry = deployments.setdefault(row["deployment"], {"replicas": {}, "fractions": {}})
+            entry["fractions"].setdefault(row["source"], {})[row["region"]] = float(row["fraction"])
+        return cls(
+            deployments={d: DeploymentPlacement.model_validate(e) for d, e in deployments.items()},
+            cost=float(data.get("cost", 0.0)),  # type: ignore[arg-type]
+            moved_units=int(data.get("moved_units", 0)),  # type: ignore[call-overload]
+            solver=str(data.get("solver", "file")),
+            revision=int(data.get("revision", 1)),  # type: ignore[call-overload]
+        )
 
 
 class PlanningProblem(_Frozen):
@@ -67,8 +122,12 @@ class PlanningProblem(_Frozen):
 
 class SolveOptions(_Frozen):
     churn_cost: float = Field(default=0.05, ge=0)
-    time_limit_s: float = Field(default=10, gt=0)
+    time_limit_s: float = Field(default=60, gt=0)
     seed: int = 0
+    workers: int | None = Field(default=None, ge=1)  # None: every core
+    # Solve small instances whole with the exact MIP first; tests switch it off to check
+    # that the scalable path alone reaches the optimum.
+    exact_fallback: bool = True
 
 
 def demand_from_model(spec: ModelSpec) -> list[DeploymentDemand]:

@@ -4,7 +4,7 @@
 constraint or raises InfeasiblePlanError naming the one it cannot meet.
 """
 
-from ipnext.planner.first_fit import solve
+from ipnext.planner.solve import solve
 from ipnext.planner.validate import check_plan
 
 __all__ = ["check_plan", "solve"]

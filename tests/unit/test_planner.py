@@ -1,4 +1,4 @@
-"""The first-fit planner and check_plan: valid plans, infeasible problems, churn, and a property test."""
+"""The first-fit baseline planner and `check_plan`, the checker every planner answers to."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from ipnext.errors import InfeasiblePlanError
 from ipnext.fleet import Fleet
 from ipnext.model import HardwareOption, ModelSpec
 from ipnext.plan import DeploymentDemand, Plan, PlanningProblem, demand_from_model
-from ipnext.planner import check_plan, solve
+from ipnext.planner import check_plan
+from ipnext.planner.first_fit import solve  # the first-fit baseline; the global solver has its own tests
 from ipnext.specio import parse_spec
 from tests.unit.helpers import fleet_dict, spec_dict
 
