@@ -103,6 +103,66 @@ def _serve(args: argparse.Namespace, settings: Settings) -> None:
         print(text)
 
 
+def _plan(args: argparse.Namespace, settings: Settings) -> None:
+    from pydantic import BaseModel, ConfigDict
+
+    from ipnext.fleet import load_fleet
+    from ipnext.plan import DeploymentDemand, Plan, PlanningProblem, SolveOptions
+    from ipnext.planner import solve
+    from ipnext.specio import load_yaml, parse_spec
+
+    class DemandFile(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        deployments: list[DeploymentDemand]
+
+    started = time.monotonic()
+    fleet = load_fleet(args.fleet)
+    demand = parse_spec(DemandFile, load_yaml(args.demand), source=str(args.demand))
+    current = None
+    if args.current:
+        try:
+            current = Plan.from_report(json.loads(Path(args.current).read_text()))
+        except (OSError, ValueError, KeyError) as err:
+            raise IpnextError(
+                f"--current {args.current}: not a plan written by `ipnext plan solve`: {err}"
+            ) from None
+    problem = PlanningProblem(fleet=fleet, deployments=demand.deployments, current=current)
+    # The limit covers the whole command, reading the files and the bound included.
+    left = max(1.0, args.time_limit - (time.monotonic() - started))
+    plan = solve(problem, SolveOptions(time_limit_s=left, churn_cost=args.churn_cost))
+    Path(args.out).write_text(json.dumps(plan.to_report(), indent=2))
+    _print_plan_summary(problem, plan)
+    print(f"wrote {args.out}")
+
+
+def _print_plan_summary(problem: Any, plan: Any) -> None:
+    fleet = problem.fleet
+    used: dict[tuple[str, str], int] = {}
+    units = {d.name: d.hardware for d in problem.deployments}
+    for name, placement in plan.deployments.items():
+        for region, by_hw in placement.replicas.items():
+            for hw, n in by_hw.items():
+                used[region, hw] = used.get((region, hw), 0) + n * units[name][hw].units
+    print(f"{'region':12} {'hardware':12} {'units used':>12} {'capacity':>10} {'cost':>12}")
+    for pool in fleet.pools:
+        n = used.get((pool.region, pool.hardware), 0)
+        print(f"{pool.region:12} {pool.hardware:12} {n:>12} {pool.units:>10} {n * pool.unit_cost:>12.2f}")
+    gap = f"{100 * plan.gap:.3f}%" if plan.gap is not None else "n/a"
+    print(
+        f"cost {plan.cost:.2f}, objective {plan.objective:.2f}, lower bound {plan.lower_bound:.2f} "
+        f"({plan.lower_bound_method}), gap {gap}, {plan.status}, {plan.solve_seconds:.1f}s"
+    )
+    if problem.current is not None:
+        print(f"moves against the current plan: {plan.moved_units} units newly placed")
+        for name, placement in sorted(plan.deployments.items()):
+            old = problem.current.deployments.get(name)
+            for region, by_hw in sorted(placement.replicas.items()):
+                for hw, n in sorted(by_hw.items()):
+                    before = old.replicas.get(region, {}).get(hw, 0) if old else 0
+                    if n != before:
+                        print(f"  {name}: {region}/{hw} {before} -> {n}")
+
+
 def _dev(args: argparse.Namespace, settings: Settings) -> None:
     from ipnext.devstack import DevStack
 
@@ -185,6 +245,17 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("verb", choices=["export"])
     serve.add_argument("-o", "--output", help="write YAML here instead of stdout")
     serve.set_defaults(run=_serve)
+
+    plan = sub.add_parser("plan", help="placement planning")
+    psub = plan.add_subparsers(dest="verb", required=True)
+    psolve = psub.add_parser("solve", help="solve a fleet + demand file into a plan (JSON)")
+    psolve.add_argument("--fleet", required=True, type=Path)
+    psolve.add_argument("--demand", required=True, type=Path)
+    psolve.add_argument("--current", help="the current plan (JSON from an earlier solve): moves cost churn")
+    psolve.add_argument("--time-limit", type=float, default=60.0, help="seconds for the whole command")
+    psolve.add_argument("--churn-cost", type=float, default=0.05)
+    psolve.add_argument("--out", required=True)
+    plan.set_defaults(run=_plan)
 
     demo = sub.add_parser("demo", help="bring the stack up and run the demo scenario")
     demo.add_argument("--once", action="store_true", help="run once, stop the stack, exit 0 on success")

@@ -4,6 +4,7 @@ the ipnext worker, on ports and in a state folder of its own, so a running demo 
 from __future__ import annotations
 
 import os
+import random
 import socket
 import tempfile
 import uuid
@@ -26,9 +27,17 @@ EXAMPLE_MODEL = REPO / "examples" / "ranker" / "model.yaml"
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A free port below Linux's ephemeral range (32768+), so that the random ports Ray and
+    Temporal take for themselves cannot grab it between this check and the server's bind."""
+    rng = random.Random()
+    while True:
+        port = rng.randrange(20000, 32000)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
 
 
 def write_stack_config(base: Path) -> Path:

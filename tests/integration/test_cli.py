@@ -30,7 +30,8 @@ def ipnext(stack_config: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 def test_cli_verbs(stack: Settings, stack_config: Path, tmp_path: Path, model_name: str) -> None:
     spec = yaml.safe_load(EXAMPLE_MODEL.read_text())
-    spec.update(name=model_name, traffic={"peak_qps": {"eu-west": 20}})
+    # A 20 ms budget keeps eu-west traffic in eu-west (us-east is 40 ms away, and cheaper).
+    spec.update(name=model_name, traffic={"peak_qps": {"eu-west": 20}}, latency_budget_ms=20)
     spec_file = tmp_path / "model.yaml"
     spec_file.write_text(yaml.safe_dump(spec))
 

@@ -1,0 +1,113 @@
+"""Planner benchmark: the issue's instance table, our solver against a first-fit baseline and a
+plain MIP of the same formulation (HiGHS, same time limit), all in this process.
+
+    .venv/bin/python bench/planner.py                 # every row (the large ones take long)
+    .venv/bin/python bench/planner.py --rows 20 100   # some rows
+
+Prints one line per (row, method) and writes bench/results/planner.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import time
+from pathlib import Path
+from typing import Any
+
+from ipnext.errors import InfeasiblePlanError
+from ipnext.plan import PlanningProblem, SolveOptions
+from ipnext.planner import check_plan, solve
+from ipnext.planner.backend import solve_model
+from ipnext.planner.first_fit import solve as first_fit
+from ipnext.planner.formulation import build
+from ipnext.planner.generator import generate
+from ipnext.planner.instance import compile_problem
+
+# name: (deployments, regions, hardware, utilization, time limit s)
+ROWS: dict[str, tuple[int, int, int, float, float]] = {
+    "20": (20, 4, 2, 0.5, 30),
+    "100": (100, 4, 2, 0.5, 30),
+    "1000": (1000, 16, 4, 0.5, 60),
+    "10000": (10000, 16, 4, 0.5, 300),
+    "300-tight": (300, 8, 3, 0.9, 60),
+}
+
+
+def _ours(problem: PlanningProblem, limit: float) -> dict[str, Any]:
+    started = time.monotonic()
+    try:
+        plan = solve(problem, SolveOptions(time_limit_s=limit))
+    except InfeasiblePlanError as err:
+        return {"method": "ipnext", "failed": str(err), "seconds": time.monotonic() - started}
+    assert check_plan(problem, plan) == []
+    return {
+        "method": "ipnext",
+        "objective": plan.objective,
+        "lower_bound": plan.lower_bound,
+        "lower_bound_method": plan.lower_bound_method,
+        "gap": plan.gap,
+        "status": plan.status,
+        "seconds": time.monotonic() - started,
+    }
+
+
+def _first_fit(problem: PlanningProblem) -> dict[str, Any]:
+    started = time.monotonic()
+    try:
+        plan = first_fit(problem)
+    except InfeasiblePlanError as err:
+        return {"method": "first-fit", "failed": str(err)[:200], "seconds": time.monotonic() - started}
+    return {"method": "first-fit", "objective": plan.cost, "seconds": time.monotonic() - started}
+
+
+def _plain_mip(problem: PlanningProblem, limit: float) -> dict[str, Any]:
+    started = time.monotonic()
+    inst = compile_problem(problem)
+    model = build(inst, list(range(len(inst.blocks))), pool_capacity=inst.pool_units)
+    sol = solve_model(model, time_limit_s=limit, relative_gap=1e-6)
+    out: dict[str, Any] = {
+        "method": "plain MIP (HiGHS)",
+        "status": sol.status,
+        "seconds": time.monotonic() - started,
+    }
+    if sol.values is not None:
+        out["objective"] = sol.objective
+    out["lower_bound"] = sol.bound if sol.bound > -float("inf") else None
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", nargs="*", default=list(ROWS), choices=list(ROWS))
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=Path("bench/results/planner.json"))
+    args = parser.parse_args()
+    results = []
+    for row in args.rows:
+        n, regions, hardware, utilization, limit = ROWS[row]
+        problem = generate(args.seed, n, regions, hardware, utilization=utilization)
+        for method in ("ipnext", "first-fit", "plain-mip"):
+            if method == "ipnext":
+                run = _ours(problem, limit)
+            elif method == "first-fit":
+                run = _first_fit(problem)
+            else:
+                run = _plain_mip(problem, limit)
+            result = {"row": row, "time_limit_s": limit, **run}
+            results.append(result)
+            shown = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in result.items()}
+            print(json.dumps(shown), flush=True)
+    ours = {r["row"]: r for r in results if r["method"] == "ipnext"}
+    for r in results:
+        if r["method"] != "ipnext" and "objective" in r and "objective" in ours.get(r["row"], {}):
+            r["ours_over_this"] = ours[r["row"]]["objective"] / r["objective"]
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"results": results, "peak_rss_mb": peak_mb}, indent=2))
+    print(f"peak RSS {peak_mb:.0f} MB; wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

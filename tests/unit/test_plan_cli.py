@@ -1,0 +1,63 @@
+"""`ipnext plan solve`: the plan JSON, the summary, replanning against --current, and infeasible
+demand exiting non-zero with the reason."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from ipnext.fleet import load_fleet
+from ipnext.plan import DeploymentDemand, Plan, PlanningProblem
+from ipnext.planner import check_plan
+
+REPO = Path(__file__).resolve().parents[2]
+FLEET = REPO / "config" / "fleet.dev.yaml"
+DEMAND = REPO / "examples" / "planning" / "demand.yaml"
+
+
+def plan_solve(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ipnext.cli", "plan", "solve", "--fleet", str(FLEET), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_plan_solve_writes_a_valid_plan_and_replans_without_moves(tmp_path: Path) -> None:
+    out = tmp_path / "plan.json"
+    done = plan_solve("--demand", str(DEMAND), "--out", str(out), "--time-limit", "30")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(out.read_text())
+    assert report["status"] == "optimal" and report["gap"] == 0
+    assert report["lower_bound"] <= report["objective"]
+    assert "units used" in done.stdout and "us-east" in done.stdout
+    demand = [DeploymentDemand.model_validate(d) for d in yaml.safe_load(DEMAND.read_text())["deployments"]]
+    problem = PlanningProblem(fleet=load_fleet(FLEET), deployments=demand)
+    plan = Plan.from_report(report)
+    assert check_plan(problem, plan) == []
+    assert plan.cost == report["cost"] > 0
+
+    again = plan_solve("--demand", str(DEMAND), "--current", str(out), "--out", str(tmp_path / "again.json"))
+    assert again.returncode == 0, again.stderr
+    assert json.loads((tmp_path / "again.json").read_text())["moved_units"] == 0
+    assert "moves against the current plan: 0 units" in again.stdout
+
+
+def test_plan_solve_names_what_cannot_be_met(tmp_path: Path) -> None:
+    data = yaml.safe_load(DEMAND.read_text())
+    data["deployments"][2]["demand_qps"] = {"us-east": 100_000}
+    demand = tmp_path / "demand.yaml"
+    demand.write_text(yaml.safe_dump(data))
+    done = plan_solve("--demand", str(demand), "--out", str(tmp_path / "plan.json"))
+    assert done.returncode == 2
+    assert (
+        "InfeasiblePlanError" in done.stderr
+        and "ads-scorer/main" in done.stderr
+        and "short by" in done.stderr
+    )
+    assert not (tmp_path / "plan.json").exists()
