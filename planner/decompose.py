@@ -34,7 +34,7 @@ import numpy as np
 
 from ipnext.errors import InfeasiblePlanError
 from ipnext.planner.backend import solve_model
-from ipnext.planner.formulation import build
+from ipnext.planner.formulation import BlockModel, build
 from ipnext.planner.instance import Instance
 
 __all__ = ["BlockChoice", "Decomposition", "decompose"]
@@ -265,6 +265,24 @@ def _minimal_movers(inst: Instance, choices: dict[int, BlockChoice], used: np.nd
     return movers
 
 
+def choices_from_values(
+    inst: Instance, model: BlockModel, values: np.ndarray, churn: float, blocks: list[int]
+) -> dict[int, BlockChoice]:
+    """Per-block choices out of a solved model of several blocks."""
+    out = {b: BlockChoice(b, {}, {}, 0.0, 0.0, 0.0) for b in blocks}
+    for o, n in zip(model.opts, np.rint(values[: model.n_x]).astype(np.int64), strict=True):
+        if n > 0:
+            c = out[int(inst.block_of[inst.opt_d[o]])]
+            c.x[int(o)] = int(n)
+            c.cost += float(inst.opt_cost[o] * n)
+            if churn and inst.problem.current is not None:
+                c.cost += churn * float(max(0, n - inst.opt_current[o]) * inst.opt_units[o])
+    for t, v in zip(model.routes, values[model.n_x : model.n_x + model.n_f], strict=True):
+        if v > 1e-9:
+            out[int(inst.route_b[t])].f[int(t)] = float(v)
+    return out
+
+
 def _place_jointly(
     inst: Instance, movers: list[int], residual: np.ndarray, churn: float, deadline: float
 ) -> dict[int, BlockChoice] | None:
@@ -273,18 +291,7 @@ def _place_jointly(
     sol = solve_model(joint, time_limit_s=limit, relative_gap=1e-4)
     if sol.values is None:
         return None
-    placed = {b: BlockChoice(b, {}, {}, 0.0, 0.0, 0.0) for b in movers}
-    for o, n in zip(joint.opts, np.rint(sol.values[: joint.n_x]).astype(np.int64), strict=True):
-        if n > 0:
-            c = placed[int(inst.block_of[inst.opt_d[o]])]
-            c.x[int(o)] = int(n)
-            c.cost += float(inst.opt_cost[o] * n)
-            if churn and inst.problem.current is not None:
-                c.cost += churn * float(max(0, n - inst.opt_current[o]) * inst.opt_units[o])
-    for t, v in zip(joint.routes, sol.values[joint.n_x : joint.n_x + joint.n_f], strict=True):
-        if v > 1e-9:
-            placed[int(inst.route_b[t])].f[int(t)] = float(v)
-    return placed
+    return choices_from_values(inst, joint, sol.values, churn, movers)
 
 
 def _place_one_by_one(

@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
-
 from ipnext.plan import DeploymentPlacement, Plan, PlanningProblem, SolveOptions
 from ipnext.planner.backend import solve_model
-from ipnext.planner.decompose import BlockChoice, decompose, usage_of
+from ipnext.planner.decompose import BlockChoice, choices_from_values, decompose, usage_of
 from ipnext.planner.formulation import build
 from ipnext.planner.instance import Instance, compile_problem
 
@@ -31,7 +29,7 @@ def solve(problem: PlanningProblem, options: SolveOptions | None = None) -> Plan
         if len(whole.lb) <= EXACT_MAX_VARIABLES:
             sol = solve_model(whole, time_limit_s=max(1.0, 0.5 * options.time_limit_s), relative_gap=1e-9)
             if sol.status == "optimal" and sol.values is not None:
-                choices = _choices_from_whole(inst, whole.opts, whole.routes, whole.n_x, sol.values, churn)
+                choices = choices_from_values(inst, whole, sol.values, churn, blocks)
                 return _plan(
                     inst, choices, churn, sol.bound, "exact MIP (HiGHS), solved to optimality", started
                 )
@@ -47,23 +45,6 @@ def solve(problem: PlanningProblem, options: SolveOptions | None = None) -> Plan
         f"Lagrangian relaxation of the pool constraints, exact block MIPs, {result.iterations} price updates",
         started,
     )
-
-
-def _choices_from_whole(
-    inst: Instance, opts: np.ndarray, routes: np.ndarray, n_x: int, values: np.ndarray, churn: float
-) -> dict[int, BlockChoice]:
-    choices = {b: BlockChoice(b, {}, {}, 0.0, 0.0, 0.0) for b in range(len(inst.blocks))}
-    for o, n in zip(opts, np.rint(values[:n_x]).astype(np.int64), strict=True):
-        if n > 0:
-            choice = choices[int(inst.block_of[inst.opt_d[o]])]
-            choice.x[int(o)] = int(n)
-            choice.cost += float(inst.opt_cost[o] * n)
-            if churn:
-                choice.cost += churn * max(0, int(n) - inst.opt_current[o]) * inst.opt_units[o]
-    for t, v in zip(routes, values[n_x : n_x + len(routes)], strict=True):
-        if v > 1e-9:
-            choices[int(inst.route_b[t])].f[int(t)] = float(v)
-    return choices
 
 
 def _plan(
