@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import signal
 import sys
 import time
@@ -60,13 +61,16 @@ def _model(args: argparse.Namespace, settings: Settings) -> None:
 
 
 def _snapshot(args: argparse.Namespace, settings: Settings) -> None:
-    result = asyncio.run(
-        _with_client(settings, lambda c: c.publish_snapshot(args.model, Path(args.folder), who="cli"))
-    )
-    print(f"published {result.set_id} ({result.status})")
-    if args.wait:
-        state = asyncio.run(_with_client(settings, lambda c: c.wait_until_serving(args.model, result.set_id)))
-        print(f"{result.set_id} serves in {sorted(state.serving_apps)}")
+    async def publish(ipn: Any) -> None:
+        # One client and one event loop for both steps: a second asyncio.run with a second
+        # Temporal client crashed the interpreter at exit now and then (runtime finalization).
+        result = await ipn.publish_snapshot(args.model, Path(args.folder), who="cli")
+        print(f"published {result.set_id} ({result.status})", flush=True)
+        if args.wait:
+            state = await ipn.wait_until_serving(args.model, result.set_id)
+            print(f"{result.set_id} serves in {sorted(state.serving_apps)}")
+
+    asyncio.run(_with_client(settings, publish))
 
 
 def _predict(args: argparse.Namespace, settings: Settings) -> None:
@@ -95,6 +99,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> None:
 
     connect(settings.ray_address())
     config = ray.get(get_writer(settings.serve.host, settings.serve.port).export.remote())
+    ray.shutdown()
     text = yaml.safe_dump(config, sort_keys=False)
     if args.output:
         Path(args.output).write_text(text)
@@ -265,12 +270,19 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
+    code = 0
     try:
         settings = load_settings(args.config)
         args.run(args, settings)
     except IpnextError as err:
         print(f"ipnext: {type(err).__name__}: {err}", file=sys.stderr)
-        sys.exit(2)
+        code = 2
+    # Leave without interpreter finalization: the Temporal client's native runtime threads
+    # have been seen calling into Python while it finalized (a "PyGILState_Release" abort
+    # after a command had done all its work). Everything the command does is done by now.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
