@@ -5,6 +5,8 @@ ipnext model publish FILE | get NAME | list | delete NAME
 ipnext snapshot publish MODEL FOLDER
 ipnext predict MODEL --inputs JSON [--source REGION | --region REGION] [--key KEY]
 ipnext serve export [-o FILE]
+ipnext plan solve --fleet F --demand D [--current P] --out P | show [--revision N] [--json]
+ipnext plan schedule --every 6h | --pause [NOTE] | --unpause | --trigger | --delete | --status
 ipnext demo [--once]
 """
 
@@ -109,6 +111,76 @@ def _serve(args: argparse.Namespace, settings: Settings) -> None:
 
 
 def _plan(args: argparse.Namespace, settings: Settings) -> None:
+    {"solve": _plan_solve, "show": _plan_show, "schedule": _plan_schedule}[args.verb](args, settings)
+
+
+def _plan_show(args: argparse.Namespace, settings: Settings) -> None:
+    from ipnext.replan import PlanStore
+
+    stored = PlanStore(settings.state_dir).load(args.revision)
+    if args.json:
+        print(stored.model_dump_json(indent=2))
+        return
+    plan = stored.as_plan()
+    print(
+        f"fleet plan revision {stored.revision}, made {stored.created_at:%Y-%m-%d %H:%M:%S %Z} by "
+        f"{stored.made_by}\nmodels: {', '.join(stored.models)}"
+    )
+    _print_usage(stored.pools, stored.units, plan)
+    print(f"moves against the previous plans: {len(stored.moves)} ({plan.moved_units} units newly placed)")
+    for move in stored.moves:
+        print(f"  {move}")
+
+
+def _plan_schedule(args: argparse.Namespace, settings: Settings) -> None:
+    from ipnext.replan import FleetReplanInput, ensure_replan_schedule, parse_every, trigger_and_wait
+    from ipnext.temporal import connect_client
+
+    async def act() -> None:
+        from ipnext.replan import REPLAN_SCHEDULE_ID
+
+        client = await connect_client(settings)
+        handle = client.get_schedule_handle(REPLAN_SCHEDULE_ID)
+        if args.every:
+            every = parse_every(args.every)
+            run_input = FleetReplanInput(time_limit_s=args.time_limit, churn_cost=args.churn_cost)
+            await ensure_replan_schedule(client, settings.temporal.task_queue, every, run_input)
+            print(f"fleet replan scheduled every {every} ({REPLAN_SCHEDULE_ID}); {settings.ui_url}/schedules")
+        if args.pause is not None:
+            await handle.pause(note=args.pause or "paused from the ipnext CLI")
+            print("replan schedule paused")
+        if args.unpause:
+            await handle.unpause(note="unpaused from the ipnext CLI")
+            print("replan schedule unpaused")
+        if args.trigger:
+            print("replanning now (the schedule's action)...", flush=True)
+            result = await trigger_and_wait(client, args.time_limit + 600)
+            gap = f"{100 * result.gap:.3f}%" if result.gap is not None else "n/a"
+            print(
+                f"plan revision {result.revision}: {len(result.models)} models, cost {result.cost:.2f}, "
+                f"gap {gap}, {result.moves_total} moves, applied to {result.applied_to or 'none'}"
+            )
+        if args.delete:
+            await handle.delete()
+            print("replan schedule deleted")
+        if args.status or not (
+            args.every or args.pause is not None or args.unpause or args.trigger or args.delete
+        ):
+            desc = await handle.describe()
+            state = desc.schedule.state
+            intervals = ", ".join(str(i.every) for i in desc.schedule.spec.intervals)
+            nxt = desc.info.next_action_times[:1]
+            print(
+                f"{REPLAN_SCHEDULE_ID}: every {intervals}, "
+                f"{'paused' if state.paused else 'active'}{f' ({state.note})' if state.note else ''}, "
+                f"next run {nxt[0] if nxt and not state.paused else '-'}, "
+                f"{desc.info.num_actions} runs so far"
+            )
+
+    asyncio.run(act())
+
+
+def _plan_solve(args: argparse.Namespace, settings: Settings) -> None:
     from pydantic import BaseModel, ConfigDict
 
     from ipnext.fleet import load_fleet
@@ -140,23 +212,30 @@ def _plan(args: argparse.Namespace, settings: Settings) -> None:
     print(f"wrote {args.out}")
 
 
-def _print_plan_summary(problem: Any, plan: Any) -> None:
-    fleet = problem.fleet
+def _print_usage(pools: list[Any], units: dict[str, dict[str, int]], plan: Any) -> None:
+    """Per pool: units used of capacity and their cost; then the plan's figures."""
     used: dict[tuple[str, str], int] = {}
-    units = {d.name: d.hardware for d in problem.deployments}
     for name, placement in plan.deployments.items():
         for region, by_hw in placement.replicas.items():
             for hw, n in by_hw.items():
-                used[region, hw] = used.get((region, hw), 0) + n * units[name][hw].units
+                used[region, hw] = used.get((region, hw), 0) + n * units[name][hw]
     print(f"{'region':12} {'hardware':12} {'units used':>12} {'capacity':>10} {'cost':>12}")
-    for pool in fleet.pools:
+    for pool in pools:
         n = used.get((pool.region, pool.hardware), 0)
         print(f"{pool.region:12} {pool.hardware:12} {n:>12} {pool.units:>10} {n * pool.unit_cost:>12.2f}")
     gap = f"{100 * plan.gap:.3f}%" if plan.gap is not None else "n/a"
+    objective = plan.objective if plan.objective is not None else plan.cost
+    bound = f"{plan.lower_bound:.2f}" if plan.lower_bound is not None else "n/a"
+    seconds = f", {plan.solve_seconds:.1f}s" if plan.solve_seconds is not None else ""
     print(
-        f"cost {plan.cost:.2f}, objective {plan.objective:.2f}, lower bound {plan.lower_bound:.2f} "
-        f"({plan.lower_bound_method}), gap {gap}, {plan.status}, {plan.solve_seconds:.1f}s"
+        f"cost {plan.cost:.2f}, objective {objective:.2f}, lower bound {bound} "
+        f"({plan.lower_bound_method}), gap {gap}, {plan.status}{seconds}"
     )
+
+
+def _print_plan_summary(problem: Any, plan: Any) -> None:
+    units = {d.name: {h: o.units for h, o in d.hardware.items()} for d in problem.deployments}
+    _print_usage(problem.fleet.pools, units, plan)
     if problem.current is not None:
         print(f"moves against the current plan: {plan.moved_units} units newly placed")
         for name, placement in sorted(plan.deployments.items()):
@@ -260,6 +339,20 @@ def _parser() -> argparse.ArgumentParser:
     psolve.add_argument("--time-limit", type=float, default=60.0, help="seconds for the whole command")
     psolve.add_argument("--churn-cost", type=float, default=0.05)
     psolve.add_argument("--out", required=True)
+    pshow = psub.add_parser("show", help="the latest fleet plan (or --revision N) from the replan schedule")
+    pshow.add_argument("--revision", type=int, help="a stored revision instead of the latest")
+    pshow.add_argument("--json", action="store_true", help="the stored plan as JSON")
+    psched = psub.add_parser(
+        "schedule", help="the Temporal Schedule that replans the fleet (no option: its status)"
+    )
+    psched.add_argument("--every", help="create or change it: replan every 30m, 6h, 1d, ...")
+    psched.add_argument("--time-limit", type=float, default=120.0, help="seconds per solve (with --every)")
+    psched.add_argument("--churn-cost", type=float, default=0.05, help="(with --every)")
+    psched.add_argument("--pause", nargs="?", const="", metavar="NOTE", help="pause it (with a note)")
+    psched.add_argument("--unpause", action="store_true")
+    psched.add_argument("--trigger", action="store_true", help="run it now and wait for the plan")
+    psched.add_argument("--delete", action="store_true")
+    psched.add_argument("--status", action="store_true")
     plan.set_defaults(run=_plan)
 
     demo = sub.add_parser("demo", help="bring the stack up and run the demo scenario")

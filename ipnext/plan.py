@@ -13,9 +13,12 @@ __all__ = [
     "DeploymentDemand",
     "DeploymentPlacement",
     "Plan",
+    "PlanMove",
     "PlanningProblem",
     "SolveOptions",
     "demand_from_model",
+    "merge_plans",
+    "plan_moves",
 ]
 
 
@@ -146,3 +149,46 @@ def demand_from_model(spec: ModelSpec) -> list[DeploymentDemand]:
         )
         for part, part_spec in spec.parts.items()
     ]
+
+
+class PlanMove(_Frozen):
+    """One (deployment, region, hardware) whose replica count a new plan changes."""
+
+    deployment: str
+    region: str
+    hardware: str
+    before: int
+    after: int
+
+    def __str__(self) -> str:
+        return f"{self.deployment}: {self.region}/{self.hardware} {self.before} -> {self.after}"
+
+
+def plan_moves(old: Plan | None, new: Plan) -> list[PlanMove]:
+    """Every replica count `new` changes against `old` (deployments `new` drops included)."""
+    before = old.deployments if old else {}
+    moves = []
+    for name in sorted(set(before) | set(new.deployments)):
+        a = before[name].replicas if name in before else {}
+        b = new.deployments[name].replicas if name in new.deployments else {}
+        for region in sorted(set(a) | set(b)):
+            for hw in sorted(set(a.get(region, {})) | set(b.get(region, {}))):
+                n0, n1 = a.get(region, {}).get(hw, 0), b.get(region, {}).get(hw, 0)
+                if n0 != n1:
+                    moves.append(PlanMove(deployment=name, region=region, hardware=hw, before=n0, after=n1))
+    return moves
+
+
+def merge_plans(plans: list[Plan]) -> Plan | None:
+    """One fleet-wide plan out of per-model plans (the current plan a replan starts from)."""
+    if not plans:
+        return None
+    deployments: dict[str, DeploymentPlacement] = {}
+    for plan in plans:
+        deployments.update(plan.deployments)
+    return Plan(
+        deployments=deployments,
+        cost=sum(p.cost for p in plans),
+        solver="merged",
+        revision=max(p.revision for p in plans),
+    )

@@ -13,6 +13,7 @@ from ipnext.plan import Plan
 from ipnext.rollout import RolloutState, RolloutStatus
 
 __all__ = [
+    "ApplyPlanInput",
     "DeleteInput",
     "DeleteResult",
     "ModelState",
@@ -51,6 +52,14 @@ class ModelWorkflowInput(_Frozen):
     plan: Plan | None = None
     queued: list[str] = Field(default_factory=list)
     next_number: int = 1
+    pending_plan: ApplyPlanInput | None = None
+
+
+class ApplyPlanInput(_Frozen):
+    """A new placement for the model from a fleet replan (signal `apply_plan`)."""
+
+    plan: Plan
+    fleet_revision: int
 
 
 class ModelWorkflowResult(_Frozen):
@@ -89,6 +98,7 @@ class ModelState(_Frozen):
     queued: list[str]
     plan: Plan | None
     rollout: RolloutStatus | None
+    pending_plan: int | None = None  # revision of a replanned placement waiting to be applied
 
 
 class RolloutInput(_Frozen):
@@ -97,6 +107,8 @@ class RolloutInput(_Frozen):
     new_set: SnapshotSet
     old_set: SnapshotSet | None
     old_apps: dict[str, str] = Field(default_factory=dict)  # region -> set app of the old set
+    # "snapshots": a new set; "capacity": the same set moved to a new plan (a fleet replan).
+    kind: str = "snapshots"
 
 
 class RolloutResult(_Frozen):
@@ -113,3 +125,6 @@ class WatchInput(_Frozen):
 class WatchResult(_Frozen):
     published: list[str]
     rejected: list[str] = Field(default_factory=list)  # why a found snapshot was refused
+
+
+ModelWorkflowInput.model_rebuild()

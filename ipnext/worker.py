@@ -14,19 +14,21 @@ from pathlib import Path
 
 from temporalio.worker import Worker
 
+from ipnext.activities.fleet import FleetActivities, solve_fleet_plan
 from ipnext.activities.metadata import WatchActivities, discover_snapshots
 from ipnext.activities.plan import plan_placement
 from ipnext.activities.serving import deploy_set_apps, remove_apps, route_traffic, teardown_model
 from ipnext.activities.validate import validate_model_spec, validate_snapshot_set
 from ipnext.config import Settings, load_settings
 from ipnext.temporal import connect_client
+from ipnext.workflows.fleet_replan_workflow import FleetReplanWorkflow
 from ipnext.workflows.model_workflow import ModelWorkflow
 from ipnext.workflows.rollout_workflow import RolloutWorkflow
 from ipnext.workflows.watch_workflow import SnapshotWatchWorkflow
 
 __all__ = ["WORKFLOWS", "run_worker"]
 
-WORKFLOWS = [ModelWorkflow, RolloutWorkflow, SnapshotWatchWorkflow]
+WORKFLOWS = [ModelWorkflow, RolloutWorkflow, SnapshotWatchWorkflow, FleetReplanWorkflow]
 # Sync activities (Ray calls, hashing, torch loads) run on these threads.
 ACTIVITY_THREADS = 8
 
@@ -36,6 +38,7 @@ async def run_worker(
 ) -> None:
     client = await connect_client(settings)
     watch = WatchActivities(client)
+    fleet = FleetActivities(client)
     stop = stop or asyncio.Event()
     with ThreadPoolExecutor(max_workers=ACTIVITY_THREADS) as executor:
         worker = Worker(
@@ -53,6 +56,8 @@ async def run_worker(
                 teardown_model,
                 watch.ensure_watch_schedule,
                 watch.publish_new_snapshots,
+                fleet.collect_models,
+                solve_fleet_plan,
             ],
             activity_executor=executor,
         )

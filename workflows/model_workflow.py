@@ -22,6 +22,7 @@ with workflow.unsafe.imports_passed_through():
     from ipnext.model import SnapshotSet
     from ipnext.plan import Plan
     from ipnext.registry import (
+        ApplyPlanInput,
         DeleteInput,
         DeleteResult,
         ModelState,
@@ -53,6 +54,7 @@ class ModelWorkflow:
         self._delete_by: str | None = None
         self._removed_apps: list[str] | None = None
         self._publishing = 0
+        self._pending_plan: ApplyPlanInput | None = input.pending_plan
 
     # ---- queries -------------------------------------------------------------------------
 
@@ -67,7 +69,16 @@ class ModelWorkflow:
             queued=list(self._queue),
             plan=self._plan,
             rollout=self._last_rollout,
+            pending_plan=self._pending_plan.plan.revision if self._pending_plan else None,
         )
+
+    # ---- replanned placement -------------------------------------------------------------
+
+    @workflow.signal
+    def apply_plan(self, input: ApplyPlanInput) -> None:
+        """A fleet replan moved this model's capacity; the newest placement wins."""
+        if self._delete_by is None:
+            self._pending_plan = input
 
     # ---- publish -------------------------------------------------------------------------
 
@@ -177,6 +188,7 @@ class ModelWorkflow:
             await workflow.wait_condition(
                 lambda: (
                     bool(self._queue)
+                    or self._pending_plan is not None
                     or self._delete_by is not None
                     or workflow.info().is_continue_as_new_suggested()
                 )
@@ -184,10 +196,15 @@ class ModelWorkflow:
             if self._delete_by is not None:
                 break
             if self._queue:
+                if self._pending_plan is not None:  # the new set comes up on the new placement
+                    self._plan, self._pending_plan = self._pending_plan.plan, None
                 await self._roll_out_newest()
                 continue
+            if self._pending_plan is not None:
+                await self._move_capacity()
+                continue
             await workflow.wait_condition(lambda: workflow.all_handlers_finished() and self._publishing == 0)
-            if not self._queue and self._delete_by is None:
+            if not self._queue and self._pending_plan is None and self._delete_by is None:
                 workflow.continue_as_new(self._carry_over())
         return await self._delete()
 
@@ -236,6 +253,52 @@ class ModelWorkflow:
             self._set_status(new.id, "failed", result.detail)
         self._upsert_state()
 
+    async def _move_capacity(self) -> None:
+        """Move the serving set to the replanned placement: its apps for the new plan revision
+        come up, traffic moves to them, the old apps go (the RolloutWorkflow's cutover)."""
+        assert self._pending_plan is not None
+        pending, self._pending_plan = self._pending_plan, None
+        serving = self._find(self._serving_set)
+        if serving is None:  # nothing serves yet: the next rollout uses the new placement
+            self._plan = pending.plan
+            self._upsert_state()
+            return
+        child_id = f"{rollout_workflow_id(self._spec.name, serving.id)}/plan-r{pending.plan.revision}"
+        self._last_rollout = self._rollout_status(child_id, RolloutState.RUNNING, [], "", serving, serving)
+        self._rolling_out = True
+        self._upsert_state()
+        try:
+            result = await workflow.execute_child_workflow(
+                RolloutWorkflow.run,
+                RolloutInput(
+                    spec=self._spec,
+                    plan=pending.plan,
+                    new_set=serving,
+                    old_set=serving,
+                    old_apps=self._serving_apps,
+                    kind="capacity",
+                ),
+                id=child_id,
+                static_summary=(
+                    f"{self._spec.name}: {serving.id} to placement revision {pending.plan.revision} "
+                    f"(fleet plan {pending.fleet_revision})"
+                ),
+                execution_timeout=DEPLOY_TIMEOUT * 6,
+            )
+        finally:
+            self._rolling_out = False
+        detail = (
+            result.detail
+            or f"placement revision {pending.plan.revision} (fleet plan {pending.fleet_revision})"
+        )
+        self._last_rollout = self._rollout_status(
+            child_id, result.state, result.generations, detail, serving, serving
+        )
+        if result.state == RolloutState.COMPLETED:
+            self._plan = pending.plan
+            self._serving_apps = dict(result.apps)
+        self._upsert_state()
+
     def _rollout_status(
         self,
         child_id: str,
@@ -248,7 +311,9 @@ class ModelWorkflow:
         """The model's summary of its latest rollout; the child's `status` query has the live view."""
         done = state == RolloutState.COMPLETED
         traffic = {new.id: 100.0 if done else 0.0}
-        if old is not None:
+        if old is not None and old.id == new.id:  # a capacity move: the same set serves throughout
+            traffic = {new.id: 100.0}
+        elif old is not None:
             traffic[old.id] = 0.0 if done else 100.0
         return RolloutStatus(
             model=self._spec.name,
@@ -314,6 +379,8 @@ class ModelWorkflow:
         lines.append(f"serving: {self._serving_set or 'nothing'}")
         if self._queue:
             lines.append(f"queued: {', '.join(self._queue)}")
+        if self._plan is not None:
+            lines.append(f"placement revision {self._plan.revision}: {', '.join(_regions(self._plan))}")
         for s in self._sets[-5:]:
             lines.append(f"- {s.id} ({s.version}): {s.status}")
         workflow.set_current_details("\n\n".join(lines))
@@ -327,6 +394,7 @@ class ModelWorkflow:
             plan=self._plan,
             queued=self._queue,
             next_number=self._next_number,
+            pending_plan=self._pending_plan,
         )
 
 
@@ -337,3 +405,7 @@ def _as_update_error(err: ActivityError) -> ApplicationError:
     return ApplicationError(
         f"validation could not run: {cause or err}", type="SnapshotError", non_retryable=True
     )
+
+
+def _regions(plan: Plan) -> list[str]:
+    return sorted({r for p in plan.deployments.values() for r in p.regions()})

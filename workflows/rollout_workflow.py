@@ -57,7 +57,8 @@ class RolloutWorkflow:
     async def run(self, input: RolloutInput) -> RolloutResult:
         new_apps: dict[str, str] = {}
         routed = False
-        self._enter(RolloutState.RUNNING, "deploying the new set")
+        what = "the new set" if input.kind == "snapshots" else f"placement revision {input.plan.revision}"
+        self._enter(RolloutState.RUNNING, f"deploying {what}")
         try:
             deployed = await workflow.execute_activity(
                 deploy_set_apps,
@@ -70,7 +71,7 @@ class RolloutWorkflow:
             new_apps = deployed.apps
             self._enter(RolloutState.RUNNING, "shifting traffic")
             routed = True
-            await self._route({region: {app: 100.0} for region, app in new_apps.items()})
+            await self._route(_cutover_weights(input, new_apps))
             self._set_traffic(100.0)
             old = sorted(set(input.old_apps.values()) - set(new_apps.values()))
             if old:
@@ -118,6 +119,8 @@ class RolloutWorkflow:
         )
 
     def _set_traffic(self, percent: float) -> None:
+        if self._input.kind == "capacity":  # the same set serves throughout; only its apps change
+            return
         self._traffic[self._input.new_set.id] = percent
         if self._input.old_set:
             self._traffic[self._input.old_set.id] = 100.0 - percent
@@ -139,3 +142,18 @@ class RolloutWorkflow:
             f"generations applied: {self._generations or 'none'}"
             + (f"\n\n{self._detail}" if self._detail else "")
         )
+
+
+def _cutover_weights(input: RolloutInput, new_apps: dict[str, str]) -> dict[str, dict[str, float]]:
+    """Router weights after the cutover: each serving region's router to its new app, and the
+    router of every other region the model's traffic comes from (or that served before) to
+    the app of the region that takes its traffic, so callers of its URL keep getting answers."""
+    weights = {region: {app: 100.0} for region, app in new_apps.items()}
+    sources = {s for p in input.plan.deployments.values() for s in p.fractions}
+    for region in sorted((sources | set(input.old_apps)) - set(new_apps)):
+        targets = sorted(
+            t for p in input.plan.deployments.values() if (t := p.serving_region(region)) in new_apps
+        )
+        if targets:
+            weights[region] = {new_apps[targets[0]]: 100.0}
+    return weights

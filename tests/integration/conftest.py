@@ -41,13 +41,15 @@ def free_port() -> int:
 
 
 def write_stack_config(base: Path) -> Path:
-    """An ipnext.yaml + temporal-dev.yaml of free ports under `base`, using the repo's dev fleet."""
+    """An ipnext.yaml + temporal-dev.yaml of free ports under `base`, with a copy of the repo's
+    dev fleet (a test may change it, as an operator would, and must put it back)."""
     (base / "snapshots").mkdir(parents=True)
+    (base / "fleet.yaml").write_text((REPO / "config" / "fleet.dev.yaml").read_text())
     dev = yaml.safe_load((REPO / "temporal-dev.yaml").read_text())
     dev.update(port=free_port(), ui_port=free_port())
     (base / "temporal-dev.yaml").write_text(yaml.safe_dump(dev))
     config = {
-        "fleet_file": str(REPO / "config" / "fleet.dev.yaml"),
+        "fleet_file": "fleet.yaml",
         "snapshot_roots": ["snapshots"],
         "state_dir": "state",
         "temporal_dev_file": "temporal-dev.yaml",

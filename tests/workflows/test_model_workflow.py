@@ -8,7 +8,7 @@ import asyncio
 import sys
 import uuid
 from collections.abc import AsyncIterator, Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from ipnext.activities.fleet import CollectResult, ModelEntry, SolveFleetInput, SolveFleetResult
 from ipnext.activities.metadata import WatchScheduleInput
 from ipnext.activities.plan import PlanInput
 from ipnext.activities.serving import (
@@ -35,9 +36,11 @@ from ipnext.activities.serving import (
 from ipnext.activities.validate import ValidateSetInput, ValidateSetResult
 from ipnext.model import ModelSpec, SnapshotRef, SnapshotSetRequest
 from ipnext.plan import DeploymentPlacement, Plan
-from ipnext.registry import ModelState, ModelWorkflowInput, PublishInput, PublishResult
+from ipnext.registry import ApplyPlanInput, ModelState, ModelWorkflowInput, PublishInput, PublishResult
+from ipnext.replan import REPLAN_SCHEDULE_ID, FleetReplanInput, ensure_replan_schedule, trigger_and_wait
 from ipnext.temporal import MODEL_KEY, STATE_KEY, TRAFFIC_KEY
 from ipnext.worker import WORKFLOWS
+from ipnext.workflows.fleet_replan_workflow import FleetReplanResult
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -60,6 +63,7 @@ class FakeServing:
         self.release: dict[str, asyncio.Event] = {}
         self.fail: set[str] = set()
         self.deployed: list[str] = []
+        self.deploy_plans: list[int] = []
         self.routes: list[dict[str, dict[str, float]]] = []
         self.removed: list[str] = []
         self.generation = 0
@@ -91,7 +95,11 @@ class FakeServing:
                 f"Serve app of {set_id} is DEPLOY_FAILED", type="ServingError", non_retryable=True
             )
         self.deployed.append(set_id)
-        return DeploySetResult(apps={"us-east": f"app-{input.snapshot_set.number}"})
+        self.deploy_plans.append(input.plan.revision)
+        suffix = f"-r{input.plan.revision}" if input.plan.revision > 1 else ""
+        return DeploySetResult(
+            apps={region: f"app-{input.snapshot_set.number}{suffix}" for region in _regions(input.plan)}
+        )
 
     @activity.defn(name="route_traffic")
     async def route(self, input: RouteInput) -> RouteResult:
@@ -129,6 +137,15 @@ def _request(version: str) -> PublishInput:
     return PublishInput(
         request=SnapshotSetRequest(model="wf-model", version=version, parts={"embed": ref}), who="test"
     )
+
+
+def _regions(plan: Plan) -> list[str]:
+    return sorted({r for p in plan.deployments.values() for r in p.regions()})
+
+
+def _plan_in(region: str, revision: int) -> Plan:
+    placement = DeploymentPlacement(replicas={region: {"cpu-std": 2}}, fractions={"us-east": {region: 1.0}})
+    return Plan(deployments={"wf-model/embed": placement}, cost=2.0, solver="fake", revision=revision)
 
 
 async def _until(
@@ -217,3 +234,115 @@ async def test_rejected_publish_changes_nothing(temporal: Client) -> None:
         result = await handle.execute_update("publish", _request("v2"), result_type=PublishResult)
         assert result.set_id == "wf-model@2"
         assert isinstance(after.sets[0].published_at, datetime)
+
+
+async def test_replanned_placement_moves_capacity_make_before_break(temporal: Client) -> None:
+    fake = FakeServing()
+    worker, handle = await _start(temporal, fake)
+    async with worker:
+        await handle.execute_update("publish", _request("v1"), result_type=PublishResult)
+        before = await _until(handle, lambda s: s.serving_set == "wf-model@1")
+        await handle.signal("apply_plan", ApplyPlanInput(plan=_plan_in("eu-west", 2), fleet_revision=7))
+        state = await _until(handle, lambda s: s.plan is not None and s.plan.revision == 2)
+    # Same set, same statuses; its apps moved to the new placement.
+    assert state.serving_set == "wf-model@1" and state.sets == before.sets
+    assert state.serving_apps == {"eu-west": "app-1-r2"}
+    assert fake.deployed == ["wf-model@1", "wf-model@1"] and fake.deploy_plans == [1, 2]
+    # New apps up, every router (the old region's too) moved to them, and only then the old app removed.
+    assert fake.routes == [
+        {"us-east": {"app-1": 100.0}},
+        {"eu-west": {"app-1-r2": 100.0}, "us-east": {"app-1-r2": 100.0}},
+    ]
+    assert fake.removed == ["app-1"]
+    assert state.rollout is not None and state.rollout.state.value == "completed"
+    assert state.rollout.traffic_percent == {"wf-model@1": 100.0}
+    assert "fleet plan 7" in state.rollout.detail
+    assert state.pending_plan is None
+
+
+async def test_placement_replanned_before_anything_serves_is_used_by_the_first_rollout(
+    temporal: Client,
+) -> None:
+    fake = FakeServing()
+    worker, handle = await _start(temporal, fake)
+    async with worker:
+        await _until(handle, lambda s: s.plan is not None)
+        await handle.signal("apply_plan", ApplyPlanInput(plan=_plan_in("eu-west", 2), fleet_revision=1))
+        await _until(handle, lambda s: s.plan is not None and s.plan.revision == 2)
+        await handle.execute_update("publish", _request("v1"), result_type=PublishResult)
+        state = await _until(handle, lambda s: s.serving_set == "wf-model@1")
+    assert fake.deploy_plans == [2]  # one deploy, straight onto the replanned placement
+    assert state.serving_apps == {"eu-west": "app-1-r2"}
+
+
+class FakeFleet:
+    """The replan activities at their seam: the registry read is real (the running model
+    workflow's state), the solve returns a fixed new placement for `wf-model` and one for a
+    model that does not exist."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self.solved: list[SolveFleetInput] = []
+
+    @activity.defn(name="collect_models")
+    async def collect(self) -> CollectResult:
+        state: ModelState = await self.client.get_workflow_handle("model/wf-model").query(
+            "get", result_type=ModelState
+        )
+        return CollectResult(models=[ModelEntry(spec=state.spec, plan=state.plan)])
+
+    @activity.defn(name="solve_fleet_plan")
+    async def solve(self, input: SolveFleetInput) -> SolveFleetResult:
+        self.solved.append(input)
+        gone = _plan_in("us-east", 1).model_copy(update={"deployments": {}})
+        return SolveFleetResult(
+            revision=len(self.solved),
+            cost=2.0,
+            objective=2.1,
+            lower_bound=2.1,
+            gap=0.0,
+            status="optimal",
+            solve_seconds=0.1,
+            moved_units=2,
+            moves=["wf-model/embed: eu-west/cpu-std 0 -> 2", "wf-model/embed: us-east/cpu-std 1 -> 0"],
+            moves_total=2,
+            changed={"wf-model": _plan_in("eu-west", 2), "no-such-model": gone},
+            plan_file="rev-000001.json",
+        )
+
+
+async def test_scheduled_fleet_replan_hands_models_their_new_placement(temporal: Client) -> None:
+    fake, fleet = FakeServing(), FakeFleet(temporal)
+    queue = f"wf-{uuid.uuid4().hex[:8]}"
+    worker = Worker(
+        temporal,
+        task_queue=queue,
+        workflows=WORKFLOWS,
+        activities=[*fake.activities(), fleet.collect, fleet.solve],
+    )
+    model = await temporal.start_workflow(
+        "ModelWorkflow", ModelWorkflowInput(spec=SPEC), id="model/wf-model", task_queue=queue
+    )
+    async with worker:
+        await model.execute_update("publish", _request("v1"), result_type=PublishResult)
+        await _until(model, lambda s: s.serving_set == "wf-model@1")
+        await ensure_replan_schedule(temporal, queue, timedelta(hours=6), FleetReplanInput(time_limit_s=5))
+        schedule = temporal.get_schedule_handle(REPLAN_SCHEDULE_ID)
+        try:
+            result: FleetReplanResult = await trigger_and_wait(temporal, timeout_s=60)
+            state = await _until(model, lambda s: s.plan is not None and s.plan.revision == 2)
+            again: FleetReplanResult = await trigger_and_wait(temporal, timeout_s=60)
+            await schedule.pause(note="on-call: hold capacity moves")
+            described = await schedule.describe()
+        finally:
+            await schedule.delete()
+            await model.terminate()
+    assert fleet.solved[0].models[0].spec.name == "wf-model" and fleet.solved[0].time_limit_s == 5
+    assert result.revision == 1 and result.models == ["wf-model"]
+    assert again.revision == 2  # a second run of the schedule, told apart from the first
+    assert result.applied_to == ["wf-model"]
+    assert list(result.not_applied) == ["no-such-model"]
+    assert result.moves[0] == "wf-model/embed: eu-west/cpu-std 0 -> 2"
+    assert state.serving_apps == {"eu-west": "app-1-r2"}
+    assert described.schedule.state.paused and described.schedule.state.note == "on-call: hold capacity moves"
+    assert [i.every for i in described.schedule.spec.intervals] == [timedelta(hours=6)]

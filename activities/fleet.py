@@ -1,0 +1,177 @@
+"""Fleet replanning activities: read every model's demand and plan from the registry, solve
+the whole fleet at once, store the plan, and split it back into per-model plans."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+from temporalio import activity
+from temporalio.client import Client
+
+from ipnext.activities import _context
+from ipnext.activities.validate import as_application_error
+from ipnext.errors import IpnextError
+from ipnext.model import ModelSpec
+from ipnext.plan import (
+    DeploymentDemand,
+    Plan,
+    PlanningProblem,
+    SolveOptions,
+    demand_from_model,
+    merge_plans,
+    plan_moves,
+)
+from ipnext.planner import solve
+from ipnext.registry import ModelState
+from ipnext.replan import PlanStore, StoredPlan, now
+
+__all__ = [
+    "CollectResult",
+    "FleetActivities",
+    "ModelEntry",
+    "SolveFleetInput",
+    "SolveFleetResult",
+    "solve_fleet_plan",
+]
+
+# Moves listed in the workflow's result; the stored plan has all of them.
+MOVES_SHOWN = 200
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelEntry(_Frozen):
+    spec: ModelSpec
+    plan: Plan | None
+
+
+class CollectResult(_Frozen):
+    models: list[ModelEntry]
+
+
+class SolveFleetInput(_Frozen):
+    models: list[ModelEntry]
+    time_limit_s: float
+    churn_cost: float
+    made_by: str
+
+
+class SolveFleetResult(_Frozen):
+    revision: int
+    cost: float
+    objective: float
+    lower_bound: float | None
+    gap: float | None
+    status: str
+    solve_seconds: float | None
+    moved_units: int
+    moves: list[str]  # the first MOVES_SHOWN, readable
+    moves_total: int
+    changed: dict[str, Plan] = Field(default_factory=dict)  # model -> its new plan, where it changed
+    plan_file: str
+
+
+class FleetActivities:
+    """Activities that read the registry through the worker's Temporal client."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    @activity.defn
+    async def collect_models(self) -> CollectResult:
+        """Every live model's spec and current plan (models being deleted are left out)."""
+        from ipnext.workflows.model_workflow import ModelWorkflow
+
+        entries = []
+        query = "WorkflowType = 'ModelWorkflow' AND ExecutionStatus = 'Running'"
+        async for execution in self._client.list_workflows(query):
+            handle = self._client.get_workflow_handle(execution.id)
+            state: ModelState = await handle.query(ModelWorkflow.get)
+            if state.state != "deleting":
+                entries.append(ModelEntry(spec=state.spec, plan=state.plan))
+        entries.sort(key=lambda e: e.spec.name)
+        return CollectResult(models=entries)
+
+
+@activity.defn
+def solve_fleet_plan(input: SolveFleetInput) -> SolveFleetResult:
+    """Solve every model's parts together against the current plans, store the plan, and
+    return the per-model plans that changed."""
+    settings = _context.settings()
+    fleet = settings.fleet()
+    deployments: list[DeploymentDemand] = [d for m in input.models for d in demand_from_model(m.spec)]
+    current = merge_plans([m.plan for m in input.models if m.plan is not None])
+    problem = PlanningProblem(fleet=fleet, deployments=deployments, current=current)
+    activity.logger.info(
+        "replanning %d models (%d deployments) in %.0f s",
+        len(input.models),
+        len(deployments),
+        input.time_limit_s,
+    )
+    try:
+        plan = solve(problem, SolveOptions(time_limit_s=input.time_limit_s, churn_cost=input.churn_cost))
+    except IpnextError as err:
+        raise as_application_error(err) from None
+    store = PlanStore(settings.state_dir)
+    revision = store.latest_revision() + 1
+    plan = plan.model_copy(update={"revision": revision})
+    moves = plan_moves(current, plan)
+    path = store.save(
+        StoredPlan(
+            revision=revision,
+            created_at=now(),
+            made_by=input.made_by,
+            models=[m.spec.name for m in input.models],
+            moves=moves,
+            plan=plan.to_report(),
+            pools=list(fleet.pools),
+            units={d.name: {h: o.units for h, o in d.hardware.items()} for d in deployments},
+        )
+    )
+    return SolveFleetResult(
+        revision=revision,
+        cost=plan.cost,
+        objective=plan.objective if plan.objective is not None else plan.cost,
+        lower_bound=plan.lower_bound,
+        gap=plan.gap,
+        status=plan.status,
+        solve_seconds=plan.solve_seconds,
+        moved_units=plan.moved_units,
+        moves=[str(m) for m in moves[:MOVES_SHOWN]],
+        moves_total=len(moves),
+        changed=_changed_models(input.models, plan, problem),
+        plan_file=path.name,
+    )
+
+
+def _changed_models(models: list[ModelEntry], plan: Plan, problem: PlanningProblem) -> dict[str, Plan]:
+    """Each model's share of the fleet plan, for the models whose placement or routing changed."""
+    unit_cost = {(p.region, p.hardware): p.unit_cost for p in problem.fleet.pools}
+    units = {d.name: {h: o.units for h, o in d.hardware.items()} for d in problem.deployments}
+    changed = {}
+    for entry in models:
+        prefix = f"{entry.spec.name}/"
+        mine = {n: p for n, p in plan.deployments.items() if n.startswith(prefix)}
+        old = entry.plan.deployments if entry.plan else {}
+        if mine == old:
+            continue
+        cost = sum(
+            n * units[name][hw] * unit_cost[region, hw]
+            for name, placement in mine.items()
+            for region, by_hw in placement.replicas.items()
+            for hw, n in by_hw.items()
+        )
+        changed[entry.spec.name] = Plan(
+            deployments=mine,
+            cost=round(cost, 6),
+            moved_units=sum(
+                max(0, m.after - m.before) * units[m.deployment][m.hardware]
+                for m in plan_moves(entry.plan, Plan(deployments=mine, cost=cost, solver=plan.solver))
+            ),
+            solver=plan.solver,
+            revision=(entry.plan.revision + 1) if entry.plan else 1,
+            lower_bound_method=f"share of fleet plan revision {plan.revision}",
+            status=plan.status,
+        )
+    return changed

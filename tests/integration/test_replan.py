@@ -1,0 +1,93 @@
+"""Fleet replanning on the real dev stack: the Schedule's run reads the registry, solves the
+fleet, stores the plan (`ipnext plan show`), leaves an unchanged model alone, and moves a
+model whose pools got expensive to another region, make before break, while it serves."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from ipnext.config import Settings
+from ipnext.replan import REPLAN_SCHEDULE_ID, FleetReplanInput, ensure_replan_schedule, trigger_and_wait
+from ipnext.sdk import Client
+from ipnext.temporal import connect_client
+
+from .conftest import one_region_spec, train_version
+from .test_cli import ipnext
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
+
+
+async def test_scheduled_replan_moves_capacity_and_shows_the_plan(
+    stack: Settings, stack_config: Path, client: Client, model_name: str
+) -> None:
+    spec = one_region_spec(model_name)  # traffic from us-east, 50 ms budget: eu-west (40 ms) may serve it
+    await client.publish_model(spec)
+    folder, _ = train_version(stack, model_name, "v1")
+    published = await client.publish_snapshot(model_name, folder)
+    state = await client.wait_until_serving(model_name, published.set_id)
+    assert state.serving_apps == {"us-east": f"{model_name}.us-east.s1.r1"}
+
+    temporal = await connect_client(stack)
+    queue = stack.temporal.task_queue
+    await ensure_replan_schedule(temporal, queue, timedelta(hours=6), FleetReplanInput(time_limit_s=20))
+    fleet_file = stack.fleet_file
+    original = fleet_file.read_text()
+    try:
+        # 1. Nothing changed since the model's first placement: the plan keeps it where it is.
+        first = await trigger_and_wait(temporal, timeout_s=180)
+        assert model_name in first.models and first.revision >= 1
+        assert model_name not in first.applied_to, first
+
+        # 2. us-east gets expensive: the next run moves the model to eu-west while it serves.
+        fleet = yaml.safe_load(original)
+        for pool in fleet["pools"]:
+            if pool["region"] == "us-east":
+                pool["unit_cost"] *= 10
+        fleet_file.write_text(yaml.safe_dump(fleet))
+        started = time.perf_counter()
+        second = await trigger_and_wait(temporal, timeout_s=180)
+        assert second.revision == first.revision + 1
+        assert model_name in second.applied_to, second
+        assert any(m.startswith(f"{model_name}/dense: eu-west/cpu-std 0 -> ") for m in second.moves)
+
+        async with httpx.AsyncClient(base_url=stack.serve_url, timeout=30) as http:
+            answered = 0
+            while True:  # the model answers throughout the move
+                reply = await http.post(
+                    f"/us-east/models/{model_name}/predict", json={"inputs": {"user": 3, "items": [1, 2]}}
+                )
+                assert reply.status_code == 200, reply.text
+                answered += 1
+                state = await client.get_model(model_name)
+                if state.plan is not None and state.plan.revision == 2 and state.state == "serving":
+                    break
+                assert time.perf_counter() - started < 240, state
+        print(f"capacity move of {model_name}: {time.perf_counter() - started:.1f}s, {answered} predictions")
+        assert state.serving_set == published.set_id
+        assert state.serving_apps == {"eu-west": f"{model_name}.eu-west.s1.r2"}
+        assert state.rollout is not None and state.rollout.state.value == "completed"
+        async with httpx.AsyncClient(base_url=stack.serve_url, timeout=30) as http:
+            for region in ("eu-west", "us-east"):  # the us-east router now hands over to eu-west
+                reply = await http.post(
+                    f"/{region}/models/{model_name}/predict", json={"inputs": {"user": 3, "items": [1, 2]}}
+                )
+                assert reply.status_code == 200 and reply.json()["set"] == published.set_id
+
+        shown = ipnext(stack_config, "plan", "show")
+        assert shown.returncode == 0, shown.stderr
+        assert f"fleet plan revision {second.revision}" in shown.stdout
+        assert f"{model_name}/dense: us-east/cpu-std 1 -> 0" in shown.stdout
+        status = ipnext(stack_config, "plan", "schedule", "--pause", "freeze for the test")
+        assert status.returncode == 0 and "paused" in status.stdout
+        status = ipnext(stack_config, "plan", "schedule")
+        assert "paused (freeze for the test)" in status.stdout and "every 6:00:00" in status.stdout
+    finally:
+        fleet_file.write_text(original)
+        await temporal.get_schedule_handle(REPLAN_SCHEDULE_ID).delete()
+        await client.delete_model(model_name)

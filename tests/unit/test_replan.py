@@ -1,0 +1,124 @@
+"""Fleet replanning pieces without a server: durations, plan diffs and merges, the plan store,
+and the solve activity splitting a fleet plan back into per-model plans."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from temporalio.testing import ActivityEnvironment
+
+from ipnext.activities import _context
+from ipnext.activities import fleet as fleet_activities
+from ipnext.activities.fleet import ModelEntry, SolveFleetInput, SolveFleetResult
+from ipnext.config import load_settings
+from ipnext.errors import IpnextError
+from ipnext.model import load_model_spec
+from ipnext.plan import DeploymentPlacement, Plan, merge_plans, plan_moves
+from ipnext.replan import PlanStore
+
+REPO = Path(__file__).resolve().parents[2]
+RANKER = REPO / "examples" / "ranker" / "model.yaml"
+
+
+def _plan(replicas: dict[str, dict[str, dict[str, int]]], revision: int = 1) -> Plan:
+    deployments = {
+        name: DeploymentPlacement(replicas=r, fractions={"us-east": {next(iter(r)): 1.0}})
+        for name, r in replicas.items()
+    }
+    return Plan(deployments=deployments, cost=1.0, solver="test", revision=revision)
+
+
+@pytest.mark.parametrize(("text", "every"), [("90s", 90), ("30m", 1800), ("6h", 21600), ("1.5d", 129600)])
+def test_parse_every(text: str, every: int) -> None:
+    from ipnext.replan import parse_every
+
+    assert parse_every(text) == timedelta(seconds=every)
+
+
+@pytest.mark.parametrize("text", ["6", "h", "10s", "6 hours", "-1h"])
+def test_parse_every_rejects_with_the_fix(text: str) -> None:
+    from ipnext.replan import parse_every
+
+    with pytest.raises(IpnextError, match="--every"):
+        parse_every(text)
+
+
+def test_plan_moves_lists_every_changed_count_including_dropped_deployments() -> None:
+    old = _plan({"m/a": {"us-east": {"cpu": 2}}, "m/b": {"us-east": {"cpu": 1}}})
+    new = _plan({"m/a": {"us-east": {"cpu": 1}, "eu-west": {"gpu": 1}}, "m/c": {"eu-west": {"cpu": 3}}})
+    assert [str(m) for m in plan_moves(old, new)] == [
+        "m/a: eu-west/gpu 0 -> 1",
+        "m/a: us-east/cpu 2 -> 1",
+        "m/b: us-east/cpu 1 -> 0",
+        "m/c: eu-west/cpu 0 -> 3",
+    ]
+    assert plan_moves(new, new) == []
+    assert [m.after for m in plan_moves(None, old)] == [2, 1]
+
+
+def test_merge_plans() -> None:
+    merged = merge_plans([_plan({"a/x": {"r": {"h": 1}}}, 3), _plan({"b/y": {"r": {"h": 2}}}, 5)])
+    assert merged is not None and sorted(merged.deployments) == ["a/x", "b/y"]
+    assert merged.revision == 5 and merged.cost == 2.0
+    assert merge_plans([]) is None
+
+
+def test_plan_store_keeps_revisions_and_names_what_is_missing(tmp_path: Path) -> None:
+    from ipnext.replan import StoredPlan, now
+
+    store = PlanStore(tmp_path)
+    assert store.latest_revision() == 0
+    with pytest.raises(IpnextError, match="stored revisions: none"):
+        store.load()
+    for revision in (1, 2):
+        plan = _plan({"m/a": {"us-east": {"cpu": revision}}}, revision)
+        store.save(
+            StoredPlan(
+                revision=revision,
+                created_at=now(),
+                made_by="test",
+                models=["m"],
+                moves=plan_moves(None, plan),
+                plan=plan.to_report(),
+                pools=[],
+                units={"m/a": {"cpu": 1}},
+            )
+        )
+    assert store.latest_revision() == 2
+    assert store.load().as_plan().deployments["m/a"].replicas == {"us-east": {"cpu": 2}}
+    assert store.load(1).revision == 1
+    with pytest.raises(IpnextError, match=r"stored revisions: \[1, 2\]"):
+        store.load(7)
+
+
+def test_solve_activity_stores_the_plan_and_hands_back_only_changed_models(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = tmp_path / "ipnext.yaml"
+    config.write_text(f"fleet_file: {REPO / 'config' / 'fleet.dev.yaml'}\nstate_dir: state\n")
+    monkeypatch.setattr(_context, "settings", lambda: load_settings(config))
+    ranker = load_model_spec(RANKER)
+    other = ranker.model_copy(update={"name": "other"})
+    env = ActivityEnvironment()
+
+    def solve(models: list[ModelEntry]) -> SolveFleetResult:
+        result: SolveFleetResult = env.run(
+            fleet_activities.solve_fleet_plan,
+            SolveFleetInput(models=models, time_limit_s=20, churn_cost=0.05, made_by="test"),
+        )
+        return result
+
+    first = solve([ModelEntry(spec=ranker, plan=None), ModelEntry(spec=other, plan=None)])
+    assert first.revision == 1 and sorted(first.changed) == ["feed-ranker", "other"]
+    assert first.moves_total == len(first.moves) > 0
+    ranker_plan = first.changed["feed-ranker"]
+    assert sorted(ranker_plan.deployments) == ["feed-ranker/dense", "feed-ranker/embed"]
+    assert ranker_plan.revision == 1 and ranker_plan.cost > 0
+    # Solved again from those plans, nothing has a reason to move: no model is handed a plan.
+    again = solve([ModelEntry(spec=spec, plan=first.changed[spec.name]) for spec in (ranker, other)])
+    assert again.revision == 2 and again.changed == {} and again.moves == [] and again.moved_units == 0
+    stored = PlanStore(tmp_path / "state").load()
+    assert stored.revision == 2 and stored.models == ["feed-ranker", "other"]
+    assert stored.units["feed-ranker/embed"] == {"cpu-highmem": 2}

@@ -1,0 +1,112 @@
+"""FleetReplanWorkflow: replan every model of the fleet at once, on a Schedule.
+
+It reads every live model's demand and current plan from the registry, solves the
+whole fleet (the pure planner, in an activity), stores the plan, and signals each
+model whose placement changed; the ModelWorkflow applies it as a capacity-only
+transition, make before break. The result (and the run's details in the Temporal UI)
+carry the plan's figures and its moves; `ipnext plan show` reads the stored plan.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from pydantic import BaseModel, ConfigDict, Field
+from temporalio import workflow
+from temporalio.exceptions import FailureError
+
+with workflow.unsafe.imports_passed_through():
+    from ipnext.activities import QUICK_TIMEOUT, RETRY
+    from ipnext.activities.fleet import FleetActivities, SolveFleetInput, solve_fleet_plan
+    from ipnext.registry import ApplyPlanInput, model_workflow_id
+    from ipnext.replan import FleetReplanInput
+    from ipnext.workflows.model_workflow import ModelWorkflow
+
+__all__ = ["FleetReplanResult", "FleetReplanWorkflow"]
+
+
+class FleetReplanResult(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    revision: int  # 0 when there was nothing to plan
+    models: list[str]
+    cost: float = 0.0
+    objective: float = 0.0
+    lower_bound: float | None = None
+    gap: float | None = None
+    status: str = ""
+    moved_units: int = 0
+    moves: list[str] = Field(default_factory=list)
+    moves_total: int = 0
+    applied_to: list[str] = Field(default_factory=list)  # models told of their new placement
+    not_applied: dict[str, str] = Field(default_factory=dict)  # model -> why
+    plan_file: str = ""
+
+
+@workflow.defn
+class FleetReplanWorkflow:
+    @workflow.run
+    async def run(self, input: FleetReplanInput) -> FleetReplanResult:
+        workflow.set_current_details("collecting every model's demand")
+        collected = await workflow.execute_activity_method(
+            FleetActivities.collect_models,
+            start_to_close_timeout=QUICK_TIMEOUT * 4,
+            retry_policy=RETRY,
+            summary="read models from the registry",
+        )
+        names = [m.spec.name for m in collected.models]
+        if not collected.models:
+            workflow.set_current_details("no models to plan")
+            return FleetReplanResult(revision=0, models=[])
+        workflow.set_current_details(f"solving {len(names)} models: {', '.join(names[:20])}")
+        solved = await workflow.execute_activity(
+            solve_fleet_plan,
+            SolveFleetInput(
+                models=collected.models,
+                time_limit_s=input.time_limit_s,
+                churn_cost=input.churn_cost,
+                made_by=f"{workflow.info().workflow_id}/{workflow.info().run_id}",
+            ),
+            start_to_close_timeout=timedelta(seconds=input.time_limit_s + 120),
+            retry_policy=RETRY,
+            summary=f"solve the fleet ({len(names)} models)",
+        )
+        applied, refused = [], {}
+        for model, plan in sorted(solved.changed.items()):
+            handle = workflow.get_external_workflow_handle(model_workflow_id(model))
+            try:
+                await handle.signal(
+                    ModelWorkflow.apply_plan, ApplyPlanInput(plan=plan, fleet_revision=solved.revision)
+                )
+                applied.append(model)
+            except FailureError as err:  # deleted since it was read
+                refused[model] = str(err)
+        result = FleetReplanResult(
+            revision=solved.revision,
+            models=names,
+            cost=solved.cost,
+            objective=solved.objective,
+            lower_bound=solved.lower_bound,
+            gap=solved.gap,
+            status=solved.status,
+            moved_units=solved.moved_units,
+            moves=solved.moves,
+            moves_total=solved.moves_total,
+            applied_to=applied,
+            not_applied=refused,
+            plan_file=solved.plan_file,
+        )
+        workflow.set_current_details(_details(result))
+        return result
+
+
+def _details(r: FleetReplanResult) -> str:
+    gap = f"{100 * r.gap:.3f}%" if r.gap is not None else "n/a"
+    lines = [
+        f"**plan revision {r.revision}** ({r.status}): cost {r.cost:.2f}, gap {gap}, "
+        f"{r.moved_units} units newly placed",
+        f"models: {', '.join(r.models)}",
+        f"applied to: {', '.join(r.applied_to) or 'none (no placement changed)'}",
+    ]
+    if r.moves:
+        lines.append("moves:\n" + "\n".join(f"- {m}" for m in r.moves[:50]))
+    return "\n\n".join(lines)
