@@ -95,7 +95,14 @@ def build(
         ]
     )
     lb = np.zeros(n_x + n_f + n_y + n_z)
-    ub = np.concatenate([inst.opt_cap[opts], np.ones(n_f), np.ones(n_y), np.full(n_z, np.inf)])
+    # More replicas of one option than carry the deployment's whole demand never help (the
+    # routing, survive and min_regions rows are all met by that many), so they bound x: a
+    # tight bound keeps the LP relaxation, and with it the branch and bound, small.
+    enough = np.ceil(
+        inst.total_demand[inst.opt_d[opts]] / (inst.usable[inst.opt_d[opts]] * inst.opt_qps[opts]) - 1e-9
+    )
+    x_ub = np.minimum(inst.opt_cap[opts], np.maximum(enough, 1.0))
+    ub = np.concatenate([x_ub, np.ones(n_f), np.ones(n_y), np.full(n_z, np.inf)])
     integral = np.zeros(len(lb), dtype=bool)
     integral[:n_x] = True
     integral[n_x + n_f : n_x + n_f + n_y] = True
@@ -131,9 +138,9 @@ def build(
                     rows.add(cols, vals, -np.inf, 0.0)
                 # y[b,r] = 1 needs a replica of this member in r.
                 rows.add([y_col[(b, r)], *here], [1.0] + [-1.0] * len(here), -np.inf, 0.0)
-                if len(group) > 1 and here:  # groups: replicas only where the group stands
-                    big = float(inst.opt_cap[opts[here]].sum())
-                    rows.add([*here, y_col[(b, r)]], [1.0] * len(here) + [-big], -np.inf, 0.0)
+                if here:  # replicas only where the block stands (a group's parts share regions)
+                    for k in here:
+                        rows.add([k, y_col[(b, r)]], [1.0, -float(x_ub[k])], -np.inf, 0.0)
             if inst.survive[i]:
                 total = inst.total_demand[i]
                 mine = [k for r in regions_used for k in opts_at.get((i, r), [])]

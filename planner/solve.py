@@ -27,22 +27,28 @@ def solve(problem: PlanningProblem, options: SolveOptions | None = None) -> Plan
     if options.exact_fallback:
         whole = build(inst, blocks, pool_capacity=inst.pool_units, churn_cost=churn)
         if len(whole.lb) <= EXACT_MAX_VARIABLES:
-            sol = solve_model(whole, time_limit_s=max(1.0, 0.5 * options.time_limit_s), relative_gap=1e-9)
+            sol = solve_model(whole, time_limit_s=max(1.0, 0.4 * options.time_limit_s), relative_gap=1e-9)
             if sol.status == "optimal" and sol.values is not None:
                 choices = choices_from_values(inst, whole, sol.values, churn, blocks)
                 return _plan(
                     inst, choices, churn, sol.bound, "exact MIP (HiGHS), solved to optimality", started
                 )
+    # Prices move for a little over half the time left, the bound is tightened and the plan
+    # repaired in the rest; 5% stays for writing the plan.
+    left = deadline - time.monotonic()
     result = decompose(
-        inst, churn=churn, deadline=started + 0.8 * options.time_limit_s, workers=options.workers
+        inst,
+        churn=churn,
+        deadline=time.monotonic() + 0.55 * left,
+        hard_deadline=deadline - 0.05 * options.time_limit_s,
+        workers=options.workers,
     )
-    del deadline
     return _plan(
         inst,
         result.choices,
         churn,
         result.lower_bound,
-        f"Lagrangian relaxation of the pool constraints, exact block MIPs, {result.iterations} price updates",
+        f"Lagrangian bound at the column generation's best pool prices (block MIPs, {result.iterations} rounds)",
         started,
     )
 
