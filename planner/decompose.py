@@ -50,6 +50,8 @@ TIGHTEN_TIME_LIMIT_S = 5.0  # per block when the bound at the best prices is tig
 RETRY_TIME_LIMIT_S = 10.0  # a block that found no placement at all in BLOCK_TIME_LIMIT_S
 PARALLEL_MIN_BLOCKS = 64
 JOINT_REPAIR_SECONDS = 10.0
+SMOOTHING = 0.5
+LP_PRICES_MAX_OPTIONS = 200_000  # weight of the best prices so far in the next prices
 REPAIR_BLOCK_LIMIT_S = 2.0
 
 
@@ -192,20 +194,24 @@ def decompose(
     master = Master(inst)
     iteration = 0
     with _Pool(inst, workers) as pool:
-        prices = np.zeros_like(capacity)
+        prices = _lp_prices(inst, churn, deadline, log)
         choices = pool.solve(blocks, prices, churn)
-        best = sum(c.bound for c in choices.values())
+        best = sum(c.bound for c in choices.values()) - float((prices * capacity).sum())
         best_prices, best_blocks = prices.copy(), dict(choices)
         for c in choices.values():
             master.add(c, c.cost)
-        log.append(f"prices 0: bound {best:.3f}")
+        log.append(f"first prices: bound {best:.3f}")
+        _debug(log)
         lp = master.solve_lp()
+        smoothing = SMOOTHING
         for iteration in range(1, max_iterations + 1):
             if lp.slack <= 1e-9 and lp.objective - best <= 1e-7 * max(1.0, abs(best)):
                 break  # the master LP meets the bound: nothing left for prices to find
             if time.monotonic() > deadline:
                 break
-            prices = lp.prices
+            # Smoothed prices (Wentges): part way from the best prices so far to the LP's duals,
+            # which jump about while few columns exist.
+            prices = smoothing * best_prices + (1 - smoothing) * lp.prices if best > 0 else lp.prices
             choices = pool.solve(blocks, prices, churn)
             bound = sum(c.bound for c in choices.values()) - float((prices * capacity).sum())
             if bound > best:
@@ -216,14 +222,49 @@ def decompose(
                 f"iteration {iteration}: {added} new columns, master LP {lp.objective:.3f} "
                 f"(slack {lp.slack:.3g}), bound {bound:.3f}, best {best:.3f}"
             )
+            _debug(log)
             if not added:
-                break  # every block's optimum at these prices is in the master already
+                if smoothing > 0:
+                    smoothing = 0.0  # nothing new at the smoothed prices: take the LP's own
+                elif lp.slack > 1e-9:
+                    master.slack_cost *= 4  # the columns cannot fit yet at this slack cost
+                    lp = master.solve_lp()
+                else:
+                    break  # every block's optimum at the LP's prices is in the master already
+            else:
+                smoothing = SMOOTHING
         best = _tighten(inst, pool, best_prices, best_blocks, churn, hard_deadline, log) or best
     plan = _from_columns(inst, master, lp, churn, prices, hard_deadline, log)
     plan = _improve(inst, plan, best_prices, best_blocks, churn, hard_deadline, log)
     if os.environ.get("IPNEXT_PLANNER_DEBUG"):
         print("\n".join(log))
     return Decomposition(choices=plan, lower_bound=best, iterations=iteration, log=log)
+
+
+def _lp_prices(inst: Instance, churn: float, deadline: float, log: list[str]) -> np.ndarray:
+    """First pool prices: the duals of the whole model's LP relaxation, when it is small enough
+    to solve in a fraction of the time (zero prices otherwise). Near-full pools are then
+    priced from the first round, instead of after many rounds of overfull columns."""
+    prices = np.zeros_like(inst.pool_units)
+    if len(inst.opt_d) > LP_PRICES_MAX_OPTIONS:
+        return prices
+    started = time.monotonic()
+    model = build(inst, list(range(len(inst.blocks))), pool_capacity=inst.pool_units, churn_cost=churn)
+    limit = max(1.0, 0.25 * (deadline - started))
+    sol = solve_model(model, relax=True, solver="glop", time_limit_s=limit)
+    for (r, h), dual in sol.pool_duals.items():
+        prices[r, h] = dual
+    log.append(
+        f"LP relaxation {sol.status} in {time.monotonic() - started:.1f}s: {sol.objective:.3f}, "
+        f"{int((prices > 0).sum())} pools priced"
+    )
+    _debug(log)
+    return prices
+
+
+def _debug(log: list[str]) -> None:
+    if os.environ.get("IPNEXT_PLANNER_DEBUG") and log:
+        print(log[-1], flush=True)
 
 
 def _improve(

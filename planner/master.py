@@ -51,7 +51,9 @@ class Master:
         self._seen: set[tuple[int, tuple[tuple[int, int], ...]]] = set()
         self.n_pools = inst.pool_units.size
         self.capacity = inst.pool_units.ravel()
-        self.slack_cost = 1.0 + 10.0 * float(inst.opt_cost.max() / max(inst.opt_units.min(), 1.0))
+        # Per unit of capacity a pool lacks: a few times the dearest unit, raised by the caller
+        # while the columns cannot fit without it.
+        self.slack_cost = 1.0 + 4.0 * float(inst.pool_cost.max())
 
     def add(self, choice: Any, cost: float) -> bool:
         """Add a block placement as a column; False if the block has it already."""
