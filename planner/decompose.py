@@ -194,7 +194,9 @@ def decompose(
     master = Master(inst)
     iteration = 0
     with _Pool(inst, workers) as pool:
-        prices = _lp_prices(inst, churn, deadline, log)
+        prices, rounded = _lp_prices(inst, churn, deadline, log)
+        for c in rounded.values():
+            master.add(c, c.cost)
         choices = pool.solve(blocks, prices, churn)
         best = sum(c.bound for c in choices.values()) - float((prices * capacity).sum())
         best_prices, best_blocks = prices.copy(), dict(choices)
@@ -241,13 +243,20 @@ def decompose(
     return Decomposition(choices=plan, lower_bound=best, iterations=iteration, log=log)
 
 
-def _lp_prices(inst: Instance, churn: float, deadline: float, log: list[str]) -> np.ndarray:
+def _lp_prices(
+    inst: Instance, churn: float, deadline: float, log: list[str]
+) -> tuple[np.ndarray, dict[int, BlockChoice]]:
     """First pool prices: the duals of the whole model's LP relaxation, when it is small enough
     to solve in a fraction of the time (zero prices otherwise). Near-full pools are then
-    priced from the first round, instead of after many rounds of overfull columns."""
+    priced from the first round, instead of after many rounds of overfull columns.
+
+    Also a column per block from the LP's solution, replicas rounded up: each is a valid
+    placement of its block (rounding up only adds capacity, and a region holds replicas of
+    every member wherever the LP put any), and together they sit close to what fits the
+    pools, which the blocks' own optima at any single prices often do not."""
     prices = np.zeros_like(inst.pool_units)
     if len(inst.opt_d) > LP_PRICES_MAX_OPTIONS:
-        return prices
+        return prices, {}
     started = time.monotonic()
     model = build(inst, list(range(len(inst.blocks))), pool_capacity=inst.pool_units, churn_cost=churn)
     limit = max(1.0, 0.25 * (deadline - started))
@@ -259,7 +268,11 @@ def _lp_prices(inst: Instance, churn: float, deadline: float, log: list[str]) ->
         f"{int((prices > 0).sum())} pools priced"
     )
     _debug(log)
-    return prices
+    if sol.values is None:
+        return prices, {}
+    values = sol.values.copy()
+    values[: model.n_x] = np.ceil(values[: model.n_x] - 1e-6)
+    return prices, choices_from_values(inst, model, values, churn, list(range(len(inst.blocks))))
 
 
 def _debug(log: list[str]) -> None:

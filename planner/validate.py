@@ -9,6 +9,7 @@ from ipnext.plan import Plan, PlanningProblem
 __all__ = ["check_plan"]
 
 _EPS = 1e-6
+_REL = 1e-7  # LP solvers' feasibility tolerance: a capacity row may be over by this share
 
 
 def check_plan(problem: PlanningProblem, plan: Plan) -> list[str]:
@@ -48,7 +49,7 @@ def check_plan(problem: PlanningProblem, plan: Plan) -> list[str]:
                     errors.append(f"{dep.name}: {source}->{region} exceeds the latency budget")
                 routed[region] += qps * share
         for region, qps in routed.items():
-            if qps > usable * capacity[region] + _EPS:
+            if qps > usable * capacity[region] * (1 + _REL) + _EPS:
                 errors.append(
                     f"{dep.name}: {region} gets {qps:.1f} QPS, carries {usable * capacity[region]:.1f}"
                 )
@@ -59,7 +60,7 @@ def check_plan(problem: PlanningProblem, plan: Plan) -> list[str]:
             total = sum(dep.demand_qps.values())
             for lost in fleet.regions:
                 rest = sum(c for r, c in capacity.items() if r != lost)
-                if usable * rest < total - _EPS:
+                if usable * rest * (1 + _REL) < total - _EPS:
                     errors.append(f"{dep.name}: losing {lost} leaves {usable * rest:.1f} < {total} QPS")
     for (region, hw), units in used.items():
         pool = fleet.pool(region, hw)
