@@ -51,6 +51,7 @@ RETRY_TIME_LIMIT_S = 10.0  # a block that found no placement at all in BLOCK_TIM
 PARALLEL_MIN_BLOCKS = 64
 JOINT_REPAIR_SECONDS = 10.0
 SMOOTHING = 0.5
+MAX_SLACK_RAISES = 6  # then the columns are taken not to fit: repair decides, or names the shortfall
 LP_PRICES_MAX_OPTIONS = 200_000  # weight of the best prices so far in the next prices
 REPAIR_BLOCK_LIMIT_S = 2.0
 
@@ -206,6 +207,7 @@ def decompose(
         _debug(log)
         lp = master.solve_lp()
         smoothing = SMOOTHING
+        raises = 0
         for iteration in range(1, max_iterations + 1):
             if lp.slack <= 1e-9 and lp.objective - best <= 1e-7 * max(1.0, abs(best)):
                 break  # the master LP meets the bound: nothing left for prices to find
@@ -228,8 +230,9 @@ def decompose(
             if not added:
                 if smoothing > 0:
                     smoothing = 0.0  # nothing new at the smoothed prices: take the LP's own
-                elif lp.slack > 1e-9:
+                elif lp.slack > 1e-9 and raises < MAX_SLACK_RAISES:
                     master.slack_cost *= 4  # the columns cannot fit yet at this slack cost
+                    raises += 1
                     lp = master.solve_lp()
                 else:
                     break  # every block's optimum at the LP's prices is in the master already
