@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing import get_context
@@ -51,6 +52,7 @@ RETRY_TIME_LIMIT_S = 10.0  # a block that found no placement at all in BLOCK_TIM
 PARALLEL_MIN_BLOCKS = 64
 JOINT_REPAIR_SECONDS = 10.0
 SMOOTHING = 0.5
+IMPROVE_PASSES = 3
 MAX_SLACK_RAISES = 6  # then the columns are taken not to fit: repair decides, or names the shortfall
 LP_PRICES_MAX_OPTIONS = 200_000  # weight of the best prices so far in the next prices
 REPAIR_BLOCK_LIMIT_S = 2.0
@@ -307,20 +309,31 @@ def _improve(
         )
         return float(at_prices - priced[b].bound)
 
-    order = sorted((b for b in plan if regret(b) > 1e-6 * max(1.0, plan[b].cost)), key=regret, reverse=True)
     before = _cost(plan)
     tried = improved = 0
-    for start in range(0, len(order), size):
-        if time.monotonic() + 1.0 > hard_deadline:
+    seen: set[tuple[int, ...]] = set()
+    for _ in range(IMPROVE_PASSES):
+        better = 0
+        for movers in _neighbourhoods(inst, plan, prices, regret, size):
+            key = tuple(sorted(movers))
+            if key in seen:
+                continue
+            if time.monotonic() + 1.0 > hard_deadline:
+                break
+            seen.add(key)
+            kept = {b: c for b, c in plan.items() if b not in set(movers)}
+            residual = np.maximum(inst.pool_units - usage_of(inst, kept), 0.0)
+            placed = _place_jointly(inst, movers, residual, churn, hard_deadline)
+            tried += 1
+            if os.environ.get("IPNEXT_PLANNER_DEBUG"):
+                print("neighbourhood", movers, placed and _cost(placed), sum(plan[b].cost for b in movers))
+            if placed is not None and _cost(placed) < sum(plan[b].cost for b in movers) - 1e-9:
+                plan.update(placed)
+                better += 1
+                seen.clear()  # the others' neighbourhoods changed with it
+        improved += better
+        if not better:
             break
-        movers = order[start : start + size]
-        kept = {b: c for b, c in plan.items() if b not in set(movers)}
-        residual = np.maximum(inst.pool_units - usage_of(inst, kept), 0.0)
-        placed = _place_jointly(inst, movers, residual, churn, hard_deadline)
-        tried += 1
-        if placed is not None and _cost(placed) < sum(plan[b].cost for b in movers) - 1e-9:
-            plan.update(placed)
-            improved += 1
     idle = float((prices * (inst.pool_units - usage_of(inst, plan))).sum())
     log.append(
         f"gap at the best prices: regret {sum(regret(b) for b in plan):.3f}, idle priced capacity {idle:.3f}"
@@ -330,6 +343,38 @@ def _improve(
         f"cost {before:.3f} -> {_cost(plan):.3f}"
     )
     return plan
+
+
+def _neighbourhoods(
+    inst: Instance,
+    plan: dict[int, BlockChoice],
+    prices: np.ndarray,
+    regret: Callable[[int], float],
+    size: int,
+) -> Iterator[list[int]]:
+    """Blocks to free together: first by regret, `size` at a time; then, for each congested
+    pool (priced, or at least 95% used), its users and then the blocks that could use it,
+    most regret first, `size` at a time."""
+    scores = {b: regret(b) for b in plan}
+    order = sorted((b for b in plan if scores[b] > 1e-6 * max(1.0, plan[b].cost)), key=lambda b: -scores[b])
+    for start in range(0, len(order), size):
+        yield order[start : start + size]
+    blocks_at: dict[tuple[int, int], set[int]] = {}
+    for o in range(len(inst.opt_d)):
+        blocks_at.setdefault((int(inst.opt_r[o]), int(inst.opt_h[o])), set()).add(
+            int(inst.block_of[inst.opt_d[o]])
+        )
+    used = usage_of(inst, plan)
+    congested = np.argwhere((prices > 1e-9) | (used >= 0.95 * inst.pool_units))
+    for r, h in sorted(congested.tolist(), key=lambda rh: -float(prices[rh[0], rh[1]])):
+        # Its users, then the blocks that could move into it (an exchange needs both sides).
+        users = [b for b, c in plan.items() if any(inst.opt_r[o] == r and inst.opt_h[o] == h for o in c.x)]
+        users.sort(key=lambda b: -scores[b])
+        could = [b for b in plan if b not in set(users) and b in blocks_at.get((r, h), set())]
+        could.sort(key=lambda b: -scores[b])
+        users += could
+        for start in range(0, len(users), size):
+            yield users[start : start + size]
 
 
 def _from_columns(

@@ -43,7 +43,7 @@ instances = st.builds(
 
 @settings(deadline=None, derandomize=True, max_examples=25, suppress_health_check=[HealthCheck.too_slow])
 @given(problem=instances)
-def test_scalable_path_is_valid_and_brackets_the_optimum(problem: PlanningProblem) -> None:
+def test_scalable_path_is_valid_reaches_the_optimum_and_bounds_it(problem: PlanningProblem) -> None:
     optimum = exact_optimum(problem)
     try:
         plan = solve(problem, SCALABLE_ONLY)
@@ -54,9 +54,7 @@ def test_scalable_path_is_valid_and_brackets_the_optimum(problem: PlanningProble
     assert check_plan(problem, plan) == []
     assert plan.lower_bound is not None and plan.objective is not None
     assert plan.lower_bound <= optimum + TOL * max(1, optimum)
-    assert plan.objective >= optimum - TOL * max(1, optimum)
-    if plan.status == "optimal":
-        assert plan.objective == pytest.approx(optimum, rel=TOL)
+    assert plan.objective == pytest.approx(optimum, rel=TOL)
 
 
 @settings(deadline=None, derandomize=True, max_examples=15, suppress_health_check=[HealthCheck.too_slow])
