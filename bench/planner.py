@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ipnext.errors import InfeasiblePlanError
+from ipnext.errors import InfeasiblePlanError, PlanningTimeoutError
 from ipnext.plan import Plan, PlanningProblem, SolveOptions
 from ipnext.planner import check_plan, solve
 from ipnext.planner.backend import solve_model
@@ -40,7 +40,7 @@ def _ours(problem: PlanningProblem, limit: float) -> dict[str, Any]:
     started = time.monotonic()
     try:
         plan = solve(problem, SolveOptions(time_limit_s=limit))
-    except InfeasiblePlanError as err:
+    except (InfeasiblePlanError, PlanningTimeoutError) as err:
         return {"method": "ipnext", "failed": str(err), "seconds": time.monotonic() - started}
     assert check_plan(problem, plan) == []
     return {

@@ -4,6 +4,7 @@ IpnextError
 ├── SpecError              a model, fleet, demand or config file is malformed (field, value, fix)
 ├── SnapshotError          a snapshot failed validation: path, file, checksum, format, tensors
 ├── InfeasiblePlanError    the planner cannot meet a constraint (which one, and why)
+├── PlanningTimeoutError   the planner found no plan within its time limit (not a proof of infeasibility)
 ├── ModelNotFoundError     no model of that name is registered
 ├── ModelExistsError       a model of that name is already registered
 ├── ServingError           Ray Serve could not deploy or answer
@@ -19,6 +20,7 @@ __all__ = [
     "IpnextError",
     "ModelExistsError",
     "ModelNotFoundError",
+    "PlanningTimeoutError",
     "ServingError",
     "SnapshotError",
     "SpecError",
@@ -54,6 +56,10 @@ class InfeasiblePlanError(IpnextError):
     """No placement meets every constraint; the message names the one that fails."""
 
 
+class PlanningTimeoutError(IpnextError):
+    """The planner found no plan that fits the pools within its time limit; a plan may exist."""
+
+
 class ModelNotFoundError(IpnextError, LookupError):
     """No model of that name is registered."""
 
@@ -76,6 +82,7 @@ _BY_NAME: dict[str, type[IpnextError]] = {
         SpecError,
         SnapshotError,
         InfeasiblePlanError,
+        PlanningTimeoutError,
         ModelNotFoundError,
         ModelExistsError,
         ServingError,

@@ -38,7 +38,7 @@ from multiprocessing import get_context
 
 import numpy as np
 
-from ipnext.errors import InfeasiblePlanError
+from ipnext.errors import InfeasiblePlanError, PlanningTimeoutError
 from ipnext.planner.backend import solve_model
 from ipnext.planner.formulation import BlockModel, build
 from ipnext.planner.instance import Instance
@@ -51,6 +51,7 @@ TIGHTEN_TIME_LIMIT_S = 5.0  # per block when the bound at the best prices is tig
 RETRY_TIME_LIMIT_S = 10.0  # a block that found no placement at all in BLOCK_TIME_LIMIT_S
 PARALLEL_MIN_BLOCKS = 64
 JOINT_REPAIR_SECONDS = 10.0
+_OUT_OF_TIME = "no plan that fits the pools within the time limit"
 SMOOTHING = 0.5
 IMPROVE_PASSES = 3
 MAX_SLACK_RAISES = 6  # then the columns are taken not to fit: repair decides, or names the shortfall
@@ -481,6 +482,8 @@ def repair(
             if placed is not None:
                 kept.update(placed)
                 return kept
+    if last_error.startswith(_OUT_OF_TIME):
+        raise PlanningTimeoutError(last_error, fix="give the planner more time (--time-limit)")
     raise InfeasiblePlanError(last_error or "pools: the blocks cannot be placed within the pools' capacity.")
 
 
@@ -559,7 +562,7 @@ def _place_one_by_one(
     limit = 5 * len(movers) + 20
     while queue:
         if time.monotonic() > deadline:
-            return None, f"pools: repair ran out of time with {len(queue)} blocks left to place."
+            return None, f"{_OUT_OF_TIME}: repair still had {len(queue)} of {len(movers)} blocks to place."
         b = queue.pop(0)
         seconds = max(0.25, min(REPAIR_BLOCK_LIMIT_S, deadline - time.monotonic()))
         choice = solve_block(inst, b, prices, churn, seconds, residual=np.maximum(residual, 0))
