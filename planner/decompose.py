@@ -40,6 +40,7 @@ import numpy as np
 
 from ipnext.errors import InfeasiblePlanError, PlanningTimeoutError
 from ipnext.planner.backend import solve_model
+from ipnext.planner.block import solve_block_fast
 from ipnext.planner.formulation import BlockModel, build
 from ipnext.planner.instance import Instance
 from ipnext.planner.master import Master, MasterLP
@@ -52,7 +53,9 @@ RETRY_TIME_LIMIT_S = 10.0  # a block that found no placement at all in BLOCK_TIM
 PARALLEL_MIN_BLOCKS = 64
 JOINT_REPAIR_SECONDS = 10.0
 _OUT_OF_TIME = "no plan that fits the pools within the time limit"
+USE_FAST_BLOCKS = True  # False: every block by the HiGHS MIP (to compare the two)
 SMOOTHING = 0.5
+LP_ROUNDINGS = 4
 IMPROVE_PASSES = 3
 MAX_SLACK_RAISES = 6  # then the columns are taken not to fit: repair decides, or names the shortfall
 LP_PRICES_MAX_OPTIONS = 200_000  # weight of the best prices so far in the next prices
@@ -101,21 +104,47 @@ def solve_block(
     limit_s: float,
     residual: np.ndarray | None = None,
 ) -> BlockChoice | None:
-    """The block's optimal placement at these pool prices (None if it cannot fit `residual`)."""
+    """The block's optimal placement at these pool prices (None if it cannot fit `residual`).
+
+    The combinatorial solver (block.py) answers most blocks exactly in a few milliseconds;
+    a block it cannot prove within its work budget, and every block against a `residual`
+    capacity (repair), goes to the HiGHS MIP, whose bound at its time limit is also valid."""
+    fast = None
+    if residual is None and USE_FAST_BLOCKS:
+        fast = solve_block_fast(inst, block, prices, churn)
+        if fast is not None and fast.optimal:
+            return _choice(inst, block, fast.x, fast.f, fast.objective, fast.bound, churn)
     model = build(inst, [block], prices=prices, churn_cost=churn, pool_capacity=residual)
     sol = solve_model(model, time_limit_s=limit_s, relative_gap=1e-9)
     if sol.values is None:
         if residual is None and sol.status == "infeasible":
             raise InfeasiblePlanError(_alone_infeasible(inst, block))
+        if fast is not None:  # HiGHS found nothing in time: the fast solver's best and bound
+            return _choice(inst, block, fast.x, fast.f, fast.objective, max(fast.bound, sol.bound), churn)
         return None
+    if fast is not None and fast.objective < sol.objective - 1e-9:
+        return _choice(inst, block, fast.x, fast.f, fast.objective, max(fast.bound, sol.bound), churn)
     xs = np.rint(sol.values[: model.n_x]).astype(np.int64)
     fs = sol.values[model.n_x : model.n_x + model.n_f]
     x = {int(o): int(n) for o, n in zip(model.opts, xs, strict=True) if n > 0}
     f = {int(t): float(v) for t, v in zip(model.routes, fs, strict=True) if v > 1e-9}
+    bound = max(sol.bound, fast.bound) if fast is not None else sol.bound
+    return _choice(inst, block, x, f, sol.objective, bound, churn)
+
+
+def _choice(
+    inst: Instance,
+    block: int,
+    x: dict[int, int],
+    f: dict[int, float],
+    priced: float,
+    bound: float,
+    churn: float,
+) -> BlockChoice:
     cost = float(sum(inst.opt_cost[o] * n for o, n in x.items()))
     if churn and inst.problem.current is not None:
         cost += churn * float(sum(max(0, n - inst.opt_current[o]) * inst.opt_units[o] for o, n in x.items()))
-    return BlockChoice(block, x, f, sol.objective, min(sol.bound, sol.objective), cost)
+    return BlockChoice(block, x, f, priced, min(bound, priced), cost)
 
 
 # ---- the whole fleet ---------------------------------------------------------------------
@@ -160,8 +189,9 @@ class _Pool:
             if choice is None:  # no placement found yet (not infeasible: that raised already)
                 choice = solve_block(self.inst, b, prices, churn, RETRY_TIME_LIMIT_S)
             if choice is None:
-                raise InfeasiblePlanError(
-                    f"{_names(self.inst, b)}: no placement found in {RETRY_TIME_LIMIT_S:g} s."
+                raise PlanningTimeoutError(
+                    f"{_names(self.inst, b)}: the block solver found no placement in {RETRY_TIME_LIMIT_S:g} s.",
+                    fix="give the planner more time (--time-limit)",
                 )
             out[b] = choice
         return out
@@ -199,7 +229,7 @@ def decompose(
     iteration = 0
     with _Pool(inst, workers) as pool:
         prices, rounded = _lp_prices(inst, churn, deadline, log)
-        for c in rounded.values():
+        for c in rounded:
             master.add(c, c.cost)
         choices = pool.solve(blocks, prices, churn)
         best = sum(c.bound for c in choices.values()) - float((prices * capacity).sum())
@@ -251,7 +281,7 @@ def decompose(
 
 def _lp_prices(
     inst: Instance, churn: float, deadline: float, log: list[str]
-) -> tuple[np.ndarray, dict[int, BlockChoice]]:
+) -> tuple[np.ndarray, list[BlockChoice]]:
     """First pool prices: the duals of the whole model's LP relaxation, when it is small enough
     to solve in a fraction of the time (zero prices otherwise). Near-full pools are then
     priced from the first round, instead of after many rounds of overfull columns.
@@ -262,7 +292,7 @@ def _lp_prices(
     pools, which the blocks' own optima at any single prices often do not."""
     prices = np.zeros_like(inst.pool_units)
     if len(inst.opt_d) > LP_PRICES_MAX_OPTIONS:
-        return prices, {}
+        return prices, []
     started = time.monotonic()
     model = build(inst, list(range(len(inst.blocks))), pool_capacity=inst.pool_units, churn_cost=churn)
     limit = max(1.0, 0.25 * (deadline - started))
@@ -274,11 +304,27 @@ def _lp_prices(
         f"{int((prices > 0).sum())} pools priced"
     )
     _debug(log)
-    if sol.values is None:
-        return prices, {}
-    values = sol.values.copy()
-    values[: model.n_x] = np.ceil(values[: model.n_x] - 1e-6)
-    return prices, choices_from_values(inst, model, values, churn, list(range(len(inst.blocks))))
+    columns: list[BlockChoice] = []
+    blocks = list(range(len(inst.blocks)))
+    capacity = inst.pool_units.copy()
+    # Rounding up overfills pools that the LP filled; solve again with those pools shrunk by
+    # the overflow, a few times, so that some rounded plan fits (near-full pools need it).
+    for attempt in range(LP_ROUNDINGS):
+        if sol.values is None:
+            break
+        values = sol.values.copy()
+        values[: model.n_x] = np.ceil(values[: model.n_x] - 1e-6)
+        rounded = choices_from_values(inst, model, values, churn, blocks)
+        columns.extend(rounded.values())
+        overflow = np.maximum(usage_of(inst, rounded) - inst.pool_units, 0.0)
+        log.append(f"LP rounding {attempt + 1}: overflows pools by {overflow.sum():g} units")
+        _debug(log)
+        if not overflow.any() or time.monotonic() > started + limit:
+            break
+        capacity = np.maximum(capacity - overflow, 0.0)
+        model = build(inst, blocks, pool_capacity=capacity, churn_cost=churn)
+        sol = solve_model(model, relax=True, solver="glop", time_limit_s=limit)
+    return prices, columns
 
 
 def _debug(log: list[str]) -> None:
