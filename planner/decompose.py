@@ -372,8 +372,6 @@ def _improve(
             residual = np.maximum(inst.pool_units - usage_of(inst, kept), 0.0)
             placed = _place_jointly(inst, movers, residual, churn, hard_deadline)
             tried += 1
-            if os.environ.get("IPNEXT_PLANNER_DEBUG"):
-                print("neighbourhood", movers, placed and _cost(placed), sum(plan[b].cost for b in movers))
             if placed is not None and _cost(placed) < sum(plan[b].cost for b in movers) - 1e-9:
                 plan.update(placed)
                 better += 1

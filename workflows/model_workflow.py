@@ -31,6 +31,7 @@ with workflow.unsafe.imports_passed_through():
         PublishInput,
         PublishResult,
         RolloutInput,
+        RolloutResult,
         rollout_workflow_id,
     )
     from ipnext.rollout import RolloutState, RolloutStatus
@@ -220,28 +221,12 @@ class ModelWorkflow:
                 f"internal: queued set {newest_id} or the plan is missing", non_retryable=True
             )
         self._set_status(new.id, "rolling_out")
-        child_id = rollout_workflow_id(self._spec.name, new.id)
-        self._last_rollout = self._rollout_status(child_id, RolloutState.RUNNING, [], "", old, new)
-        self._rolling_out = True
-        self._upsert_state()
-        try:
-            result = await workflow.execute_child_workflow(
-                RolloutWorkflow.run,
-                RolloutInput(
-                    spec=self._spec,
-                    plan=self._plan,
-                    new_set=new,
-                    old_set=old,
-                    old_apps=self._serving_apps,
-                ),
-                id=child_id,
-                static_summary=f"{self._spec.name}: {old.id if old else 'nothing'} -> {new.id} ({new.version})",
-                execution_timeout=DEPLOY_TIMEOUT * 6,
-            )
-        finally:
-            self._rolling_out = False
-        self._last_rollout = self._rollout_status(
-            child_id, result.state, result.generations, result.detail, old, new
+        result = await self._run_rollout(
+            rollout_workflow_id(self._spec.name, new.id),
+            RolloutInput(
+                spec=self._spec, plan=self._plan, new_set=new, old_set=old, old_apps=self._serving_apps
+            ),
+            f"{self._spec.name}: {old.id if old else 'nothing'} -> {new.id} ({new.version})",
         )
         if result.state == RolloutState.COMPLETED:
             if old is not None:
@@ -263,41 +248,47 @@ class ModelWorkflow:
             self._plan = pending.plan
             self._upsert_state()
             return
-        child_id = f"{rollout_workflow_id(self._spec.name, serving.id)}/plan-r{pending.plan.revision}"
-        self._last_rollout = self._rollout_status(child_id, RolloutState.RUNNING, [], "", serving, serving)
-        self._rolling_out = True
-        self._upsert_state()
-        try:
-            result = await workflow.execute_child_workflow(
-                RolloutWorkflow.run,
-                RolloutInput(
-                    spec=self._spec,
-                    plan=pending.plan,
-                    new_set=serving,
-                    old_set=serving,
-                    old_apps=self._serving_apps,
-                    kind="capacity",
-                ),
-                id=child_id,
-                static_summary=(
-                    f"{self._spec.name}: {serving.id} to placement revision {pending.plan.revision} "
-                    f"(fleet plan {pending.fleet_revision})"
-                ),
-                execution_timeout=DEPLOY_TIMEOUT * 6,
-            )
-        finally:
-            self._rolling_out = False
-        detail = (
-            result.detail
-            or f"placement revision {pending.plan.revision} (fleet plan {pending.fleet_revision})"
-        )
-        self._last_rollout = self._rollout_status(
-            child_id, result.state, result.generations, detail, serving, serving
+        where = f"placement revision {pending.plan.revision} (fleet plan {pending.fleet_revision})"
+        result = await self._run_rollout(
+            f"{rollout_workflow_id(self._spec.name, serving.id)}/plan-r{pending.plan.revision}",
+            RolloutInput(
+                spec=self._spec,
+                plan=pending.plan,
+                new_set=serving,
+                old_set=serving,
+                old_apps=self._serving_apps,
+                kind="capacity",
+            ),
+            f"{self._spec.name}: {serving.id} to {where}",
+            detail=where,
         )
         if result.state == RolloutState.COMPLETED:
             self._plan = pending.plan
             self._serving_apps = dict(result.apps)
         self._upsert_state()
+
+    async def _run_rollout(
+        self, child_id: str, input: RolloutInput, summary: str, detail: str = ""
+    ) -> RolloutResult:
+        """Run the child RolloutWorkflow, keeping the model's state and rollout summary current."""
+        old, new = input.old_set, input.new_set
+        self._last_rollout = self._rollout_status(child_id, RolloutState.RUNNING, [], "", old, new)
+        self._rolling_out = True
+        self._upsert_state()
+        try:
+            result: RolloutResult = await workflow.execute_child_workflow(
+                RolloutWorkflow.run,
+                input,
+                id=child_id,
+                static_summary=summary,
+                execution_timeout=DEPLOY_TIMEOUT * 6,
+            )
+        finally:
+            self._rolling_out = False
+        self._last_rollout = self._rollout_status(
+            child_id, result.state, result.generations, result.detail or detail, old, new
+        )
+        return result
 
     def _rollout_status(
         self,
