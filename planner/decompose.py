@@ -22,6 +22,14 @@ deployments in 30 s. So:
    prices are freed a few at a time and placed together by an exact MIP against the
    capacity the others leave. Repair (below) only runs when the columns cannot fit.
 
+Time. Every step stops at its share of the time limit. A pricing round that runs out of
+time keeps, for the blocks it did not reach, their last placement and the best bound proven
+at prices no higher than the current ones (valid because a block's priced optimum never
+falls when prices rise; see _Rounds). In pricing rounds a block the fast solver cannot prove
+keeps its answer and its (looser) bound: HiGHS takes 0.4-3 s on such a block (a 1,000-
+deployment fleet has about 40), so it runs only on the loosest of them at the end, in the
+time left, when the bound is tightened.
+
 `lower_bound_method` in the result says which bound won: the Lagrangian bound, or the
 optimum of the exact MIP for instances small enough to solve whole.
 """
@@ -32,7 +40,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from multiprocessing import get_context
 
@@ -56,9 +64,12 @@ _OUT_OF_TIME = "no plan that fits the pools within the time limit"
 USE_FAST_BLOCKS = True  # False: every block by the HiGHS MIP (to compare the two)
 SMOOTHING = 0.5
 LP_ROUNDINGS = 4
+FAST_INTO_TRIES = 3
 IMPROVE_PASSES = 3
 MAX_SLACK_RAISES = 6  # then the columns are taken not to fit: repair decides, or names the shortfall
-LP_PRICES_MAX_OPTIONS = 200_000  # weight of the best prices so far in the next prices
+LP_PRICES_MAX_OPTIONS = (
+    20_000  # larger LPs take most of the time limit (1,000 deployments: GLOP unfinished in 9 s)
+)
 REPAIR_BLOCK_LIMIT_S = 2.0
 
 
@@ -90,10 +101,12 @@ def _init_worker(inst: Instance) -> None:
     _WORKER_INST = inst
 
 
-def _solve_blocks_in_worker(args: tuple[list[int], np.ndarray, float, float]) -> list[BlockChoice | None]:
+def _solve_blocks_in_worker(
+    args: tuple[list[int], np.ndarray, float, float, bool],
+) -> list[BlockChoice | None]:
     assert _WORKER_INST is not None  # set by the pool initializer
-    blocks, prices, churn, limit = args
-    return [solve_block(_WORKER_INST, b, prices, churn, limit) for b in blocks]
+    blocks, prices, churn, limit, refine = args
+    return [solve_block(_WORKER_INST, b, prices, churn, limit, refine=refine) for b in blocks]
 
 
 def solve_block(
@@ -103,16 +116,21 @@ def solve_block(
     churn: float,
     limit_s: float,
     residual: np.ndarray | None = None,
+    *,
+    refine: bool = True,
 ) -> BlockChoice | None:
     """The block's optimal placement at these pool prices (None if it cannot fit `residual`).
 
     The combinatorial solver (block.py) answers most blocks exactly in a few milliseconds;
     a block it cannot prove within its work budget, and every block against a `residual`
-    capacity (repair), goes to the HiGHS MIP, whose bound at its time limit is also valid."""
+    capacity (repair), goes to the HiGHS MIP, whose bound at its time limit is also valid.
+    With `refine=False` an unproven answer of the fast solver is returned as it is (its bound
+    is valid, only loose): HiGHS then runs only for a block the fast solver found nothing for,
+    which keeps a pricing round at fleet scale to the fast solver's milliseconds."""
     fast = None
     if residual is None and USE_FAST_BLOCKS:
         fast = solve_block_fast(inst, block, prices, churn)
-        if fast is not None and fast.optimal:
+        if fast is not None and (fast.optimal or not refine):
             return _choice(inst, block, fast.x, fast.f, fast.objective, fast.bound, churn)
     model = build(inst, [block], prices=prices, churn_cost=churn, pool_capacity=residual)
     sol = solve_model(model, time_limit_s=limit_s, relative_gap=1e-9)
@@ -121,6 +139,8 @@ def solve_block(
             raise InfeasiblePlanError(_alone_infeasible(inst, block))
         if fast is not None:  # HiGHS found nothing in time: the fast solver's best and bound
             return _choice(inst, block, fast.x, fast.f, fast.objective, max(fast.bound, sol.bound), churn)
+        if residual is None:
+            return _rounded_relaxation(inst, block, prices, churn, sol.bound)
         return None
     if fast is not None and fast.objective < sol.objective - 1e-9:
         return _choice(inst, block, fast.x, fast.f, fast.objective, max(fast.bound, sol.bound), churn)
@@ -130,6 +150,38 @@ def solve_block(
     f = {int(t): float(v) for t, v in zip(model.routes, fs, strict=True) if v > 1e-9}
     bound = max(sol.bound, fast.bound) if fast is not None else sol.bound
     return _choice(inst, block, x, f, sol.objective, bound, churn)
+
+
+def _rounded_relaxation(
+    inst: Instance, block: int, prices: np.ndarray, churn: float, bound: float
+) -> BlockChoice | None:
+    """A placement of the block when neither solver found one in time: its LP relaxation with
+    replicas rounded up. Rounding up only adds capacity, and the relaxation puts replicas of
+    every member wherever the block stands, so the result meets every row but the pools; its
+    bound is the better of the relaxation's value and `bound`."""
+    model = build(inst, [block], prices=prices, churn_cost=churn)
+    sol = solve_model(model, relax=True, solver="glop", time_limit_s=5.0)
+    if sol.values is None or sol.status != "optimal":
+        return None
+    values = sol.values.copy()
+    values[: model.n_x] = np.ceil(values[: model.n_x] - 1e-6)
+    x = {int(o): int(n) for o, n in zip(model.opts, values[: model.n_x], strict=True) if n > 0}
+    f = {
+        int(t): float(v)
+        for t, v in zip(model.routes, values[model.n_x : model.n_x + model.n_f], strict=True)
+        if v > 1e-9
+    }
+    priced = float(
+        sum(
+            (inst.opt_cost[o] + inst.opt_units[o] * prices[inst.opt_r[o], inst.opt_h[o]]) * n
+            for o, n in x.items()
+        )
+    )
+    if churn and inst.problem.current is not None:
+        priced += churn * float(
+            sum(max(0, n - inst.opt_current[o]) * inst.opt_units[o] for o, n in x.items())
+        )
+    return _choice(inst, block, x, f, priced, max(bound, sol.objective), churn)
 
 
 def _choice(
@@ -167,28 +219,59 @@ class _Pool:
 
     def __exit__(self, *exc: object) -> None:
         if self.executor is not None:
-            self.executor.shutdown(cancel_futures=True)
+            # Chunks still running past a deadline would hold both cores (and shutdown would
+            # wait for them) while the plan is built: stop the workers instead.
+            processes = list(getattr(self.executor, "_processes", {}).values())
+            self.executor.shutdown(wait=False, cancel_futures=True)
+            for process in processes:
+                process.terminate()
 
     def solve(
-        self, blocks: list[int], prices: np.ndarray, churn: float, limit_s: float = BLOCK_TIME_LIMIT_S
+        self,
+        blocks: list[int],
+        prices: np.ndarray,
+        churn: float,
+        limit_s: float = BLOCK_TIME_LIMIT_S,
+        *,
+        refine: bool = True,
+        deadline: float = math.inf,
     ) -> dict[int, BlockChoice]:
-        if self.executor is None or len(blocks) < PARALLEL_MIN_BLOCKS:
-            results = [solve_block(self.inst, b, prices, churn, limit_s) for b in blocks]
+        """Every block of `blocks` priced at `prices`; past `deadline` the blocks not yet
+        answered are left out of the result (the caller keeps their earlier columns and
+        bounds), so a round at fleet scale never runs over the planner's time limit."""
+        results: dict[int, BlockChoice | None] = {}
+        if self.executor is None or len(blocks) < 2 * self.workers:
+            for b in blocks:
+                if time.monotonic() > deadline:
+                    break
+                results[b] = solve_block(self.inst, b, prices, churn, limit_s, refine=refine)
         else:
-            size = max(4, math.ceil(len(blocks) / (self.workers * 8)))
-            chunks = [blocks[i : i + size] for i in range(0, len(blocks), size)]
-            results = [
-                r
-                for part in self.executor.map(
-                    _solve_blocks_in_worker, [(c, prices, churn, limit_s) for c in chunks]
-                )
-                for r in part
-            ]
+            # Small chunks: a deadline drops only what is unfinished, and a chunk of HiGHS
+            # solves (seconds each) is cut to one block.
+            per_chunk = 1 if refine and limit_s >= 1.0 else 4
+            size = max(per_chunk, math.ceil(len(blocks) / (self.workers * 32)))
+            if per_chunk == 1:
+                size = 1
+            chunks = {
+                self.executor.submit(
+                    _solve_blocks_in_worker, (blocks[i : i + size], prices, churn, limit_s, refine)
+                ): blocks[i : i + size]
+                for i in range(0, len(blocks), size)
+            }
+            timeout = None if deadline == math.inf else max(0.0, deadline - time.monotonic())
+            done, pending = wait(chunks, timeout=timeout)
+            for future in pending:
+                future.cancel()  # one already running finishes in the worker; its answer is dropped
+            for future in done:
+                results.update(zip(chunks[future], future.result(), strict=True))
         out = {}
-        for b, choice in zip(blocks, results, strict=True):
-            if choice is None:  # no placement found yet (not infeasible: that raised already)
+        for b, choice in results.items():
+            if choice is None and time.monotonic() < deadline:
+                # No placement found yet (not infeasible: that raised already).
                 choice = solve_block(self.inst, b, prices, churn, RETRY_TIME_LIMIT_S)
             if choice is None:
+                if deadline < math.inf:
+                    continue
                 raise PlanningTimeoutError(
                     f"{_names(self.inst, b)}: the block solver found no placement in {RETRY_TIME_LIMIT_S:g} s.",
                     fix="give the planner more time (--time-limit)",
@@ -203,6 +286,41 @@ def usage_of(inst: Instance, choices: dict[int, BlockChoice]) -> np.ndarray:
         for o, n in choice.x.items():
             used[inst.opt_r[o], inst.opt_h[o]] += n * inst.opt_units[o]
     return used
+
+
+class _Rounds:
+    """The block bounds of every pricing round, to bound a block a later round did not reach.
+
+    A block's priced optimum never falls when prices rise (every placement costs at least as
+    much), so a bound proven at prices p' stays valid at any prices p >= p'; the first round
+    (zero prices, or the LP's) is below nearly every later one on most pools."""
+
+    def __init__(self, inst: Instance) -> None:
+        self.inst = inst
+        self.history: list[tuple[np.ndarray, dict[int, float]]] = []
+
+    def add(self, prices: np.ndarray, solved: dict[int, BlockChoice]) -> None:
+        self.history.append((prices.copy(), {b: c.bound for b, c in solved.items()}))
+
+    def complete(
+        self, solved: dict[int, BlockChoice], prices: np.ndarray, earlier: dict[int, BlockChoice]
+    ) -> dict[int, BlockChoice]:
+        """`solved`, plus each block it lacks with its earlier placement re-priced at `prices`;
+        every block's bound is the best still valid there (minus infinity when none is)."""
+        inst = self.inst
+        valid = [bounds for seen, bounds in self.history if (seen <= prices + 1e-12).all()]
+        out: dict[int, BlockChoice] = {}
+        for b, c in earlier.items():
+            carried = max((v[b] for v in valid if b in v), default=-math.inf)
+            if b in solved:
+                c = solved[b]
+                out[b] = BlockChoice(b, c.x, c.f, c.priced, min(max(c.bound, carried), c.priced), c.cost)
+                continue
+            at_prices = c.cost + float(
+                sum(n * inst.opt_units[o] * prices[inst.opt_r[o], inst.opt_h[o]] for o, n in c.x.items())
+            )
+            out[b] = BlockChoice(b, c.x, c.f, at_prices, min(carried, at_prices), c.cost)
+        return out
 
 
 def decompose(
@@ -227,16 +345,28 @@ def decompose(
     log: list[str] = []
     master = Master(inst)
     iteration = 0
+    started = time.monotonic()
     with _Pool(inst, workers) as pool:
         prices, rounded = _lp_prices(inst, churn, deadline, log)
         for c in rounded:
             master.add(c, c.cost)
-        choices = pool.solve(blocks, prices, churn)
+        # The first round must answer every block (each needs a column and a bound); later
+        # rounds stop at `deadline` and carry the blocks they did not reach.
+        choices = pool.solve(blocks, prices, churn, refine=False, deadline=hard_deadline)
+        missing = [b for b in blocks if b not in choices]
+        if missing:
+            raise PlanningTimeoutError(
+                f"{_OUT_OF_TIME}: the first pricing round reached {len(choices)} of {len(blocks)} blocks "
+                f"({_names(inst, missing[0])} among those left).",
+                fix="give the planner more time (--time-limit)",
+            )
+        rounds = _Rounds(inst)
+        rounds.add(prices, choices)
         best = sum(c.bound for c in choices.values()) - float((prices * capacity).sum())
         best_prices, best_blocks = prices.copy(), dict(choices)
         for c in choices.values():
             master.add(c, c.cost)
-        log.append(f"first prices: bound {best:.3f}")
+        log.append(f"first prices: bound {best:.3f} ({time.monotonic() - started:.1f}s)")
         _debug(log)
         lp = master.solve_lp()
         smoothing = SMOOTHING
@@ -249,17 +379,22 @@ def decompose(
             # Smoothed prices (Wentges): part way from the best prices so far to the LP's duals,
             # which jump about while few columns exist.
             prices = smoothing * best_prices + (1 - smoothing) * lp.prices if best > 0 else lp.prices
-            choices = pool.solve(blocks, prices, churn)
+            solved = pool.solve(blocks, prices, churn, refine=False, deadline=deadline)
+            choices = rounds.complete(solved, prices, best_blocks)
             bound = sum(c.bound for c in choices.values()) - float((prices * capacity).sum())
+            rounds.add(prices, solved)
             if bound > best:
-                best, best_prices, best_blocks = bound, prices.copy(), dict(choices)
-            added = sum(master.add(c, c.cost) for c in choices.values())
+                best, best_prices, best_blocks = bound, prices.copy(), choices
+            added = sum(master.add(c, c.cost) for c in solved.values())
             lp = master.solve_lp()
             log.append(
-                f"iteration {iteration}: {added} new columns, master LP {lp.objective:.3f} "
-                f"(slack {lp.slack:.3g}), bound {bound:.3f}, best {best:.3f}"
+                f"iteration {iteration}: {len(solved)} of {len(blocks)} blocks priced, {added} new columns, "
+                f"master LP {lp.objective:.3f} (slack {lp.slack:.3g}), bound {bound:.3f}, best {best:.3f} "
+                f"({time.monotonic() - started:.1f}s)"
             )
             _debug(log)
+            if len(solved) < len(blocks):
+                break  # out of time mid-round
             if not added:
                 if smoothing > 0:
                     smoothing = 0.0  # nothing new at the smoothed prices: take the LP's own
@@ -297,8 +432,9 @@ def _lp_prices(
     model = build(inst, list(range(len(inst.blocks))), pool_capacity=inst.pool_units, churn_cost=churn)
     limit = max(1.0, 0.25 * (deadline - started))
     sol = solve_model(model, relax=True, solver="glop", time_limit_s=limit)
-    for (r, h), dual in sol.pool_duals.items():
-        prices[r, h] = dual
+    if sol.status == "optimal":  # the duals of an unfinished LP are no prices
+        for (r, h), dual in sol.pool_duals.items():
+            prices[r, h] = dual
     log.append(
         f"LP relaxation {sol.status} in {time.monotonic() - started:.1f}s: {sol.objective:.3f}, "
         f"{int((prices > 0).sum())} pools priced"
@@ -444,17 +580,68 @@ def _from_columns(
     whole = {b: c for b, c in rounded.items() if b not in set(mixed)}
     residual = (inst.pool_units - usage_of(inst, whole)).ravel()
     limit = max(1.0, (hard_deadline - time.monotonic()) / 3)
+    log.append(f"columns: slack {lp.slack:.3g}, least residual {residual.min():.3g}, {len(mixed)} mixed")
+    _debug(log)
     if lp.slack <= 1e-9 and (residual >= -1e-9).all():
         chosen = master.solve_ip(mixed, np.maximum(residual, 0.0), limit) if mixed else {}
         if chosen is not None:
             log.append(f"plan: {len(whole)} blocks as the master LP has them, {len(mixed)} by IP")
             return {**whole, **{b: master.columns[c].choice for b, c in chosen.items()}}
+        placed = _greedy_columns(inst, master, mixed, whole, churn, prices, hard_deadline)
+        if placed is not None:
+            log.append(f"plan: {len(whole)} blocks as the master LP has them, {len(mixed)} greedily")
+            _debug(log)
+            return placed
         chosen = master.solve_ip(list(range(len(inst.blocks))), inst.pool_units.ravel(), limit)
         if chosen is not None:
             log.append("plan: every block by IP over the columns")
             return {b: master.columns[c].choice for b, c in chosen.items()}
+    if lp.slack > 1e-9:  # the columns cannot fit: place every block greedily
+        placed = _greedy_columns(
+            inst, master, list(range(len(inst.blocks))), {}, churn, prices, hard_deadline
+        )
+        if placed is not None:
+            log.append("plan: every block greedily (the columns do not fit the pools)")
+            return placed
     log.append(f"plan: repair ({len(mixed)} mixed blocks, slack {lp.slack:.3g})")
+    _debug(log)
     return repair(inst, rounded, churn, hard_deadline, prices)
+
+
+def _greedy_columns(
+    inst: Instance,
+    master: Master,
+    mixed: list[int],
+    whole: dict[int, BlockChoice],
+    churn: float,
+    prices: np.ndarray,
+    hard_deadline: float,
+) -> dict[int, BlockChoice] | None:
+    """When no IP over the mixed blocks' columns was found in time: each mixed block, least
+    flexible first, takes its cheapest column that fits what is left; the blocks no column
+    fits are placed one by one against the capacity left (evicting others if they must)."""
+    plan = dict(whole)
+    residual = inst.pool_units - usage_of(inst, plan)
+    flat = residual.ravel()  # a view: updates reach `residual`
+    left: list[int] = []
+    for b in sorted(mixed, key=lambda b: len(master.of_block[b])):
+        for c in sorted(master.of_block[b], key=lambda c: master.columns[c].cost):
+            col = master.columns[c]
+            if (flat[col.pools] >= col.units - 1e-9).all():
+                flat[col.pools] -= col.units
+                plan[b] = col.choice
+                break
+        else:
+            left.append(b)
+    _debug([f"greedy: {len(mixed) - len(left)} of {len(mixed)} blocks by a column"])
+    if not left:
+        return plan
+    placed, why = _place_one_by_one(inst, left, np.maximum(residual, 0.0), churn, prices, plan, hard_deadline)
+    _debug([f"one by one: {len(left)} blocks, {why or 'placed'}"])
+    if placed is None:
+        return None
+    plan.update(placed)
+    return plan
 
 
 def _tighten(
@@ -474,13 +661,10 @@ def _tighten(
         (b for b, c in choices.items() if c.priced - c.bound > 1e-6 * max(1.0, abs(c.priced))),
         key=lambda b: choices[b].bound - choices[b].priced,
     )
-    batch = max(8, 4 * pool.workers)
     tightened = 0
-    for start in range(0, len(loose), batch):
-        if time.monotonic() + 1.0 > stop:
-            break
+    if loose and time.monotonic() + 1.0 < stop:
         limit = max(0.3, min(TIGHTEN_TIME_LIMIT_S, stop - time.monotonic()))
-        for b, c in pool.solve(loose[start : start + batch], prices, churn, limit).items():
+        for b, c in pool.solve(loose, prices, churn, limit, deadline=stop).items():
             if c.bound > choices[b].bound:
                 choices[b] = c
             tightened += 1
@@ -488,6 +672,7 @@ def _tighten(
         return None
     bound = sum(c.bound for c in choices.values()) - float((prices * inst.pool_units).sum())
     log.append(f"tightened {tightened} of {len(loose)} loose blocks: bound {bound:.3f}")
+    _debug(log)
     return bound
 
 
@@ -609,7 +794,9 @@ def _place_one_by_one(
             return None, f"{_OUT_OF_TIME}: repair still had {len(queue)} of {len(movers)} blocks to place."
         b = queue.pop(0)
         seconds = max(0.25, min(REPAIR_BLOCK_LIMIT_S, deadline - time.monotonic()))
-        choice = solve_block(inst, b, prices, churn, seconds, residual=np.maximum(residual, 0))
+        choice = _fast_into(inst, b, prices, churn, residual)
+        if choice is None:
+            choice = solve_block(inst, b, prices, churn, seconds, residual=np.maximum(residual, 0))
         if choice is None:
             pools = {
                 (int(inst.opt_r[o]), int(inst.opt_h[o])) for i in inst.blocks[b] for o in inst.options_of[i]
@@ -635,6 +822,30 @@ def _place_one_by_one(
         for o, n in choice.x.items():
             residual[inst.opt_r[o], inst.opt_h[o]] -= n * inst.opt_units[o]
     return placed, ""
+
+
+def _fast_into(
+    inst: Instance, block: int, prices: np.ndarray, churn: float, residual: np.ndarray
+) -> BlockChoice | None:
+    """The fast solver's placement of the block in `residual`, if a cheap one exists: pools
+    too full for even one more replica are priced out, then those its answer overfills, a
+    few times. None when that does not fit (the caller then asks the MIP with hard rows)."""
+    banned = residual <= 0
+    prohibitive = 10.0 * float(inst.pool_cost.max()) + 1.0
+    for _ in range(FAST_INTO_TRIES):
+        fast = solve_block_fast(inst, block, prices + prohibitive * banned, churn)
+        if fast is None:
+            return None
+        used = np.zeros_like(residual)
+        for o, n in fast.x.items():
+            used[inst.opt_r[o], inst.opt_h[o]] += n * inst.opt_units[o]
+        over = used > residual + 1e-9
+        if not over.any():
+            choice = _choice(inst, block, fast.x, fast.f, fast.objective, -math.inf, churn)
+            choice.priced = choice.cost + float((used * prices).sum())
+            return choice
+        banned |= over
+    return None
 
 
 def _units_in(inst: Instance, choice: BlockChoice, r: int, h: int) -> float:

@@ -1,0 +1,130 @@
+"""The pieces that keep the decomposition inside its time limit at fleet scale: bounds carried
+from earlier pricing rounds, rounds cut short at a deadline, the rounded-relaxation placement
+of a block no solver answered, and the greedy plan out of the columns."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from ipnext.plan import PlanningProblem
+from ipnext.planner import check_plan
+from ipnext.planner.decompose import (
+    BlockChoice,
+    _greedy_columns,
+    _Pool,
+    _rounded_relaxation,
+    _Rounds,
+    solve_block,
+    usage_of,
+)
+from ipnext.planner.generator import generate
+from ipnext.planner.instance import Instance, compile_problem
+from ipnext.planner.master import Master
+from ipnext.planner.solve import _plan
+
+
+def _instance(seed: int = 7, deployments: int = 24) -> Instance:
+    return compile_problem(generate(seed, deployments, 4, 2, utilization=0.6))
+
+
+def _exact(inst: Instance, block: int, prices: np.ndarray) -> BlockChoice:
+    """The block's proven optimum at `prices` (the HiGHS MIP, no fast solver shortcut)."""
+    choice = solve_block(inst, block, prices, 0.0, 30.0)
+    assert choice is not None and choice.priced - choice.bound <= 1e-6 * max(1.0, choice.priced)
+    return choice
+
+
+def test_a_carried_bound_stays_below_the_optimum_at_higher_prices() -> None:
+    inst = _instance()
+    zero = np.zeros_like(inst.pool_units)
+    first = {b: _exact(inst, b, zero) for b in range(len(inst.blocks))}
+    rounds = _Rounds(inst)
+    rounds.add(zero, first)
+    higher = inst.pool_cost * np.random.default_rng(3).uniform(0.0, 0.8, inst.pool_units.shape)
+    carried = rounds.complete({}, higher, first)  # no block re-solved at the higher prices
+    for b, c in carried.items():
+        optimum = _exact(inst, b, higher).priced
+        assert c.bound == pytest.approx(first[b].bound)
+        assert c.bound <= optimum + 1e-6 * max(1.0, optimum)
+        # The carried placement is re-priced: its priced value is what it costs at `higher`.
+        expected = c.cost + sum(
+            n * inst.opt_units[o] * higher[inst.opt_r[o], inst.opt_h[o]] for o, n in c.x.items()
+        )
+        assert c.priced == pytest.approx(expected)
+
+
+def test_a_bound_from_higher_prices_is_not_carried_to_lower_ones() -> None:
+    inst = _instance()
+    high = inst.pool_cost.copy()
+    at_high = {b: _exact(inst, b, high) for b in range(len(inst.blocks))}
+    rounds = _Rounds(inst)
+    rounds.add(high, at_high)
+    carried = rounds.complete({}, np.zeros_like(high), at_high)
+    assert all(c.bound == -np.inf for c in carried.values())
+    # A block solved in the round keeps the better of its own bound and what is carried.
+    solved = {0: _exact(inst, 0, high * 2)}
+    merged = rounds.complete(solved, high * 2, at_high)
+    assert merged[0].bound == pytest.approx(max(solved[0].bound, at_high[0].bound))
+
+
+def test_a_round_past_its_deadline_answers_no_block() -> None:
+    inst = _instance()
+    zero = np.zeros_like(inst.pool_units)
+    with _Pool(inst, workers=1) as pool:
+        assert pool.solve(list(range(len(inst.blocks))), zero, 0.0, deadline=time.monotonic() - 1) == {}
+        full = pool.solve(list(range(len(inst.blocks))), zero, 0.0, refine=False)
+    assert sorted(full) == list(range(len(inst.blocks)))
+
+
+def _one_block_plan(inst: Instance, choice: BlockChoice) -> PlanningProblem:
+    """The problem of that block alone, with room in every pool, and the plan of `choice`."""
+    deps = [inst.problem.deployments[i] for i in inst.blocks[choice.block]]
+    pools = [p.model_copy(update={"units": p.units * 1000}) for p in inst.problem.fleet.pools]
+    return inst.problem.model_copy(
+        update={"deployments": deps, "fleet": inst.problem.fleet.model_copy(update={"pools": pools})}
+    )
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_rounded_relaxation_is_a_valid_placement_with_a_valid_bound(seed: int) -> None:
+    inst = _instance(seed)
+    prices = inst.pool_cost * 0.3
+    for b in range(len(inst.blocks)):
+        rounded = _rounded_relaxation(inst, b, prices, 0.0, -np.inf)
+        assert rounded is not None
+        assert rounded.bound <= _exact(inst, b, prices).priced + 1e-6
+        alone = _one_block_plan(inst, rounded)
+        sub = compile_problem(alone)
+        # Re-index the choice into the one-block instance (same options order per deployment).
+        remap = {}
+        for k, i in enumerate(inst.blocks[b]):
+            for a, o in zip(inst.options_of[i], sub.options_of[k], strict=True):
+                remap[int(a)] = int(o)
+        routes = {(int(inst.route_s[t]), int(inst.route_r[t])): v for t, v in rounded.f.items()}
+        f = {
+            int(t): routes[(int(sub.route_s[t]), int(sub.route_r[t]))]
+            for t in sub.routes_of[0]
+            if (int(sub.route_s[t]), int(sub.route_r[t])) in routes
+        }
+        choice = BlockChoice(0, {remap[o]: n for o, n in rounded.x.items()}, f, 0.0, 0.0, rounded.cost)
+        plan = _plan(sub, {0: choice}, 0.0, 0.0, "test", time.monotonic())
+        assert check_plan(alone, plan) == [], (seed, b)
+
+
+def test_greedy_columns_fit_the_pools() -> None:
+    inst = compile_problem(generate(5, 40, 4, 2, utilization=0.6))
+    zero = np.zeros_like(inst.pool_units)
+    master = Master(inst)
+    for scale in (0.0, 0.5, 1.0, 2.0):
+        for b in range(len(inst.blocks)):
+            c = solve_block(inst, b, zero + scale * inst.pool_cost, 0.0, 5.0, refine=False)
+            assert c is not None
+            master.add(c, c.cost)
+    plan = _greedy_columns(inst, master, list(range(len(inst.blocks))), {}, 0.0, zero, time.monotonic() + 60)
+    assert plan is not None and sorted(plan) == list(range(len(inst.blocks)))
+    assert (usage_of(inst, plan) <= inst.pool_units + 1e-9).all()
+    report = _plan(inst, plan, 0.0, 0.0, "test", time.monotonic())
+    assert check_plan(inst.problem, report) == []
