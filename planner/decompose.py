@@ -65,6 +65,7 @@ USE_FAST_BLOCKS = True  # False: every block by the HiGHS MIP (to compare the tw
 SMOOTHING = 0.5
 LP_ROUNDINGS = 4
 FAST_INTO_TRIES = 3
+ENRICH_SHARE = 0.25  # of the time left after pricing, for more columns near the best prices
 IMPROVE_PASSES = 3
 MAX_SLACK_RAISES = 6  # then the columns are taken not to fit: repair decides, or names the shortfall
 LP_PRICES_MAX_OPTIONS = (
@@ -408,6 +409,13 @@ def decompose(
                 smoothing = SMOOTHING
         # A plan first (at fleet scale building it can take most of what is left), then the
         # bound is tightened in half of the time that remains, then the plan improved.
+        if lp.slack <= 1e-9:  # else the duals are the slack's, no guide to placements
+            until = time.monotonic() + ENRICH_SHARE * (hard_deadline - time.monotonic())
+            around = best_prices if best_prices.any() else lp.prices
+            added = _enrich(inst, pool, master, around, churn, until)
+            lp = master.solve_lp()
+            log.append(f"enriched by {added} columns: master LP {lp.objective:.3f}")
+            _debug(log)
         plan = _from_columns(inst, master, lp, churn, prices, hard_deadline, log)
         best = _tighten(inst, pool, best_prices, best_blocks, churn, hard_deadline, log) or best
     plan = _improve(inst, plan, best_prices, best_blocks, churn, hard_deadline, log)
@@ -560,6 +568,31 @@ def _neighbourhoods(
             yield users[start : start + size]
 
 
+def _enrich(
+    inst: Instance, pool: _Pool, master: Master, prices: np.ndarray, churn: float, deadline: float
+) -> int:
+    """More columns near the best prices, for the IP that picks the plan: the LP mixes a few
+    blocks' columns, and an integral plan needs other placements of them and of their
+    neighbours on the same pools. Each priced pool is, in turn, priced out and made free,
+    and every block that may use it is solved at those prices."""
+    users: dict[int, list[int]] = {}
+    for o in range(len(inst.opt_d)):
+        p = int(inst.opt_r[o]) * inst.pool_units.shape[1] + int(inst.opt_h[o])
+        users.setdefault(p, []).append(int(inst.block_of[inst.opt_d[o]]))
+    prohibitive = 10.0 * float(inst.pool_cost.max()) + 1.0
+    added = 0
+    for p in np.argsort(-prices.ravel()):
+        if prices.flat[p] <= 1e-9 or time.monotonic() > deadline:
+            break
+        blocks = sorted(set(users.get(int(p), [])))
+        for value in (prohibitive, 0.0):
+            trial = prices.copy()
+            trial.flat[p] = value
+            for c in pool.solve(blocks, trial, churn, refine=False, deadline=deadline).values():
+                added += master.add(c, c.cost)
+    return added
+
+
 def _from_columns(
     inst: Instance,
     master: Master,
@@ -570,8 +603,9 @@ def _from_columns(
     log: list[str],
 ) -> dict[int, BlockChoice]:
     """A plan out of the columns: blocks the master LP takes whole keep that column; the few it
-    mixes get theirs from an IP over their columns in the capacity left (all blocks' columns
-    if that fails); if the columns cannot fit at all, repair does."""
+    mixes get theirs from an IP over their columns in the capacity left; if that has no
+    solution, an IP over every block's columns, then a greedy choice (`_greedy_columns`); if
+    the columns cannot fit at all, the greedy choice over every block, then repair."""
     heaviest: dict[int, tuple[float, int]] = {}
     for c, w in enumerate(lp.weights):
         b = master.columns[c].block
@@ -589,15 +623,18 @@ def _from_columns(
         if chosen is not None:
             log.append(f"plan: {len(whole)} blocks as the master LP has them, {len(mixed)} by IP")
             return {**whole, **{b: master.columns[c].choice for b, c in chosen.items()}}
+        # The mixed blocks' columns do not fit what the others leave: choose every block's
+        # column together (the IP's freedom to move a whole block is what the rounding lacks).
+        chosen = master.solve_ip(list(range(len(inst.blocks))), inst.pool_units.ravel(), limit)
+        if chosen is not None:
+            log.append("plan: every block by IP over the columns")
+            _debug(log)
+            return {b: master.columns[c].choice for b, c in chosen.items()}
         placed = _greedy_columns(inst, master, mixed, whole, churn, prices, hard_deadline)
         if placed is not None:
             log.append(f"plan: {len(whole)} blocks as the master LP has them, {len(mixed)} greedily")
             _debug(log)
             return placed
-        chosen = master.solve_ip(list(range(len(inst.blocks))), inst.pool_units.ravel(), limit)
-        if chosen is not None:
-            log.append("plan: every block by IP over the columns")
-            return {b: master.columns[c].choice for b, c in chosen.items()}
     if lp.slack > 1e-9:  # the columns cannot fit: place every block greedily
         placed = _greedy_columns(
             inst, master, list(range(len(inst.blocks))), {}, churn, prices, hard_deadline
@@ -831,7 +868,15 @@ def _fast_into(
     """The fast solver's placement of the block in `residual`, if a cheap one exists: pools
     too full for even one more replica are priced out, then those its answer overfills, a
     few times. None when that does not fit (the caller then asks the MIP with hard rows)."""
+    smallest: dict[int, float] = {}  # per pool, the fewest units one replica of the block takes
+    for i in inst.blocks[block]:
+        for o in inst.options_of[i]:
+            p = int(inst.opt_r[o]) * residual.shape[1] + int(inst.opt_h[o])
+            smallest[p] = min(smallest.get(p, math.inf), float(inst.opt_units[o]))
     banned = residual <= 0
+    for p, units in smallest.items():  # not even one replica fits there
+        if residual.flat[p] < units:
+            banned.flat[p] = True
     prohibitive = 10.0 * float(inst.pool_cost.max()) + 1.0
     for _ in range(FAST_INTO_TRIES):
         fast = solve_block_fast(inst, block, prices + prohibitive * banned, churn)

@@ -9,10 +9,10 @@ import time
 import numpy as np
 import pytest
 
-from ipnext.plan import PlanningProblem
 from ipnext.planner import check_plan
 from ipnext.planner.decompose import (
     BlockChoice,
+    _enrich,
     _greedy_columns,
     _Pool,
     _rounded_relaxation,
@@ -79,13 +79,25 @@ def test_a_round_past_its_deadline_answers_no_block() -> None:
     assert sorted(full) == list(range(len(inst.blocks)))
 
 
-def _one_block_plan(inst: Instance, choice: BlockChoice) -> PlanningProblem:
-    """The problem of that block alone, with room in every pool, and the plan of `choice`."""
+def _assert_valid_alone(inst: Instance, choice: BlockChoice) -> None:
+    """`choice` meets every constraint but the pools: checked as the plan of a problem holding
+    only its block, with room in every pool."""
     deps = [inst.problem.deployments[i] for i in inst.blocks[choice.block]]
     pools = [p.model_copy(update={"units": p.units * 1000}) for p in inst.problem.fleet.pools]
-    return inst.problem.model_copy(
+    alone = inst.problem.model_copy(
         update={"deployments": deps, "fleet": inst.problem.fleet.model_copy(update={"pools": pools})}
     )
+    sub = compile_problem(alone)
+    # The same options and routes, indexed in the one-block instance.
+    options = {}
+    for k, i in enumerate(inst.blocks[choice.block]):
+        options.update({int(a): int(o) for a, o in zip(inst.options_of[i], sub.options_of[k], strict=True)})
+    shares = {(int(inst.route_s[t]), int(inst.route_r[t])): v for t, v in choice.f.items()}
+    routes = {int(t): (int(sub.route_s[t]), int(sub.route_r[t])) for t in sub.routes_of[0]}
+    f = {t: shares[key] for t, key in routes.items() if key in shares}
+    x = {options[o]: n for o, n in choice.x.items()}
+    plan = _plan(sub, {0: BlockChoice(0, x, f, 0.0, 0.0, choice.cost)}, 0.0, 0.0, "test", time.monotonic())
+    assert check_plan(alone, plan) == [], choice.block
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -96,22 +108,31 @@ def test_the_rounded_relaxation_is_a_valid_placement_with_a_valid_bound(seed: in
         rounded = _rounded_relaxation(inst, b, prices, 0.0, -np.inf)
         assert rounded is not None
         assert rounded.bound <= _exact(inst, b, prices).priced + 1e-6
-        alone = _one_block_plan(inst, rounded)
-        sub = compile_problem(alone)
-        # Re-index the choice into the one-block instance (same options order per deployment).
-        remap = {}
-        for k, i in enumerate(inst.blocks[b]):
-            for a, o in zip(inst.options_of[i], sub.options_of[k], strict=True):
-                remap[int(a)] = int(o)
-        routes = {(int(inst.route_s[t]), int(inst.route_r[t])): v for t, v in rounded.f.items()}
-        f = {
-            int(t): routes[(int(sub.route_s[t]), int(sub.route_r[t]))]
-            for t in sub.routes_of[0]
-            if (int(sub.route_s[t]), int(sub.route_r[t])) in routes
-        }
-        choice = BlockChoice(0, {remap[o]: n for o, n in rounded.x.items()}, f, 0.0, 0.0, rounded.cost)
-        plan = _plan(sub, {0: choice}, 0.0, 0.0, "test", time.monotonic())
-        assert check_plan(alone, plan) == [], (seed, b)
+        _assert_valid_alone(inst, rounded)
+
+
+def test_enrich_adds_valid_placements_that_keep_off_a_priced_out_pool() -> None:
+    inst = _instance(4, 30)
+    master = Master(inst)
+    zero = np.zeros_like(inst.pool_units)
+    for b in range(len(inst.blocks)):
+        c = solve_block(inst, b, zero, 0.0, 5.0, refine=False)
+        assert c is not None
+        master.add(c, c.cost)
+    before = len(master.columns)
+    used = usage_of(inst, {c.block: c.choice for c in master.columns})
+    busiest = np.unravel_index(int(np.argmax(used / np.maximum(inst.pool_units, 1))), used.shape)
+    prices = zero.copy()
+    prices[busiest] = 0.5 * inst.pool_cost[busiest]
+    with _Pool(inst, workers=1) as pool:
+        added = _enrich(inst, pool, master, prices, 0.0, time.monotonic() + 60)
+    assert added == len(master.columns) - before > 0
+    new = [master.columns[k] for k in range(before, len(master.columns))]
+    for col in new:
+        _assert_valid_alone(inst, col.choice)
+    # Some new placement keeps off the pool that was priced out.
+    flat = busiest[0] * inst.pool_units.shape[1] + busiest[1]
+    assert any(flat not in col.pools for col in new)
 
 
 def test_greedy_columns_fit_the_pools() -> None:
