@@ -289,6 +289,54 @@ def usage_of(inst: Instance, choices: dict[int, BlockChoice]) -> np.ndarray:
     return used
 
 
+class _Reuse:
+    """Which blocks a pricing round must solve again. A block's last answer stays its answer
+    when, since it was found, no price changed on a pool the answer uses and no price fell
+    on any pool the block may use: the answer's priced value is the same, every other
+    placement's has not fallen, and its bound is still valid. Exact, and it skips most blocks
+    of a round when only a few pools are priced (a fleet's congested pools)."""
+
+    def __init__(self, inst: Instance, choices: dict[int, BlockChoice], prices: np.ndarray) -> None:
+        self.inst = inst
+        h = inst.pool_units.shape[1]
+        self.block_pools = [
+            np.unique(
+                np.concatenate(
+                    [inst.opt_r[inst.options_of[i]] * h + inst.opt_h[inst.options_of[i]] for i in members]
+                )
+            )
+            for members in inst.blocks
+        ]
+        self.last: dict[int, BlockChoice] = {}
+        self.used: dict[int, np.ndarray] = {}
+        self.at: dict[int, np.ndarray] = {}
+        self.update(choices, prices)
+
+    def update(self, solved: dict[int, BlockChoice], prices: np.ndarray) -> None:
+        h = self.inst.pool_units.shape[1]
+        flat = prices.ravel().copy()
+        for b, c in solved.items():
+            self.last[b] = c
+            self.used[b] = np.fromiter(
+                (int(self.inst.opt_r[o]) * h + int(self.inst.opt_h[o]) for o in c.x), dtype=np.int64
+            )
+            self.at[b] = flat
+
+    def stale(self, prices: np.ndarray) -> list[int]:
+        flat = prices.ravel()
+        out = []
+        for b, pools in enumerate(self.block_pools):
+            seen = self.at[b]
+            used = self.used[b]
+            if (np.abs(flat[used] - seen[used]) > 1e-12).any() or (flat[pools] < seen[pools] - 1e-12).any():
+                out.append(b)
+        return out
+
+    def unchanged(self, stale: list[int]) -> dict[int, BlockChoice]:
+        skip = set(stale)
+        return {b: c for b, c in self.last.items() if b not in skip}
+
+
 class _Rounds:
     """The block bounds of every pricing round, to bound a block a later round did not reach.
 
@@ -363,6 +411,7 @@ def decompose(
             )
         rounds = _Rounds(inst)
         rounds.add(prices, choices)
+        reuse = _Reuse(inst, choices, prices)
         best = sum(c.bound for c in choices.values()) - float((prices * capacity).sum())
         best_prices, best_blocks = prices.copy(), dict(choices)
         for c in choices.values():
@@ -380,21 +429,25 @@ def decompose(
             # Smoothed prices (Wentges): part way from the best prices so far to the LP's duals,
             # which jump about while few columns exist.
             prices = smoothing * best_prices + (1 - smoothing) * lp.prices if best > 0 else lp.prices
-            solved = pool.solve(blocks, prices, churn, refine=False, deadline=deadline)
+            stale = reuse.stale(prices)
+            fresh = pool.solve(stale, prices, churn, refine=False, deadline=deadline)
+            reuse.update(fresh, prices)
+            solved = {**reuse.unchanged(stale), **fresh}
             choices = rounds.complete(solved, prices, best_blocks)
             bound = sum(c.bound for c in choices.values()) - float((prices * capacity).sum())
             rounds.add(prices, solved)
             if bound > best:
                 best, best_prices, best_blocks = bound, prices.copy(), choices
-            added = sum(master.add(c, c.cost) for c in solved.values())
+            added = sum(master.add(c, c.cost) for c in fresh.values())
             lp = master.solve_lp()
             log.append(
-                f"iteration {iteration}: {len(solved)} of {len(blocks)} blocks priced, {added} new columns, "
+                f"iteration {iteration}: {len(fresh)} of {len(stale)} changed blocks priced ({len(blocks)} in all), "
+                f"{added} new columns, "
                 f"master LP {lp.objective:.3f} (slack {lp.slack:.3g}), bound {bound:.3f}, best {best:.3f} "
                 f"({time.monotonic() - started:.1f}s)"
             )
             _debug(log)
-            if len(solved) < len(blocks):
+            if len(fresh) < len(stale):
                 break  # out of time mid-round
             if not added:
                 if smoothing > 0:

@@ -15,6 +15,7 @@ from ipnext.planner.decompose import (
     _enrich,
     _greedy_columns,
     _Pool,
+    _Reuse,
     _rounded_relaxation,
     _Rounds,
     solve_block,
@@ -149,3 +150,34 @@ def test_greedy_columns_fit_the_pools() -> None:
     assert (usage_of(inst, plan) <= inst.pool_units + 1e-9).all()
     report = _plan(inst, plan, 0.0, 0.0, "test", time.monotonic())
     assert check_plan(inst.problem, report) == []
+
+
+def test_a_block_reused_across_rounds_is_still_optimal_at_the_new_prices() -> None:
+    inst = _instance(6, 30)
+    zero = np.zeros_like(inst.pool_units)
+    exact = {b: _exact(inst, b, zero) for b in range(len(inst.blocks))}
+    reuse = _Reuse(inst, exact, zero)
+    used = usage_of(inst, exact)
+    busiest = np.unravel_index(int(np.argmax(used)), used.shape)
+    higher = zero.copy()
+    higher[busiest] = 0.7 * inst.pool_cost[busiest]
+    stale = reuse.stale(higher)
+    users = [b for b, c in exact.items() if any((inst.opt_r[o], inst.opt_h[o]) == busiest for o in c.x)]
+    assert users and set(users) <= set(stale)
+    assert len(stale) < len(inst.blocks)
+    for b, c in reuse.unchanged(stale).items():
+        assert c.priced == pytest.approx(_exact(inst, b, higher).priced, rel=1e-6)
+    # Once answered at `higher`, a block is stale again when that price falls back, if it
+    # may use the pool; the blocks last answered at zero prices are not.
+    reuse.update({b: _exact(inst, b, higher) for b in stale}, higher)
+    assert reuse.stale(higher) == []
+    could = _blocks_on(inst, busiest)
+    assert sorted(reuse.stale(zero)) == sorted(b for b in stale if b in could)
+
+
+def _blocks_on(inst: Instance, pool: tuple[np.intp, ...]) -> set[int]:
+    return {
+        int(inst.block_of[inst.opt_d[o]])
+        for o in range(len(inst.opt_d))
+        if (inst.opt_r[o], inst.opt_h[o]) == pool
+    }
