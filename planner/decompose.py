@@ -17,10 +17,14 @@ deployments in 30 s. So:
    master.py), not from subgradient steps: its pool duals are the best prices for the
    columns known, which converges in a handful of rounds where subgradient steps took
    dozens (on the 100-deployment benchmark: 7 rounds to a bound within 0.5% of the plan).
-3. The plan: the master LP takes all but a few blocks whole; the rest are chosen by an IP
-   over their columns in the capacity left. Then blocks with the largest regret at the best
-   prices are freed a few at a time and placed together by an exact MIP against the
-   capacity the others leave. Repair (below) only runs when the columns cannot fit.
+3. The plan: first more columns near the best prices (each priced pool in turn priced out
+   and made free: the rounding needs other placements of the mixed blocks and of their
+   neighbours). The master LP takes all but a few blocks whole; the rest are chosen by an
+   IP over their columns in the capacity left (else an IP over every block's columns, else
+   a greedy choice that places what no column fits one block at a time). Then blocks with
+   the largest regret at the best prices are freed a few at a time and placed together by
+   an exact MIP against the capacity the others leave. Repair (below) only runs when
+   nothing else fits.
 
 Time. Every step stops at its share of the time limit. A pricing round that runs out of
 time keeps, for the blocks it did not reach, their last placement and the best bound proven
@@ -28,7 +32,8 @@ at prices no higher than the current ones (valid because a block's priced optimu
 falls when prices rise; see _Rounds). In pricing rounds a block the fast solver cannot prove
 keeps its answer and its (looser) bound: HiGHS takes 0.4-3 s on such a block (a 1,000-
 deployment fleet has about 40), so it runs only on the loosest of them at the end, in the
-time left, when the bound is tightened.
+time left, when the bound is tightened. A round re-solves only the blocks whose last answer
+a price change can affect (see _Reuse).
 
 `lower_bound_method` in the result says which bound won: the Lagrangian bound, or the
 optimum of the exact MIP for instances small enough to solve whole.
