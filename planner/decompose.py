@@ -32,8 +32,9 @@ at prices no higher than the current ones (valid because a block's priced optimu
 falls when prices rise; see _Rounds). In pricing rounds a block the fast solver cannot prove
 keeps its answer and its (looser) bound: HiGHS takes 0.4-3 s on such a block (a 1,000-
 deployment fleet has about 40), so it runs only on the loosest of them at the end, in the
-time left, when the bound is tightened. A round re-solves only the blocks whose last answer
-a price change can affect (see _Reuse).
+time left, when the bound is tightened: in the worker processes, while this process improves
+the plan. A round re-solves only the blocks whose last answer a price change can affect (see
+_Reuse).
 
 `lower_bound_method` in the result says which bound won: the Lagrangian bound, or the
 optimum of the exact MIP for instances small enough to solve whole.
@@ -45,7 +46,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ProcessPoolExecutor, wait
+from concurrent.futures import Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from multiprocessing import get_context
 
@@ -231,6 +232,32 @@ class _Pool:
             self.executor.shutdown(wait=False, cancel_futures=True)
             for process in processes:
                 process.terminate()
+
+    def start(
+        self, blocks: list[int], prices: np.ndarray, churn: float, limit_s: float
+    ) -> list[tuple[Future[list[BlockChoice | None]], int]]:
+        """Send each block to the workers to be solved exactly (HiGHS for what the fast solver
+        cannot prove), without waiting; `collect` takes the answers."""
+        assert self.executor is not None
+        return [
+            (self.executor.submit(_solve_blocks_in_worker, ([b], prices, churn, limit_s, True)), b)
+            for b in blocks
+        ]
+
+    def collect(
+        self, jobs: list[tuple[Future[list[BlockChoice | None]], int]], deadline: float
+    ) -> dict[int, BlockChoice]:
+        """The answers of `start` that came by `deadline` (the others are dropped)."""
+        done, pending = wait([job for job, _ in jobs], timeout=max(0.0, deadline - time.monotonic()))
+        for job in pending:
+            job.cancel()
+        out = {}
+        for job, b in jobs:
+            if job in done:
+                answer = job.result()[0]
+                if answer is not None:
+                    out[b] = answer
+        return out
 
     def solve(
         self,
@@ -472,11 +499,24 @@ def decompose(
             around = best_prices if best_prices.any() else lp.prices
             added = _enrich(inst, pool, master, around, churn, until)
             lp = master.solve_lp()
-            log.append(f"enriched by {added} columns: master LP {lp.objective:.3f}")
+            log.append(
+                f"enriched by {added} columns: master LP {lp.objective:.3f} ({time.monotonic() - started:.1f}s)"
+            )
             _debug(log)
         plan = _from_columns(inst, master, lp, churn, prices, hard_deadline, log)
-        best = _tighten(inst, pool, best_prices, best_blocks, churn, hard_deadline, log) or best
-    plan = _improve(inst, plan, best_prices, best_blocks, churn, hard_deadline, log)
+        log.append(f"plan cost {_cost(plan):.3f} ({time.monotonic() - started:.1f}s)")
+        _debug(log)
+        loose = _loose(best_blocks)
+        if pool.executor is not None and loose:
+            # The workers tighten the bound (HiGHS on the loosest blocks) while this process
+            # improves the plan: neither waits for the other.
+            jobs = pool.start(loose, best_prices, churn, TIGHTEN_TIME_LIMIT_S)
+            plan = _improve(inst, plan, best_prices, best_blocks, churn, hard_deadline, log)
+            solved = pool.collect(jobs, hard_deadline)
+            best = _tightened(inst, best_prices, best_blocks, solved, log) or best
+        else:
+            best = _tighten(inst, pool, best_prices, best_blocks, churn, hard_deadline, log) or best
+            plan = _improve(inst, plan, best_prices, best_blocks, churn, hard_deadline, log, pool=pool)
     if os.environ.get("IPNEXT_PLANNER_DEBUG"):
         print("\n".join(log))
     return Decomposition(choices=plan, lower_bound=best, iterations=iteration, log=log)
@@ -545,13 +585,43 @@ def _improve(
     hard_deadline: float,
     log: list[str],
     size: int = 8,
+    pool: _Pool | None = None,
 ) -> dict[int, BlockChoice]:
     """Large neighbourhood search: free a few blocks at a time and place them together by an
     exact MIP in the capacity the others leave, keeping the result when it is cheaper. Blocks
     go in order of regret: how much more their placement costs at the best prices than their
     optimum there (the gap to the bound is the sum of the regrets and the prices' unused
-    capacity, so that is where the cost is)."""
+    capacity, so that is where the cost is). With worker processes, as many disjoint
+    neighbourhoods as there are workers are solved at once; the better results are kept
+    while together they fit the pools."""
     plan = dict(plan)
+    executor = pool.executor if pool is not None else None
+    width = pool.workers if pool is not None and executor is not None else 1
+
+    def attempt(batch: list[list[int]]) -> int:
+        """Solve the neighbourhoods of `batch` (disjoint) and keep what helps; how many did."""
+        jobs = []
+        for movers in batch:
+            kept = {b: c for b, c in plan.items() if b not in set(movers)}
+            residual = np.maximum(inst.pool_units - usage_of(inst, kept), 0.0)
+            jobs.append((movers, residual, churn, hard_deadline))
+        if executor is not None and len(jobs) > 1:
+            results = list(executor.map(_place_jointly_in_worker, jobs))
+        else:
+            results = [_place_jointly(inst, *job) for job in jobs]
+        gains = []
+        for movers, placed in zip(batch, results, strict=True):
+            if placed is not None:
+                gain = sum(plan[b].cost for b in movers) - _cost(placed)
+                if gain > 1e-9:
+                    gains.append((gain, placed))
+        kept_count = 0
+        for _, placed in sorted(gains, key=lambda item: -item[0]):
+            trial = {**plan, **placed}
+            if (usage_of(inst, trial) <= inst.pool_units + 1e-9).all():  # each fit alone; together?
+                plan.update(placed)
+                kept_count += 1
+        return kept_count
 
     def regret(b: int) -> float:
         c = plan[b]
@@ -565,21 +635,28 @@ def _improve(
     seen: set[tuple[int, ...]] = set()
     for _ in range(IMPROVE_PASSES):
         better = 0
+        batch: list[list[int]] = []
         for movers in _neighbourhoods(inst, plan, prices, regret, size):
             key = tuple(sorted(movers))
             if key in seen:
                 continue
             if time.monotonic() + 1.0 > hard_deadline:
                 break
+            if any(set(movers) & set(other) for other in batch):
+                found = attempt(batch)
+                tried, better, batch = tried + len(batch), better + found, []
+                if found:
+                    seen.clear()  # the others' neighbourhoods changed with it
             seen.add(key)
-            kept = {b: c for b, c in plan.items() if b not in set(movers)}
-            residual = np.maximum(inst.pool_units - usage_of(inst, kept), 0.0)
-            placed = _place_jointly(inst, movers, residual, churn, hard_deadline)
-            tried += 1
-            if placed is not None and _cost(placed) < sum(plan[b].cost for b in movers) - 1e-9:
-                plan.update(placed)
-                better += 1
-                seen.clear()  # the others' neighbourhoods changed with it
+            batch.append(movers)
+            if len(batch) == width:
+                found = attempt(batch)
+                tried, better, batch = tried + len(batch), better + found, []
+                if found:
+                    seen.clear()
+        if batch and time.monotonic() + 1.0 <= hard_deadline:
+            better += attempt(batch)
+            tried += len(batch)
         improved += better
         if not better:
             break
@@ -741,6 +818,14 @@ def _greedy_columns(
     return plan
 
 
+def _loose(choices: dict[int, BlockChoice]) -> list[int]:
+    """Blocks whose bound is below their answer, loosest first."""
+    return sorted(
+        (b for b, c in choices.items() if c.priced - c.bound > 1e-6 * max(1.0, abs(c.priced))),
+        key=lambda b: choices[b].bound - choices[b].priced,
+    )
+
+
 def _tighten(
     inst: Instance,
     pool: _Pool,
@@ -751,23 +836,31 @@ def _tighten(
     log: list[str],
 ) -> float | None:
     """Solve again, with a longer limit, the blocks whose bound is loosest at `prices`, in
-    batches, loosest first, in half of the time left (improvement takes the rest). Returns the improved Lagrangian bound, or None if nothing was re-solved."""
+    half of the time left (improvement takes the rest). Returns the improved Lagrangian
+    bound, or None if nothing was re-solved."""
     stop = time.monotonic() + (hard_deadline - time.monotonic()) / 2
-    loose = sorted(
-        (b for b, c in choices.items() if c.priced - c.bound > 1e-6 * max(1.0, abs(c.priced))),
-        key=lambda b: choices[b].bound - choices[b].priced,
-    )
-    tightened = 0
-    if loose and time.monotonic() + 1.0 < stop:
-        limit = max(0.3, min(TIGHTEN_TIME_LIMIT_S, stop - time.monotonic()))
-        for b, c in pool.solve(loose, prices, churn, limit, deadline=stop).items():
-            if c.bound > choices[b].bound:
-                choices[b] = c
-            tightened += 1
-    if not tightened:
+    loose = _loose(choices)
+    if not loose or time.monotonic() + 1.0 > stop:
         return None
+    limit = max(0.3, min(TIGHTEN_TIME_LIMIT_S, stop - time.monotonic()))
+    return _tightened(inst, prices, choices, pool.solve(loose, prices, churn, limit, deadline=stop), log)
+
+
+def _tightened(
+    inst: Instance,
+    prices: np.ndarray,
+    choices: dict[int, BlockChoice],
+    solved: dict[int, BlockChoice],
+    log: list[str],
+) -> float | None:
+    """The Lagrangian bound at `prices` with the better bounds of `solved` taken in."""
+    if not solved:
+        return None
+    for b, c in solved.items():
+        if c.bound > choices[b].bound:
+            choices[b] = c
     bound = sum(c.bound for c in choices.values()) - float((prices * inst.pool_units).sum())
-    log.append(f"tightened {tightened} of {len(loose)} loose blocks: bound {bound:.3f}")
+    log.append(f"tightened {len(solved)} loose blocks: bound {bound:.3f}")
     _debug(log)
     return bound
 
@@ -850,6 +943,13 @@ def choices_from_values(
         if v > 1e-9:
             out[int(inst.route_b[t])].f[int(t)] = float(v)
     return out
+
+
+def _place_jointly_in_worker(
+    args: tuple[list[int], np.ndarray, float, float],
+) -> dict[int, BlockChoice] | None:
+    assert _WORKER_INST is not None  # set by the pool initializer
+    return _place_jointly(_WORKER_INST, *args)
 
 
 def _place_jointly(

@@ -14,6 +14,7 @@ from ipnext.planner.decompose import (
     BlockChoice,
     _enrich,
     _greedy_columns,
+    _improve,
     _Pool,
     _Reuse,
     _rounded_relaxation,
@@ -181,3 +182,34 @@ def _blocks_on(inst: Instance, pool: tuple[np.intp, ...]) -> set[int]:
         for o in range(len(inst.opt_d))
         if (inst.opt_r[o], inst.opt_h[o]) == pool
     }
+
+
+def test_improving_two_neighbourhoods_at_once_keeps_the_plan_within_the_pools() -> None:
+    """With two workers, disjoint neighbourhoods are solved at once against the same plan; the
+    results are kept only while together they still fit the pools."""
+    inst = compile_problem(generate(2, 100, 4, 2, utilization=0.5))
+    zero = np.zeros_like(inst.pool_units)
+    master = Master(inst)
+    for scale in (0.0, 1.0, 3.0):
+        for b in range(len(inst.blocks)):
+            c = solve_block(inst, b, zero + scale * inst.pool_cost, 0.0, 5.0, refine=False)
+            assert c is not None
+            master.add(c, c.cost)
+    start = _greedy_columns(inst, master, list(range(len(inst.blocks))), {}, 0.0, zero, time.monotonic() + 60)
+    assert start is not None
+    prices = inst.pool_cost * 0.2
+    priced = {}
+    for b in range(len(inst.blocks)):
+        answer = solve_block(inst, b, prices, 0.0, 5.0, refine=False)
+        assert answer is not None
+        priced[b] = answer
+    with _Pool(inst, workers=2) as pool:
+        assert pool.executor is not None
+        log: list[str] = []
+        better = _improve(inst, start, prices, priced, 0.0, time.monotonic() + 8, log, pool=pool)
+    assert sorted(better) == sorted(start)
+    tried = int(log[-1].split("improve: ")[1].split()[0])
+    assert tried >= 2  # the first two disjoint neighbourhoods went to the workers together
+    assert (usage_of(inst, better) <= inst.pool_units + 1e-9).all()
+    assert sum(c.cost for c in better.values()) < sum(c.cost for c in start.values())
+    assert check_plan(inst.problem, _plan(inst, better, 0.0, 0.0, "test", time.monotonic())) == []
