@@ -74,9 +74,8 @@ FAST_INTO_TRIES = 3
 ENRICH_SHARE = 0.25  # of the time left after pricing, for more columns near the best prices
 IMPROVE_PASSES = 3
 MAX_SLACK_RAISES = 6  # then the columns are taken not to fit: repair decides, or names the shortfall
-LP_PRICES_MAX_OPTIONS = (
-    20_000  # larger LPs take most of the time limit (1,000 deployments: GLOP unfinished in 9 s)
-)
+# Larger LPs take most of the time limit (1,000 deployments: GLOP unfinished in 9 s).
+LP_PRICES_MAX_OPTIONS = 20_000
 REPAIR_BLOCK_LIMIT_S = 2.0
 
 
@@ -178,17 +177,20 @@ def _rounded_relaxation(
         for t, v in zip(model.routes, values[model.n_x : model.n_x + model.n_f], strict=True)
         if v > 1e-9
     }
-    priced = float(
-        sum(
-            (inst.opt_cost[o] + inst.opt_units[o] * prices[inst.opt_r[o], inst.opt_h[o]]) * n
-            for o, n in x.items()
-        )
-    )
-    if churn and inst.problem.current is not None:
-        priced += churn * float(
-            sum(max(0, n - inst.opt_current[o]) * inst.opt_units[o] for o, n in x.items())
-        )
-    return _choice(inst, block, x, f, priced, max(bound, sol.objective), churn)
+    choice = _choice(inst, block, x, f, math.inf, max(bound, sol.objective), churn)
+    choice.priced = choice.cost + _price_of(inst, x, prices)
+    choice.bound = min(choice.bound, choice.priced)
+    return choice
+
+
+def _price_of(inst: Instance, x: dict[int, int], prices: np.ndarray) -> float:
+    """What the pool prices add to a placement's cost."""
+    return float(sum(n * inst.opt_units[o] * prices[inst.opt_r[o], inst.opt_h[o]] for o, n in x.items()))
+
+
+def _prohibitive(inst: Instance) -> float:
+    """A pool price no placement pays when it has any other way."""
+    return 10.0 * float(inst.pool_cost.max()) + 1.0
 
 
 def _choice(
@@ -233,31 +235,17 @@ class _Pool:
             for process in processes:
                 process.terminate()
 
-    def start(
-        self, blocks: list[int], prices: np.ndarray, churn: float, limit_s: float
-    ) -> list[tuple[Future[list[BlockChoice | None]], int]]:
-        """Send each block to the workers to be solved exactly (HiGHS for what the fast solver
-        cannot prove), without waiting; `collect` takes the answers."""
+    def submit(
+        self, blocks: list[int], prices: np.ndarray, churn: float, limit_s: float, refine: bool, size: int
+    ) -> _Jobs:
+        """Send `blocks` to the workers, `size` to a chunk, without waiting (see _gather)."""
         assert self.executor is not None
-        return [
-            (self.executor.submit(_solve_blocks_in_worker, ([b], prices, churn, limit_s, True)), b)
-            for b in blocks
-        ]
-
-    def collect(
-        self, jobs: list[tuple[Future[list[BlockChoice | None]], int]], deadline: float
-    ) -> dict[int, BlockChoice]:
-        """The answers of `start` that came by `deadline` (the others are dropped)."""
-        done, pending = wait([job for job, _ in jobs], timeout=max(0.0, deadline - time.monotonic()))
-        for job in pending:
-            job.cancel()
-        out = {}
-        for job, b in jobs:
-            if job in done:
-                answer = job.result()[0]
-                if answer is not None:
-                    out[b] = answer
-        return out
+        return {
+            self.executor.submit(
+                _solve_blocks_in_worker, (blocks[i : i + size], prices, churn, limit_s, refine)
+            ): blocks[i : i + size]
+            for i in range(0, len(blocks), size)
+        }
 
     def solve(
         self,
@@ -279,24 +267,10 @@ class _Pool:
                     break
                 results[b] = solve_block(self.inst, b, prices, churn, limit_s, refine=refine)
         else:
-            # Small chunks: a deadline drops only what is unfinished, and a chunk of HiGHS
-            # solves (seconds each) is cut to one block.
-            per_chunk = 1 if refine and limit_s >= 1.0 else 4
-            size = max(per_chunk, math.ceil(len(blocks) / (self.workers * 32)))
-            if per_chunk == 1:
-                size = 1
-            chunks = {
-                self.executor.submit(
-                    _solve_blocks_in_worker, (blocks[i : i + size], prices, churn, limit_s, refine)
-                ): blocks[i : i + size]
-                for i in range(0, len(blocks), size)
-            }
-            timeout = None if deadline == math.inf else max(0.0, deadline - time.monotonic())
-            done, pending = wait(chunks, timeout=timeout)
-            for future in pending:
-                future.cancel()  # one already running finishes in the worker; its answer is dropped
-            for future in done:
-                results.update(zip(chunks[future], future.result(), strict=True))
+            # Small chunks: a deadline drops only what is unfinished, and HiGHS solves (seconds
+            # each) go one block to a chunk.
+            size = 1 if refine and limit_s >= 1.0 else max(4, math.ceil(len(blocks) / (self.workers * 32)))
+            results = _gather(self.submit(blocks, prices, churn, limit_s, refine, size), deadline)
         out = {}
         for b, choice in results.items():
             if choice is None and time.monotonic() < deadline:
@@ -311,6 +285,22 @@ class _Pool:
                 )
             out[b] = choice
         return out
+
+
+_Jobs = dict[Future[list[BlockChoice | None]], list[int]]  # a chunk's future -> its blocks
+
+
+def _gather(jobs: _Jobs, deadline: float) -> dict[int, BlockChoice | None]:
+    """The answers of the chunks that finished by `deadline`; the others are dropped (one
+    already running finishes in its worker)."""
+    timeout = None if deadline == math.inf else max(0.0, deadline - time.monotonic())
+    done, pending = wait(jobs, timeout=timeout)
+    for future in pending:
+        future.cancel()
+    results: dict[int, BlockChoice | None] = {}
+    for future in done:
+        results.update(zip(jobs[future], future.result(), strict=True))
+    return results
 
 
 def usage_of(inst: Instance, choices: dict[int, BlockChoice]) -> np.ndarray:
@@ -397,9 +387,7 @@ class _Rounds:
                 c = solved[b]
                 out[b] = BlockChoice(b, c.x, c.f, c.priced, min(max(c.bound, carried), c.priced), c.cost)
                 continue
-            at_prices = c.cost + float(
-                sum(n * inst.opt_units[o] * prices[inst.opt_r[o], inst.opt_h[o]] for o, n in c.x.items())
-            )
+            at_prices = c.cost + _price_of(inst, c.x, prices)
             out[b] = BlockChoice(b, c.x, c.f, at_prices, min(carried, at_prices), c.cost)
         return out
 
@@ -510,9 +498,9 @@ def decompose(
         if pool.executor is not None and loose:
             # The workers tighten the bound (HiGHS on the loosest blocks) while this process
             # improves the plan: neither waits for the other.
-            jobs = pool.start(loose, best_prices, churn, TIGHTEN_TIME_LIMIT_S)
+            jobs = pool.submit(loose, best_prices, churn, TIGHTEN_TIME_LIMIT_S, refine=True, size=1)
             plan = _improve(inst, plan, best_prices, best_blocks, churn, hard_deadline, log)
-            solved = pool.collect(jobs, hard_deadline)
+            solved = {b: c for b, c in _gather(jobs, hard_deadline).items() if c is not None}
             best = _tightened(inst, best_prices, best_blocks, solved, log) or best
         else:
             best = _tighten(inst, pool, best_prices, best_blocks, churn, hard_deadline, log) or best
@@ -625,38 +613,39 @@ def _improve(
 
     def regret(b: int) -> float:
         c = plan[b]
-        at_prices = c.cost + sum(
-            n * inst.opt_units[o] * prices[inst.opt_r[o], inst.opt_h[o]] for o, n in c.x.items()
-        )
-        return float(at_prices - priced[b].bound)
+        return c.cost + _price_of(inst, c.x, prices) - priced[b].bound
 
     before = _cost(plan)
     tried = improved = 0
     seen: set[tuple[int, ...]] = set()
+    batch: list[list[int]] = []
+
+    def flush() -> int:
+        """Try the neighbourhoods of `batch` together; how many helped."""
+        nonlocal tried, batch
+        found = attempt(batch)
+        tried, batch = tried + len(batch), []
+        return found
+
     for _ in range(IMPROVE_PASSES):
         better = 0
-        batch: list[list[int]] = []
         for movers in _neighbourhoods(inst, plan, prices, regret, size):
             key = tuple(sorted(movers))
             if key in seen:
                 continue
             if time.monotonic() + 1.0 > hard_deadline:
                 break
-            if any(set(movers) & set(other) for other in batch):
-                found = attempt(batch)
-                tried, better, batch = tried + len(batch), better + found, []
-                if found:
-                    seen.clear()  # the others' neighbourhoods changed with it
+            if any(set(movers) & set(other) for other in batch) and (found := flush()):
+                better += found
+                seen.clear()  # the others' neighbourhoods changed with it
             seen.add(key)
             batch.append(movers)
-            if len(batch) == width:
-                found = attempt(batch)
-                tried, better, batch = tried + len(batch), better + found, []
-                if found:
-                    seen.clear()
+            if len(batch) == width and (found := flush()):
+                better += found
+                seen.clear()
         if batch and time.monotonic() + 1.0 <= hard_deadline:
-            better += attempt(batch)
-            tried += len(batch)
+            better += flush()
+        batch = []
         improved += better
         if not better:
             break
@@ -714,7 +703,7 @@ def _enrich(
     for o in range(len(inst.opt_d)):
         p = int(inst.opt_r[o]) * inst.pool_units.shape[1] + int(inst.opt_h[o])
         users.setdefault(p, []).append(int(inst.block_of[inst.opt_d[o]]))
-    prohibitive = 10.0 * float(inst.pool_cost.max()) + 1.0
+    prohibitive = _prohibitive(inst)
     added = 0
     for p in np.argsort(-prices.ravel()):
         if prices.flat[p] <= 1e-9 or time.monotonic() > deadline:
@@ -1035,7 +1024,7 @@ def _fast_into(
     for p, units in smallest.items():  # not even one replica fits there
         if residual.flat[p] < units:
             banned.flat[p] = True
-    prohibitive = 10.0 * float(inst.pool_cost.max()) + 1.0
+    prohibitive = _prohibitive(inst)
     for _ in range(FAST_INTO_TRIES):
         fast = solve_block_fast(inst, block, prices + prohibitive * banned, churn)
         if fast is None:
@@ -1046,7 +1035,7 @@ def _fast_into(
         over = used > residual + 1e-9
         if not over.any():
             choice = _choice(inst, block, fast.x, fast.f, fast.objective, -math.inf, churn)
-            choice.priced = choice.cost + float((used * prices).sum())
+            choice.priced = choice.cost + _price_of(inst, fast.x, prices)
             return choice
         banned |= over
     return None
