@@ -3,6 +3,9 @@ plain MIP of the same formulation (HiGHS, same time limit), all in this process.
 
     .venv/bin/python bench/planner.py                 # every row (the large ones take long)
     .venv/bin/python bench/planner.py --rows 20 100   # some rows
+    .venv/bin/python bench/planner.py --rows 1000 --time-limit 600          # more time than the row's
+    .venv/bin/python bench/planner.py --rows replan --deployments 20 --churn 0.05 5 --seed 2
+        # small enough for the exact path: how few units a replan can move at each churn cost
 
 Prints one line per (row, method) and writes bench/results/planner.json.
 """
@@ -54,9 +57,10 @@ def _ours(problem: PlanningProblem, limit: float) -> dict[str, Any]:
     }
 
 
-def _replan(problem: PlanningProblem, limit: float, seed: int) -> dict[str, Any]:
+def _replan(problem: PlanningProblem, limit: float, seed: int, churns: list[float]) -> dict[str, Any]:
     """Plan, change every deployment's demand by up to +-5%, then plan again against the first
-    plan (churn counted) and from scratch; compare the units each moves against the first plan."""
+    plan (churn counted, at each of `churns`) and from scratch; compare the units each moves
+    against the first plan."""
     import random
 
     from ipnext.plan import plan_moves
@@ -81,18 +85,27 @@ def _replan(problem: PlanningProblem, limit: float, seed: int) -> dict[str, Any]
             max(0, m.after - m.before) * units[m.deployment][m.hardware] for m in plan_moves(first, plan)
         )
 
-    again = solve(changed.model_copy(update={"current": first}), SolveOptions(time_limit_s=limit))
     scratch = solve(changed, SolveOptions(time_limit_s=limit))
-    assert check_plan(changed, again) == [] and check_plan(changed, scratch) == []
-    return {
+    assert check_plan(changed, scratch) == []
+    out: dict[str, Any] = {
         "method": "ipnext replan",
-        "moved_units_replan": moved(again),
+        "first_status": first.status,
         "moved_units_from_scratch": moved(scratch),
-        "moved_ratio": moved(again) / max(1, moved(scratch)),
-        "cost_replan": again.cost,
         "cost_from_scratch": scratch.cost,
-        "seconds": time.monotonic() - started,
     }
+    for churn in churns:
+        again = solve(
+            changed.model_copy(update={"current": first}), SolveOptions(time_limit_s=limit, churn_cost=churn)
+        )
+        assert check_plan(changed, again) == []
+        out[f"churn {churn}"] = {
+            "moved_units": moved(again),
+            "moved_ratio": moved(again) / max(1, moved(scratch)),
+            "cost": again.cost,
+            "status": again.status,
+        }
+    out["seconds"] = time.monotonic() - started
+    return out
 
 
 def _first_fit(problem: PlanningProblem) -> dict[str, Any]:
@@ -124,14 +137,29 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", nargs="*", default=list(ROWS), choices=list(ROWS))
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--time-limit", type=float, help="every row's time limit, in seconds (default: the row's)"
+    )
+    parser.add_argument(
+        "--churn", type=float, nargs="*", default=[0.05], help="churn costs the replan rows replan at"
+    )
+    parser.add_argument("--deployments", type=int, help="the replan row's size (default 100)")
     parser.add_argument("--out", type=Path, default=Path("bench/results/planner.json"))
     args = parser.parse_args()
     results = []
     for row in args.rows:
         n, regions, hardware, utilization, limit = ROWS[row]
+        limit = args.time_limit or limit
+        if row == "replan" and args.deployments:
+            n = args.deployments
         problem = generate(args.seed, n, regions, hardware, utilization=utilization)
         if row == "replan":
-            result = {"row": row, "time_limit_s": limit, **_replan(problem, limit, args.seed)}
+            result = {
+                "row": row,
+                "deployments": n,
+                "time_limit_s": limit,
+                **_replan(problem, limit, args.seed, args.churn),
+            }
             results.append(result)
             print(
                 json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in result.items()}),
