@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from temporalio import activity
 
 from ipnext.activities import _context
@@ -25,12 +25,15 @@ from ipnext.serving.layout import (
 __all__ = [
     "DeploySetInput",
     "DeploySetResult",
+    "ReadMetricsInput",
+    "ReadMetricsResult",
     "RemoveAppsInput",
     "RouteInput",
     "RouteResult",
     "TeardownInput",
     "TeardownResult",
     "deploy_set_apps",
+    "read_metrics",
     "remove_apps",
     "route_traffic",
     "teardown_model",
@@ -47,6 +50,7 @@ class DeploySetInput(_Frozen):
     spec: ModelSpec
     snapshot_set: SnapshotSet
     plan: Plan
+    scale: float = Field(default=1.0, gt=0, le=1)  # share of the plan's replicas (a rollout step)
 
 
 class DeploySetResult(_Frozen):
@@ -64,6 +68,15 @@ class RouteResult(_Frozen):
 
 class RemoveAppsInput(_Frozen):
     names: list[str]
+
+
+class ReadMetricsInput(_Frozen):
+    model: str
+    regions: list[str]
+
+
+class ReadMetricsResult(_Frozen):
+    snapshots: dict[str, dict[str, Any]]  # region -> the metrics actor's snapshot (cumulative)
 
 
 class TeardownInput(_Frozen):
@@ -85,7 +98,9 @@ def deploy_set_apps(input: DeploySetInput) -> DeploySetResult:
     current = _context.settings()
     roots = [str(r) for r in current.snapshot_roots]
     regions = sorted({r for p in input.plan.deployments.values() for r in p.regions()})
-    plans = {r: set_app_plan(input.spec, input.snapshot_set, input.plan, r, roots) for r in regions}
+    plans = {
+        r: set_app_plan(input.spec, input.snapshot_set, input.plan, r, roots, input.scale) for r in regions
+    }
     writer: Any = _context.writer()
     upserts = [render_set_app(p, current.ray.replica_num_cpus) for p in plans.values()]
     _ray_get(writer.apply.remote(upserts, []))
@@ -124,6 +139,24 @@ def route_traffic(input: RouteInput) -> RouteResult:
     except ServingError as err:
         raise as_application_error(err) from None
     return RouteResult(generations=generations)
+
+
+@activity.defn
+def read_metrics(input: ReadMetricsInput) -> ReadMetricsResult:
+    """The cumulative request counters of the model's routers, per region (empty where no
+    router pushed yet); gates diff two of these."""
+    import ray
+
+    _context.writer()  # connects this process to Ray
+    snapshots: dict[str, dict[str, Any]] = {}
+    for region in input.regions:
+        try:
+            actor = ray.get_actor(metrics_actor_name(input.model, region), namespace="ipnext")
+        except ValueError:
+            snapshots[region] = {"sets": {}}
+            continue
+        snapshots[region] = _ray_get(actor.snapshot.remote())
+    return ReadMetricsResult(snapshots=snapshots)
 
 
 @activity.defn

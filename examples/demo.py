@@ -1,16 +1,21 @@
-"""The demo scenario: train v1, publish the model, serve it, predict; train v2, publish, see
-traffic move to v2, predict again; print where to watch it all in the Temporal UI."""
+"""The demo scenario: train v1, publish the model, serve it, predict; train v2, publish, and
+watch its gradual rollout move traffic to v2 step by step under a small closed-loop load;
+predict again; print where to watch it all in the Temporal UI."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+import httpx
 
 from ipnext.config import Settings
 from ipnext.errors import ModelNotFoundError
 from ipnext.examples.ranker.train import train
 from ipnext.model import load_model_spec
+from ipnext.registry import ModelState
 from ipnext.sdk import Client, Prediction
 
 __all__ = ["DEMO_MODEL_YAML", "DemoReport", "run_scenario"]
@@ -23,6 +28,7 @@ class DemoReport:
     def __init__(self) -> None:
         self.predictions: dict[str, list[Prediction]] = {}
         self.timings: dict[str, float] = {}
+        self.rollout_requests: dict[int, int] = {}  # HTTP status -> count during v2's rollout
 
 
 async def run_scenario(
@@ -53,7 +59,12 @@ async def run_scenario(
             started = time.perf_counter()
             published = await ipn.publish_snapshot(spec.name, trained.folder, who="demo")
             log(f"published snapshot set {published.set_id} ({tag}); rolling out...")
-            state = await ipn.wait_until_serving(spec.name, published.set_id)
+            if version == "v1":
+                state = await ipn.wait_until_serving(spec.name, published.set_id)
+            else:  # the gates need traffic to judge v2: send some while it rolls out
+                state, report.rollout_requests = await _roll_out_under_load(
+                    ipn, settings, spec.name, published.set_id, log
+                )
             report.timings[f"publish_to_serving_{version}"] = time.perf_counter() - started
             log(
                 f"{published.set_id} serves in {sorted(state.serving_apps)} "
@@ -70,3 +81,41 @@ async def run_scenario(
         log(f"Temporal UI: {settings.ui_url}/workflows/model%2F{spec.name}")
         log(f"             {settings.ui_url}/workflows?query=IpnextModel%3D%22{spec.name}%22")
     return report
+
+
+async def _roll_out_under_load(
+    ipn: Client, settings: Settings, model: str, set_id: str, log: Callable[[str], None]
+) -> tuple[ModelState, dict[int, int]]:
+    """Wait until `set_id` serves while two callers keep asking the us-east router; log each
+    step of the rollout as it happens. Returns the model's state and the answers by status."""
+    statuses: dict[int, int] = {}
+    stop = asyncio.Event()
+
+    async def caller(user: int) -> None:
+        async with httpx.AsyncClient(base_url=settings.serve_url, timeout=30) as http:
+            while not stop.is_set():
+                reply = await http.post(
+                    f"/us-east/models/{model}/predict", json={"inputs": {"user": user, "items": [1, 2, 3]}}
+                )
+                statuses[reply.status_code] = statuses.get(reply.status_code, 0) + 1
+                user = (user + 2) % 200
+
+    callers = [asyncio.create_task(caller(u)) for u in (0, 1)]
+    try:
+        wait = asyncio.create_task(ipn.wait_until_serving(model, set_id))
+        shown = ""
+        while not wait.done():
+            status = await ipn.rollout_status(model)
+            if status is not None and status.set_id == set_id:
+                split = ", ".join(f"{k} {v:g}%" for k, v in sorted(status.traffic_percent.items()))
+                line = f"  rollout: {status.state.value}, {status.step}; traffic {split}"
+                if line != shown:
+                    log(line)
+                    shown = line
+            await asyncio.wait([wait], timeout=0.5)
+        state = wait.result()
+    finally:
+        stop.set()
+        await asyncio.gather(*callers, return_exceptions=True)
+    log(f"  {sum(statuses.values())} requests during the rollout, by HTTP status: {statuses}")
+    return state, statuses

@@ -2,7 +2,8 @@
 
 ipnext dev up|down|status
 ipnext model publish FILE | get NAME | list | delete NAME
-ipnext snapshot publish MODEL FOLDER
+ipnext snapshot publish MODEL FOLDER [--wait] [--override-freeze REASON --who NAME]
+ipnext rollout status|watch MODEL | pause|abort MODEL --reason R [--who W] | resume MODEL [--who W]
 ipnext predict MODEL --inputs JSON [--source REGION | --region REGION] [--key KEY]
 ipnext serve export [-o FILE]
 ipnext plan solve --fleet F --demand D [--current P] --out P | show [--revision N] [--json]
@@ -66,13 +67,95 @@ def _snapshot(args: argparse.Namespace, settings: Settings) -> None:
     async def publish(ipn: Any) -> None:
         # One client and one event loop for both steps: a second asyncio.run with a second
         # Temporal client crashed the interpreter at exit now and then (runtime finalization).
-        result = await ipn.publish_snapshot(args.model, Path(args.folder), who="cli")
+        override = None
+        if args.override_freeze:
+            from ipnext.rollout import FreezeOverride
+
+            if not args.who:
+                raise IpnextError("--override-freeze needs --who: an override records who decided it")
+            override = FreezeOverride(reason=args.override_freeze, who=args.who)
+        result = await ipn.publish_snapshot(
+            args.model, Path(args.folder), who=args.who or "cli", freeze_override=override
+        )
         print(f"published {result.set_id} ({result.status})", flush=True)
         if args.wait:
             state = await ipn.wait_until_serving(args.model, result.set_id)
             print(f"{result.set_id} serves in {sorted(state.serving_apps)}")
 
     asyncio.run(_with_client(settings, publish))
+
+
+def _rollout(args: argparse.Namespace, settings: Settings) -> None:
+    who = getattr(args, "who", None) or os.environ.get("USER", "cli")
+    reason = getattr(args, "reason", None)
+
+    async def act(ipn: Any) -> None:
+        if args.verb == "status":
+            status = await ipn.rollout_status(args.model)
+            print("no rollout yet" if status is None else render_rollout(status))
+        elif args.verb == "watch":
+            await _watch(ipn, args.model, args.interval)
+        else:
+            if args.verb in ("pause", "abort") and not reason:
+                raise IpnextError(f"rollout {args.verb}: give --reason (it is kept in the rollout's history)")
+            if args.verb == "pause":
+                status = await ipn.pause_rollout(args.model, reason, who=who)
+            elif args.verb == "abort":
+                status = await ipn.abort_rollout(args.model, reason, who=who)
+            else:
+                status = await ipn.resume_rollout(args.model, who=who)
+            print(f"sent {args.verb} to {status.workflow_id}")
+
+    asyncio.run(_with_client(settings, act))
+
+
+async def _watch(ipn: Any, model: str, interval: float) -> None:
+    """Redraw the rollout's view every `interval` seconds until it ends (Ctrl-C leaves)."""
+    from ipnext.rollout import RolloutState
+
+    tty = sys.stdout.isatty()
+    last = ""
+    while True:
+        status = await ipn.rollout_status(model)
+        view = "no rollout yet" if status is None else render_rollout(status)
+        if view != last:
+            if tty:
+                print("\x1b[2J\x1b[H", end="")
+            print(view + ("" if tty else "\n---"), flush=True)
+            last = view
+        if status is None or status.state not in (
+            RolloutState.RUNNING,
+            RolloutState.PAUSED,
+            RolloutState.PENDING,
+        ):
+            return
+        await asyncio.sleep(interval)
+
+
+def render_rollout(status: Any) -> str:
+    """The terminal view of a rollout: state, steps, traffic split, gates, pauses."""
+    marks = [f"[{p}%]" if i < status.steps_done else f" {p}% " for i, p in enumerate(status.steps)]
+    lines = [
+        f"{status.workflow_id}: {status.state.value.upper()}  ({status.step})",
+        f"steps: {' '.join(marks)}  ({status.steps_done}/{len(status.steps)} done)",
+        "traffic: " + ", ".join(f"{k} {v:g}%" for k, v in sorted(status.traffic_percent.items())),
+        f"generations: {status.generations or 'none'}",
+    ]
+    for g in status.gates:
+        value = "n/a" if g.value is None else f"{g.value:.4g}"
+        limit = "n/a" if g.limit is None else f"{g.limit:.4g}"
+        verdict = "BREACH" if g.breached else ("ok" if g.judged else "waiting for traffic")
+        lines.append(
+            f"  gate {g.region} {g.metric}: {value} (limit {limit}, {g.requests} requests) {verdict}"
+        )
+    for p in status.pauses:
+        resumed = f", resumed by {p.resumed_by}" if p.resumed_by else ""
+        lines.append(f"  paused {p.at:%H:%M:%S} by {p.who}: {p.reason}{resumed}")
+    if status.freeze_override is not None:
+        lines.append(f"  freeze override by {status.freeze_override.who}: {status.freeze_override.reason}")
+    if status.detail:
+        lines.append(status.detail)
+    return "\n".join(lines)
 
 
 def _predict(args: argparse.Namespace, settings: Settings) -> None:
@@ -315,7 +398,28 @@ def _parser() -> argparse.ArgumentParser:
     pub.add_argument("model")
     pub.add_argument("folder")
     pub.add_argument("--wait", action="store_true", help="wait until the set serves")
+    pub.add_argument("--override-freeze", metavar="REASON", help="roll out even inside a freeze window")
+    pub.add_argument("--who", help="who publishes (required with --override-freeze)")
     snap.set_defaults(run=_snapshot)
+
+    roll = sub.add_parser("rollout", help="watch and steer a model's running rollout (on-call)")
+    rsub = roll.add_subparsers(dest="verb", required=True)
+    for verb, text in (
+        ("status", "the latest rollout's state, steps, split and gates"),
+        ("watch", "a live view until the rollout ends"),
+        ("pause", "hold the current split (gates still roll back)"),
+        ("resume", "go on; the current step's bake starts again"),
+        ("abort", "roll back to the previous set"),
+    ):
+        verb_parser = rsub.add_parser(verb, help=text)
+        verb_parser.add_argument("model")
+        if verb in ("pause", "abort"):
+            verb_parser.add_argument("--reason", required=True)
+        if verb in ("pause", "resume", "abort"):
+            verb_parser.add_argument("--who", help="default: $USER")
+        if verb == "watch":
+            verb_parser.add_argument("--interval", type=float, default=1.0, help="seconds between redraws")
+    roll.set_defaults(run=_rollout)
 
     predict = sub.add_parser("predict", help="ask a model for a prediction over HTTP")
     predict.add_argument("model")

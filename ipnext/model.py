@@ -314,7 +314,17 @@ class SnapshotSetRequest(_Spec):
     parts: dict[Name, SnapshotRef] = Field(min_length=1)
 
 
-SetStatus = Literal["validated", "rolling_out", "serving", "retired", "superseded", "rolled_back", "failed"]
+SetStatus = Literal[
+    "validated",
+    "rolling_out",
+    "serving",
+    "retired",
+    "superseded",
+    "rolled_back",
+    "aborted",
+    "refused",
+    "failed",
+]
 
 
 class SnapshotSet(_Spec):

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ipnext.model import ModelSpec, SnapshotSet, SnapshotSetRequest
 from ipnext.plan import Plan
-from ipnext.rollout import RolloutState, RolloutStatus
+from ipnext.rollout import FreezeOverride, GateReading, PauseRecord, RolloutState, RolloutStatus
 
 __all__ = [
     "ApplyPlanInput",
@@ -53,6 +53,7 @@ class ModelWorkflowInput(_Frozen):
     queued: list[str] = Field(default_factory=list)
     next_number: int = 1
     pending_plan: ApplyPlanInput | None = None
+    freeze_overrides: dict[str, FreezeOverride] = Field(default_factory=dict)  # queued set id -> override
 
 
 class ApplyPlanInput(_Frozen):
@@ -71,6 +72,7 @@ class ModelWorkflowResult(_Frozen):
 class PublishInput(_Frozen):
     request: SnapshotSetRequest
     who: str = "unknown"
+    freeze_override: FreezeOverride | None = None  # roll out even inside a freeze window
 
 
 class PublishResult(_Frozen):
@@ -109,6 +111,8 @@ class RolloutInput(_Frozen):
     old_apps: dict[str, str] = Field(default_factory=dict)  # region -> set app of the old set
     # "snapshots": a new set; "capacity": the same set moved to a new plan (a fleet replan).
     kind: str = "snapshots"
+    old_plan: Plan | None = None  # the placement the old apps run on (default: `plan`)
+    freeze_override: FreezeOverride | None = None
 
 
 class RolloutResult(_Frozen):
@@ -116,6 +120,8 @@ class RolloutResult(_Frozen):
     apps: dict[str, str]  # region -> set app serving when the rollout ended
     generations: list[int]
     detail: str = ""
+    pauses: list[PauseRecord] = Field(default_factory=list)
+    gates: list[GateReading] = Field(default_factory=list)  # the last readings
 
 
 class WatchInput(_Frozen):

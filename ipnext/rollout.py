@@ -1,12 +1,44 @@
-"""Rollout state shared by the workflows, the SDK and the CLI: router configs and rollout status."""
+"""Rollout state shared by the workflows, the SDK and the CLI: router configs, rollout status,
+on-call signals, freeze windows, and the gate arithmetic.
+
+Everything here is pure (no Temporal, no Ray), so the RolloutWorkflow can evaluate gates and
+freeze windows deterministically inside workflow code and the unit tests can check them alone.
+"""
 
 from __future__ import annotations
 
+import math
+from datetime import UTC, date, datetime, time, timedelta
 from enum import StrEnum
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-__all__ = ["RolloutState", "RolloutStatus", "RouterConfig"]
+from ipnext.serving.metrics import SetCounters, percentile
+
+__all__ = [
+    "GATE_MIN_SAMPLES",
+    "AbortInput",
+    "FreezeCalendar",
+    "FreezeOverride",
+    "FreezeWindow",
+    "GateReading",
+    "PauseInput",
+    "PauseRecord",
+    "ResumeInput",
+    "RolloutState",
+    "RolloutStatus",
+    "RouterConfig",
+    "active_freeze",
+    "evaluate_gates",
+    "mix_weights",
+    "scaled_replicas",
+    "window_counters",
+]
+
+# A gate is judged once the new set served this many requests in the window (or min_requests,
+# when that is smaller): one slow first request must not roll a healthy set back.
+GATE_MIN_SAMPLES = 10
 
 
 class RolloutState(StrEnum):
@@ -17,20 +49,227 @@ class RolloutState(StrEnum):
     ABORTED = "aborted"
     ROLLED_BACK = "rolled_back"
     FAILED = "failed"
+    REFUSED = "refused"  # a freeze window was in force when it was to start
 
 
-class RouterConfig(BaseModel):
-    """The router app's user_config: applied in place by `reconfigure`, never restarting it."""
-
+class _Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RouterConfig(_Frozen):
+    """The router app's user_config: applied in place by `reconfigure`, never restarting it."""
 
     generation: int = Field(ge=0)
     weights: dict[str, float]  # set app name -> percent of traffic
 
 
-class RolloutStatus(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+# ---- on-call signals ----------------------------------------------------------------------
 
+
+class PauseInput(_Frozen):
+    reason: str = Field(min_length=1)
+    who: str = Field(min_length=1)
+
+
+class ResumeInput(_Frozen):
+    who: str = Field(min_length=1)
+
+
+class AbortInput(_Frozen):
+    reason: str = Field(min_length=1)
+    who: str = Field(min_length=1)
+
+
+class PauseRecord(_Frozen):
+    reason: str
+    who: str
+    at: datetime
+    resumed_by: str | None = None
+    resumed_at: datetime | None = None
+
+
+# ---- gates --------------------------------------------------------------------------------
+
+
+class GateReading(_Frozen):
+    region: str
+    metric: str
+    value: float | None  # None: no samples of the new set in the window
+    old_value: float | None
+    limit: float | None  # None: nothing to compare against yet
+    requests: int  # new set's requests in the window
+    judged: bool  # enough requests to decide
+    breached: bool
+
+
+def window_counters(before: dict[str, Any] | None, after: dict[str, Any], apps: set[str]) -> SetCounters:
+    """Counters of `apps` between two metrics-actor snapshots (summed over the apps)."""
+    total = SetCounters()
+    for app in apps:
+        now = SetCounters.model_validate(after.get("sets", {}).get(app, {}))
+        then = SetCounters.model_validate((before or {}).get("sets", {}).get(app, {}))
+        diff = SetCounters(requests=now.requests - then.requests, errors=now.errors - then.errors)
+        for metric, buckets in now.histograms.items():
+            old = then.histograms.get(metric, [0] * len(buckets))
+            diff.histograms[metric] = [a - b for a, b in zip(buckets, old, strict=True)]
+        total = total.plus(diff)
+    return total
+
+
+def _metric(counters: SetCounters, metric: str) -> float | None:
+    if metric == "error_rate":
+        return counters.errors / counters.requests if counters.requests else None
+    name = metric.removesuffix("_p99_ms") + "_ms"  # latency_p99_ms -> latency_ms
+    buckets = counters.histograms.get(name)
+    return percentile(buckets, 0.99) if buckets else None
+
+
+def evaluate_gates(
+    gates: list[Any], region: str, new: SetCounters, old: SetCounters, min_requests: int
+) -> list[GateReading]:
+    """Each gate (`ipnext.model.GateSpec`) on the new set's window against the old set's.
+
+    A bound is `max`, or `max_ratio_to_old` x the old set's value, whichever is lower; a value
+    at or under `floor` never fails. Judged only once the new set has served
+    min(min_requests, GATE_MIN_SAMPLES) requests in the window (at least one)."""
+    needed = max(1, min(min_requests, GATE_MIN_SAMPLES))
+    readings = []
+    for gate in gates:
+        value = _metric(new, gate.metric)
+        old_value = _metric(old, gate.metric)
+        limits = []
+        if gate.max is not None:
+            limits.append(gate.max)
+        if gate.max_ratio_to_old is not None and old_value is not None and math.isfinite(old_value):
+            limits.append(gate.max_ratio_to_old * old_value)
+        limit = min(limits) if limits else None
+        judged = new.requests >= needed and value is not None
+        breached = judged and limit is not None and value is not None and value > max(limit, gate.floor)
+        readings.append(
+            GateReading(
+                region=region,
+                metric=gate.metric,
+                value=value,
+                old_value=old_value,
+                limit=None if limit is None else max(limit, gate.floor),
+                requests=new.requests,
+                judged=judged,
+                breached=breached,
+            )
+        )
+    return readings
+
+
+# ---- steps --------------------------------------------------------------------------------
+
+
+def scaled_replicas(replicas: int, share: float) -> int:
+    """Replicas a deployment needs for `share` (0-1) of its traffic: the plan's count scaled and
+    rounded up, so each replica's load, and so the plan's headroom, is never worse than planned."""
+    if replicas <= 0 or share <= 0:
+        return 0
+    return max(1, math.ceil(replicas * min(share, 1.0) - 1e-9))
+
+
+def mix_weights(
+    start: dict[str, dict[str, float]], end: dict[str, dict[str, float]], percent: float
+) -> dict[str, dict[str, float]]:
+    """Router weights `percent` of the way from `start` to `end` (region -> app -> percent).
+    A region only in `end` (a router the move creates) takes `end` as it is."""
+    mixed: dict[str, dict[str, float]] = {}
+    share = percent / 100.0
+    for region in sorted(set(start) | set(end)):
+        if region not in start:
+            mixed[region] = dict(end[region])
+            continue
+        if region not in end:
+            mixed[region] = dict(start[region])
+            continue
+        weights: dict[str, float] = {}
+        for app, w in start[region].items():
+            weights[app] = weights.get(app, 0.0) + w * (1 - share)
+        for app, w in end[region].items():
+            weights[app] = weights.get(app, 0.0) + w * share
+        mixed[region] = {a: round(w, 6) for a, w in sorted(weights.items()) if w > 1e-9}
+    return mixed
+
+
+# ---- freeze windows -----------------------------------------------------------------------
+
+
+class FreezeWindow(_Frozen):
+    """Rollouts may not start (and running ones hold) from `start` to `end`, UTC.
+
+    Written as `{date: 2026-12-25, reason: ...}` for one whole day, or `{start: ..., end: ...,
+    reason: ...}` with dates (whole days, `end` included) or datetimes."""
+
+    reason: str = Field(min_length=1)
+    start: datetime
+    end: datetime
+
+    @model_validator(mode="before")
+    @classmethod
+    def _days(cls, raw: Any) -> Any:
+        if not isinstance(raw, dict):
+            return raw
+        raw = dict(raw)
+        if "date" in raw:
+            day = raw.pop("date")
+            if "start" in raw or "end" in raw:
+                raise ValueError("freeze window: give date, or start and end, not both")
+            raw["start"] = raw["end"] = day
+        if "start" not in raw or "end" not in raw:
+            raise ValueError("freeze window: give date: YYYY-MM-DD, or start and end")
+        for key, day_edge in (("start", time.min), ("end", None)):
+            value = raw[key]
+            if isinstance(value, str) and len(value) == 10:
+                value = date.fromisoformat(value)
+            if isinstance(value, date) and not isinstance(value, datetime):
+                if day_edge is None:  # an end date includes the whole day
+                    value = datetime.combine(value + timedelta(days=1), time.min)
+                else:
+                    value = datetime.combine(value, day_edge)
+            raw[key] = value
+        return raw
+
+    @model_validator(mode="after")
+    def _utc_and_ordered(self) -> FreezeWindow:
+        for key in ("start", "end"):
+            value: datetime = getattr(self, key)
+            if value.tzinfo is None:
+                object.__setattr__(self, key, value.replace(tzinfo=UTC))
+        if self.end <= self.start:
+            raise ValueError(
+                f"freeze window {self.reason!r}: end {self.end.isoformat()} is not after start "
+                f"{self.start.isoformat()}"
+            )
+        return self
+
+    def covers(self, now: datetime) -> bool:
+        return self.start <= now < self.end
+
+
+class FreezeCalendar(_Frozen):
+    freezes: list[FreezeWindow] = Field(default_factory=list)
+
+
+class FreezeOverride(_Frozen):
+    """Start (or keep going) through a freeze window: who decided it and why, kept in the history."""
+
+    reason: str = Field(min_length=1)
+    who: str = Field(min_length=1)
+
+
+def active_freeze(windows: list[FreezeWindow], now: datetime) -> FreezeWindow | None:
+    """The window in force at `now` that ends last, if any."""
+    covering = [w for w in windows if w.covers(now)]
+    return max(covering, key=lambda w: w.end) if covering else None
+
+
+# ---- status -------------------------------------------------------------------------------
+
+
+class RolloutStatus(_Frozen):
     model: str
     set_id: str
     from_set_id: str | None
@@ -39,3 +278,9 @@ class RolloutStatus(BaseModel):
     traffic_percent: dict[str, float]  # set id -> percent
     generations: list[int] = Field(default_factory=list)
     detail: str = ""
+    workflow_id: str = ""
+    steps: list[int] = Field(default_factory=list)  # the planned percents
+    steps_done: int = 0
+    gates: list[GateReading] = Field(default_factory=list)  # the last readings, every region
+    pauses: list[PauseRecord] = Field(default_factory=list)
+    freeze_override: FreezeOverride | None = None

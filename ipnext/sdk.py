@@ -54,7 +54,14 @@ from ipnext.registry import (
     PublishResult,
     model_workflow_id,
 )
-from ipnext.rollout import RolloutStatus
+from ipnext.rollout import (
+    AbortInput,
+    FreezeOverride,
+    PauseInput,
+    ResumeInput,
+    RolloutState,
+    RolloutStatus,
+)
 from ipnext.snapshots import request_from_folder
 from ipnext.temporal import MODEL_KEY, STATE_KEY, connect_client
 
@@ -173,14 +180,21 @@ class Client:
     # ---- snapshots -----------------------------------------------------------------------
 
     async def publish_snapshot(
-        self, name: str, snapshot: Path | SnapshotSetRequest, who: str = "sdk"
+        self,
+        name: str,
+        snapshot: Path | SnapshotSetRequest,
+        who: str = "sdk",
+        freeze_override: FreezeOverride | None = None,
     ) -> PublishResult:
-        """Publish a snapshot set (a folder with a manifest, or a request); it is validated before anything changes."""
+        """Publish a snapshot set (a folder with a manifest, or a request); it is validated before
+        anything changes. `freeze_override` lets its rollout start inside a freeze window."""
         request = request_from_folder(snapshot) if isinstance(snapshot, Path) else snapshot
         handle = await self._running_model(name)
         try:
             return await handle.execute_update(
-                "publish", PublishInput(request=request, who=who), result_type=PublishResult
+                "publish",
+                PublishInput(request=request, who=who, freeze_override=freeze_override),
+                result_type=PublishResult,
             )
         except WorkflowUpdateFailedError as err:
             raise _translate(err) from None
@@ -193,14 +207,55 @@ class Client:
             if state.serving_set == set_id and state.state == "serving":
                 return state
             mine = next((s for s in state.sets if s.id == set_id), None)
-            if mine is not None and mine.status in ("failed", "superseded", "rolled_back"):
+            if mine is not None and mine.status in (
+                "failed",
+                "superseded",
+                "rolled_back",
+                "aborted",
+                "refused",
+            ):
                 raise ServingError(f"{set_id} will not serve: {mine.status}: {mine.detail}")
             if time.monotonic() > deadline:
                 raise ServingError(f"{set_id} not serving after {timeout_s:.0f}s (model is {state.state})")
             await asyncio.sleep(0.5)
 
     async def rollout_status(self, name: str) -> RolloutStatus | None:
-        return (await self.get_model(name)).rollout
+        """The model's latest rollout: live from the RolloutWorkflow while it runs."""
+        state = await self.get_model(name)
+        last = state.rollout
+        if last is None or state.state != "rolling_out" or not last.workflow_id:
+            return last
+        try:
+            live: RolloutStatus = await self.temporal.get_workflow_handle(last.workflow_id).query(
+                "status", result_type=RolloutStatus
+            )
+        except (RPCError, WorkflowQueryFailedError):
+            return last  # between the model's record and the child's first task
+        return live
+
+    async def pause_rollout(self, name: str, reason: str, who: str = "sdk") -> RolloutStatus:
+        """Hold the running rollout at its current split (gates still roll it back)."""
+        return await self._signal_rollout(name, "pause", PauseInput(reason=reason, who=who))
+
+    async def resume_rollout(self, name: str, who: str = "sdk") -> RolloutStatus:
+        """Go on with a paused rollout; the bake of its current step starts again."""
+        return await self._signal_rollout(name, "resume", ResumeInput(who=who))
+
+    async def abort_rollout(self, name: str, reason: str, who: str = "sdk") -> RolloutStatus:
+        """Roll the running rollout back to the previous set; it ends `aborted`."""
+        return await self._signal_rollout(name, "abort", AbortInput(reason=reason, who=who))
+
+    async def _signal_rollout(self, name: str, signal: str, arg: BaseModel) -> RolloutStatus:
+        status = await self.rollout_status(name)
+        if status is None or status.state not in (RolloutState.RUNNING, RolloutState.PAUSED):
+            raise ServingError(
+                f"model {name} has no rollout running"
+                + (f" (the last one, {status.workflow_id}, is {status.state.value})" if status else ""),
+                fix="check `ipnext rollout status " + name + "`",
+            )
+        handle = self.temporal.get_workflow_handle(status.workflow_id)
+        await handle.signal(signal, arg)
+        return status
 
     # ---- predictions ---------------------------------------------------------------------
 

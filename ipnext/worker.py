@@ -15,9 +15,16 @@ from pathlib import Path
 from temporalio.worker import Worker
 
 from ipnext.activities.fleet import FleetActivities, solve_fleet_plan
+from ipnext.activities.freeze import freeze_windows
 from ipnext.activities.metadata import WatchActivities, discover_snapshots
 from ipnext.activities.plan import plan_placement
-from ipnext.activities.serving import deploy_set_apps, remove_apps, route_traffic, teardown_model
+from ipnext.activities.serving import (
+    deploy_set_apps,
+    read_metrics,
+    remove_apps,
+    route_traffic,
+    teardown_model,
+)
 from ipnext.activities.validate import validate_model_spec, validate_snapshot_set
 from ipnext.config import Settings, load_settings
 from ipnext.temporal import connect_client
@@ -52,6 +59,8 @@ async def run_worker(
                 discover_snapshots,
                 deploy_set_apps,
                 route_traffic,
+                read_metrics,
+                freeze_windows,
                 remove_apps,
                 teardown_model,
                 watch.ensure_watch_schedule,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import inspect
+import math
 import os
 import random
 import time
@@ -37,7 +38,7 @@ from ipnext.serving.layout import (
 from ipnext.serving.metrics import MetricsStore, SetCounters
 from ipnext.snapshots import load_weights, resolve_in_roots, sha256_file
 
-__all__ = ["PartHost", "Router", "SetInfo", "pick_set", "router_app", "set_app"]
+__all__ = ["PartHost", "Router", "SetInfo", "all_finite", "pick_set", "router_app", "set_app"]
 
 METRICS_PUSH_SECONDS = 1.0
 
@@ -178,6 +179,11 @@ class Router:
             self._prometheus.record(self._model, self._region, app, None)
             return {"error": f"{type(err).__name__}: {err}", "set": route.set_id}, 500
         elapsed_ms = (time.perf_counter() - started) * 1000
+        if not all_finite(outputs):  # a NaN score is a failed request, and the gates must see it
+            counters.requests += 1
+            counters.errors += 1
+            self._prometheus.record(self._model, self._region, app, None)
+            return {"error": "the model's outputs are not finite (NaN or inf)", "set": route.set_id}, 500
         counters.requests += 1
         counters.observe("latency_ms", elapsed_ms)
         self._prometheus.record(self._model, self._region, app, elapsed_ms)
@@ -276,6 +282,17 @@ def pick_set(weights: dict[str, float], key: str | None, rng: random.Random) -> 
         if point < 0:
             return app
     return apps[-1]
+
+
+def all_finite(value: Any) -> bool:
+    """No NaN or infinity anywhere in a JSON-like answer."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return all(all_finite(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return all(all_finite(v) for v in value)
+    return True
 
 
 def _jsonable(value: Any) -> Any:

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ipnext.model import ModelSpec, SnapshotSet
 from ipnext.plan import Plan
-from ipnext.rollout import RouterConfig
+from ipnext.rollout import RouterConfig, scaled_replicas
 
 __all__ = [
     "ROUTER_DEPLOYMENT",
@@ -98,11 +98,16 @@ def set_app_plan(
     plan: Plan,
     region: str,
     snapshot_roots: list[str],
+    scale: float = 1.0,
 ) -> SetAppPlan:
+    """The set app of `snapshot_set` in `region`, with the plan's replicas scaled to `scale`
+    (a rollout step's share of the traffic; rounded up, so the plan's headroom holds)."""
     replicas: dict[str, dict[str, int]] = {}
     for part in spec.parts:
         placement = plan.deployments[f"{spec.name}/{part}"]
-        replicas[part] = {hw: n for hw, n in placement.replicas.get(region, {}).items() if n > 0}
+        replicas[part] = {
+            hw: scaled_replicas(n, scale) for hw, n in placement.replicas.get(region, {}).items() if n > 0
+        }
     args = SetAppArgs(
         model=spec.name,
         region=region,

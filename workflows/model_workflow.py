@@ -34,7 +34,7 @@ with workflow.unsafe.imports_passed_through():
         RolloutResult,
         rollout_workflow_id,
     )
-    from ipnext.rollout import RolloutState, RolloutStatus
+    from ipnext.rollout import FreezeOverride, RolloutState, RolloutStatus
     from ipnext.temporal import MODEL_KEY, STATE_KEY
     from ipnext.workflows.rollout_workflow import RolloutWorkflow
 
@@ -56,6 +56,7 @@ class ModelWorkflow:
         self._removed_apps: list[str] | None = None
         self._publishing = 0
         self._pending_plan: ApplyPlanInput | None = input.pending_plan
+        self._overrides: dict[str, FreezeOverride] = dict(input.freeze_overrides)
 
     # ---- queries -------------------------------------------------------------------------
 
@@ -123,6 +124,8 @@ class ModelWorkflow:
         )
         self._sets.append(snapshot_set)
         self._queue.append(snapshot_set.id)
+        if input.freeze_override is not None:
+            self._overrides[snapshot_set.id] = input.freeze_override
         workflow.logger.info("published %s (%s) by %s", snapshot_set.id, input.request.version, input.who)
         return PublishResult(set_id=snapshot_set.id, status="queued")
 
@@ -197,9 +200,10 @@ class ModelWorkflow:
             if self._delete_by is not None:
                 break
             if self._queue:
+                old_plan = self._plan
                 if self._pending_plan is not None:  # the new set comes up on the new placement
                     self._plan, self._pending_plan = self._pending_plan.plan, None
-                await self._roll_out_newest()
+                await self._roll_out_newest(old_plan)
                 continue
             if self._pending_plan is not None:
                 await self._move_capacity()
@@ -209,7 +213,7 @@ class ModelWorkflow:
                 workflow.continue_as_new(self._carry_over())
         return await self._delete()
 
-    async def _roll_out_newest(self) -> None:
+    async def _roll_out_newest(self, old_plan: Plan | None) -> None:
         newest_id = self._queue[-1]
         for older in self._queue[:-1]:
             self._set_status(older, "superseded", f"superseded by {newest_id} before its rollout")
@@ -224,7 +228,13 @@ class ModelWorkflow:
         result = await self._run_rollout(
             rollout_workflow_id(self._spec.name, new.id),
             RolloutInput(
-                spec=self._spec, plan=self._plan, new_set=new, old_set=old, old_apps=self._serving_apps
+                spec=self._spec,
+                plan=self._plan,
+                new_set=new,
+                old_set=old,
+                old_apps=self._serving_apps,
+                old_plan=old_plan,
+                freeze_override=self._overrides.pop(new.id, None),
             ),
             f"{self._spec.name}: {old.id if old else 'nothing'} -> {new.id} ({new.version})",
         )
@@ -234,8 +244,10 @@ class ModelWorkflow:
             self._set_status(new.id, "serving")
             self._serving_set = new.id
             self._serving_apps = dict(result.apps)
-        else:
-            self._set_status(new.id, "failed", result.detail)
+        else:  # failed, rolled_back, aborted or refused: the old set serves as before
+            self._set_status(new.id, result.state.value, result.detail)
+            if old_plan is not None and self._serving_apps:
+                self._plan = old_plan  # the old apps still run on the placement they had
         self._upsert_state()
 
     async def _move_capacity(self) -> None:
@@ -258,6 +270,7 @@ class ModelWorkflow:
                 old_set=serving,
                 old_apps=self._serving_apps,
                 kind="capacity",
+                old_plan=self._plan,
             ),
             f"{self._spec.name}: {serving.id} to {where}",
             detail=where,
@@ -281,13 +294,12 @@ class ModelWorkflow:
                 input,
                 id=child_id,
                 static_summary=summary,
-                execution_timeout=DEPLOY_TIMEOUT * 6,
             )
         finally:
             self._rolling_out = False
         self._last_rollout = self._rollout_status(
             child_id, result.state, result.generations, result.detail or detail, old, new
-        )
+        ).model_copy(update={"pauses": result.pauses, "gates": result.gates})
         return result
 
     def _rollout_status(
@@ -311,10 +323,12 @@ class ModelWorkflow:
             set_id=new.id,
             from_set_id=old.id if old else None,
             state=state,
-            step=child_id,
+            step="finished" if state != RolloutState.RUNNING else "running",
             traffic_percent=traffic,
             generations=generations,
             detail=detail,
+            workflow_id=child_id,
+            steps=list(self._spec.rollout.steps),
         )
 
     async def _delete(self) -> ModelWorkflowResult:
@@ -386,6 +400,7 @@ class ModelWorkflow:
             queued=self._queue,
             next_number=self._next_number,
             pending_plan=self._pending_plan,
+            freeze_overrides=self._overrides,
         )
 
 

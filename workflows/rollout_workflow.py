@@ -1,29 +1,87 @@
-"""RolloutWorkflow: move a model's serving to a new snapshot set, as a single cutover.
+"""RolloutWorkflow: move a model's traffic and capacity to a new snapshot set (or a new
+placement of the same set) step by step, under gates, pausable by on-call.
 
-Make before break: the new set's apps come up and are healthy before the routers
-move all traffic to them, and the old set's apps go only after. If any step fails,
-traffic stays on (or returns to) the old set and the new set's apps are removed.
-Gradual steps with gates, pause and abort build on this workflow.
+Per step (the model's `rollout.steps`, default 1, 5, 25, 50, 100 percent), in lock-step:
+
+1. scale the new set up to carry its next share (the plan's replicas scaled by the share and
+   rounded up, so the plan's headroom holds) and wait until Serve reports it running;
+2. shift the routers' weights: one new generation per region, no replica restarted;
+3. bake on a durable timer, reading the metrics actors every `check_interval_seconds` and
+   judging the gates on the window since the shift (ipnext.rollout.evaluate_gates). Too few
+   requests by the end of the bake extend it up to 3x, then pause with `insufficient_traffic`;
+4. scale the old set down to what its remaining share needs.
+
+Every region moves at once; a breach in any region rolls all of them back. Rollback (breach,
+`abort`, or a failed activity) is lock-step in reverse: traffic goes back to the old set in one
+weight change when the old set's current replicas can carry it at full load (else as much as
+they can, then the rest once it is scaled back up), the old set returns to its full size, and
+the new set's apps go last.
+
+Signals `pause`, `resume`, `abort`; query `status`. While paused, gates are still evaluated and
+a breach still rolls back; on resume the bake of the current step restarts. A freeze window
+(config `freeze_calendar`) refuses the start, and holds a running rollout at the end of its
+current step until the window ends; an explicit override (reason, who) is part of the input
+and so of the history.
+
+A first rollout (nothing serves yet) has nothing to compare against: it deploys and routes all
+traffic in one step.
 """
 
 from __future__ import annotations
+
+from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from ipnext.activities import DEPLOY_TIMEOUT, HEARTBEAT_TIMEOUT, QUICK_TIMEOUT, RETRY
+    from ipnext.activities.freeze import FreezeWindowsResult, freeze_windows
     from ipnext.activities.serving import (
         DeploySetInput,
+        ReadMetricsInput,
+        ReadMetricsResult,
         RemoveAppsInput,
         RouteInput,
         deploy_set_apps,
+        read_metrics,
         remove_apps,
         route_traffic,
     )
+    from ipnext.model import SnapshotSet
+    from ipnext.plan import Plan
     from ipnext.registry import RolloutInput, RolloutResult
-    from ipnext.rollout import RolloutState, RolloutStatus
+    from ipnext.rollout import (
+        AbortInput,
+        FreezeWindow,
+        GateReading,
+        PauseInput,
+        PauseRecord,
+        ResumeInput,
+        RolloutState,
+        RolloutStatus,
+        active_freeze,
+        evaluate_gates,
+        mix_weights,
+        scaled_replicas,
+        window_counters,
+    )
     from ipnext.temporal import MODEL_KEY, STATE_KEY, TRAFFIC_KEY
+
+BAKE_EXTENSION = 3  # too few requests: the bake may last up to this many times its length
+INSUFFICIENT_TRAFFIC = "insufficient_traffic"
+FREEZE_CALENDAR = "freeze calendar"
+
+Weights = dict[str, dict[str, float]]  # region -> set app -> percent
+
+
+class _Stop(Exception):
+    """The rollout must reverse: a gate breached, or on-call aborted."""
+
+    def __init__(self, state: RolloutState, detail: str) -> None:
+        super().__init__(detail)
+        self.state = state
+        self.detail = detail
 
 
 @workflow.defn
@@ -35,10 +93,43 @@ class RolloutWorkflow:
         self._step = "pending"
         old_id = input.old_set.id if input.old_set else None
         self._traffic: dict[str, float] = {input.new_set.id: 0.0}
-        if old_id:
+        if old_id and old_id != input.new_set.id:
             self._traffic[old_id] = 100.0
         self._generations: list[int] = []
         self._detail = ""
+        self._gradual = _gradual(input)
+        gradual = self._gradual
+        self._steps: list[int] = list(input.spec.rollout.steps) if gradual else [100]
+        self._steps_done = 0
+        self._percent = 0.0
+        self._gates: list[GateReading] = []
+        self._pauses: list[PauseRecord] = []
+        self._abort: AbortInput | None = None
+        self._resumes = 0  # counts resumes: a bake restarts when it changes
+
+    # ---- on-call -----------------------------------------------------------------------------
+
+    @workflow.signal
+    def pause(self, input: PauseInput) -> None:
+        if self._finished() or self._paused():
+            return
+        self._pauses.append(PauseRecord(reason=input.reason, who=input.who, at=workflow.now()))
+        workflow.logger.info("rollout paused by %s: %s", input.who, input.reason)
+        self._enter(RolloutState.PAUSED, self._step)
+
+    @workflow.signal
+    def resume(self, input: ResumeInput) -> None:
+        if not self._paused():
+            return
+        self._close_pause(input.who)
+        workflow.logger.info("rollout resumed by %s", input.who)
+
+    @workflow.signal
+    def abort(self, input: AbortInput) -> None:
+        if self._finished() or self._abort is not None:
+            return
+        self._abort = input
+        workflow.logger.info("rollout aborted by %s: %s", input.who, input.reason)
 
     @workflow.query
     def status(self) -> RolloutStatus:
@@ -51,52 +142,220 @@ class RolloutWorkflow:
             traffic_percent=dict(self._traffic),
             generations=list(self._generations),
             detail=self._detail,
+            workflow_id=workflow.info().workflow_id,
+            steps=list(self._steps),
+            steps_done=self._steps_done,
+            gates=list(self._gates),
+            pauses=list(self._pauses),
+            freeze_override=self._input.freeze_override,
         )
+
+    # ---- the rollout -------------------------------------------------------------------------
 
     @workflow.run
     async def run(self, input: RolloutInput) -> RolloutResult:
+        old_plan = input.old_plan or input.plan
         new_apps: dict[str, str] = {}
-        routed = False
-        what = "the new set" if input.kind == "snapshots" else f"placement revision {input.plan.revision}"
-        self._enter(RolloutState.RUNNING, f"deploying {what}")
+        start: Weights = (
+            {region: {app: 100.0} for region, app in input.old_apps.items()} if self._gradual else {}
+        )
+        old_scale = 1.0
         try:
-            deployed = await workflow.execute_activity(
-                deploy_set_apps,
-                DeploySetInput(spec=input.spec, snapshot_set=input.new_set, plan=input.plan),
-                start_to_close_timeout=DEPLOY_TIMEOUT,
-                heartbeat_timeout=HEARTBEAT_TIMEOUT,
-                retry_policy=RETRY,
-                summary=f"deploy {input.new_set.id}",
-            )
-            new_apps = deployed.apps
-            self._enter(RolloutState.RUNNING, "shifting traffic")
-            routed = True
-            await self._route(_cutover_weights(input, new_apps))
-            self._set_traffic(100.0)
+            window = active_freeze(await self._freeze_windows(), workflow.now())
+            if window is not None and input.freeze_override is None:
+                self._detail = f"refused: freeze window until {window.end.isoformat()}: {window.reason}"
+                self._enter(RolloutState.REFUSED, "not started")
+                return self._result(dict(input.old_apps))
+            if window is not None and input.freeze_override is not None:
+                override = input.freeze_override
+                workflow.logger.warning(
+                    "freeze %r overridden by %s: %s", window.reason, override.who, override.reason
+                )
+            self._enter(RolloutState.RUNNING, "starting")
+            await self._hold_while_paused()
+            for index, percent in enumerate(self._steps):
+                label = f"step {index + 1}/{len(self._steps)} ({percent}%)"
+                self._enter(self._running_or_paused(), f"{label}: scaling the new set up")
+                new_apps = await self._deploy(input.new_set, input.plan, percent / 100)
+                end = _cutover_weights(input, new_apps)
+                self._enter(self._running_or_paused(), f"{label}: shifting traffic")
+                await self._route(mix_weights(start, end, percent) if start else end)
+                self._set_traffic(percent)
+                if start:  # a first rollout has no old set to judge against
+                    self._enter(self._running_or_paused(), f"{label}: baking")
+                    await self._bake(new_apps, index)
+                self._steps_done = index + 1
+                if start and percent < 100:
+                    self._enter(self._running_or_paused(), f"{label}: scaling the old set down")
+                    old_scale = (100 - percent) / 100
+                    await self._deploy(input.old_set, old_plan, old_scale)
             old = sorted(set(input.old_apps.values()) - set(new_apps.values()))
             if old:
                 self._enter(RolloutState.RUNNING, "removing the old set")
                 await self._remove(old)
             self._enter(RolloutState.COMPLETED, "done")
-            return RolloutResult(state=self._state, apps=new_apps, generations=self._generations)
+            return self._result(new_apps)
+        except _Stop as stop:
+            self._detail = stop.detail
+            await self._roll_back(start, new_apps, old_plan, old_scale)
+            self._enter(stop.state, "traffic back on the previous set")
+            return self._result(dict(input.old_apps))
         except ActivityError as err:
             cause = err.cause
             self._detail = cause.message if isinstance(cause, ApplicationError) else str(cause or err)
             workflow.logger.warning("rollout of %s failed: %s", input.new_set.id, self._detail)
-            if routed and input.old_apps:
-                await self._route({region: {app: 100.0} for region, app in input.old_apps.items()})
-            self._set_traffic(0.0)
-            if new_apps:
-                await self._remove(sorted(set(new_apps.values()) - set(input.old_apps.values())))
+            await self._roll_back(start, new_apps, old_plan, old_scale)
             self._enter(RolloutState.FAILED, "failed; traffic stays on the previous set")
-            return RolloutResult(
-                state=self._state,
-                apps=dict(input.old_apps),
-                generations=self._generations,
-                detail=self._detail,
-            )
+            return self._result(dict(input.old_apps))
 
-    async def _route(self, weights: dict[str, dict[str, float]]) -> None:
+    async def _bake(self, new_apps: dict[str, str], index: int) -> None:
+        """Hold the step for its bake, judging the gates every check interval; raise _Stop on a
+        breach or an abort. Returns once the bake ran its length unpaused, with enough requests,
+        and no freeze window is in force (or one is overridden)."""
+        rollout = self._input.spec.rollout
+        regions = sorted(set(self._input.old_apps) | set(new_apps))
+        new_set = set(new_apps.values())
+        old_set = set(self._input.old_apps.values()) - new_set
+        interval = timedelta(seconds=rollout.check_interval_seconds)
+        bake = timedelta(seconds=rollout.bake_seconds)
+        baseline = await self._read_metrics(regions)
+        started, resumes = workflow.now(), self._resumes
+        frozen: FreezeWindow | None = None
+        while True:
+            await self._wait(interval, resumes)
+            if self._abort is not None:
+                raise _Stop(RolloutState.ABORTED, f"aborted by {self._abort.who}: {self._abort.reason}")
+            if self._resumes != resumes:  # resumed: the bake of this step starts again
+                baseline = await self._read_metrics(regions)
+                started, resumes = workflow.now(), self._resumes
+                continue
+            now = await self._read_metrics(regions)
+            requests = 0
+            readings: list[GateReading] = []
+            for region in regions:
+                new = window_counters(baseline.snapshots.get(region), now.snapshots.get(region, {}), new_set)
+                old = window_counters(baseline.snapshots.get(region), now.snapshots.get(region, {}), old_set)
+                readings += evaluate_gates(rollout.gates, region, new, old, rollout.min_requests)
+                requests += new.requests
+            self._gates = readings
+            breached = [r for r in readings if r.breached]
+            if breached:
+                raise _Stop(RolloutState.ROLLED_BACK, "gate breached: " + "; ".join(map(_describe, breached)))
+            if frozen is not None:
+                if workflow.now() < frozen.end:
+                    continue
+                frozen = None
+                self._close_pause(FREEZE_CALENDAR)
+                continue  # the close counts as a resume: the bake restarts
+            if self._paused():
+                continue
+            elapsed = workflow.now() - started
+            if elapsed < bake:
+                continue
+            if requests < rollout.min_requests:
+                if elapsed < bake * BAKE_EXTENSION:
+                    continue
+                self._pause_by_ipnext(
+                    INSUFFICIENT_TRAFFIC,
+                    f"{requests} requests on the new set in {elapsed.total_seconds():.0f} s "
+                    f"(min_requests {rollout.min_requests})",
+                )
+                continue
+            if index + 1 < len(self._steps) and self._input.freeze_override is None:
+                window = active_freeze(await self._freeze_windows(), workflow.now())
+                if window is not None:
+                    frozen = window
+                    self._pause_by_ipnext(f"freeze: {window.reason}", f"until {window.end.isoformat()}")
+                    continue
+            return
+
+    async def _roll_back(
+        self, start: Weights, new_apps: dict[str, str], old_plan: Plan, old_scale: float
+    ) -> None:
+        """Traffic back to the old set as fast as its capacity allows, the old set back to its
+        full size, the new set's apps removed last."""
+        input = self._input
+        if not start:  # nothing served before: just remove what was deployed
+            if new_apps:
+                await self._remove(sorted(new_apps.values()))
+            self._set_traffic(0.0)
+            return
+        self._enter(RolloutState.RUNNING, "rolling back")
+        if self._percent > 0:
+            carry = _carried_share(old_plan, input.spec.availability.headroom, old_scale)
+            back = max(0.0, 100.0 - 100.0 * carry)
+            end = _cutover_weights(input, new_apps) if new_apps else start
+            if back < self._percent:
+                await self._route(mix_weights(start, end, back) if back > 0 else start)
+                self._set_traffic(back)
+        if old_scale < 1.0 and input.old_set is not None:
+            await self._deploy(input.old_set, old_plan, 1.0)
+        if self._percent > 0:
+            await self._route(start)
+            self._set_traffic(0.0)
+        removable = sorted(set(new_apps.values()) - set(input.old_apps.values()))
+        if removable:
+            await self._remove(removable)
+
+    # ---- pauses --------------------------------------------------------------------------------
+
+    async def _hold_while_paused(self) -> None:
+        await workflow.wait_condition(lambda: not self._paused() or self._abort is not None)
+        if self._abort is not None:
+            raise _Stop(RolloutState.ABORTED, f"aborted by {self._abort.who}: {self._abort.reason}")
+
+    def _pause_by_ipnext(self, reason: str, detail: str) -> None:
+        self._pauses.append(PauseRecord(reason=reason, who="ipnext", at=workflow.now()))
+        self._detail = f"paused: {reason} ({detail})"
+        workflow.logger.warning("rollout paused: %s (%s)", reason, detail)
+        self._enter(RolloutState.PAUSED, self._step)
+
+    def _close_pause(self, who: str) -> None:
+        last = self._pauses[-1]
+        self._pauses[-1] = last.model_copy(update={"resumed_by": who, "resumed_at": workflow.now()})
+        self._resumes += 1
+        self._detail = ""
+        self._enter(RolloutState.RUNNING, self._step)
+
+    def _paused(self) -> bool:
+        return self._state == RolloutState.PAUSED
+
+    def _finished(self) -> bool:
+        return self._state in (
+            RolloutState.COMPLETED,
+            RolloutState.ABORTED,
+            RolloutState.ROLLED_BACK,
+            RolloutState.FAILED,
+            RolloutState.REFUSED,
+        )
+
+    def _running_or_paused(self) -> RolloutState:
+        return RolloutState.PAUSED if self._paused() else RolloutState.RUNNING
+
+    async def _wait(self, interval: timedelta, resumes: int) -> None:
+        """One check interval, cut short by an abort or a resume."""
+        try:
+            await workflow.wait_condition(
+                lambda: self._abort is not None or self._resumes != resumes, timeout=interval
+            )
+        except TimeoutError:
+            pass
+
+    # ---- activities ----------------------------------------------------------------------------
+
+    async def _deploy(self, snapshot_set: SnapshotSet | None, plan: Plan, scale: float) -> dict[str, str]:
+        assert snapshot_set is not None
+        deployed = await workflow.execute_activity(
+            deploy_set_apps,
+            DeploySetInput(spec=self._input.spec, snapshot_set=snapshot_set, plan=plan, scale=scale),
+            start_to_close_timeout=DEPLOY_TIMEOUT,
+            heartbeat_timeout=HEARTBEAT_TIMEOUT,
+            retry_policy=RETRY,
+            summary=f"{snapshot_set.id} at {scale:.0%} of plan revision {plan.revision}",
+        )
+        return dict(deployed.apps)
+
+    async def _route(self, weights: Weights) -> None:
         result = await workflow.execute_activity(
             route_traffic,
             RouteInput(model=self._input.spec.name, weights=weights),
@@ -109,6 +368,24 @@ class RolloutWorkflow:
             if generation not in self._generations:
                 self._generations.append(generation)
 
+    async def _read_metrics(self, regions: list[str]) -> ReadMetricsResult:
+        return await workflow.execute_activity(
+            read_metrics,
+            ReadMetricsInput(model=self._input.spec.name, regions=regions),
+            start_to_close_timeout=QUICK_TIMEOUT,
+            retry_policy=RETRY,
+            summary="read request metrics",
+        )
+
+    async def _freeze_windows(self) -> list[FreezeWindow]:
+        result: FreezeWindowsResult = await workflow.execute_activity(
+            freeze_windows,
+            start_to_close_timeout=QUICK_TIMEOUT,
+            retry_policy=RETRY,
+            summary="freeze calendar",
+        )
+        return list(result.windows)
+
     async def _remove(self, names: list[str]) -> None:
         await workflow.execute_activity(
             remove_apps,
@@ -118,36 +395,93 @@ class RolloutWorkflow:
             summary=f"remove {', '.join(names)}",
         )
 
+    # ---- visibility ----------------------------------------------------------------------------
+
+    def _result(self, apps: dict[str, str]) -> RolloutResult:
+        return RolloutResult(
+            state=self._state,
+            apps=apps,
+            generations=self._generations,
+            detail=self._detail,
+            pauses=list(self._pauses),
+            gates=list(self._gates),
+        )
+
     def _set_traffic(self, percent: float) -> None:
-        if self._input.kind == "capacity":  # the same set serves throughout; only its apps change
-            return
-        self._traffic[self._input.new_set.id] = percent
-        if self._input.old_set:
-            self._traffic[self._input.old_set.id] = 100.0 - percent
-        workflow.upsert_search_attributes([TRAFFIC_KEY.value_set(int(percent))])
+        self._percent = percent
+        if self._input.old_set is not None and self._input.old_set.id == self._input.new_set.id:
+            self._traffic = {self._input.new_set.id: 100.0}  # a capacity move: one set serves
+        else:
+            self._traffic[self._input.new_set.id] = percent
+            if self._input.old_set:
+                self._traffic[self._input.old_set.id] = 100.0 - percent
+        workflow.upsert_search_attributes([TRAFFIC_KEY.value_set(round(percent))])
         self._publish_details()
 
     def _enter(self, state: RolloutState, step: str) -> None:
+        changed = state != self._state
         self._state = state
         self._step = step
-        workflow.upsert_search_attributes(
-            [MODEL_KEY.value_set(self._input.spec.name), STATE_KEY.value_set(state.value)]
-        )
+        if changed:
+            workflow.upsert_search_attributes(
+                [MODEL_KEY.value_set(self._input.spec.name), STATE_KEY.value_set(state.value)]
+            )
         self._publish_details()
 
     def _publish_details(self) -> None:
         split = ", ".join(f"{k}: {v:g}%" for k, v in sorted(self._traffic.items()))
-        workflow.set_current_details(
-            f"**{self._state.value}**: {self._step}\n\ntraffic: {split}\n\n"
-            f"generations applied: {self._generations or 'none'}"
-            + (f"\n\n{self._detail}" if self._detail else "")
-        )
+        lines = [
+            f"**{self._state.value}**: {self._step}",
+            f"steps done: {self._steps_done}/{len(self._steps)} of {self._steps}",
+            f"traffic: {split}",
+            f"generations applied: {self._generations or 'none'}",
+        ]
+        if self._gates:
+            lines.append("gates: " + "; ".join(_describe(r) for r in self._gates))
+        if self._pauses and self._paused():
+            last = self._pauses[-1]
+            lines.append(f"paused by {last.who}: {last.reason}")
+        if self._input.freeze_override is not None:
+            o = self._input.freeze_override
+            lines.append(f"freeze override by {o.who}: {o.reason}")
+        if self._detail:
+            lines.append(self._detail)
+        workflow.set_current_details("\n\n".join(lines))
 
 
-def _cutover_weights(input: RolloutInput, new_apps: dict[str, str]) -> dict[str, dict[str, float]]:
-    """Router weights after the cutover: each serving region's router to its new app, and the
-    router of every other region the model's traffic comes from (or that served before) to
-    the app of the region that takes its traffic, so callers of its URL keep getting answers."""
+def _gradual(input: RolloutInput) -> bool:
+    """Step by step, unless nothing serves yet or a capacity move keeps the same apps (replica
+    counts change in place: nothing to move traffic between)."""
+    if input.old_set is None or not input.old_apps:
+        return False
+    old_plan = input.old_plan or input.plan
+    return not (input.old_set.id == input.new_set.id and old_plan.revision == input.plan.revision)
+
+
+def _describe(r: GateReading) -> str:
+    value = "n/a" if r.value is None else f"{r.value:.4g}"
+    limit = "n/a" if r.limit is None else f"{r.limit:.4g}"
+    mark = "BREACH" if r.breached else ("ok" if r.judged else "waiting")
+    return f"{r.region} {r.metric} {value} (limit {limit}, {r.requests} req) {mark}"
+
+
+def _carried_share(plan: Plan, headroom: float, scale: float) -> float:
+    """The share of the model's traffic the old set's replicas at `scale` carry at full load
+    (1.0 or more: all of it). The plan sizes replicas for all traffic at (1 - headroom) load."""
+    shares = []
+    for placement in plan.deployments.values():
+        full = sum(n for by_hw in placement.replicas.values() for n in by_hw.values())
+        now = sum(scaled_replicas(n, scale) for by_hw in placement.replicas.values() for n in by_hw.values())
+        if full:
+            shares.append(now / full / max(1e-9, 1 - headroom))
+    return min(shares) if shares else 1.0
+
+
+def _cutover_weights(input: RolloutInput, new_apps: dict[str, str]) -> Weights:
+    """Router weights once the new set (or placement) takes all traffic: each serving region's
+    router to its new app, and the router of every other region the model's traffic comes from
+    (or that served before) to the app of the region that takes its traffic, so callers of its
+    URL keep getting answers."""
     weights = {region: {app: 100.0} for region, app in new_apps.items()}
     sources = {s for p in input.plan.deployments.values() for s in p.fractions}
     for region in sorted((sources | set(input.old_apps)) - set(new_apps)):

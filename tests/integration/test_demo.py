@@ -4,6 +4,7 @@ own: it exits 0, prints predictions from v1 then v2, and leaves no process behin
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -53,5 +54,8 @@ def test_demo_once_end_to_end() -> None:
     v2 = [i for i, line in enumerate(lines) if "predict" in line and "@v2-" in line]
     assert v1 and v2 and max(v1) < min(v2), proc.stdout
     assert "ipnext dev stack stopped" in proc.stdout
+    # v2 rolled out step by step under the demo's load, and every request answered 200.
+    assert re.search(r"requests during the rollout, by HTTP status: \{200: \d+\}", proc.stdout), proc.stdout
+    assert "step 1/3 (10%)" in proc.stdout
     time.sleep(1)
     assert _processes_with(f"IPNEXT_CONFIG={config}") == [], "demo left processes behind"

@@ -17,6 +17,7 @@ from ipnext.serving.control import connect, get_writer
 from ipnext.serving.layout import metrics_actor_name
 
 from .conftest import one_region_spec, train_version
+from .load import Load
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
@@ -77,8 +78,19 @@ async def test_publish_serve_predict_then_second_set(
         first_generation = router["generation"]
 
     folder2, _ = train_version(stack, model_name, "v2", seed=2)
-    published2 = await client.publish_snapshot(model_name, folder2)
-    state = await client.wait_until_serving(model_name, published2.set_id)
+    # The second set rolls out step by step (the example's 10/50/100) under a closed-loop load.
+    async with Load(stack.serve_url, f"/us-east/models/{model_name}/predict") as load:
+        published2 = await client.publish_snapshot(model_name, folder2)
+        state = await client.wait_until_serving(model_name, published2.set_id, timeout_s=240)
+    print(f"rollout of {published2.set_id} under load: {len(load.answers)} requests in {load.elapsed():.1f}s")
+    assert load.failed() == [] and len(load.answers) > 100
+    # Synchronized: every answer came end to end from one set.
+    for answer in load.answers:
+        assert answer.set is not None and all(
+            s.endswith(answer.set.split("@")[1]) for s in answer.parts.values()
+        )
+    served = [a.set for a in load.answers]
+    assert served[-1] == published2.set_id and f"{model_name}@1" in served
     assert [(s.id, s.status) for s in state.sets] == [
         (f"{model_name}@1", "retired"),
         (f"{model_name}@2", "serving"),
@@ -89,7 +101,9 @@ async def test_publish_serve_predict_then_second_set(
         assert reply2.parts == {"embed": f"{model_name}/embed@v2", "dense": f"{model_name}/dense@v2"}
     assert reply2.outputs != envelope["outputs"]  # other weights, other scores
     # The router moved in place to a new generation; the old set's app is gone.
-    assert state.rollout is not None and state.rollout.generations == [first_generation + 1]
+    # One router generation per step, in order.
+    assert state.rollout is not None
+    assert state.rollout.generations == [first_generation + 1, first_generation + 2, first_generation + 3]
     apps = serve_apps(stack)
     assert f"{model_name}.us-east.s2.r1" in apps and f"{model_name}.us-east.s1.r1" not in apps
 

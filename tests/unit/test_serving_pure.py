@@ -17,7 +17,7 @@ from ipnext.model import ModelSpec, SnapshotRef, SnapshotSet
 from ipnext.plan import Plan, PlanningProblem, demand_from_model
 from ipnext.planner import solve
 from ipnext.rollout import RouterConfig
-from ipnext.serving.apps import pick_set
+from ipnext.serving.apps import all_finite, pick_set
 from ipnext.serving.layout import (
     metrics_actor_name,
     render_router_app,
@@ -311,3 +311,9 @@ def test_pick_set_follows_the_weights() -> None:
 def test_pick_set_keys_follow_the_weights() -> None:
     draws = Counter(pick_set({"a": 30, "b": 70}, f"k{i}", random.Random(0)) for i in range(20_000))
     assert 0.27 <= draws["a"] / 20_000 <= 0.33
+
+
+def test_non_finite_outputs_are_found_anywhere_in_the_answer() -> None:
+    assert all_finite({"scores": [0.1, 0.9], "label": "x", "n": 3})
+    assert not all_finite([0.1, float("nan")])
+    assert not all_finite({"a": {"b": [1.0, float("inf")]}})

@@ -1,0 +1,70 @@
+"""A bounded closed-loop client on loopback: `workers` callers, each sending its next request
+when the last one answered, recording every answer (status, set, parts) until stopped."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+
+@dataclass
+class Answer:
+    at: float  # seconds since the load started
+    status: int
+    set: str | None
+    parts: dict[str, str]
+    error: str = ""
+
+
+@dataclass
+class Load:
+    base_url: str
+    path: str
+    workers: int = 4
+    # user ids cycle through these; the bad snapshot of the tests fails on even users
+    users: list[int] = field(default_factory=lambda: list(range(40)))
+    answers: list[Answer] = field(default_factory=list)
+    _stop: asyncio.Event = field(default_factory=asyncio.Event)
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    _started: float = 0.0
+
+    async def __aenter__(self) -> Load:
+        self._started = time.perf_counter()
+        self._tasks = [asyncio.create_task(self._caller(i)) for i in range(self.workers)]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._stop.set()
+        await asyncio.gather(*self._tasks)
+
+    def failed(self, since: float = 0.0) -> list[Answer]:
+        return [a for a in self.answers if a.status != 200 and a.at >= since]
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self._started
+
+    async def _caller(self, index: int) -> None:
+        async with httpx.AsyncClient(base_url=self.base_url, timeout=30) as http:
+            n = index
+            while not self._stop.is_set():
+                user = self.users[n % len(self.users)]
+                n += self.workers
+                at = self.elapsed()
+                try:
+                    reply = await http.post(self.path, json={"inputs": {"user": user, "items": [1, 2, 3]}})
+                    body: dict[str, Any] = reply.json()
+                    self.answers.append(
+                        Answer(
+                            at,
+                            reply.status_code,
+                            body.get("set"),
+                            body.get("parts") or {},
+                            body.get("error", ""),
+                        )
+                    )
+                except (httpx.HTTPError, ValueError) as err:
+                    self.answers.append(Answer(at, 0, None, {}, f"{type(err).__name__}: {err}"))

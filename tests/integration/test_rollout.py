@@ -1,0 +1,103 @@
+"""Gradual rollouts on the real dev stack under a closed-loop load: a bad snapshot is rolled
+back by the gates, and on-call pauses and resumes through the `ipnext rollout` CLI."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ipnext.config import Settings
+from ipnext.rollout import RolloutState
+from ipnext.sdk import Client
+
+from .conftest import one_region_spec, poisoned_version, train_version
+from .load import Load
+from .test_cli import ipnext
+from .test_lifecycle import serve_apps
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
+
+
+async def test_bad_snapshot_is_rolled_back_by_the_gates(
+    stack: Settings, stack_config: Path, client: Client, model_name: str
+) -> None:
+    await client.publish_model(one_region_spec(model_name))
+    good, _ = train_version(stack, model_name, "v1")
+    first = await client.publish_snapshot(model_name, good)
+    await client.wait_until_serving(model_name, first.set_id)
+    bad = poisoned_version(stack, model_name, "v2-bad", good)
+    async with Load(stack.serve_url, f"/us-east/models/{model_name}/predict") as load:
+        published = await client.publish_snapshot(model_name, bad)
+        deadline = time.monotonic() + 180
+        while True:
+            state = await client.get_model(model_name)
+            if state.sets[-1].status == "rolled_back" and state.state == "serving":
+                break
+            assert time.monotonic() < deadline, state
+            await asyncio.sleep(0.2)
+        rolled_back_at = load.elapsed()
+        await asyncio.sleep(3.0)  # keep the load on: nothing may fail from here
+    assert state.serving_set == first.set_id
+    status = state.rollout
+    assert status is not None and status.state == RolloutState.ROLLED_BACK
+    assert "error_rate" in status.detail, status.detail
+    bad_answers = [a for a in load.answers if a.set == published.set_id]
+    assert bad_answers and all(a.status == 500 for a in bad_answers if "not finite" in a.error)
+    assert load.failed(since=rolled_back_at) == []
+    after = [a for a in load.answers if a.at >= rolled_back_at]
+    assert len(after) > 20 and all(a.set == first.set_id for a in after)
+    assert status.generations and len(status.generations) == 2  # the 10% step, then all back at once
+    async with httpx.AsyncClient(base_url=stack.serve_url, timeout=30) as http:
+        router = (await http.get(f"/us-east/models/{model_name}")).json()
+    assert router["weights"] == {f"{model_name}.us-east.s1.r1": 100.0}
+    assert f"{model_name}.us-east.s2.r1" not in serve_apps(stack)
+    shown = ipnext(stack_config, "rollout", "status", model_name)
+    assert shown.returncode == 0 and "ROLLED_BACK" in shown.stdout and "BREACH" in shown.stdout, shown
+    print(
+        f"rolled back {published.set_id}: {len(load.answers)} requests, "
+        f"{len(load.failed())} failed before the rollback completed, none after"
+    )
+    await client.delete_model(model_name)
+
+
+async def test_on_call_pauses_and_resumes_with_the_cli(
+    stack: Settings, stack_config: Path, client: Client, model_name: str
+) -> None:
+    spec = one_region_spec(model_name)
+    spec = spec.model_copy(update={"rollout": spec.rollout.model_copy(update={"steps": [30, 100]})})
+    await client.publish_model(spec)
+    v1, _ = train_version(stack, model_name, "v1")
+    await client.wait_until_serving(model_name, (await client.publish_snapshot(model_name, v1)).set_id)
+    v2, _ = train_version(stack, model_name, "v2", seed=2)
+    async with Load(stack.serve_url, f"/us-east/models/{model_name}/predict") as load:
+        published = await client.publish_snapshot(model_name, v2)
+        deadline = time.monotonic() + 120
+        while True:
+            status = await client.rollout_status(model_name)
+            if status is not None and status.set_id == published.set_id and "baking" in status.step:
+                break
+            assert time.monotonic() < deadline, status
+            await asyncio.sleep(0.2)
+        out = ipnext(
+            stack_config, "rollout", "pause", model_name, "--reason", "looking at a dashboard", "--who", "ann"
+        )
+        assert out.returncode == 0, out.stderr
+        await asyncio.sleep(8.0)  # more than two bakes: the split holds
+        held = await client.rollout_status(model_name)
+        assert held is not None and held.state == RolloutState.PAUSED
+        assert held.traffic_percent == {published.set_id: 30.0, f"{model_name}@1": 70.0}
+        paused_split = [a.set for a in load.answers[-100:]]
+        out = ipnext(stack_config, "rollout", "resume", model_name, "--who", "bob")
+        assert out.returncode == 0, out.stderr
+        state = await client.wait_until_serving(model_name, published.set_id, timeout_s=120)
+    assert published.set_id in paused_split and f"{model_name}@1" in paused_split
+    assert load.failed() == []
+    assert state.rollout is not None and state.rollout.pauses[0].who == "ann"
+    assert state.rollout.pauses[0].resumed_by == "bob"
+    watched = ipnext(stack_config, "rollout", "watch", model_name)
+    assert watched.returncode == 0 and "COMPLETED" in watched.stdout and "[30%] [100%]" in watched.stdout
+    await client.delete_model(model_name)

@@ -1,0 +1,117 @@
+"""The pure rollout rules: gate arithmetic over metrics windows, step weights and replica
+scaling, and freeze windows."""
+
+from __future__ import annotations
+
+from datetime import UTC, date, datetime
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from ipnext.activities.freeze import load_freeze_calendar
+from ipnext.errors import SpecError
+from ipnext.model import GateSpec
+from ipnext.rollout import (
+    FreezeWindow,
+    active_freeze,
+    evaluate_gates,
+    mix_weights,
+    scaled_replicas,
+    window_counters,
+)
+from ipnext.serving.metrics import SetCounters
+
+GATES = [
+    GateSpec(metric="error_rate", max=0.01),
+    GateSpec(metric="latency_p99_ms", max_ratio_to_old=1.5, floor=20),
+]
+
+
+def counters(requests: int, errors: int = 0, latency_ms: float = 5.0) -> SetCounters:
+    c = SetCounters(requests=requests, errors=errors)
+    for _ in range(requests - errors):
+        c.observe("latency_ms", latency_ms)
+    return c
+
+
+def test_healthy_new_set_passes_every_gate() -> None:
+    readings = evaluate_gates(GATES, "us-east", counters(50), counters(500), min_requests=100)
+    assert [r.breached for r in readings] == [False, False] and all(r.judged for r in readings)
+
+
+def test_error_rate_over_its_max_breaches() -> None:
+    readings = evaluate_gates(GATES, "us-east", counters(50, errors=1), counters(500), min_requests=100)
+    assert readings[0].breached and readings[0].value == pytest.approx(0.02) and readings[0].limit == 0.01
+
+
+def test_latency_against_the_old_set_never_fails_under_its_floor() -> None:
+    slow_but_under_floor = evaluate_gates(
+        GATES, "r", counters(50, latency_ms=14), counters(50, latency_ms=2), 10
+    )
+    assert not slow_but_under_floor[1].breached  # 15 ms bucket > 1.5 x 2 ms, but under the 20 ms floor
+    slow = evaluate_gates(GATES, "r", counters(50, latency_ms=90), counters(50, latency_ms=40), 10)
+    assert slow[1].breached and slow[1].value == 100 and slow[1].limit == 75
+
+
+def test_gates_wait_for_enough_requests() -> None:
+    readings = evaluate_gates(GATES, "r", counters(3, errors=3), counters(500), min_requests=100)
+    assert not any(r.judged or r.breached for r in readings)
+    # min_requests below the sample floor: judged from that many on.
+    assert evaluate_gates(GATES, "r", counters(3, errors=3), counters(500), min_requests=3)[0].breached
+
+
+def test_window_counters_diff_two_snapshots_over_the_apps() -> None:
+    before = {"sets": {"a": counters(10).model_dump(), "b": counters(5, errors=1).model_dump()}}
+    after = {"sets": {"a": counters(30).model_dump(), "b": counters(9, errors=3).model_dump()}}
+    both = window_counters(before, after, {"a", "b"})
+    assert (both.requests, both.errors) == (24, 2)
+    assert sum(both.histograms["latency_ms"]) == 22
+    assert window_counters(None, after, {"b"}).requests == 9
+
+
+def test_mix_weights_moves_each_router_part_way() -> None:
+    start = {"us-east": {"old": 100.0}}
+    end = {"us-east": {"new-e": 100.0}, "eu-west": {"new-w": 100.0}}
+    assert mix_weights(start, end, 25) == {
+        "eu-west": {"new-w": 100.0},
+        "us-east": {"new-e": 25.0, "old": 75.0},
+    }
+    assert mix_weights(start, end, 100)["us-east"] == {"new-e": 100.0}
+
+
+@pytest.mark.parametrize(
+    ("replicas", "share", "expected"), [(10, 0.01, 1), (10, 0.25, 3), (10, 0.5, 5), (3, 1.0, 3), (0, 0.5, 0)]
+)
+def test_scaled_replicas_round_up(replicas: int, share: float, expected: int) -> None:
+    assert scaled_replicas(replicas, share) == expected
+
+
+def test_freeze_windows_from_dates_and_datetimes() -> None:
+    day = FreezeWindow.model_validate({"date": "2026-12-25", "reason": "holidays"})
+    assert day.start == datetime(2026, 12, 25, tzinfo=UTC) and day.end == datetime(2026, 12, 26, tzinfo=UTC)
+    span = FreezeWindow.model_validate(
+        {"start": date(2026, 12, 24), "end": date(2026, 12, 26), "reason": "x"}
+    )
+    assert span.end == datetime(2026, 12, 27, tzinfo=UTC)  # the end day is included
+    exact = FreezeWindow.model_validate(
+        {"start": "2026-11-27T08:00:00", "end": "2026-11-27T20:00:00+00:00", "reason": "launch"}
+    )
+    assert active_freeze([day, span, exact], datetime(2026, 12, 25, 12, tzinfo=UTC)) == span
+    assert active_freeze([day, span, exact], datetime(2026, 11, 27, 7, 59, tzinfo=UTC)) is None
+    assert active_freeze([day, span, exact], datetime(2026, 11, 27, 8, tzinfo=UTC)) == exact
+
+
+def test_bad_freeze_windows_name_the_problem(tmp_path: Path) -> None:
+    with pytest.raises(ValidationError, match="not after start"):
+        FreezeWindow.model_validate({"start": "2026-12-26", "end": "2026-12-24", "reason": "x"})
+    with pytest.raises(ValidationError, match="give date"):
+        FreezeWindow.model_validate({"reason": "x"})
+    bad = tmp_path / "freeze.yaml"
+    bad.write_text("freezes:\n  - {date: 2026-12-25}\n")
+    with pytest.raises(SpecError, match="reason"):
+        load_freeze_calendar(bad)
+    good = tmp_path / "ok.yaml"
+    good.write_text("freezes:\n  - {date: 2026-12-25, reason: holidays}\n")
+    assert load_freeze_calendar(good)[0].reason == "holidays"
+    assert load_freeze_calendar(None) == []

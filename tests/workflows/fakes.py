@@ -1,0 +1,227 @@
+"""Fakes and helpers of the workflow tests: the activities at their seam (same names, no Ray),
+a model spec with short rollout settings, and ways to wait on a workflow's state."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from temporalio import activity
+from temporalio.client import Client, WorkflowHandle
+from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError
+from temporalio.worker import Worker
+
+from ipnext.activities.freeze import FreezeWindowsResult
+from ipnext.activities.metadata import WatchScheduleInput
+from ipnext.activities.plan import PlanInput
+from ipnext.activities.serving import (
+    DeploySetInput,
+    DeploySetResult,
+    ReadMetricsInput,
+    ReadMetricsResult,
+    RemoveAppsInput,
+    RouteInput,
+    RouteResult,
+    TeardownInput,
+    TeardownResult,
+)
+from ipnext.activities.validate import ValidateSetInput, ValidateSetResult
+from ipnext.model import ModelSpec, SnapshotRef, SnapshotSetRequest
+from ipnext.plan import DeploymentPlacement, Plan
+from ipnext.registry import ModelState, ModelWorkflowInput, PublishInput, rollout_workflow_id
+from ipnext.rollout import FreezeOverride, FreezeWindow, RolloutStatus
+from ipnext.serving.metrics import SetCounters
+from ipnext.worker import WORKFLOWS
+
+SPEC = ModelSpec.model_validate(
+    {
+        "name": "wf-model",
+        "owner": "tests",
+        "parts": {"embed": {"factory": "m:f", "hardware": {"cpu-std": {"units": 1, "qps": 100}}}},
+        "dag": [["input", "embed"], ["embed", "output"]],
+        "traffic": {"peak_qps": {"us-east": 10}},
+        "latency_budget_ms": 50,
+        # Short settings: two steps, a bake of a few checks.
+        "rollout": {
+            "steps": [50, 100],
+            "bake_seconds": 0.6,
+            "check_interval_seconds": 0.1,
+            "min_requests": 5,
+        },
+    }
+)
+
+
+class FakeServing:
+    """Stands in for the validate/plan/serving activities: records calls, blocks or fails on demand.
+
+    Traffic is simulated: every metrics read adds, per region, `rate` requests split by the
+    routers' current weights; apps in `bad_apps` answer every request with an error."""
+
+    def __init__(self) -> None:
+        self.release: dict[str, asyncio.Event] = {}
+        self.fail: set[str] = set()
+        self.deployed: list[str] = []
+        self.deploy_plans: list[int] = []
+        self.scales: list[tuple[str, int, float]] = []  # (set, plan revision, scale) per deploy
+        self.routes: list[dict[str, dict[str, float]]] = []
+        self.removed: list[str] = []
+        self.generation = 0
+        self.windows: list[FreezeWindow] = []
+        self.bad_apps: set[str] = set()
+        self.rate = 100
+        self.replicas = 1  # of the first placement
+        self.weights: dict[str, dict[str, float]] = {}
+        self.counters: dict[str, dict[str, SetCounters]] = {}  # region -> app -> cumulative
+
+    @activity.defn(name="freeze_windows")
+    async def freeze(self) -> FreezeWindowsResult:
+        return FreezeWindowsResult(windows=self.windows)
+
+    @activity.defn(name="read_metrics")
+    async def metrics(self, input: ReadMetricsInput) -> ReadMetricsResult:
+        out: dict[str, dict[str, Any]] = {}
+        for region in input.regions:
+            by_app = self.counters.setdefault(region, {})
+            for app, percent in self.weights.get(region, {}).items():
+                c = by_app.setdefault(app, SetCounters())
+                for _ in range(round(self.rate * percent / 100)):
+                    c.requests += 1
+                    if app in self.bad_apps:
+                        c.errors += 1
+                    else:
+                        c.observe("latency_ms", 4.0)
+            out[region] = {"sets": {app: c.model_dump() for app, c in by_app.items()}}
+        return ReadMetricsResult(snapshots=out)
+
+    @activity.defn(name="validate_snapshot_set")
+    async def validate(self, input: ValidateSetInput) -> ValidateSetResult:
+        if input.request.version.startswith("bad"):
+            raise ApplicationError("parts.embed: checksum mismatch", type="SnapshotError", non_retryable=True)
+        return ValidateSetResult(parts=dict(input.request.parts))
+
+    @activity.defn(name="plan_placement")
+    async def plan(self, input: PlanInput) -> Plan:
+        placement = DeploymentPlacement(
+            replicas={"us-east": {"cpu-std": self.replicas}}, fractions={"us-east": {"us-east": 1.0}}
+        )
+        return Plan(deployments={"wf-model/embed": placement}, cost=1.0, solver="fake")
+
+    @activity.defn(name="ensure_watch_schedule")
+    async def watch(self, input: WatchScheduleInput) -> None:
+        return None
+
+    @activity.defn(name="deploy_set_apps")
+    async def deploy(self, input: DeploySetInput) -> DeploySetResult:
+        set_id = input.snapshot_set.id
+        if set_id in self.release:
+            await self.release[set_id].wait()
+        if set_id in self.fail:
+            raise ApplicationError(
+                f"Serve app of {set_id} is DEPLOY_FAILED", type="ServingError", non_retryable=True
+            )
+        self.deployed.append(set_id)
+        self.deploy_plans.append(input.plan.revision)
+        self.scales.append((set_id, input.plan.revision, input.scale))
+        suffix = f"-r{input.plan.revision}" if input.plan.revision > 1 else ""
+        return DeploySetResult(
+            apps={region: f"app-{input.snapshot_set.number}{suffix}" for region in regions(input.plan)}
+        )
+
+    @activity.defn(name="route_traffic")
+    async def route(self, input: RouteInput) -> RouteResult:
+        self.generation += 1
+        self.routes.append(input.weights)
+        self.weights.update(input.weights)
+        return RouteResult(generations={r: self.generation for r in input.weights})
+
+    @activity.defn(name="remove_apps")
+    async def remove(self, input: RemoveAppsInput) -> None:
+        self.removed.extend(input.names)
+
+    @activity.defn(name="teardown_model")
+    async def teardown(self, input: TeardownInput) -> TeardownResult:
+        return TeardownResult(removed=["app-x"])
+
+    def activities(self) -> list[object]:
+        return [
+            self.validate,
+            self.plan,
+            self.watch,
+            self.deploy,
+            self.route,
+            self.remove,
+            self.teardown,
+            self.freeze,
+            self.metrics,
+        ]
+
+
+def with_rollout(**settings: Any) -> ModelSpec:
+    """SPEC with some rollout settings changed."""
+    rollout = SPEC.rollout.model_copy(update=settings)
+    return SPEC.model_copy(update={"rollout": rollout})
+
+
+def request(version: str, override: FreezeOverride | None = None) -> PublishInput:
+    ref = SnapshotRef(uri=f"file:///snap/{version}", sha256="a" * 64, snapshot_id=f"wf-model/embed@{version}")
+    return PublishInput(
+        request=SnapshotSetRequest(model="wf-model", version=version, parts={"embed": ref}),
+        who="test",
+        freeze_override=override,
+    )
+
+
+def regions(plan: Plan) -> list[str]:
+    return sorted({r for p in plan.deployments.values() for r in p.regions()})
+
+
+def plan_in(region: str, revision: int) -> Plan:
+    placement = DeploymentPlacement(replicas={region: {"cpu-std": 2}}, fractions={"us-east": {region: 1.0}})
+    return Plan(deployments={"wf-model/embed": placement}, cost=2.0, solver="fake", revision=revision)
+
+
+async def until(
+    handle: WorkflowHandle[Any, Any], check: Callable[[ModelState], bool], timeout: float = 30
+) -> ModelState:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        state: ModelState = await handle.query("get", result_type=ModelState)
+        if check(state):
+            return state
+        assert asyncio.get_running_loop().time() < deadline, f"condition never held: {state}"
+        await asyncio.sleep(0.1)
+
+
+async def until_rollout(
+    client: Client, set_id: str, check: Callable[[RolloutStatus], bool], timeout: float = 30
+) -> RolloutStatus:
+    """The `status` query of the rollout of `set_id`, once `check` holds."""
+    handle = client.get_workflow_handle(rollout_workflow_id("wf-model", set_id))
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        try:
+            status: RolloutStatus | None = await handle.query("status", result_type=RolloutStatus)
+        except RPCError:  # not started yet
+            status = None
+        if status is not None and check(status):
+            return status
+        assert asyncio.get_running_loop().time() < deadline, f"condition never held: {status}"
+        await asyncio.sleep(0.05)
+
+
+async def start(
+    client: Client, fake: FakeServing, spec: ModelSpec = SPEC
+) -> tuple[Worker, WorkflowHandle[Any, Any]]:
+    queue = f"wf-{uuid.uuid4().hex[:8]}"
+    worker = Worker(client, task_queue=queue, workflows=WORKFLOWS, activities=fake.activities())
+    handle = await client.start_workflow(
+        "ModelWorkflow",
+        ModelWorkflowInput(spec=spec),
+        id=f"model/wf-{uuid.uuid4().hex[:8]}",
+        task_queue=queue,
+    )
+    return worker, handle

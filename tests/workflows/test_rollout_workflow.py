@@ -1,0 +1,216 @@
+"""RolloutWorkflow rules on a real Temporal dev server, activities replaced at their seam: gates
+rolling a bad set back, pause / resume / abort sent with the `temporal` CLI as on-call would,
+too little traffic, and freeze windows (refused, overridden, holding a running rollout)."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from temporalio.client import Client
+
+from ipnext.registry import PublishResult, rollout_workflow_id
+from ipnext.rollout import FreezeOverride, FreezeWindow, RolloutState
+
+from .fakes import FakeServing, request, start, until, until_rollout, with_rollout
+
+pytestmark = pytest.mark.timeout(120)
+
+TEMPORAL = str(Path(sys.executable).parent / "temporal")
+
+
+def on_call(client: Client, *args: str) -> str:
+    """Run the temporal CLI against the test server, as on-call would."""
+    address = client.service_client.config.target_host
+    done = subprocess.run(
+        [TEMPORAL, *args, "--address", address], capture_output=True, text=True, timeout=30, check=True
+    )
+    return done.stdout
+
+
+def signal(client: Client, set_id: str, name: str, payload: str) -> None:
+    on_call(
+        client,
+        "workflow",
+        "signal",
+        "--workflow-id",
+        rollout_workflow_id("wf-model", set_id),
+        "--name",
+        name,
+        "--input",
+        payload,
+    )
+
+
+async def serve_v1(handle: object, fake: FakeServing) -> None:
+    await handle.execute_update("publish", request("v1"), result_type=PublishResult)  # type: ignore[attr-defined]
+    await until(handle, lambda s: s.serving_set == "wf-model@1")  # type: ignore[arg-type]
+
+
+async def test_healthy_rollout_walks_every_step_with_one_generation_each(temporal: Client) -> None:
+    fake = FakeServing()
+    worker, handle = await start(temporal, fake, with_rollout(steps=[10, 50, 100]))
+    async with worker:
+        await serve_v1(handle, fake)
+        await handle.execute_update("publish", request("v2"), result_type=PublishResult)
+        state = await until(handle, lambda s: s.serving_set == "wf-model@2")
+        status = await until_rollout(temporal, "wf-model@2", lambda s: s.state == RolloutState.COMPLETED)
+    assert [r["us-east"] for r in fake.routes[1:]] == [
+        {"app-1": 90.0, "app-2": 10.0},
+        {"app-1": 50.0, "app-2": 50.0},
+        {"app-2": 100.0},
+    ]
+    assert status.generations == [2, 3, 4]  # one per step, in order, none twice
+    assert status.steps == [10, 50, 100] and status.steps_done == 3
+    assert status.traffic_percent == {"wf-model@2": 100.0, "wf-model@1": 0.0}
+    assert status.gates and all(g.judged and not g.breached for g in status.gates)
+    assert fake.scales[1:] == [
+        ("wf-model@2", 1, 0.1),
+        ("wf-model@1", 1, 0.9),
+        ("wf-model@2", 1, 0.5),
+        ("wf-model@1", 1, 0.5),
+        ("wf-model@2", 1, 1.0),
+    ]
+    assert fake.removed == ["app-1"] and state.sets[0].status == "retired"
+
+
+async def test_a_breached_gate_rolls_back_in_one_weight_change(temporal: Client) -> None:
+    fake = FakeServing()
+    fake.bad_apps.add("app-2")
+    worker, handle = await start(temporal, fake, with_rollout(steps=[25, 50, 100]))
+    async with worker:
+        await serve_v1(handle, fake)
+        await handle.execute_update("publish", request("v2"), result_type=PublishResult)
+        state = await until(handle, lambda s: s.sets[-1].status == "rolled_back")
+        status = await until_rollout(temporal, "wf-model@2", lambda s: s.state == RolloutState.ROLLED_BACK)
+    assert state.serving_set == "wf-model@1" and state.serving_apps == {"us-east": "app-1"}
+    # 25% moved, the gate breached in the bake, and all traffic went back in one change.
+    assert [r["us-east"] for r in fake.routes[1:]] == [{"app-1": 75.0, "app-2": 25.0}, {"app-1": 100.0}]
+    assert fake.scales[1:] == [("wf-model@2", 1, 0.25)]  # the old set was never scaled down
+    assert fake.removed == ["app-2"]
+    assert "error_rate" in status.detail and "BREACH" in status.detail
+    breached = [g for g in status.gates if g.breached]
+    assert breached and breached[0].metric == "error_rate" and breached[0].value == 1.0
+    assert status.traffic_percent == {"wf-model@2": 0.0, "wf-model@1": 100.0}
+
+
+async def test_rollback_from_a_late_step_scales_the_old_set_up_before_the_rest_moves(
+    temporal: Client,
+) -> None:
+    fake = FakeServing()
+    fake.replicas = 10
+    worker, handle = await start(temporal, fake, with_rollout(steps=[50, 90, 100]))
+    async with worker:
+        await serve_v1(handle, fake)
+        await handle.execute_update("publish", request("v2"), result_type=PublishResult)
+        await until_rollout(temporal, "wf-model@2", lambda s: s.steps_done == 1 and "90%" in s.step)
+        fake.bad_apps.add("app-2")  # the new set goes bad at 90%
+        await until(handle, lambda s: s.sets[-1].status == "rolled_back")
+    # In the 90% step the old set runs at half size (5 of 10 replicas, planned at 0.8 load): it
+    # carries 62.5% at full load, so that much moves back at once, the rest once it is whole.
+    assert [r["us-east"] for r in fake.routes[3:]] == [{"app-1": 62.5, "app-2": 37.5}, {"app-1": 100.0}]
+    assert fake.scales[-1] == ("wf-model@1", 1, 1.0)
+    assert fake.removed == ["app-2"]
+
+
+async def test_pause_holds_the_split_through_the_bake_and_resume_continues(temporal: Client) -> None:
+    fake = FakeServing()
+    worker, handle = await start(temporal, fake, with_rollout(steps=[30, 100], bake_seconds=1.0))
+    async with worker:
+        await serve_v1(handle, fake)
+        await handle.execute_update("publish", request("v2"), result_type=PublishResult)
+        await until_rollout(temporal, "wf-model@2", lambda s: "baking" in s.step)
+        signal(temporal, "wf-model@2", "pause", '{"reason": "checking a dashboard", "who": "oncall-a"}')
+        paused = await until_rollout(temporal, "wf-model@2", lambda s: s.state == RolloutState.PAUSED)
+        routes_when_paused = len(fake.routes)
+        await asyncio.sleep(3.0)  # three bakes' worth: the split holds
+        held = await until_rollout(temporal, "wf-model@2", lambda s: True)
+        assert held.state == RolloutState.PAUSED and len(fake.routes) == routes_when_paused
+        assert held.traffic_percent == {"wf-model@2": 30.0, "wf-model@1": 70.0}
+        listed = on_call(temporal, "workflow", "list", "--query", "IpnextState = 'paused'")
+        assert rollout_workflow_id("wf-model", "wf-model@2") in listed
+        signal(temporal, "wf-model@2", "resume", '{"who": "oncall-b"}')
+        done = await until_rollout(temporal, "wf-model@2", lambda s: s.state == RolloutState.COMPLETED)
+    assert paused.pauses[0].reason == "checking a dashboard" and paused.pauses[0].who == "oncall-a"
+    assert done.pauses[0].resumed_by == "oncall-b" and done.pauses[0].resumed_at is not None
+    assert done.generations == [2, 3]
+
+
+async def test_abort_rolls_back_and_ends_aborted(temporal: Client) -> None:
+    fake = FakeServing()
+    worker, handle = await start(temporal, fake, with_rollout(steps=[30, 100], bake_seconds=30.0))
+    async with worker:
+        await serve_v1(handle, fake)
+        await handle.execute_update("publish", request("v2"), result_type=PublishResult)
+        await until_rollout(temporal, "wf-model@2", lambda s: "baking" in s.step)
+        signal(temporal, "wf-model@2", "abort", '{"reason": "bad canary on a dashboard", "who": "oncall-a"}')
+        state = await until(handle, lambda s: s.sets[-1].status == "aborted")
+        status = await until_rollout(temporal, "wf-model@2", lambda s: s.state == RolloutState.ABORTED)
+    assert "oncall-a" in status.detail and "bad canary" in status.detail
+    assert state.serving_set == "wf-model@1"
+    assert fake.routes[-1] == {"us-east": {"app-1": 100.0}} and fake.removed == ["app-2"]
+
+
+async def test_too_little_traffic_extends_the_bake_then_pauses(temporal: Client) -> None:
+    fake = FakeServing()
+    fake.rate = 0
+    worker, handle = await start(temporal, fake, with_rollout(steps=[50, 100], bake_seconds=0.3))
+    async with worker:
+        await serve_v1(handle, fake)
+        await handle.execute_update("publish", request("v2"), result_type=PublishResult)
+        status = await until_rollout(temporal, "wf-model@2", lambda s: s.state == RolloutState.PAUSED)
+        assert status.pauses[0].reason == "insufficient_traffic" and status.pauses[0].who == "ipnext"
+        assert status.steps_done == 0
+        fake.rate = 100
+        signal(temporal, "wf-model@2", "resume", '{"who": "oncall-a"}')
+        done = await until_rollout(temporal, "wf-model@2", lambda s: s.state == RolloutState.COMPLETED)
+    assert done.generations == [2, 3]
+
+
+def _window(reason: str, seconds: float) -> FreezeWindow:
+    now = datetime.now(UTC)
+    return FreezeWindow(reason=reason, start=now - timedelta(seconds=1), end=now + timedelta(seconds=seconds))
+
+
+async def test_freeze_refuses_a_start_and_an_override_goes_on_the_record(temporal: Client) -> None:
+    fake = FakeServing()
+    worker, handle = await start(temporal, fake)
+    async with worker:
+        await serve_v1(handle, fake)
+        fake.windows = [_window("year-end holidays", 3600)]
+        await handle.execute_update("publish", request("v2"), result_type=PublishResult)
+        refused = await until(handle, lambda s: s.sets[-1].status == "refused")
+        routes_before = list(fake.routes)
+        override = FreezeOverride(reason="fix for incident 42", who="oncall-lead")
+        await handle.execute_update("publish", request("v3", override), result_type=PublishResult)
+        state = await until(handle, lambda s: s.serving_set == "wf-model@3")
+        status = await until_rollout(temporal, "wf-model@3", lambda s: s.state == RolloutState.COMPLETED)
+        history = await temporal.get_workflow_handle(
+            rollout_workflow_id("wf-model", "wf-model@3")
+        ).fetch_history()
+    assert "year-end holidays" in refused.sets[-1].detail and refused.serving_set == "wf-model@1"
+    assert routes_before == fake.routes[:1]  # the refused set never took traffic
+    assert status.freeze_override == override and state.sets[-1].status == "serving"
+    # The override is in the rollout's history: its start event's input carries it.
+    started = history.events[0].workflow_execution_started_event_attributes.input.payloads[0].data
+    assert b"fix for incident 42" in started and b"oncall-lead" in started
+
+
+async def test_a_freeze_that_begins_holds_the_rollout_at_its_step(temporal: Client) -> None:
+    fake = FakeServing()
+    worker, handle = await start(temporal, fake, with_rollout(steps=[20, 100], bake_seconds=0.5))
+    async with worker:
+        await serve_v1(handle, fake)
+        await handle.execute_update("publish", request("v2"), result_type=PublishResult)
+        await until_rollout(temporal, "wf-model@2", lambda s: "baking" in s.step)
+        fake.windows = [_window("launch day", 3.0)]
+        held = await until_rollout(temporal, "wf-model@2", lambda s: s.state == RolloutState.PAUSED)
+        assert held.traffic_percent["wf-model@2"] == 20.0 and held.steps_done == 0
+        done = await until_rollout(temporal, "wf-model@2", lambda s: s.state == RolloutState.COMPLETED)
+    assert held.pauses[0].reason == "freeze: launch day"
+    assert done.pauses[0].resumed_by == "freeze calendar"
+    assert done.generations == [2, 3]
