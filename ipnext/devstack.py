@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -61,6 +62,44 @@ def _alive(pid: int) -> bool:
             return f.read().split(") ", 1)[1][0] != "Z"
     except OSError:
         return True
+
+
+def free_port() -> int:
+    """A free port below Linux's ephemeral range (32768+), so that the random ports Ray and
+    Temporal take for themselves cannot grab it between this check and the server's bind."""
+    rng = random.Random()
+    while True:
+        port = rng.randrange(20000, 32000)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+
+
+def scratch_config(base: Path, config_dir: Path) -> Path:
+    """An ipnext.yaml + temporal-dev.yaml of free ports under `base` (for tests and benchmarks
+    that need a stack of their own beside a running one), with a copy of `config_dir`'s dev
+    fleet: a caller may change it, as an operator would."""
+    import yaml
+
+    (base / "snapshots").mkdir(parents=True)
+    (base / "fleet.yaml").write_text((config_dir / "fleet.dev.yaml").read_text())
+    dev = yaml.safe_load((config_dir.parent / "temporal-dev.yaml").read_text())
+    dev.update(port=free_port(), ui_port=free_port())
+    (base / "temporal-dev.yaml").write_text(yaml.safe_dump(dev))
+    config = {
+        "fleet_file": "fleet.yaml",
+        "snapshot_roots": ["snapshots"],
+        "state_dir": "state",
+        "temporal_dev_file": "temporal-dev.yaml",
+        "temporal": {"task_queue": f"ipnext-{uuid.uuid4().hex[:8]}"},
+        "serve": {"host": "127.0.0.1", "port": free_port()},
+    }
+    path = base / "ipnext.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
 
 
 def stack_processes(stack_id: str) -> list[int]:

@@ -122,6 +122,7 @@ class RolloutResult(_Frozen):
     detail: str = ""
     pauses: list[PauseRecord] = Field(default_factory=list)
     gates: list[GateReading] = Field(default_factory=list)  # the last readings
+    status: RolloutStatus | None = None  # the rollout's `status` as it ended
 
 
 class WatchInput(_Frozen):

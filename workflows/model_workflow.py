@@ -297,9 +297,12 @@ class ModelWorkflow:
             )
         finally:
             self._rolling_out = False
-        self._last_rollout = self._rollout_status(
-            child_id, result.state, result.generations, result.detail or detail, old, new
-        ).model_copy(update={"pauses": result.pauses, "gates": result.gates})
+        if result.status is not None:  # the rollout's own last word: steps, split, gates, pauses
+            self._last_rollout = result.status.model_copy(update={"detail": result.detail or detail})
+        else:
+            self._last_rollout = self._rollout_status(
+                child_id, result.state, result.generations, result.detail or detail, old, new
+            )
         return result
 
     def _rollout_status(

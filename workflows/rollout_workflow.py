@@ -405,6 +405,7 @@ class RolloutWorkflow:
             detail=self._detail,
             pauses=list(self._pauses),
             gates=list(self._gates),
+            status=self.status(),
         )
 
     def _set_traffic(self, percent: float) -> None:

@@ -4,8 +4,6 @@ the ipnext worker, on ports and in a state folder of its own, so a running demo 
 from __future__ import annotations
 
 import os
-import random
-import socket
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -13,10 +11,9 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
-import yaml
 
 from ipnext.config import Settings, load_settings
-from ipnext.devstack import DevStack, stack_processes
+from ipnext.devstack import DevStack, scratch_config, stack_processes
 from ipnext.examples.ranker.train import train
 from ipnext.model import ModelSpec, load_model_spec
 from ipnext.sdk import Client
@@ -26,46 +23,11 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLE_MODEL = REPO / "examples" / "ranker" / "model.yaml"
 
 
-def free_port() -> int:
-    """A free port below Linux's ephemeral range (32768+), so that the random ports Ray and
-    Temporal take for themselves cannot grab it between this check and the server's bind."""
-    rng = random.Random()
-    while True:
-        port = rng.randrange(20000, 32000)
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-
-
-def write_stack_config(base: Path) -> Path:
-    """An ipnext.yaml + temporal-dev.yaml of free ports under `base`, with a copy of the repo's
-    dev fleet (a test may change it, as an operator would, and must put it back)."""
-    (base / "snapshots").mkdir(parents=True)
-    (base / "fleet.yaml").write_text((REPO / "config" / "fleet.dev.yaml").read_text())
-    dev = yaml.safe_load((REPO / "temporal-dev.yaml").read_text())
-    dev.update(port=free_port(), ui_port=free_port())
-    (base / "temporal-dev.yaml").write_text(yaml.safe_dump(dev))
-    config = {
-        "fleet_file": "fleet.yaml",
-        "snapshot_roots": ["snapshots"],
-        "state_dir": "state",
-        "temporal_dev_file": "temporal-dev.yaml",
-        "temporal": {"task_queue": f"ipnext-test-{uuid.uuid4().hex[:8]}"},
-        "serve": {"host": "127.0.0.1", "port": free_port()},
-    }
-    path = base / "ipnext.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
 @pytest.fixture(scope="session")
 def stack_config() -> Iterator[Path]:
     # Short path: Ray's unix sockets live under the state folder and must stay under 107 bytes.
     base = Path(tempfile.mkdtemp(prefix="ipn-", dir="/tmp"))
-    yield write_stack_config(base)
+    yield scratch_config(base, REPO / "config")
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import write_stack_config
+from ipnext.devstack import scratch_config
+
+from .conftest import REPO
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(480)]
 
@@ -31,7 +33,7 @@ def _processes_with(marker: str) -> list[int]:
 
 
 def test_demo_once_end_to_end() -> None:
-    config = write_stack_config(Path(tempfile.mkdtemp(prefix="ipn-demo-", dir="/tmp")))
+    config = scratch_config(Path(tempfile.mkdtemp(prefix="ipn-demo-", dir="/tmp")), REPO / "config")
     env = {k: v for k, v in os.environ.items() if k not in ("TEMPORAL_ADDRESS", "RAY_ADDRESS")}
     env["IPNEXT_CONFIG"] = str(config)
     started = time.perf_counter()

@@ -68,7 +68,9 @@ async def test_on_call_pauses_and_resumes_with_the_cli(
     stack: Settings, stack_config: Path, client: Client, model_name: str
 ) -> None:
     spec = one_region_spec(model_name)
-    spec = spec.model_copy(update={"rollout": spec.rollout.model_copy(update={"steps": [30, 100]})})
+    # A bake long enough that the CLI's pause (a new process) lands inside the first one.
+    rollout = spec.rollout.model_copy(update={"steps": [30, 100], "bake_seconds": 10})
+    spec = spec.model_copy(update={"rollout": rollout})
     await client.publish_model(spec)
     v1, _ = train_version(stack, model_name, "v1")
     await client.wait_until_serving(model_name, (await client.publish_snapshot(model_name, v1)).set_id)
@@ -86,7 +88,7 @@ async def test_on_call_pauses_and_resumes_with_the_cli(
             stack_config, "rollout", "pause", model_name, "--reason", "looking at a dashboard", "--who", "ann"
         )
         assert out.returncode == 0, out.stderr
-        await asyncio.sleep(8.0)  # more than two bakes: the split holds
+        await asyncio.sleep(12.0)  # more than a bake: the split holds
         held = await client.rollout_status(model_name)
         assert held is not None and held.state == RolloutState.PAUSED
         assert held.traffic_percent == {published.set_id: 30.0, f"{model_name}@1": 70.0}

@@ -119,7 +119,7 @@ async def test_rollback_from_a_late_step_scales_the_old_set_up_before_the_rest_m
 
 async def test_pause_holds_the_split_through_the_bake_and_resume_continues(temporal: Client) -> None:
     fake = FakeServing()
-    worker, handle = await start(temporal, fake, with_rollout(steps=[30, 100], bake_seconds=1.0))
+    worker, handle = await start(temporal, fake, with_rollout(steps=[30, 100], bake_seconds=3.0))
     async with worker:
         await serve_v1(handle, fake)
         await handle.execute_update("publish", request("v2"), result_type=PublishResult)
@@ -127,7 +127,7 @@ async def test_pause_holds_the_split_through_the_bake_and_resume_continues(tempo
         signal(temporal, "wf-model@2", "pause", '{"reason": "checking a dashboard", "who": "oncall-a"}')
         paused = await until_rollout(temporal, "wf-model@2", lambda s: s.state == RolloutState.PAUSED)
         routes_when_paused = len(fake.routes)
-        await asyncio.sleep(3.0)  # three bakes' worth: the split holds
+        await asyncio.sleep(4.0)  # more than a bake: the split holds
         held = await until_rollout(temporal, "wf-model@2", lambda s: True)
         assert held.state == RolloutState.PAUSED and len(fake.routes) == routes_when_paused
         assert held.traffic_percent == {"wf-model@2": 30.0, "wf-model@1": 70.0}
