@@ -155,19 +155,7 @@ class DevStack:
             self.down(quiet=True)  # a half-dead stack from an earlier run
         (self.state_dir / "logs").mkdir(parents=True, exist_ok=True)
         stack_id = uuid.uuid4().hex
-        env = dict(os.environ)
-        env.update(
-            {
-                STACK_ID_ENV: stack_id,
-                "RAY_AUTH_MODE": "disabled",
-                "RAY_USAGE_STATS_ENABLED": "0",
-                "PYTHONUNBUFFERED": "1",
-            }
-        )
-        if self.config_path is not None:
-            env["IPNEXT_CONFIG"] = str(Path(self.config_path).resolve())
-        elif "IPNEXT_CONFIG" not in env and Path("config/ipnext.yaml").exists():
-            env["IPNEXT_CONFIG"] = str(Path("config/ipnext.yaml").resolve())
+        env = self._env(stack_id)
         record: dict[str, Any] = {"stack_id": stack_id, "processes": {}}
         started = time.monotonic()
         try:
@@ -187,6 +175,50 @@ class DevStack:
         self.log(f"ipnext dev stack up in {time.monotonic() - started:.1f}s (state in {self.state_dir})")
         self._print_urls()
         return record
+
+    def _env(self, stack_id: str) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            {
+                STACK_ID_ENV: stack_id,
+                "RAY_AUTH_MODE": "disabled",
+                "RAY_USAGE_STATS_ENABLED": "0",
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
+        if self.config_path is not None:
+            env["IPNEXT_CONFIG"] = str(Path(self.config_path).resolve())
+        elif "IPNEXT_CONFIG" not in env and Path("config/ipnext.yaml").exists():
+            env["IPNEXT_CONFIG"] = str(Path("config/ipnext.yaml").resolve())
+        return env
+
+    # ---- crash drills ----------------------------------------------------------------------
+
+    def crash(self, name: str) -> None:
+        """Kill one component (`worker` or `temporal`) at once, as a crash would: SIGKILL, no
+        shutdown. Its state stays: the Temporal db file, the workflows' histories."""
+        record = self.read_record()
+        if record is None or name not in record["processes"]:
+            raise StackError(f"no {name} in this dev stack to crash")
+        pid = record["processes"][name]["pid"]
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+        while _alive(pid):
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+            time.sleep(0.05)
+        self.log(f"  crashed {name} (pid {pid})")
+
+    def start(self, name: str) -> None:
+        """Start one component again (after `crash`), in the same stack."""
+        record = self.read_record()
+        if record is None:
+            raise StackError("the dev stack is not up")
+        env = self._env(record["stack_id"])
+        starts = {"worker": self._start_worker, "temporal": self._start_temporal}
+        if name not in starts:
+            raise StackError(f"{name}: only {sorted(starts)} can be started alone")
+        starts[name](env, record)
 
     def _print_urls(self) -> None:
         self.log(f"  Temporal UI:  {self.settings.ui_url}")
