@@ -12,6 +12,7 @@ from ipnext.errors import SpecError
 from ipnext.fleet import Fleet
 from ipnext.model import (
     ModelSpec,
+    RolloutSpec,
     check_against_fleet,
     check_factories,
     import_factory,
@@ -43,7 +44,8 @@ def test_example_spec_loads_with_its_values() -> None:
     assert spec.parts["dense"].hardware["cpu-std"].qps == 300
     assert spec.traffic.peak_qps == {"us-east": 60, "eu-west": 30}
     assert spec.latency_budget_ms == 50
-    assert spec.rollout.steps == [1, 5, 25, 50, 100]
+    assert spec.rollout.steps == [10, 50, 100] and spec.rollout.bake_seconds == 3  # demo-sized
+    assert RolloutSpec().steps == [1, 5, 25, 50, 100] and RolloutSpec().bake_seconds == 60  # defaults
 
 
 def test_example_topological_order() -> None:
