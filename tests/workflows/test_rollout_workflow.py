@@ -5,7 +5,6 @@ too little traffic, and freeze windows (refused, overridden, holding a running r
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -23,17 +22,20 @@ pytestmark = pytest.mark.timeout(120)
 TEMPORAL = str(Path(sys.executable).parent / "temporal")
 
 
-def on_call(client: Client, *args: str) -> str:
-    """Run the temporal CLI against the test server, as on-call would."""
+async def on_call(client: Client, *args: str) -> str:
+    """Run the temporal CLI against the test server, as on-call would (without blocking the
+    event loop the test's worker runs on)."""
     address = client.service_client.config.target_host
-    done = subprocess.run(
-        [TEMPORAL, *args, "--address", address], capture_output=True, text=True, timeout=30, check=True
+    proc = await asyncio.create_subprocess_exec(
+        TEMPORAL, *args, "--address", address, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
     )
-    return done.stdout
+    out, err = await asyncio.wait_for(proc.communicate(), timeout=30)
+    assert proc.returncode == 0, err.decode()
+    return out.decode()
 
 
-def signal(client: Client, set_id: str, name: str, payload: str) -> None:
-    on_call(
+async def signal(client: Client, set_id: str, name: str, payload: str) -> None:
+    await on_call(
         client,
         "workflow",
         "signal",
@@ -119,21 +121,21 @@ async def test_rollback_from_a_late_step_scales_the_old_set_up_before_the_rest_m
 
 async def test_pause_holds_the_split_through_the_bake_and_resume_continues(temporal: Client) -> None:
     fake = FakeServing()
-    worker, handle = await start(temporal, fake, with_rollout(steps=[30, 100], bake_seconds=3.0))
+    worker, handle = await start(temporal, fake, with_rollout(steps=[30, 100], bake_seconds=5.0))
     async with worker:
         await serve_v1(handle, fake)
         await handle.execute_update("publish", request("v2"), result_type=PublishResult)
         await until_rollout(temporal, "wf-model@2", lambda s: "baking" in s.step)
-        signal(temporal, "wf-model@2", "pause", '{"reason": "checking a dashboard", "who": "oncall-a"}')
+        await signal(temporal, "wf-model@2", "pause", '{"reason": "checking a dashboard", "who": "oncall-a"}')
         paused = await until_rollout(temporal, "wf-model@2", lambda s: s.state == RolloutState.PAUSED)
         routes_when_paused = len(fake.routes)
-        await asyncio.sleep(4.0)  # more than a bake: the split holds
+        await asyncio.sleep(6.0)  # more than a bake: the split holds
         held = await until_rollout(temporal, "wf-model@2", lambda s: True)
         assert held.state == RolloutState.PAUSED and len(fake.routes) == routes_when_paused
         assert held.traffic_percent == {"wf-model@2": 30.0, "wf-model@1": 70.0}
-        listed = on_call(temporal, "workflow", "list", "--query", "IpnextState = 'paused'")
+        listed = await on_call(temporal, "workflow", "list", "--query", "IpnextState = 'paused'")
         assert rollout_workflow_id("wf-model", "wf-model@2") in listed
-        signal(temporal, "wf-model@2", "resume", '{"who": "oncall-b"}')
+        await signal(temporal, "wf-model@2", "resume", '{"who": "oncall-b"}')
         done = await until_rollout(temporal, "wf-model@2", lambda s: s.state == RolloutState.COMPLETED)
     assert paused.pauses[0].reason == "checking a dashboard" and paused.pauses[0].who == "oncall-a"
     assert done.pauses[0].resumed_by == "oncall-b" and done.pauses[0].resumed_at is not None
@@ -147,7 +149,9 @@ async def test_abort_rolls_back_and_ends_aborted(temporal: Client) -> None:
         await serve_v1(handle, fake)
         await handle.execute_update("publish", request("v2"), result_type=PublishResult)
         await until_rollout(temporal, "wf-model@2", lambda s: "baking" in s.step)
-        signal(temporal, "wf-model@2", "abort", '{"reason": "bad canary on a dashboard", "who": "oncall-a"}')
+        await signal(
+            temporal, "wf-model@2", "abort", '{"reason": "bad canary on a dashboard", "who": "oncall-a"}'
+        )
         state = await until(handle, lambda s: s.sets[-1].status == "aborted")
         status = await until_rollout(temporal, "wf-model@2", lambda s: s.state == RolloutState.ABORTED)
     assert "oncall-a" in status.detail and "bad canary" in status.detail
@@ -166,7 +170,7 @@ async def test_too_little_traffic_extends_the_bake_then_pauses(temporal: Client)
         assert status.pauses[0].reason == "insufficient_traffic" and status.pauses[0].who == "ipnext"
         assert status.steps_done == 0
         fake.rate = 100
-        signal(temporal, "wf-model@2", "resume", '{"who": "oncall-a"}')
+        await signal(temporal, "wf-model@2", "resume", '{"who": "oncall-a"}')
         done = await until_rollout(temporal, "wf-model@2", lambda s: s.state == RolloutState.COMPLETED)
     assert done.generations == [2, 3]
 
