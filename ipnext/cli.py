@@ -3,7 +3,7 @@
 ipnext dev up|down|status
 ipnext model publish FILE | get NAME | list | delete NAME
 ipnext snapshot publish MODEL FOLDER [--wait] [--override-freeze REASON --who NAME]
-ipnext rollout status|watch MODEL | pause|abort MODEL --reason R [--who W] | resume MODEL [--who W]
+ipnext rollout status|watch MODEL | pause|abort|override-freeze MODEL --reason R [--who W] | resume MODEL
 ipnext predict MODEL --inputs JSON [--source REGION | --region REGION] [--key KEY]
 ipnext serve export [-o FILE]
 ipnext plan solve --fleet F --demand D [--current P] --out P | show [--revision N] [--json]
@@ -96,10 +96,12 @@ def _rollout(args: argparse.Namespace, settings: Settings) -> None:
         elif args.verb == "watch":
             await _watch(ipn, args.model, args.interval)
         else:
-            if args.verb in ("pause", "abort") and not reason:
+            if args.verb in ("pause", "abort", "override-freeze") and not reason:
                 raise IpnextError(f"rollout {args.verb}: give --reason (it is kept in the rollout's history)")
             if args.verb == "pause":
                 status = await ipn.pause_rollout(args.model, reason, who=who)
+            elif args.verb == "override-freeze":
+                status = await ipn.override_freeze(args.model, reason, who=who)
             elif args.verb == "abort":
                 status = await ipn.abort_rollout(args.model, reason, who=who)
             else:
@@ -410,12 +412,13 @@ def _parser() -> argparse.ArgumentParser:
         ("pause", "hold the current split (gates still roll back)"),
         ("resume", "go on; the current step's bake starts again"),
         ("abort", "roll back to the previous set"),
+        ("override-freeze", "go on through a freeze window (kept in the history)"),
     ):
         verb_parser = rsub.add_parser(verb, help=text)
         verb_parser.add_argument("model")
-        if verb in ("pause", "abort"):
+        if verb in ("pause", "abort", "override-freeze"):
             verb_parser.add_argument("--reason", required=True)
-        if verb in ("pause", "resume", "abort"):
+        if verb in ("pause", "resume", "abort", "override-freeze"):
             verb_parser.add_argument("--who", help="default: $USER")
         if verb == "watch":
             verb_parser.add_argument("--interval", type=float, default=1.0, help="seconds between redraws")

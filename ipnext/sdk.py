@@ -245,6 +245,10 @@ class Client:
         """Roll the running rollout back to the previous set; it ends `aborted`."""
         return await self._signal_rollout(name, "abort", AbortInput(reason=reason, who=who))
 
+    async def override_freeze(self, name: str, reason: str, who: str) -> RolloutStatus:
+        """Let the running rollout go on through a freeze window (who and why stay in its history)."""
+        return await self._signal_rollout(name, "override_freeze", FreezeOverride(reason=reason, who=who))
+
     async def _signal_rollout(self, name: str, signal: str, arg: BaseModel) -> RolloutStatus:
         status = await self.rollout_status(name)
         if status is None or status.state not in (RolloutState.RUNNING, RolloutState.PAUSED):

@@ -17,11 +17,11 @@ weight change when the old set's current replicas can carry it at full load (els
 they can, then the rest once it is scaled back up), the old set returns to its full size, and
 the new set's apps go last.
 
-Signals `pause`, `resume`, `abort`; query `status`. While paused, gates are still evaluated and
+Signals `pause`, `resume`, `abort`, `override_freeze`; query `status`. While paused, gates are still evaluated and
 a breach still rolls back; on resume the bake of the current step restarts. A freeze window
 (config `freeze_calendar`) refuses the start, and holds a running rollout at the end of its
-current step until the window ends; an explicit override (reason, who) is part of the input
-and so of the history.
+current step until the window ends; an explicit override (reason, who), given at publish (part
+of the input) or by the `override_freeze` signal, lets it go on and stays in the history.
 
 A first rollout (nothing serves yet) has nothing to compare against: it deploys and routes all
 traffic in one step.
@@ -53,6 +53,7 @@ with workflow.unsafe.imports_passed_through():
     from ipnext.registry import RolloutInput, RolloutResult
     from ipnext.rollout import (
         AbortInput,
+        FreezeOverride,
         FreezeWindow,
         GateReading,
         PauseInput,
@@ -106,6 +107,7 @@ class RolloutWorkflow:
         self._pauses: list[PauseRecord] = []
         self._abort: AbortInput | None = None
         self._resumes = 0  # counts resumes: a bake restarts when it changes
+        self._override: FreezeOverride | None = input.freeze_override
 
     # ---- on-call -----------------------------------------------------------------------------
 
@@ -131,6 +133,15 @@ class RolloutWorkflow:
         self._abort = input
         workflow.logger.info("rollout aborted by %s: %s", input.who, input.reason)
 
+    @workflow.signal
+    def override_freeze(self, input: FreezeOverride) -> None:
+        """Go on through a freeze window (the signal, with who and why, stays in the history)."""
+        if self._finished() or self._override is not None:
+            return
+        self._override = input
+        workflow.logger.warning("freeze overridden by %s: %s", input.who, input.reason)
+        self._publish_details()
+
     @workflow.query
     def status(self) -> RolloutStatus:
         return RolloutStatus(
@@ -147,7 +158,7 @@ class RolloutWorkflow:
             steps_done=self._steps_done,
             gates=list(self._gates),
             pauses=list(self._pauses),
-            freeze_override=self._input.freeze_override,
+            freeze_override=self._override,
         )
 
     # ---- the rollout -------------------------------------------------------------------------
@@ -242,10 +253,10 @@ class RolloutWorkflow:
             if breached:
                 raise _Stop(RolloutState.ROLLED_BACK, "gate breached: " + "; ".join(map(_describe, breached)))
             if frozen is not None:
-                if workflow.now() < frozen.end:
+                if workflow.now() < frozen.end and self._override is None:
                     continue
                 frozen = None
-                self._close_pause(FREEZE_CALENDAR)
+                self._close_pause(FREEZE_CALENDAR if self._override is None else self._override.who)
                 continue  # the close counts as a resume: the bake restarts
             if self._paused():
                 continue
@@ -261,7 +272,7 @@ class RolloutWorkflow:
                     f"(min_requests {rollout.min_requests})",
                 )
                 continue
-            if index + 1 < len(self._steps) and self._input.freeze_override is None:
+            if index + 1 < len(self._steps) and self._override is None:
                 window = active_freeze(await self._freeze_windows(), workflow.now())
                 if window is not None:
                     frozen = window
@@ -442,8 +453,8 @@ class RolloutWorkflow:
         if self._pauses and self._paused():
             last = self._pauses[-1]
             lines.append(f"paused by {last.who}: {last.reason}")
-        if self._input.freeze_override is not None:
-            o = self._input.freeze_override
+        if self._override is not None:
+            o = self._override
             lines.append(f"freeze override by {o.who}: {o.reason}")
         if self._detail:
             lines.append(self._detail)

@@ -218,3 +218,28 @@ async def test_a_freeze_that_begins_holds_the_rollout_at_its_step(temporal: Clie
     assert held.pauses[0].reason == "freeze: launch day"
     assert done.pauses[0].resumed_by == "freeze calendar"
     assert done.generations == [2, 3]
+
+
+async def test_on_call_overrides_a_freeze_that_holds_a_rollout(temporal: Client) -> None:
+    fake = FakeServing()
+    worker, handle = await start(temporal, fake, with_rollout(steps=[20, 100], bake_seconds=0.5))
+    async with worker:
+        await serve_v1(handle, fake)
+        await handle.execute_update("publish", request("v2"), result_type=PublishResult)
+        await until_rollout(temporal, "wf-model@2", lambda s: "baking" in s.step)
+        fake.windows = [_window("change freeze", 3600)]
+        await until_rollout(temporal, "wf-model@2", lambda s: s.state == RolloutState.PAUSED)
+        await signal(temporal, "wf-model@2", "override_freeze", '{"reason": "hotfix 7", "who": "lead"}')
+        done = await until_rollout(temporal, "wf-model@2", lambda s: s.state == RolloutState.COMPLETED)
+        history = await temporal.get_workflow_handle(
+            rollout_workflow_id("wf-model", "wf-model@2")
+        ).fetch_history()
+    assert done.pauses[0].reason == "freeze: change freeze" and done.pauses[0].resumed_by == "lead"
+    assert done.freeze_override == FreezeOverride(reason="hotfix 7", who="lead")
+    signals = [
+        e.workflow_execution_signaled_event_attributes
+        for e in history.events
+        if e.HasField("workflow_execution_signaled_event_attributes")
+    ]
+    assert [s.signal_name for s in signals] == ["override_freeze"]
+    assert b"hotfix 7" in signals[0].input.payloads[0].data
