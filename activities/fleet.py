@@ -18,6 +18,7 @@ from ipnext.plan import (
     SolveOptions,
     demand_from_model,
     merge_plans,
+    placement_revision,
     plan_moves,
 )
 from ipnext.planner import solve
@@ -170,7 +171,7 @@ def _changed_models(models: list[ModelEntry], plan: Plan, problem: PlanningProbl
                 for m in plan_moves(entry.plan, Plan(deployments=mine, cost=cost, solver=plan.solver))
             ),
             solver=plan.solver,
-            revision=(entry.plan.revision + 1) if entry.plan else 1,
+            revision=placement_revision(entry.plan, mine),
             lower_bound_method=f"share of fleet plan revision {plan.revision}",
             status=plan.status,
         )

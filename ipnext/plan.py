@@ -18,6 +18,7 @@ __all__ = [
     "SolveOptions",
     "demand_from_model",
     "merge_plans",
+    "placement_revision",
     "plan_moves",
 ]
 
@@ -177,6 +178,23 @@ def plan_moves(old: Plan | None, new: Plan) -> list[PlanMove]:
                 if n0 != n1:
                     moves.append(PlanMove(deployment=name, region=region, hardware=hw, before=n0, after=n1))
     return moves
+
+
+def placement_revision(old: Plan | None, deployments: dict[str, DeploymentPlacement]) -> int:
+    """The placement revision of a model's new placement: the old one when only replica counts
+    or routing changed (its set apps change in place), the next one when a deployment gains or
+    loses a (region, hardware) (Serve cannot add a deployment to a running app: a new revision
+    of the set app comes up beside the old one)."""
+    if old is None:
+        return 1
+
+    def layout(placements: dict[str, DeploymentPlacement]) -> dict[str, set[tuple[str, str]]]:
+        return {
+            name: {(r, hw) for r, by_hw in p.replicas.items() for hw, n in by_hw.items() if n > 0}
+            for name, p in placements.items()
+        }
+
+    return old.revision if layout(old.deployments) == layout(deployments) else old.revision + 1
 
 
 def merge_plans(plans: list[Plan]) -> Plan | None:

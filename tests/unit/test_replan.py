@@ -15,7 +15,7 @@ from ipnext.activities.fleet import ModelEntry, SolveFleetInput, SolveFleetResul
 from ipnext.config import load_settings
 from ipnext.errors import IpnextError
 from ipnext.model import load_model_spec
-from ipnext.plan import DeploymentPlacement, Plan, merge_plans, plan_moves
+from ipnext.plan import DeploymentPlacement, Plan, merge_plans, placement_revision, plan_moves
 from ipnext.replan import PlanStore
 
 REPO = Path(__file__).resolve().parents[2]
@@ -122,3 +122,18 @@ def test_solve_activity_stores_the_plan_and_hands_back_only_changed_models(
     stored = PlanStore(tmp_path / "state").load()
     assert stored.revision == 2 and stored.models == ["feed-ranker", "other"]
     assert stored.units["feed-ranker/embed"] == {"cpu-highmem": 2}
+
+
+def test_placement_revision_changes_only_with_the_layout() -> None:
+    old = _plan({"m/a": {"us-east": {"cpu": 2}}}, 4)
+    counts = {
+        "m/a": DeploymentPlacement(replicas={"us-east": {"cpu": 5}}, fractions={"us-east": {"us-east": 1.0}})
+    }
+    assert placement_revision(old, counts) == 4  # replica counts change in place
+    moved = {
+        "m/a": DeploymentPlacement(replicas={"eu-west": {"cpu": 2}}, fractions={"us-east": {"eu-west": 1.0}})
+    }
+    assert placement_revision(old, moved) == 5
+    other_hw = {"m/a": DeploymentPlacement(replicas={"us-east": {"cpu": 2, "gpu": 1}}, fractions={})}
+    assert placement_revision(old, other_hw) == 5
+    assert placement_revision(None, counts) == 1

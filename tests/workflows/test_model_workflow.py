@@ -215,3 +215,24 @@ async def test_scheduled_fleet_replan_hands_models_their_new_placement(temporal:
     assert state.serving_apps == {"eu-west": "app-1-r2"}
     assert described.schedule.state.paused and described.schedule.state.note == "on-call: hold capacity moves"
     assert [i.every for i in described.schedule.spec.intervals] == [timedelta(hours=6)]
+
+
+async def test_a_replan_that_only_changes_replica_counts_applies_in_place(temporal: Client) -> None:
+    fake = FakeServing()
+    worker, handle = await start(temporal, fake)
+    async with worker:
+        await handle.execute_update("publish", request("v1"), result_type=PublishResult)
+        await until(handle, lambda s: s.serving_set == "wf-model@1")
+        bigger = plan_in("us-east", 1)  # same region and hardware, 2 replicas instead of 1
+        await handle.signal("apply_plan", ApplyPlanInput(plan=bigger, fleet_revision=3))
+        state = await until(
+            handle,
+            lambda s: (
+                s.plan is not None and s.plan.deployments == bigger.deployments and s.state == "serving"
+            ),
+        )
+    # The serving app changed its replica count in place: no app beside it, none removed,
+    # and the routers' weights stayed where they were.
+    assert fake.scales == [("wf-model@1", 1, 1.0), ("wf-model@1", 1, 1.0)]
+    assert state.serving_apps == {"us-east": "app-1"} and fake.removed == []
+    assert all(r == {"us-east": {"app-1": 100.0}} for r in fake.routes)
