@@ -108,6 +108,7 @@ class RolloutWorkflow:
         self._abort: AbortInput | None = None
         self._resumes = 0  # counts resumes: a bake restarts when it changes
         self._override: FreezeOverride | None = input.freeze_override
+        self._freeze_hold = False  # paused by a freeze window: only its end or an override ends it
 
     # ---- on-call -----------------------------------------------------------------------------
 
@@ -122,6 +123,12 @@ class RolloutWorkflow:
     @workflow.signal
     def resume(self, input: ResumeInput) -> None:
         if not self._paused():
+            return
+        if self._freeze_hold:
+            workflow.logger.warning(
+                "resume by %s ignored: a freeze window holds the rollout (override_freeze lets it go on)",
+                input.who,
+            )
             return
         self._close_pause(input.who)
         workflow.logger.info("rollout resumed by %s", input.who)
@@ -185,6 +192,9 @@ class RolloutWorkflow:
             self._enter(RolloutState.RUNNING, "starting")
             await self._hold_while_paused()
             for index, percent in enumerate(self._steps):
+                if index > 0 and start and self._paused():
+                    # Paused between steps: hold this split, gates still judged, until resumed.
+                    await self._bake(new_apps, index - 1)
                 label = f"step {index + 1}/{len(self._steps)} ({percent}%)"
                 self._enter(self._running_or_paused(), f"{label}: scaling the new set up")
                 new_apps = await self._deploy(input.new_set, input.plan, percent / 100)
@@ -256,6 +266,7 @@ class RolloutWorkflow:
                 if workflow.now() < frozen.end and self._override is None:
                     continue
                 frozen = None
+                self._freeze_hold = False
                 self._close_pause(FREEZE_CALENDAR if self._override is None else self._override.who)
                 continue  # the close counts as a resume: the bake restarts
             if self._paused():
@@ -276,6 +287,7 @@ class RolloutWorkflow:
                 window = active_freeze(await self._freeze_windows(), workflow.now())
                 if window is not None:
                     frozen = window
+                    self._freeze_hold = True
                     self._pause_by_ipnext(f"freeze: {window.reason}", f"until {window.end.isoformat()}")
                     continue
             return

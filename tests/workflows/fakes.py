@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 from temporalio import activity
@@ -204,8 +205,12 @@ async def until_rollout(
     deadline = asyncio.get_running_loop().time() + timeout
     while True:
         try:
-            status: RolloutStatus | None = await handle.query("status", result_type=RolloutStatus)
-        except RPCError:  # not started yet
+            # Before this test's rollout starts, the id names an earlier test's closed run, whose
+            # worker is gone: its query would wait for a worker, so cut it short and ask again.
+            status: RolloutStatus | None = await handle.query(
+                "status", result_type=RolloutStatus, rpc_timeout=timedelta(seconds=1)
+            )
+        except RPCError:  # not started yet, or that earlier run
             status = None
         if status is not None and check(status):
             return status

@@ -211,9 +211,13 @@ async def test_a_freeze_that_begins_holds_the_rollout_at_its_step(temporal: Clie
         await serve_v1(handle, fake)
         await handle.execute_update("publish", request("v2"), result_type=PublishResult)
         await until_rollout(temporal, "wf-model@2", lambda s: "baking" in s.step)
-        fake.windows = [_window("launch day", 3.0)]
+        fake.windows = [_window("launch day", 4.0)]
         held = await until_rollout(temporal, "wf-model@2", lambda s: s.state == RolloutState.PAUSED)
         assert held.traffic_percent["wf-model@2"] == 20.0 and held.steps_done == 0
+        await signal(temporal, "wf-model@2", "resume", '{"who": "oncall-a"}')  # a freeze is not a pause
+        await asyncio.sleep(0.5)
+        still = await until_rollout(temporal, "wf-model@2", lambda s: True)
+        assert still.state == RolloutState.PAUSED and still.pauses[0].resumed_by is None
         done = await until_rollout(temporal, "wf-model@2", lambda s: s.state == RolloutState.COMPLETED)
     assert held.pauses[0].reason == "freeze: launch day"
     assert done.pauses[0].resumed_by == "freeze calendar"
@@ -243,3 +247,22 @@ async def test_on_call_overrides_a_freeze_that_holds_a_rollout(temporal: Client)
     ]
     assert [s.signal_name for s in signals] == ["override_freeze"]
     assert b"hotfix 7" in signals[0].input.payloads[0].data
+
+
+async def test_a_pause_between_steps_holds_the_split_until_resumed(temporal: Client) -> None:
+    fake = FakeServing()
+    worker, handle = await start(temporal, fake, with_rollout(steps=[30, 60, 100], bake_seconds=0.5))
+    async with worker:
+        await serve_v1(handle, fake)
+        fake.release["wf-model@1"] = asyncio.Event()  # the old set's scale-down after step 1 waits
+        await handle.execute_update("publish", request("v2"), result_type=PublishResult)
+        await until_rollout(temporal, "wf-model@2", lambda s: "scaling the old set down" in s.step)
+        await signal(temporal, "wf-model@2", "pause", '{"reason": "between steps", "who": "oncall-a"}')
+        fake.release["wf-model@1"].set()
+        await asyncio.sleep(3.0)
+        held = await until_rollout(temporal, "wf-model@2", lambda s: True)
+        assert held.state == RolloutState.PAUSED and held.steps_done == 1
+        assert held.traffic_percent["wf-model@2"] == 30.0 and len(fake.routes) == 2
+        await signal(temporal, "wf-model@2", "resume", '{"who": "oncall-a"}')
+        done = await until_rollout(temporal, "wf-model@2", lambda s: s.state == RolloutState.COMPLETED)
+    assert done.generations == [2, 3, 4] and done.pauses[0].resumed_by == "oncall-a"
