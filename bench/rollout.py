@@ -30,7 +30,7 @@ import httpx
 
 from ipnext.config import Settings, load_settings
 from ipnext.devstack import DevStack, scratch_config
-from ipnext.examples.ranker.train import train
+from ipnext.examples.ranker.train import poisoned_copy, train
 from ipnext.model import ModelSpec, load_model_spec
 from ipnext.registry import rollout_workflow_id
 from ipnext.rollout import PauseInput, ResumeInput, RolloutState, RolloutStatus
@@ -67,20 +67,6 @@ def spec() -> ModelSpec:
     # Long bakes (the pauses happen inside the first one) and the default check interval.
     data["rollout"].update(steps=[10, 50, 100], bake_seconds=600, check_interval_seconds=2)
     return ModelSpec.model_validate(data)
-
-
-def poisoned(settings: Settings, version: str, good: Path) -> Path:
-    import torch
-    from safetensors.torch import load_file
-
-    from ipnext.snapshots import write_snapshot
-
-    embed = load_file(str(good / "embed.safetensors"))
-    embed["user.weight"][0::2] = torch.nan
-    dense = load_file(str(good / "dense.safetensors"))
-    folder = settings.snapshot_roots[0] / MODEL / version
-    write_snapshot(folder, MODEL, version, {"embed": embed, "dense": dense})
-    return folder
 
 
 async def until_status(ipn: Client, check: Any, timeout: float = 180) -> RolloutStatus:
@@ -147,7 +133,7 @@ async def measure(settings: Settings, repeats: int) -> dict[str, Any]:
             old_app = f"{MODEL}.us-east.s1.r1"
             breach_s = []
             for i in range(max(1, repeats // 2)):
-                bad = poisoned(settings, f"bad-{i}", v1)
+                bad = poisoned_copy(root, MODEL, f"bad-{i}", v1)
                 since = len(load.answers)
                 published = await ipn.publish_snapshot(MODEL, bad, who="bench")
                 seen_new = False

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ipnext.model import ModelSpec, SnapshotSet, SnapshotSetRequest
 from ipnext.plan import Plan
-from ipnext.rollout import FreezeOverride, GateReading, PauseRecord, RolloutState, RolloutStatus
+from ipnext.rollout import FreezeOverride, RolloutState, RolloutStatus
 
 __all__ = [
     "ApplyPlanInput",
@@ -120,9 +120,7 @@ class RolloutResult(_Frozen):
     apps: dict[str, str]  # region -> set app serving when the rollout ended
     generations: list[int]
     detail: str = ""
-    pauses: list[PauseRecord] = Field(default_factory=list)
-    gates: list[GateReading] = Field(default_factory=list)  # the last readings
-    status: RolloutStatus | None = None  # the rollout's `status` as it ended
+    status: RolloutStatus | None = None  # the rollout's `status` as it ended (gates, pauses, steps)
 
 
 class WatchInput(_Frozen):

@@ -426,8 +426,6 @@ class RolloutWorkflow:
             apps=apps,
             generations=self._generations,
             detail=self._detail,
-            pauses=list(self._pauses),
-            gates=list(self._gates),
             status=self.status(),
         )
 

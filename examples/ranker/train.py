@@ -96,6 +96,20 @@ def train(
     return TrainReport(manifest, folder, logloss, base, time.perf_counter() - started)
 
 
+def poisoned_copy(root: Path, model: str, version: str, good: Path) -> Path:
+    """A bad snapshot for rollout drills, bad deterministically: `good`'s weights with every even
+    user's embedding set to NaN, so those requests score NaN (a failed request) and odd users
+    still answer. Returns its folder under `root`."""
+    from safetensors.torch import load_file
+
+    embed = load_file(str(good / "embed.safetensors"))
+    embed["user.weight"][0::2] = torch.nan
+    dense = load_file(str(good / "dense.safetensors"))
+    folder = root / model / version
+    write_snapshot(folder, model, version, {"embed": embed, "dense": dense})
+    return folder
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", type=Path, required=True, help="snapshot root (one of snapshot_roots)")

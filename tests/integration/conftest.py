@@ -67,19 +67,3 @@ def one_region_spec(name: str, **updates: object) -> ModelSpec:
 def train_version(settings: Settings, model: str, version: str, seed: int = 1) -> tuple[Path, Manifest]:
     report = train(settings.snapshot_roots[0], model, version, seed=seed, steps=60)
     return report.folder, report.manifest
-
-
-def poisoned_version(settings: Settings, model: str, version: str, good: Path) -> Path:
-    """A bad snapshot, bad deterministically: `good`'s weights with the embedding of every even
-    user set to NaN, so requests for even users score NaN (a failed request) and odd users answer."""
-    import torch
-    from safetensors.torch import load_file
-
-    from ipnext.snapshots import write_snapshot
-
-    embed = load_file(str(good / "embed.safetensors"))
-    embed["user.weight"][0::2] = torch.nan
-    dense = load_file(str(good / "dense.safetensors"))
-    folder = settings.snapshot_roots[0] / model / version
-    write_snapshot(folder, model, version, {"embed": embed, "dense": dense})
-    return folder

@@ -14,10 +14,11 @@ import pytest
 
 from ipnext.config import Settings
 from ipnext.devstack import DevStack
+from ipnext.examples.ranker.train import poisoned_copy
 from ipnext.rollout import RolloutState
 from ipnext.sdk import Client
 
-from .conftest import one_region_spec, poisoned_version, train_version
+from .conftest import one_region_spec, train_version
 from .load import Load
 from .test_cli import ipnext
 from .test_lifecycle import serve_apps
@@ -32,7 +33,7 @@ async def test_bad_snapshot_is_rolled_back_by_the_gates(
     good, _ = train_version(stack, model_name, "v1")
     first = await client.publish_snapshot(model_name, good)
     await client.wait_until_serving(model_name, first.set_id)
-    bad = poisoned_version(stack, model_name, "v2-bad", good)
+    bad = poisoned_copy(stack.snapshot_roots[0], model_name, "v2-bad", good)
     async with Load(stack.serve_url, f"/us-east/models/{model_name}/predict") as load:
         published = await client.publish_snapshot(model_name, bad)
         deadline = time.monotonic() + 180

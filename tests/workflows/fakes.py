@@ -147,7 +147,7 @@ class FakeServing:
     async def teardown(self, input: TeardownInput) -> TeardownResult:
         return TeardownResult(removed=["app-x"])
 
-    def activities(self) -> list[object]:
+    def activities(self) -> list[Callable[..., Any]]:
         return [
             self.validate,
             self.plan,

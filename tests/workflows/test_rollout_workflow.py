@@ -8,9 +8,10 @@ import asyncio
 import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowHandle
 
 from ipnext.registry import PublishResult, rollout_workflow_id
 from ipnext.rollout import FreezeOverride, FreezeWindow, RolloutState
@@ -48,17 +49,24 @@ async def signal(client: Client, set_id: str, name: str, payload: str) -> None:
     )
 
 
-async def serve_v1(handle: object, fake: FakeServing) -> None:
-    await handle.execute_update("publish", request("v1"), result_type=PublishResult)  # type: ignore[attr-defined]
-    await until(handle, lambda s: s.serving_set == "wf-model@1")  # type: ignore[arg-type]
+async def serve_v1(handle: WorkflowHandle[Any, Any]) -> None:
+    await handle.execute_update("publish", request("v1"), result_type=PublishResult)
+    await until(handle, lambda s: s.serving_set == "wf-model@1")
+
+
+async def roll_out_v2(client: Client, handle: WorkflowHandle[Any, Any], step: str | None = None) -> None:
+    """v1 serving, then v2 published; with `step`, return once v2's rollout is at it."""
+    await serve_v1(handle)
+    await handle.execute_update("publish", request("v2"), result_type=PublishResult)
+    if step is not None:
+        await until_rollout(client, "wf-model@2", lambda s: step in s.step)
 
 
 async def test_healthy_rollout_walks_every_step_with_one_generation_each(temporal: Client) -> None:
     fake = FakeServing()
     worker, handle = await start(temporal, fake, with_rollout(steps=[10, 50, 100]))
     async with worker:
-        await serve_v1(handle, fake)
-        await handle.execute_update("publish", request("v2"), result_type=PublishResult)
+        await roll_out_v2(temporal, handle)
         state = await until(handle, lambda s: s.serving_set == "wf-model@2")
         status = await until_rollout(temporal, "wf-model@2", lambda s: s.state == RolloutState.COMPLETED)
     assert [r["us-east"] for r in fake.routes[1:]] == [
@@ -85,8 +93,7 @@ async def test_a_breached_gate_rolls_back_in_one_weight_change(temporal: Client)
     fake.bad_apps.add("app-2")
     worker, handle = await start(temporal, fake, with_rollout(steps=[25, 50, 100]))
     async with worker:
-        await serve_v1(handle, fake)
-        await handle.execute_update("publish", request("v2"), result_type=PublishResult)
+        await roll_out_v2(temporal, handle)
         state = await until(handle, lambda s: s.sets[-1].status == "rolled_back")
         status = await until_rollout(temporal, "wf-model@2", lambda s: s.state == RolloutState.ROLLED_BACK)
     assert state.serving_set == "wf-model@1" and state.serving_apps == {"us-east": "app-1"}
@@ -107,8 +114,7 @@ async def test_rollback_from_a_late_step_scales_the_old_set_up_before_the_rest_m
     fake.replicas = 10
     worker, handle = await start(temporal, fake, with_rollout(steps=[50, 90, 100]))
     async with worker:
-        await serve_v1(handle, fake)
-        await handle.execute_update("publish", request("v2"), result_type=PublishResult)
+        await roll_out_v2(temporal, handle)
         await until_rollout(temporal, "wf-model@2", lambda s: s.steps_done == 1 and "90%" in s.step)
         fake.bad_apps.add("app-2")  # the new set goes bad at 90%
         await until(handle, lambda s: s.sets[-1].status == "rolled_back")
@@ -123,9 +129,7 @@ async def test_pause_holds_the_split_through_the_bake_and_resume_continues(tempo
     fake = FakeServing()
     worker, handle = await start(temporal, fake, with_rollout(steps=[30, 100], bake_seconds=5.0))
     async with worker:
-        await serve_v1(handle, fake)
-        await handle.execute_update("publish", request("v2"), result_type=PublishResult)
-        await until_rollout(temporal, "wf-model@2", lambda s: "baking" in s.step)
+        await roll_out_v2(temporal, handle, "baking")
         await signal(temporal, "wf-model@2", "pause", '{"reason": "checking a dashboard", "who": "oncall-a"}')
         paused = await until_rollout(temporal, "wf-model@2", lambda s: s.state == RolloutState.PAUSED)
         routes_when_paused = len(fake.routes)
@@ -146,9 +150,7 @@ async def test_abort_rolls_back_and_ends_aborted(temporal: Client) -> None:
     fake = FakeServing()
     worker, handle = await start(temporal, fake, with_rollout(steps=[30, 100], bake_seconds=30.0))
     async with worker:
-        await serve_v1(handle, fake)
-        await handle.execute_update("publish", request("v2"), result_type=PublishResult)
-        await until_rollout(temporal, "wf-model@2", lambda s: "baking" in s.step)
+        await roll_out_v2(temporal, handle, "baking")
         await signal(
             temporal, "wf-model@2", "abort", '{"reason": "bad canary on a dashboard", "who": "oncall-a"}'
         )
@@ -164,8 +166,7 @@ async def test_too_little_traffic_extends_the_bake_then_pauses(temporal: Client)
     fake.rate = 0
     worker, handle = await start(temporal, fake, with_rollout(steps=[50, 100], bake_seconds=0.3))
     async with worker:
-        await serve_v1(handle, fake)
-        await handle.execute_update("publish", request("v2"), result_type=PublishResult)
+        await roll_out_v2(temporal, handle)
         status = await until_rollout(temporal, "wf-model@2", lambda s: s.state == RolloutState.PAUSED)
         assert status.pauses[0].reason == "insufficient_traffic" and status.pauses[0].who == "ipnext"
         assert status.steps_done == 0
@@ -184,7 +185,7 @@ async def test_freeze_refuses_a_start_and_an_override_goes_on_the_record(tempora
     fake = FakeServing()
     worker, handle = await start(temporal, fake)
     async with worker:
-        await serve_v1(handle, fake)
+        await serve_v1(handle)
         fake.windows = [_window("year-end holidays", 3600)]
         await handle.execute_update("publish", request("v2"), result_type=PublishResult)
         refused = await until(handle, lambda s: s.sets[-1].status == "refused")
@@ -208,9 +209,7 @@ async def test_a_freeze_that_begins_holds_the_rollout_at_its_step(temporal: Clie
     fake = FakeServing()
     worker, handle = await start(temporal, fake, with_rollout(steps=[20, 100], bake_seconds=0.5))
     async with worker:
-        await serve_v1(handle, fake)
-        await handle.execute_update("publish", request("v2"), result_type=PublishResult)
-        await until_rollout(temporal, "wf-model@2", lambda s: "baking" in s.step)
+        await roll_out_v2(temporal, handle, "baking")
         fake.windows = [_window("launch day", 4.0)]
         held = await until_rollout(temporal, "wf-model@2", lambda s: s.state == RolloutState.PAUSED)
         assert held.traffic_percent["wf-model@2"] == 20.0 and held.steps_done == 0
@@ -228,9 +227,7 @@ async def test_on_call_overrides_a_freeze_that_holds_a_rollout(temporal: Client)
     fake = FakeServing()
     worker, handle = await start(temporal, fake, with_rollout(steps=[20, 100], bake_seconds=0.5))
     async with worker:
-        await serve_v1(handle, fake)
-        await handle.execute_update("publish", request("v2"), result_type=PublishResult)
-        await until_rollout(temporal, "wf-model@2", lambda s: "baking" in s.step)
+        await roll_out_v2(temporal, handle, "baking")
         fake.windows = [_window("change freeze", 3600)]
         await until_rollout(temporal, "wf-model@2", lambda s: s.state == RolloutState.PAUSED)
         await signal(temporal, "wf-model@2", "override_freeze", '{"reason": "hotfix 7", "who": "lead"}')
@@ -253,7 +250,7 @@ async def test_a_pause_between_steps_holds_the_split_until_resumed(temporal: Cli
     fake = FakeServing()
     worker, handle = await start(temporal, fake, with_rollout(steps=[30, 60, 100], bake_seconds=0.5))
     async with worker:
-        await serve_v1(handle, fake)
+        await serve_v1(handle)
         fake.release["wf-model@1"] = asyncio.Event()  # the old set's scale-down after step 1 waits
         await handle.execute_update("publish", request("v2"), result_type=PublishResult)
         await until_rollout(temporal, "wf-model@2", lambda s: "scaling the old set down" in s.step)
