@@ -4,6 +4,7 @@ model whose pools got expensive to another region, make before break, while it s
 
 from __future__ import annotations
 
+import asyncio
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -18,6 +19,7 @@ from ipnext.sdk import Client
 from ipnext.temporal import connect_client
 
 from .conftest import one_region_spec, train_version
+from .load import Load
 from .test_cli import ipnext
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
@@ -27,6 +29,10 @@ async def test_scheduled_replan_moves_capacity_and_shows_the_plan(
     stack: Settings, stack_config: Path, client: Client, model_name: str
 ) -> None:
     spec = one_region_spec(model_name)  # traffic from us-east, 50 ms budget: eu-west (40 ms) may serve it
+    # The move to eu-west is a new placement revision, so it rolls out step by step and its
+    # gates need traffic: two steps and a request floor the test's load meets on a busy box.
+    rollout = spec.rollout.model_copy(update={"steps": [50, 100], "min_requests": 10})
+    spec = spec.model_copy(update={"rollout": rollout})
     await client.publish_model(spec)
     folder, _ = train_version(stack, model_name, "v1")
     published = await client.publish_snapshot(model_name, folder)
@@ -51,23 +57,20 @@ async def test_scheduled_replan_moves_capacity_and_shows_the_plan(
                 pool["unit_cost"] *= 10
         fleet_file.write_text(yaml.safe_dump(fleet))
         started = time.perf_counter()
-        second = await trigger_and_wait(temporal, timeout_s=180)
-        assert second.revision == first.revision + 1
-        assert model_name in second.applied_to, second
-        assert any(m.startswith(f"{model_name}/dense: eu-west/cpu-std 0 -> ") for m in second.moves)
-
-        async with httpx.AsyncClient(base_url=stack.serve_url, timeout=30) as http:
-            answered = 0
+        async with Load(stack.serve_url, f"/us-east/models/{model_name}/predict") as load:
+            second = await trigger_and_wait(temporal, timeout_s=180)
+            assert second.revision == first.revision + 1
+            assert model_name in second.applied_to, second
+            assert any(m.startswith(f"{model_name}/dense: eu-west/cpu-std 0 -> ") for m in second.moves)
             while True:  # the model answers throughout the move
-                reply = await http.post(
-                    f"/us-east/models/{model_name}/predict", json={"inputs": {"user": 3, "items": [1, 2]}}
-                )
-                assert reply.status_code == 200, reply.text
-                answered += 1
                 state = await client.get_model(model_name)
                 if state.plan is not None and state.plan.revision == 2 and state.state == "serving":
                     break
-                assert time.perf_counter() - started < 240, state
+                stuck = state.rollout is not None and state.rollout.state.value in ("paused", "rolled_back")
+                assert not stuck and time.perf_counter() - started < 240, state
+                await asyncio.sleep(0.5)
+        assert load.failed() == [], load.failed()[:3]
+        answered = len(load.answers)
         print(f"capacity move of {model_name}: {time.perf_counter() - started:.1f}s, {answered} predictions")
         assert state.serving_set == published.set_id
         assert state.serving_apps == {"eu-west": f"{model_name}.eu-west.s1.r2"}

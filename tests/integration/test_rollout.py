@@ -15,6 +15,7 @@ import pytest
 from ipnext.config import Settings
 from ipnext.devstack import DevStack
 from ipnext.examples.ranker.train import poisoned_copy
+from ipnext.model import GateSpec
 from ipnext.rollout import RolloutState
 from ipnext.sdk import Client
 
@@ -113,8 +114,16 @@ async def test_rollout_survives_a_killed_worker_and_a_restarted_temporal(
     stack: Settings, stack_config: Path, client: Client, model_name: str
 ) -> None:
     spec = one_region_spec(model_name)
-    # Shares and a request floor that a loaded 2-core box still meets in one bake.
-    rollout = spec.rollout.model_copy(update={"steps": [30, 60, 100], "bake_seconds": 5, "min_requests": 10})
+    # Shares and a request floor that a loaded 2-core box still meets in one bake. The drill is
+    # about crashes, not gates: restarting a worker (torch and Ray imports) on two cores slows the
+    # replicas for seconds, so the latency gate gets a floor no healthy snapshot reaches here.
+    gates = [
+        GateSpec(metric="error_rate", max=0.01),
+        GateSpec(metric="latency_p99_ms", max_ratio_to_old=2.0, floor=5000),
+    ]
+    rollout = spec.rollout.model_copy(
+        update={"steps": [30, 60, 100], "bake_seconds": 5, "min_requests": 10, "gates": gates}
+    )
     spec = spec.model_copy(update={"rollout": rollout})
     await client.publish_model(spec)
     v1, _ = train_version(stack, model_name, "v1")
@@ -134,6 +143,8 @@ async def test_rollout_survives_a_killed_worker_and_a_restarted_temporal(
                     status = await client.rollout_status(model_name)
                     if status is not None and status.set_id == published.set_id and step in status.step:
                         return
+                if status is not None and status.set_id == published.set_id:
+                    assert status.state in (RolloutState.RUNNING, RolloutState.PAUSED), status
                 assert time.monotonic() < deadline, f"never reached {step}: {status}"
                 await asyncio.sleep(0.2)
 
