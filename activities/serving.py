@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from temporalio import activity
 
 from ipnext.activities import _context
@@ -51,6 +51,16 @@ class DeploySetInput(_Frozen):
     snapshot_set: SnapshotSet
     plan: Plan
     scale: float = Field(default=1.0, gt=0, le=1)  # share of the plan's replicas (a rollout step)
+    part_scales: dict[str, float] = Field(default_factory=dict)  # part -> its own share (independent)
+
+    @model_validator(mode="after")
+    def _known_parts(self) -> DeploySetInput:
+        for part, share in self.part_scales.items():
+            if part not in self.spec.parts:
+                raise ValueError(f"part_scales: {part!r} is not a part of {self.spec.name}")
+            if not 0 < share <= 1:
+                raise ValueError(f"part_scales[{part!r}]: {share} is not in (0, 1]")
+        return self
 
 
 class DeploySetResult(_Frozen):
@@ -60,6 +70,10 @@ class DeploySetResult(_Frozen):
 class RouteInput(_Frozen):
     model: str
     weights: dict[str, dict[str, float]]  # region -> set app -> percent
+    # Parts that roll on their own (sync: independent): region -> part -> set app -> percent,
+    # and the part whose app each request is counted against (see RouterConfig).
+    parts: dict[str, dict[str, dict[str, float]]] = Field(default_factory=dict)
+    gated_part: str | None = None
 
 
 class RouteResult(_Frozen):
@@ -99,7 +113,8 @@ def deploy_set_apps(input: DeploySetInput) -> DeploySetResult:
     roots = [str(r) for r in current.snapshot_roots]
     regions = sorted({r for p in input.plan.deployments.values() for r in p.regions()})
     plans = {
-        r: set_app_plan(input.spec, input.snapshot_set, input.plan, r, roots, input.scale) for r in regions
+        r: set_app_plan(input.spec, input.snapshot_set, input.plan, r, roots, input.scale, input.part_scales)
+        for r in regions
     }
     writer: Any = _context.writer()
     upserts = [render_set_app(p, current.ray.replica_num_cpus) for p in plans.values()]
@@ -123,10 +138,14 @@ def route_traffic(input: RouteInput) -> RouteResult:
         name = router_app_name(input.model, region)
         existing = _ray_get(writer.app.remote(name))
         old = RouterConfig.model_validate(existing["deployments"][0]["user_config"]) if existing else None
-        if old is not None and old.weights == weights:
+        parts = input.parts.get(region, {})
+        gated = input.gated_part if input.gated_part in parts else None
+        if old is not None and (old.weights, old.parts, old.gated_part) == (weights, parts, gated):
             generations[region] = old.generation
             continue
-        config = RouterConfig(generation=(old.generation + 1) if old else 1, weights=weights)
+        config = RouterConfig(
+            generation=(old.generation + 1) if old else 1, weights=weights, parts=parts, gated_part=gated
+        )
         generations[region] = config.generation
         upserts.append(render_router_app(input.model, region, config))
     if upserts:

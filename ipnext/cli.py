@@ -143,6 +143,10 @@ def render_rollout(status: Any) -> str:
         "traffic: " + ", ".join(f"{k} {v:g}%" for k, v in sorted(status.traffic_percent.items())),
         f"generations: {status.generations or 'none'}",
     ]
+    if status.part_traffic:  # sync: independent: each changed part's share on the new set
+        moving = f" (moving: {status.part})" if status.part else ""
+        shares = ", ".join(f"{k} {v:g}%" for k, v in status.part_traffic.items())
+        lines.insert(3, f"parts on the new set: {shares}{moving}")
     for g in status.gates:
         value = "n/a" if g.value is None else f"{g.value:.4g}"
         limit = "n/a" if g.limit is None else f"{g.limit:.4g}"

@@ -57,10 +57,29 @@ class _Frozen(BaseModel):
 
 
 class RouterConfig(_Frozen):
-    """The router app's user_config: applied in place by `reconfigure`, never restarting it."""
+    """The router app's user_config: applied in place by `reconfigure`, never restarting it.
+
+    `weights` picks the set app that runs a request's DAG. A model with `sync: independent`
+    rolls each changed part on its own: `parts` then gives that part its own weights (the part
+    is called on the app drawn from them, the rest of the DAG on the app drawn from `weights`),
+    and `gated_part` names the part whose app a request is counted against, so the rollout
+    gates judge the snapshot that is moving."""
 
     generation: int = Field(ge=0)
     weights: dict[str, float]  # set app name -> percent of traffic
+    parts: dict[str, dict[str, float]] = Field(default_factory=dict)  # part -> set app -> percent
+    gated_part: str | None = None
+
+    @model_validator(mode="after")
+    def _gated_part_has_weights(self) -> RouterConfig:
+        if self.gated_part is not None and self.gated_part not in self.parts:
+            raise ValueError(f"gated_part {self.gated_part!r} has no weights in parts {sorted(self.parts)}")
+        return self
+
+    def apps(self) -> set[str]:
+        """Every set app a request may reach."""
+        named = {a for a, w in self.weights.items() if w > 0}
+        return named | {a for by_app in self.parts.values() for a, w in by_app.items() if w > 0}
 
 
 # ---- on-call signals ----------------------------------------------------------------------
@@ -284,3 +303,5 @@ class RolloutStatus(_Frozen):
     gates: list[GateReading] = Field(default_factory=list)  # the last readings, every region
     pauses: list[PauseRecord] = Field(default_factory=list)
     freeze_override: FreezeOverride | None = None
+    part: str | None = None  # sync: independent: the part moving now
+    part_traffic: dict[str, float] = Field(default_factory=dict)  # changed part -> percent on the new set

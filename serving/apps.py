@@ -38,7 +38,7 @@ from ipnext.serving.layout import (
 from ipnext.serving.metrics import MetricsStore, SetCounters
 from ipnext.snapshots import load_weights, resolve_in_roots, sha256_file
 
-__all__ = ["PartHost", "Router", "SetInfo", "all_finite", "pick_set", "router_app", "set_app"]
+__all__ = ["PartHost", "Router", "SetInfo", "all_finite", "pick_apps", "pick_set", "router_app", "set_app"]
 
 METRICS_PUSH_SECONDS = 1.0
 
@@ -134,9 +134,7 @@ class Router:
     async def reconfigure(self, config: dict[str, Any]) -> None:
         new = RouterConfig.model_validate(config)
         routes: dict[str, _SetRoute] = {}
-        for app, weight in new.weights.items():
-            if weight <= 0:
-                continue
+        for app in sorted(new.apps()):
             info = await serve.get_deployment_handle(SET_DEPLOYMENT, app_name=app).describe.remote()
             routes[app] = _SetRoute(app, info)
         self._routes = routes
@@ -165,14 +163,16 @@ class Router:
         return JSONResponse(envelope, status_code=status)
 
     async def predict(self, inputs: Any, key: str | None = None) -> tuple[dict[str, Any], int]:
-        app = self._pick(key)
-        if app is None:
+        picked = pick_apps(self._config, set(self._routes), key, self._rng)
+        if picked is None:
             return {"error": f"model {self._model} has no serving set in {self._region}"}, 503
-        route = self._routes[app]
+        app, base, part_apps = picked
+        route = self._routes[app]  # the set the answer is counted against and stamped with
         counters = self._counters.setdefault(app, SetCounters())
         started = time.perf_counter()
         try:
-            outputs, stamps = await self._run_dag(route, inputs)
+            part_routes = {p: self._routes[a] for p, a in part_apps.items()}
+            outputs, stamps = await self._run_dag(self._routes[base], part_routes, inputs)
         except Exception as err:  # a part failed: count it and answer 500 with the reason
             counters.requests += 1
             counters.errors += 1
@@ -189,10 +189,10 @@ class Router:
         self._prometheus.record(self._model, self._region, app, elapsed_ms)
         return {"outputs": outputs, "set": route.set_id, "parts": stamps, "variant": None}, 200
 
-    def _pick(self, key: str | None) -> str | None:
-        return pick_set({a: self._config.weights[a] for a in self._routes}, key, self._rng)
-
-    async def _run_dag(self, route: _SetRoute, inputs: Any) -> tuple[Any, dict[str, str]]:
+    async def _run_dag(
+        self, route: _SetRoute, part_routes: dict[str, _SetRoute], inputs: Any
+    ) -> tuple[Any, dict[str, str]]:
+        """Run `route`'s DAG, calling each part in `part_routes` on that route instead."""
         results: dict[str, Any] = {DAG_INPUT: inputs}
         stamps: dict[str, str] = {}
         tasks: dict[str, asyncio.Task[Any]] = {}
@@ -203,7 +203,7 @@ class Router:
             upstream_values = dict(zip([u for u in ups if u != DAG_INPUT], values, strict=True))
             if DAG_INPUT in ups:
                 upstream_values[DAG_INPUT] = inputs
-            reply = await route.handle(part, self._rng).remote(upstream_values)
+            reply = await part_routes.get(part, route).handle(part, self._rng).remote(upstream_values)
             stamps[part] = reply["snapshot_id"]
             return reply["output"]
 
@@ -282,6 +282,26 @@ def pick_set(weights: dict[str, float], key: str | None, rng: random.Random) -> 
         if point < 0:
             return app
     return apps[-1]
+
+
+def pick_apps(
+    config: RouterConfig, reachable: set[str], key: str | None, rng: random.Random
+) -> tuple[str, str, dict[str, str]] | None:
+    """(counted, base, part apps) for one request, or None when no app is reachable.
+
+    `base` is drawn from `config.weights` and runs the DAG; each part that rolls on its own
+    (`config.parts`) runs on the app drawn from its weights; the request is counted against
+    (and stamped with) the gated part's app, else the base app."""
+    base = pick_set({a: w for a, w in config.weights.items() if a in reachable}, key, rng)
+    part_apps: dict[str, str] = {}
+    for part, weights in config.parts.items():
+        chosen = pick_set({a: w for a, w in weights.items() if a in reachable}, key, rng)
+        if chosen is not None:
+            part_apps[part] = chosen
+    if base is None:
+        return None
+    counted = part_apps.get(config.gated_part, base) if config.gated_part else base
+    return counted, base, part_apps
 
 
 def all_finite(value: Any) -> bool:

@@ -99,14 +99,17 @@ def set_app_plan(
     region: str,
     snapshot_roots: list[str],
     scale: float = 1.0,
+    part_scales: dict[str, float] | None = None,
 ) -> SetAppPlan:
     """The set app of `snapshot_set` in `region`, with the plan's replicas scaled to `scale`
-    (a rollout step's share of the traffic; rounded up, so the plan's headroom holds)."""
+    (a rollout step's share of the traffic; rounded up, so the plan's headroom holds), or to
+    `part_scales[part]` for a part that rolls on its own."""
     replicas: dict[str, dict[str, int]] = {}
     for part in spec.parts:
         placement = plan.deployments[f"{spec.name}/{part}"]
+        share = (part_scales or {}).get(part, scale)
         replicas[part] = {
-            hw: scaled_replicas(n, scale) for hw, n in placement.replicas.get(region, {}).items() if n > 0
+            hw: scaled_replicas(n, share) for hw, n in placement.replicas.get(region, {}).items() if n > 0
         }
     args = SetAppArgs(
         model=spec.name,
@@ -195,7 +198,8 @@ def render_router_app(model: str, region: str, config: RouterConfig) -> dict[str
                 "name": ROUTER_DEPLOYMENT,
                 "num_replicas": 1,
                 "ray_actor_options": _actor_options(region, 0),
-                "user_config": config.model_dump(mode="json"),
+                # parts and gated_part only when a part rolls on its own (sync: independent)
+                "user_config": config.model_dump(mode="json", exclude_defaults=True),
             }
         ],
     }

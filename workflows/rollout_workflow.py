@@ -74,6 +74,9 @@ INSUFFICIENT_TRAFFIC = "insufficient_traffic"
 FREEZE_CALENDAR = "freeze calendar"
 
 Weights = dict[str, dict[str, float]]  # region -> set app -> percent
+PartWeights = dict[str, dict[str, dict[str, float]]]  # region -> part -> set app -> percent
+# A part that does not move yet keeps one replica per (region, hardware) on the other set.
+IDLE_SHARE = 1e-6
 
 
 class _Stop(Exception):
@@ -109,6 +112,18 @@ class RolloutWorkflow:
         self._resumes = 0  # counts resumes: a bake restarts when it changes
         self._override: FreezeOverride | None = input.freeze_override
         self._freeze_hold = False  # paused by a freeze window: only its end or an override ends it
+        # sync: independent moves each changed part on its own, one after another, each through
+        # all the steps; the parts that did not change follow in one handover at the end.
+        self._rolling = _rolling_parts(input) if gradual else []
+        if self._rolling:
+            self._steps = self._steps * len(self._rolling)
+        self._part: str | None = None  # the part moving now (independent)
+        self._part_traffic: dict[str, float] = dict.fromkeys(self._rolling, 0.0)
+        self._start: Weights = (
+            {region: {app: 100.0} for region, app in input.old_apps.items()} if gradual else {}
+        )
+        self._new_apps: dict[str, str] = {}
+        self._old_scales: dict[str, float] = dict.fromkeys(input.spec.parts, 1.0)
 
     # ---- on-call -----------------------------------------------------------------------------
 
@@ -166,18 +181,14 @@ class RolloutWorkflow:
             gates=list(self._gates),
             pauses=list(self._pauses),
             freeze_override=self._override,
+            part=self._part,
+            part_traffic=dict(self._part_traffic),
         )
 
     # ---- the rollout -------------------------------------------------------------------------
 
     @workflow.run
     async def run(self, input: RolloutInput) -> RolloutResult:
-        old_plan = input.old_plan or input.plan
-        new_apps: dict[str, str] = {}
-        start: Weights = (
-            {region: {app: 100.0} for region, app in input.old_apps.items()} if self._gradual else {}
-        )
-        old_scale = 1.0
         try:
             window = active_freeze(await self._freeze_windows(), workflow.now())
             if window is not None and input.freeze_override is None:
@@ -191,50 +202,101 @@ class RolloutWorkflow:
                 )
             self._enter(RolloutState.RUNNING, "starting")
             await self._hold_while_paused()
-            for index, percent in enumerate(self._steps):
-                if index > 0 and start and self._paused():
-                    # Paused between steps: hold this split, gates still judged, until resumed.
-                    await self._bake(new_apps, index - 1)
-                label = f"step {index + 1}/{len(self._steps)} ({percent}%)"
-                self._enter(self._running_or_paused(), f"{label}: scaling the new set up")
-                new_apps = await self._deploy(input.new_set, input.plan, percent / 100)
-                end = _cutover_weights(input, new_apps)
-                self._enter(self._running_or_paused(), f"{label}: shifting traffic")
-                await self._route(mix_weights(start, end, percent) if start else end)
-                self._set_traffic(percent)
-                if start:  # a first rollout has no old set to judge against
-                    self._enter(self._running_or_paused(), f"{label}: baking")
-                    await self._bake(new_apps, index)
-                self._steps_done = index + 1
-                if start and percent < 100:
-                    self._enter(self._running_or_paused(), f"{label}: scaling the old set down")
-                    old_scale = (100 - percent) / 100
-                    await self._deploy(input.old_set, old_plan, old_scale)
-            old = sorted(set(input.old_apps.values()) - set(new_apps.values()))
+            if self._rolling:
+                await self._walk_parts()
+            else:
+                await self._walk_set()
+            old = sorted(set(input.old_apps.values()) - set(self._new_apps.values()))
             if old:
                 self._enter(RolloutState.RUNNING, "removing the old set")
                 await self._remove(old)
             self._enter(RolloutState.COMPLETED, "done")
-            return self._result(new_apps)
+            return self._result(self._new_apps)
         except _Stop as stop:
             self._detail = stop.detail
-            await self._roll_back(start, new_apps, old_plan, old_scale)
+            await self._roll_back()
             self._enter(stop.state, "traffic back on the previous set")
             return self._result(dict(input.old_apps))
         except ActivityError as err:
             cause = err.cause
             self._detail = cause.message if isinstance(cause, ApplicationError) else str(cause or err)
             workflow.logger.warning("rollout of %s failed: %s", input.new_set.id, self._detail)
-            await self._roll_back(start, new_apps, old_plan, old_scale)
+            await self._roll_back()
             self._enter(RolloutState.FAILED, "failed; traffic stays on the previous set")
             return self._result(dict(input.old_apps))
+
+    async def _walk_set(self) -> None:
+        """The whole set moves at each step (sync: synchronized, and capacity moves)."""
+        input, start = self._input, self._start
+        for index, percent in enumerate(self._steps):
+            if index > 0 and start and self._paused():
+                # Paused between steps: hold this split, gates still judged, until resumed.
+                await self._bake(self._new_apps, index - 1)
+            label = f"step {index + 1}/{len(self._steps)} ({percent}%)"
+            self._enter(self._running_or_paused(), f"{label}: scaling the new set up")
+            self._new_apps = await self._deploy(input.new_set, input.plan, percent / 100)
+            end = _cutover_weights(input, self._new_apps)
+            self._enter(self._running_or_paused(), f"{label}: shifting traffic")
+            await self._route(mix_weights(start, end, percent) if start else end)
+            self._set_traffic(percent)
+            if start:  # a first rollout has no old set to judge against
+                self._enter(self._running_or_paused(), f"{label}: baking")
+                await self._bake(self._new_apps, index)
+            self._steps_done = index + 1
+            if start and percent < 100:
+                self._enter(self._running_or_paused(), f"{label}: scaling the old set down")
+                self._old_scales = dict.fromkeys(input.spec.parts, (100 - percent) / 100)
+                await self._deploy(input.old_set, self._old_plan(), 1.0, self._old_scales)
+
+    async def _walk_parts(self) -> None:
+        """sync: independent. Each changed part, in DAG order, walks all the steps on its own:
+        its new replicas scale to the step's share, the routers call that part on the new set
+        for that share of requests (the rest of the DAG stays where it was), the gates judge
+        the requests that reached it, and its old replicas scale down. The new set's other
+        parts keep one replica each until the handover: once every changed part is at 100%,
+        they scale to the plan and take the traffic in one generation (same snapshots)."""
+        input, start = self._input, self._start
+        steps = list(input.spec.rollout.steps)
+        new_scales = dict.fromkeys(input.spec.parts, IDLE_SHARE)
+        done: list[str] = []
+        index = 0
+        for part in self._rolling:
+            self._part = part
+            for number, percent in enumerate(steps, start=1):
+                if index > 0 and self._paused():
+                    await self._bake(self._new_apps, index - 1)
+                label = f"{part} step {number}/{len(steps)} ({percent}%)"
+                self._enter(self._running_or_paused(), f"{label}: scaling the new {part} up")
+                new_scales[part] = percent / 100
+                self._new_apps = await self._deploy(input.new_set, input.plan, 1.0, new_scales)
+                end = _cutover_weights(input, self._new_apps)
+                self._enter(self._running_or_paused(), f"{label}: shifting {part}'s traffic")
+                await self._route(start, _part_weights(start, end, done, part, percent), part)
+                self._set_part_traffic(part, percent)
+                self._enter(self._running_or_paused(), f"{label}: baking")
+                await self._bake(self._new_apps, index)
+                index += 1
+                self._steps_done = index
+                self._enter(self._running_or_paused(), f"{label}: scaling the old {part} down")
+                # At 100% the old replicas of the part idle until the set is removed: keep one.
+                self._old_scales[part] = (100 - percent) / 100 if percent < 100 else IDLE_SHARE
+                await self._deploy(input.old_set, self._old_plan(), 1.0, self._old_scales)
+            done.append(part)
+        self._part = None
+        unchanged = [p for p in input.spec.parts if p not in self._rolling]
+        self._enter(RolloutState.RUNNING, f"handing over {', '.join(unchanged) or 'the set'}")
+        self._new_apps = await self._deploy(input.new_set, input.plan, 1.0)
+        await self._route(_cutover_weights(input, self._new_apps))
 
     async def _bake(self, new_apps: dict[str, str], index: int) -> None:
         """Hold the step for its bake, judging the gates every check interval; raise _Stop on a
         breach or an abort. Returns once the bake ran its length unpaused, with enough requests,
         and no freeze window is in force (or one is overridden)."""
         rollout = self._input.spec.rollout
-        regions = sorted(set(self._input.old_apps) | set(new_apps))
+        # Every router that sends the model traffic counts requests, including a region whose
+        # router hands over to another region's apps (the metrics actors are per router region).
+        routers = set(self._start) | set(_cutover_weights(self._input, new_apps))
+        regions = sorted(routers | set(self._input.old_apps) | set(new_apps))
         new_set = set(new_apps.values())
         old_set = set(self._input.old_apps.values()) - new_set
         interval = timedelta(seconds=rollout.check_interval_seconds)
@@ -292,33 +354,48 @@ class RolloutWorkflow:
                     continue
             return
 
-    async def _roll_back(
-        self, start: Weights, new_apps: dict[str, str], old_plan: Plan, old_scale: float
-    ) -> None:
+    async def _roll_back(self) -> None:
         """Traffic back to the old set as fast as its capacity allows, the old set back to its
         full size, the new set's apps removed last."""
-        input = self._input
+        input, start, new_apps = self._input, self._start, self._new_apps
         if not start:  # nothing served before: just remove what was deployed
             if new_apps:
                 await self._remove(sorted(new_apps.values()))
             self._set_traffic(0.0)
             return
         self._enter(RolloutState.RUNNING, "rolling back")
-        if self._percent > 0:
-            carry = _carried_share(old_plan, input.spec.availability.headroom, old_scale)
+        headroom = input.spec.availability.headroom
+        old_plan = self._old_plan()
+        end = _cutover_weights(input, new_apps) if new_apps else start
+        if self._rolling and self._part is not None and self._part_traffic.get(self._part, 0) > 0:
+            # The moving part first, as far as its old replicas carry it; parts already at 100%
+            # wait for their old replicas to scale back up.
+            part = self._part
+            carry = _carried_share(old_plan, headroom, self._old_scales, {f"{input.spec.name}/{part}"})
             back = max(0.0, 100.0 - 100.0 * carry)
-            end = _cutover_weights(input, new_apps) if new_apps else start
+            if back < self._part_traffic[part]:
+                done = self._rolling[: self._rolling.index(part)]
+                await self._route(start, _part_weights(start, end, done, part, back), part)
+                self._set_part_traffic(part, back)
+        elif not self._rolling and self._percent > 0:
+            back = max(0.0, 100.0 - 100.0 * _carried_share(old_plan, headroom, self._old_scales))
             if back < self._percent:
                 await self._route(mix_weights(start, end, back) if back > 0 else start)
                 self._set_traffic(back)
-        if old_scale < 1.0 and input.old_set is not None:
+        if min(self._old_scales.values()) < 1.0 and input.old_set is not None:
             await self._deploy(input.old_set, old_plan, 1.0)
+            self._old_scales = dict.fromkeys(self._old_scales, 1.0)
         if self._percent > 0:
             await self._route(start)
+            for part in self._part_traffic:
+                self._part_traffic[part] = 0.0
             self._set_traffic(0.0)
         removable = sorted(set(new_apps.values()) - set(input.old_apps.values()))
         if removable:
             await self._remove(removable)
+
+    def _old_plan(self) -> Plan:
+        return self._input.old_plan or self._input.plan
 
     # ---- pauses --------------------------------------------------------------------------------
 
@@ -366,22 +443,36 @@ class RolloutWorkflow:
 
     # ---- activities ----------------------------------------------------------------------------
 
-    async def _deploy(self, snapshot_set: SnapshotSet | None, plan: Plan, scale: float) -> dict[str, str]:
+    async def _deploy(
+        self,
+        snapshot_set: SnapshotSet | None,
+        plan: Plan,
+        scale: float,
+        part_scales: dict[str, float] | None = None,
+    ) -> dict[str, str]:
         assert snapshot_set is not None
+        shares = dict(part_scales or {})
+        if shares and len(set(shares.values())) == 1 and set(shares) == set(self._input.spec.parts):
+            scale, shares = next(iter(shares.values())), {}  # one share for every part
+        sizes = ", ".join(f"{p} {v:.0%}" for p, v in sorted(shares.items())) or f"{scale:.0%}"
         deployed = await workflow.execute_activity(
             deploy_set_apps,
-            DeploySetInput(spec=self._input.spec, snapshot_set=snapshot_set, plan=plan, scale=scale),
+            DeploySetInput(
+                spec=self._input.spec, snapshot_set=snapshot_set, plan=plan, scale=scale, part_scales=shares
+            ),
             start_to_close_timeout=DEPLOY_TIMEOUT,
             heartbeat_timeout=HEARTBEAT_TIMEOUT,
             retry_policy=RETRY,
-            summary=f"{snapshot_set.id} at {scale:.0%} of plan revision {plan.revision}",
+            summary=f"{snapshot_set.id} at {sizes} of plan revision {plan.revision}",
         )
         return dict(deployed.apps)
 
-    async def _route(self, weights: Weights) -> None:
+    async def _route(
+        self, weights: Weights, parts: PartWeights | None = None, gated: str | None = None
+    ) -> None:
         result = await workflow.execute_activity(
             route_traffic,
-            RouteInput(model=self._input.spec.name, weights=weights),
+            RouteInput(model=self._input.spec.name, weights=weights, parts=parts or {}, gated_part=gated),
             start_to_close_timeout=DEPLOY_TIMEOUT,
             heartbeat_timeout=HEARTBEAT_TIMEOUT,
             retry_policy=RETRY,
@@ -429,6 +520,12 @@ class RolloutWorkflow:
             status=self.status(),
         )
 
+    def _set_part_traffic(self, part: str, percent: float) -> None:
+        """sync: independent: a part's share on the new set; the set's traffic percent is the
+        mean over the changed parts, so it rises step by step to 100 and never falls back."""
+        self._part_traffic[part] = percent
+        self._set_traffic(sum(self._part_traffic.values()) / len(self._part_traffic))
+
     def _set_traffic(self, percent: float) -> None:
         self._percent = percent
         if self._input.old_set is not None and self._input.old_set.id == self._input.new_set.id:
@@ -456,6 +553,7 @@ class RolloutWorkflow:
             f"**{self._state.value}**: {self._step}",
             f"steps done: {self._steps_done}/{len(self._steps)} of {self._steps}",
             f"traffic: {split}",
+            *([f"parts on the new set: {_split(self._part_traffic)}"] if self._rolling else []),
             f"generations applied: {self._generations or 'none'}",
         ]
         if self._gates:
@@ -487,11 +585,17 @@ def _describe(r: GateReading) -> str:
     return f"{r.region} {r.metric} {value} (limit {limit}, {r.requests} req) {mark}"
 
 
-def _carried_share(plan: Plan, headroom: float, scale: float) -> float:
-    """The share of the model's traffic the old set's replicas at `scale` carry at full load
-    (1.0 or more: all of it). The plan sizes replicas for all traffic at (1 - headroom) load."""
+def _carried_share(
+    plan: Plan, headroom: float, scales: dict[str, float], only: set[str] | None = None
+) -> float:
+    """The share of the model's traffic the old set's replicas, each part at its scale, carry at
+    full load (1.0 or more: all of it), over the plan's deployments (`only` those, if given).
+    The plan sizes replicas for all traffic at (1 - headroom) load."""
     shares = []
-    for placement in plan.deployments.values():
+    for name, placement in plan.deployments.items():
+        if only is not None and name not in only:
+            continue
+        scale = scales.get(name.split("/", 1)[-1], 1.0)
         full = sum(n for by_hw in placement.replicas.values() for n in by_hw.values())
         now = sum(scaled_replicas(n, scale) for by_hw in placement.replicas.values() for n in by_hw.values())
         if full:
@@ -513,3 +617,30 @@ def _cutover_weights(input: RolloutInput, new_apps: dict[str, str]) -> Weights:
         if targets:
             weights[region] = {new_apps[targets[0]]: 100.0}
     return weights
+
+
+def _split(percents: dict[str, float]) -> str:
+    return ", ".join(f"{k}: {v:g}%" for k, v in percents.items())
+
+
+def _rolling_parts(input: RolloutInput) -> list[str]:
+    """sync: independent: the parts whose snapshot changed, in DAG order (each rolls on its own)."""
+    old = input.old_set
+    if input.spec.sync != "independent" or old is None or old.id == input.new_set.id:
+        return []
+    return [
+        part
+        for part in input.spec.topological_order()
+        if part in input.new_set.parts
+        and (part not in old.parts or old.parts[part].snapshot_id != input.new_set.parts[part].snapshot_id)
+    ]
+
+
+def _part_weights(start: Weights, end: Weights, done: list[str], part: str, percent: float) -> PartWeights:
+    """Per region: the parts already moved at `end`, and `part` `percent` of the way there."""
+    mixed = mix_weights(start, end, percent)
+    return {
+        region: {**{d: dict(end.get(region, start[region])) for d in done}, part: mixed[region]}
+        for region in sorted(set(start) | set(end))
+        if region in mixed
+    }

@@ -21,6 +21,7 @@ from ipnext.temporal import connect_client
 from .conftest import one_region_spec, train_version
 from .load import Load
 from .test_cli import ipnext
+from .test_lifecycle import serve_apps
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
@@ -32,7 +33,11 @@ async def test_scheduled_replan_moves_capacity_and_shows_the_plan(
     # The move to eu-west is a new placement revision, so it rolls out step by step and its
     # gates need traffic: two steps and a request floor the test's load meets on a busy box.
     rollout = spec.rollout.model_copy(update={"steps": [50, 100], "min_requests": 10})
-    spec = spec.model_copy(update={"rollout": rollout})
+    # dense may also run on cpu-highmem, so a price change can move it to other hardware.
+    dense = spec.parts["dense"]
+    hardware = {**dense.hardware, "cpu-highmem": dense.hardware["cpu-std"]}
+    parts = {**spec.parts, "dense": dense.model_copy(update={"hardware": hardware})}
+    spec = spec.model_copy(update={"rollout": rollout, "parts": parts})
     await client.publish_model(spec)
     folder, _ = train_version(stack, model_name, "v1")
     published = await client.publish_snapshot(model_name, folder)
@@ -66,8 +71,9 @@ async def test_scheduled_replan_moves_capacity_and_shows_the_plan(
                 state = await client.get_model(model_name)
                 if state.plan is not None and state.plan.revision == 2 and state.state == "serving":
                     break
-                stuck = state.rollout is not None and state.rollout.state.value in ("paused", "rolled_back")
-                assert not stuck and time.perf_counter() - started < 240, state
+                live = await client.rollout_status(model_name)  # fail fast where the move stalls
+                assert live is None or live.state.value not in ("paused", "rolled_back"), live
+                assert time.perf_counter() - started < 240, state
                 await asyncio.sleep(0.5)
         assert load.failed() == [], load.failed()[:3]
         answered = len(load.answers)
@@ -86,6 +92,35 @@ async def test_scheduled_replan_moves_capacity_and_shows_the_plan(
         assert shown.returncode == 0, shown.stderr
         assert f"fleet plan revision {second.revision}" in shown.stdout
         assert f"{model_name}/dense: us-east/cpu-std 1 -> 0" in shown.stdout
+        # 3. cpu-std gets expensive in eu-west too: dense moves to cpu-highmem in the same region,
+        # another hardware class, so another placement revision beside the serving one.
+        fleet = yaml.safe_load(fleet_file.read_text())
+        for pool in fleet["pools"]:
+            if pool["region"] == "eu-west" and pool["hardware"] == "cpu-std":
+                pool["unit_cost"] *= 10
+        fleet_file.write_text(yaml.safe_dump(fleet))
+        started = time.perf_counter()
+        async with Load(stack.serve_url, f"/us-east/models/{model_name}/predict") as load:
+            third = await trigger_and_wait(temporal, timeout_s=180)
+            assert model_name in third.applied_to, third
+            assert any(m.startswith(f"{model_name}/dense: eu-west/cpu-highmem 0 -> ") for m in third.moves)
+            while True:
+                state = await client.get_model(model_name)
+                if state.plan is not None and state.plan.revision == 3 and state.state == "serving":
+                    break
+                live = await client.rollout_status(model_name)  # fail fast where the move stalls
+                assert live is None or live.state.value not in ("paused", "rolled_back"), live
+                assert time.perf_counter() - started < 240, state
+                await asyncio.sleep(0.5)
+        assert load.failed() == [], load.failed()[:3]
+        print(
+            f"hardware move of {model_name}: {time.perf_counter() - started:.1f}s, {len(load.answers)} predictions"
+        )
+        assert state.serving_apps == {"eu-west": f"{model_name}.eu-west.s1.r3"}
+        assert set(state.plan.deployments[f"{model_name}/dense"].replicas["eu-west"]) == {"cpu-highmem"}
+        assert f"{model_name}.eu-west.s1.r2" not in serve_apps(stack)
+        assert f"{model_name}.eu-west.s1.r3" in serve_apps(stack)
+
         status = ipnext(stack_config, "plan", "schedule", "--pause", "freeze for the test")
         assert status.returncode == 0 and "paused" in status.stdout
         status = ipnext(stack_config, "plan", "schedule")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import Counter
 from pathlib import Path
 
 import httpx
@@ -164,5 +165,39 @@ async def test_rollout_survives_a_killed_worker_and_a_restarted_temporal(
     assert load.failed() == [], load.failed()[:3]
     print(
         f"crash drill: {len(load.answers)} requests through a worker kill and a Temporal restart, none failed"
+    )
+    await client.delete_model(model_name)
+
+
+async def test_independent_parts_roll_one_after_the_other(
+    stack: Settings, client: Client, model_name: str
+) -> None:
+    """sync: independent, both parts changed: embed walks its steps first while dense stays on
+    v1, then dense walks its own; mixed answers (new embed, old dense) are the point."""
+    spec = one_region_spec(model_name, sync="independent")
+    rollout = spec.rollout.model_copy(update={"steps": [50, 100], "bake_seconds": 2, "min_requests": 10})
+    await client.publish_model(spec.model_copy(update={"rollout": rollout}))
+    v1, _ = train_version(stack, model_name, "v1")
+    await client.wait_until_serving(model_name, (await client.publish_snapshot(model_name, v1)).set_id)
+    v2, _ = train_version(stack, model_name, "v2", seed=2)
+    async with Load(stack.serve_url, f"/us-east/models/{model_name}/predict") as load:
+        published = await client.publish_snapshot(model_name, v2)
+        state = await client.wait_until_serving(model_name, published.set_id, timeout_s=240)
+    assert load.failed() == [], load.failed()[:3]
+    versions = [
+        (a.parts["embed"].rsplit("@", 1)[-1], a.parts["dense"].rsplit("@", 1)[-1]) for a in load.answers
+    ]
+    seen = Counter(versions)
+    assert seen[("v2", "v1")] > 0, seen  # embed moved on its own
+    assert seen[("v1", "v2")] == 0, seen  # dense moved only after embed reached 100%
+    first_new_dense = min(i for i, v in enumerate(versions) if v[1] == "v2")
+    assert all(v[0] == "v2" for v in versions[first_new_dense:]), "embed went back while dense moved"
+    status = state.rollout
+    assert status is not None and status.state == RolloutState.COMPLETED
+    assert status.steps == [50, 100, 50, 100] and status.steps_done == 4
+    assert status.part_traffic == {"embed": 100.0, "dense": 100.0}
+    assert f"{model_name}.us-east.s1.r1" not in serve_apps(stack)
+    print(
+        f"independent rollout: {len(load.answers)} requests, none failed; answers by (embed, dense): {seen}"
     )
     await client.delete_model(model_name)

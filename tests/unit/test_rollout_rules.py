@@ -115,3 +115,27 @@ def test_bad_freeze_windows_name_the_problem(tmp_path: Path) -> None:
     good.write_text("freezes:\n  - {date: 2026-12-25, reason: holidays}\n")
     assert load_freeze_calendar(good)[0].reason == "holidays"
     assert load_freeze_calendar(None) == []
+
+
+def test_watch_view_shows_each_changed_part_of_an_independent_rollout() -> None:
+    from ipnext.cli import render_rollout
+    from ipnext.rollout import RolloutState, RolloutStatus
+
+    status = RolloutStatus(
+        model="m",
+        set_id="m@2",
+        from_set_id="m@1",
+        state=RolloutState.RUNNING,
+        step="dense step 1/2 (50%): baking",
+        traffic_percent={"m@2": 75.0, "m@1": 25.0},
+        workflow_id="rollout/m/m@2",
+        steps=[50, 100, 50, 100],
+        steps_done=2,
+        part="dense",
+        part_traffic={"embed": 100.0, "dense": 50.0},
+    )
+    view = render_rollout(status).splitlines()
+    assert view[1].startswith("steps: [50%] [100%]  50%   100% ")
+    assert view[3] == "parts on the new set: embed 100%, dense 50% (moving: dense)"
+    synchronized = status.model_copy(update={"part": None, "part_traffic": {}})
+    assert not any(line.startswith("parts on") for line in render_rollout(synchronized).splitlines())

@@ -17,7 +17,7 @@ from ipnext.model import ModelSpec, SnapshotRef, SnapshotSet
 from ipnext.plan import Plan, PlanningProblem, demand_from_model
 from ipnext.planner import solve
 from ipnext.rollout import RouterConfig
-from ipnext.serving.apps import all_finite, pick_set
+from ipnext.serving.apps import all_finite, pick_apps, pick_set
 from ipnext.serving.layout import (
     metrics_actor_name,
     render_router_app,
@@ -317,3 +317,46 @@ def test_non_finite_outputs_are_found_anywhere_in_the_answer() -> None:
     assert all_finite({"scores": [0.1, 0.9], "label": "x", "n": 3})
     assert not all_finite([0.1, float("nan")])
     assert not all_finite({"a": {"b": [1.0, float("inf")]}})
+
+
+# --- pick_apps (parts that roll on their own) ------------------------------------------------
+
+
+def test_pick_apps_without_parts_runs_and_counts_the_set() -> None:
+    config = RouterConfig(generation=3, weights={"old": 100})
+    assert pick_apps(config, {"old"}, None, random.Random(1)) == ("old", "old", {})
+
+
+def test_pick_apps_moves_only_the_gated_part_and_counts_by_it() -> None:
+    config = RouterConfig(
+        generation=4, weights={"old": 100}, parts={"embed": {"old": 70, "new": 30}}, gated_part="embed"
+    )
+    rng = random.Random(7)
+    picks = [pick_apps(config, {"old", "new"}, None, rng) for _ in range(4000)]
+    assert all(p is not None for p in picks)
+    assert {p[1] for p in picks if p} == {"old"}  # the rest of the DAG never leaves the old set
+    assert all(p[0] == p[2]["embed"] for p in picks if p)  # counted where embed ran
+    share = sum(1 for p in picks if p and p[2]["embed"] == "new") / len(picks)
+    assert 0.27 < share < 0.33, share
+
+
+def test_pick_apps_keeps_moved_parts_and_skips_unreachable_apps() -> None:
+    config = RouterConfig(
+        generation=5,
+        weights={"old": 100},
+        parts={"embed": {"new": 100}, "dense": {"old": 50, "new": 50}},
+        gated_part="dense",
+    )
+    rng = random.Random(3)
+    for _ in range(200):
+        picked = pick_apps(config, {"old", "new"}, None, rng)
+        assert picked is not None and picked[2]["embed"] == "new"
+    # An app the router has no route to yet is never drawn.
+    assert {pick_apps(config, {"old"}, None, rng)[2]["dense"] for _ in range(200)} == {"old"}  # type: ignore[index]
+    assert pick_apps(config, set(), None, rng) is None
+
+
+def test_router_config_gated_part_needs_weights() -> None:
+    with pytest.raises(ValueError, match="gated_part 'dense' has no weights"):
+        RouterConfig(generation=1, weights={"old": 100}, parts={"embed": {"new": 100}}, gated_part="dense")
+    assert RouterConfig(generation=1, weights={"a": 1}, parts={"e": {"b": 1}}).apps() == {"a", "b"}

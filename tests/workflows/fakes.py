@@ -68,7 +68,13 @@ class FakeServing:
         self.deployed: list[str] = []
         self.deploy_plans: list[int] = []
         self.scales: list[tuple[str, int, float]] = []  # (set, plan revision, scale) per deploy
+        self.part_scales: list[tuple[str, dict[str, float]]] = []  # (set, part -> share) per deploy
         self.routes: list[dict[str, dict[str, float]]] = []
+        self.part_routes: list[tuple[dict[str, dict[str, dict[str, float]]], str | None]] = []
+        # (app, gated part) pairs whose requests fail: a bad snapshot of one part of a set
+        self.bad_parts: set[tuple[str, str]] = set()
+        self.counted: dict[str, dict[str, float]] = {}  # region -> app -> percent counted
+        self.gated: str | None = None
         self.removed: list[str] = []
         self.generation = 0
         self.windows: list[FreezeWindow] = []
@@ -87,11 +93,12 @@ class FakeServing:
         out: dict[str, dict[str, Any]] = {}
         for region in input.regions:
             by_app = self.counters.setdefault(region, {})
-            for app, percent in self.weights.get(region, {}).items():
+            # Like the router: a request counts against the gated part's app, else the set's.
+            for app, percent in self.counted.get(region, self.weights.get(region, {})).items():
                 c = by_app.setdefault(app, SetCounters())
                 for _ in range(round(self.rate * percent / 100)):
                     c.requests += 1
-                    if app in self.bad_apps:
+                    if app in self.bad_apps or (app, self.gated) in self.bad_parts:
                         c.errors += 1
                     else:
                         c.observe("latency_ms", 4.0)
@@ -127,6 +134,7 @@ class FakeServing:
         self.deployed.append(set_id)
         self.deploy_plans.append(input.plan.revision)
         self.scales.append((set_id, input.plan.revision, input.scale))
+        self.part_scales.append((set_id, dict(input.part_scales)))
         suffix = f"-r{input.plan.revision}" if input.plan.revision > 1 else ""
         return DeploySetResult(
             apps={region: f"app-{input.snapshot_set.number}{suffix}" for region in regions(input.plan)}
@@ -136,7 +144,14 @@ class FakeServing:
     async def route(self, input: RouteInput) -> RouteResult:
         self.generation += 1
         self.routes.append(input.weights)
+        self.part_routes.append((input.parts, input.gated_part))
         self.weights.update(input.weights)
+        self.gated = input.gated_part
+        self.counted = {
+            region: input.parts[region][input.gated_part]
+            for region in input.parts
+            if input.gated_part in input.parts[region]
+        }
         return RouteResult(generations={r: self.generation for r in input.weights})
 
     @activity.defn(name="remove_apps")
