@@ -10,7 +10,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ipnext.model import ModelSpec, SnapshotSet, SnapshotSetRequest
 from ipnext.plan import Plan
-from ipnext.rollout import FreezeOverride, RolloutState, RolloutStatus
+from ipnext.rollout import (
+    AbortInput,
+    FreezeOverride,
+    GateReading,
+    PauseRecord,
+    RolloutState,
+    RolloutStatus,
+)
 
 __all__ = [
     "ApplyPlanInput",
@@ -21,6 +28,7 @@ __all__ = [
     "ModelWorkflowResult",
     "PublishInput",
     "PublishResult",
+    "RolloutCheckpoint",
     "RolloutInput",
     "RolloutResult",
     "WatchInput",
@@ -103,6 +111,28 @@ class ModelState(_Frozen):
     pending_plan: int | None = None  # revision of a replanned placement waiting to be applied
 
 
+class RolloutCheckpoint(_Frozen):
+    """Where a rollout was when it continued as new (a long bake or pause grows the history):
+    the step it was baking and everything already applied. The next run bakes that step again
+    from a fresh window and goes on."""
+
+    index: int  # the step (over all the steps, per part with sync: independent) being baked
+    steps_done: int
+    step: str
+    paused: bool
+    freeze_hold: bool
+    new_apps: dict[str, str]
+    old_scales: dict[str, float]
+    percent: float
+    traffic: dict[str, float]
+    part_traffic: dict[str, float] = Field(default_factory=dict)
+    generations: list[int] = Field(default_factory=list)
+    gates: list[GateReading] = Field(default_factory=list)
+    pauses: list[PauseRecord] = Field(default_factory=list)
+    abort: AbortInput | None = None
+    detail: str = ""
+
+
 class RolloutInput(_Frozen):
     spec: ModelSpec
     plan: Plan
@@ -113,6 +143,9 @@ class RolloutInput(_Frozen):
     kind: str = "snapshots"
     old_plan: Plan | None = None  # the placement the old apps run on (default: `plan`)
     freeze_override: FreezeOverride | None = None
+    # Continue as new once the history holds this many events (or the server suggests it).
+    history_limit: int = Field(default=10_000, ge=100)
+    checkpoint: RolloutCheckpoint | None = None
 
 
 class RolloutResult(_Frozen):

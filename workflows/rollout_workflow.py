@@ -50,7 +50,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from ipnext.model import SnapshotSet
     from ipnext.plan import Plan
-    from ipnext.registry import RolloutInput, RolloutResult
+    from ipnext.registry import RolloutCheckpoint, RolloutInput, RolloutResult
     from ipnext.rollout import (
         AbortInput,
         FreezeOverride,
@@ -86,6 +86,14 @@ class _Stop(Exception):
         super().__init__(detail)
         self.state = state
         self.detail = detail
+
+
+class _Continue(Exception):
+    """The history is long: continue as new, baking step `index` again."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__(f"continue at step {index + 1}")
+        self.index = index
 
 
 @workflow.defn
@@ -124,6 +132,51 @@ class RolloutWorkflow:
         )
         self._new_apps: dict[str, str] = {}
         self._old_scales: dict[str, float] = dict.fromkeys(input.spec.parts, 1.0)
+        if input.checkpoint is not None:
+            self._restore(input.checkpoint)
+
+    def _restore(self, checkpoint: RolloutCheckpoint) -> None:
+        self._state = RolloutState.PAUSED if checkpoint.paused else RolloutState.RUNNING
+        self._step = checkpoint.step
+        self._steps_done = checkpoint.steps_done
+        self._freeze_hold = checkpoint.freeze_hold
+        self._new_apps = dict(checkpoint.new_apps)
+        self._old_scales = dict(checkpoint.old_scales)
+        self._percent = checkpoint.percent
+        self._traffic = dict(checkpoint.traffic)
+        self._part_traffic.update(checkpoint.part_traffic)
+        self._generations = list(checkpoint.generations)
+        self._gates = list(checkpoint.gates)
+        self._pauses = list(checkpoint.pauses)
+        self._abort = checkpoint.abort
+        self._detail = checkpoint.detail
+
+    def _checkpointed(self, index: int) -> RolloutInput:
+        checkpoint = RolloutCheckpoint(
+            index=index,
+            steps_done=self._steps_done,
+            step=self._step,
+            paused=self._paused(),
+            freeze_hold=self._freeze_hold,
+            new_apps=self._new_apps,
+            old_scales=self._old_scales,
+            percent=self._percent,
+            traffic=self._traffic,
+            part_traffic=self._part_traffic,
+            generations=self._generations,
+            gates=self._gates,
+            pauses=self._pauses,
+            abort=self._abort,
+            detail=self._detail,
+        )
+        return self._input.model_copy(update={"checkpoint": checkpoint, "freeze_override": self._override})
+
+    def _history_full(self) -> bool:
+        info = workflow.info()
+        return (
+            info.is_continue_as_new_suggested()
+            or info.get_current_history_length() >= self._input.history_limit
+        )
 
     # ---- on-call -----------------------------------------------------------------------------
 
@@ -189,29 +242,36 @@ class RolloutWorkflow:
 
     @workflow.run
     async def run(self, input: RolloutInput) -> RolloutResult:
+        resume = input.checkpoint.index if input.checkpoint is not None else None
         try:
-            window = active_freeze(await self._freeze_windows(), workflow.now())
-            if window is not None and input.freeze_override is None:
-                self._detail = f"refused: freeze window until {window.end.isoformat()}: {window.reason}"
-                self._enter(RolloutState.REFUSED, "not started")
-                return self._result(dict(input.old_apps))
-            if window is not None and input.freeze_override is not None:
-                override = input.freeze_override
-                workflow.logger.warning(
-                    "freeze %r overridden by %s: %s", window.reason, override.who, override.reason
-                )
-            self._enter(RolloutState.RUNNING, "starting")
-            await self._hold_while_paused()
-            if self._rolling:
-                await self._walk_parts()
+            if input.checkpoint is None:
+                window = active_freeze(await self._freeze_windows(), workflow.now())
+                if window is not None and input.freeze_override is None:
+                    self._detail = f"refused: freeze window until {window.end.isoformat()}: {window.reason}"
+                    self._enter(RolloutState.REFUSED, "not started")
+                    return self._result(dict(input.old_apps))
+                if window is not None and input.freeze_override is not None:
+                    override = input.freeze_override
+                    workflow.logger.warning(
+                        "freeze %r overridden by %s: %s", window.reason, override.who, override.reason
+                    )
+                self._enter(RolloutState.RUNNING, "starting")
+                await self._hold_while_paused()
             else:
-                await self._walk_set()
+                self._publish_all()
+            if self._rolling:
+                await self._walk_parts(resume)
+            else:
+                await self._walk_set(resume)
             old = sorted(set(input.old_apps.values()) - set(self._new_apps.values()))
             if old:
                 self._enter(RolloutState.RUNNING, "removing the old set")
                 await self._remove(old)
             self._enter(RolloutState.COMPLETED, "done")
             return self._result(self._new_apps)
+        except _Continue as at:
+            workflow.logger.info("rollout continues as new at step %d (history too long)", at.index + 1)
+            workflow.continue_as_new(self._checkpointed(at.index))
         except _Stop as stop:
             self._detail = stop.detail
             await self._roll_back()
@@ -225,20 +285,24 @@ class RolloutWorkflow:
             self._enter(RolloutState.FAILED, "failed; traffic stays on the previous set")
             return self._result(dict(input.old_apps))
 
-    async def _walk_set(self) -> None:
-        """The whole set moves at each step (sync: synchronized, and capacity moves)."""
+    async def _walk_set(self, resume: int | None) -> None:
+        """The whole set moves at each step (sync: synchronized, and capacity moves). `resume`:
+        the step a continued run bakes again (its scaling and weights are already applied)."""
         input, start = self._input, self._start
         for index, percent in enumerate(self._steps):
-            if index > 0 and start and self._paused():
-                # Paused between steps: hold this split, gates still judged, until resumed.
-                await self._bake(self._new_apps, index - 1)
+            if resume is not None and index < resume:
+                continue
             label = f"step {index + 1}/{len(self._steps)} ({percent}%)"
-            self._enter(self._running_or_paused(), f"{label}: scaling the new set up")
-            self._new_apps = await self._deploy(input.new_set, input.plan, percent / 100)
-            end = _cutover_weights(input, self._new_apps)
-            self._enter(self._running_or_paused(), f"{label}: shifting traffic")
-            await self._route(mix_weights(start, end, percent) if start else end)
-            self._set_traffic(percent)
+            if index != resume:
+                if index > 0 and start and self._paused():
+                    # Paused between steps: hold this split, gates still judged, until resumed.
+                    await self._bake(self._new_apps, index - 1)
+                self._enter(self._running_or_paused(), f"{label}: scaling the new set up")
+                self._new_apps = await self._deploy(input.new_set, input.plan, percent / 100)
+                end = _cutover_weights(input, self._new_apps)
+                self._enter(self._running_or_paused(), f"{label}: shifting traffic")
+                await self._route(mix_weights(start, end, percent) if start else end)
+                self._set_traffic(percent)
             if start:  # a first rollout has no old set to judge against
                 self._enter(self._running_or_paused(), f"{label}: baking")
                 await self._bake(self._new_apps, index)
@@ -248,7 +312,7 @@ class RolloutWorkflow:
                 self._old_scales = dict.fromkeys(input.spec.parts, (100 - percent) / 100)
                 await self._deploy(input.old_set, self._old_plan(), 1.0, self._old_scales)
 
-    async def _walk_parts(self) -> None:
+    async def _walk_parts(self, resume: int | None) -> None:
         """sync: independent. Each changed part, in DAG order, walks all the steps on its own:
         its new replicas scale to the step's share, the routers call that part on the new set
         for that share of requests (the rest of the DAG stays where it was), the gates judge
@@ -257,26 +321,29 @@ class RolloutWorkflow:
         they scale to the plan and take the traffic in one generation (same snapshots)."""
         input, start = self._input, self._start
         steps = list(input.spec.rollout.steps)
-        new_scales = dict.fromkeys(input.spec.parts, IDLE_SHARE)
         done: list[str] = []
-        index = 0
+        index = -1
         for part in self._rolling:
-            self._part = part
             for number, percent in enumerate(steps, start=1):
-                if index > 0 and self._paused():
-                    await self._bake(self._new_apps, index - 1)
+                index += 1
+                if resume is not None and index < resume:
+                    continue
+                self._part = part
                 label = f"{part} step {number}/{len(steps)} ({percent}%)"
-                self._enter(self._running_or_paused(), f"{label}: scaling the new {part} up")
-                new_scales[part] = percent / 100
-                self._new_apps = await self._deploy(input.new_set, input.plan, 1.0, new_scales)
-                end = _cutover_weights(input, self._new_apps)
-                self._enter(self._running_or_paused(), f"{label}: shifting {part}'s traffic")
-                await self._route(start, _part_weights(start, end, done, part, percent), part)
-                self._set_part_traffic(part, percent)
+                if index != resume:
+                    if index > 0 and self._paused():
+                        await self._bake(self._new_apps, index - 1)
+                    self._enter(self._running_or_paused(), f"{label}: scaling the new {part} up")
+                    new_scales = {p: 1.0 if p in done else IDLE_SHARE for p in input.spec.parts}
+                    new_scales[part] = percent / 100
+                    self._new_apps = await self._deploy(input.new_set, input.plan, 1.0, new_scales)
+                    end = _cutover_weights(input, self._new_apps)
+                    self._enter(self._running_or_paused(), f"{label}: shifting {part}'s traffic")
+                    await self._route(start, _part_weights(start, end, done, part, percent), part)
+                    self._set_part_traffic(part, percent)
                 self._enter(self._running_or_paused(), f"{label}: baking")
                 await self._bake(self._new_apps, index)
-                index += 1
-                self._steps_done = index
+                self._steps_done = index + 1
                 self._enter(self._running_or_paused(), f"{label}: scaling the old {part} down")
                 # At 100% the old replicas of the part idle until the set is removed: keep one.
                 self._old_scales[part] = (100 - percent) / 100 if percent < 100 else IDLE_SHARE
@@ -301,9 +368,14 @@ class RolloutWorkflow:
         old_set = set(self._input.old_apps.values()) - new_set
         interval = timedelta(seconds=rollout.check_interval_seconds)
         bake = timedelta(seconds=rollout.bake_seconds)
+        frozen: FreezeWindow | None = None
+        if self._freeze_hold:  # a continued run, held by a freeze window: its end still ends it
+            frozen = active_freeze(await self._freeze_windows(), workflow.now())
+            if frozen is None:
+                self._freeze_hold = False
+                self._close_pause(FREEZE_CALENDAR)
         baseline = await self._read_metrics(regions)
         started, resumes = workflow.now(), self._resumes
-        frozen: FreezeWindow | None = None
         while True:
             await self._wait(interval, resumes)
             if self._abort is not None:
@@ -312,6 +384,8 @@ class RolloutWorkflow:
                 baseline = await self._read_metrics(regions)
                 started, resumes = workflow.now(), self._resumes
                 continue
+            if self._history_full():  # a long bake or pause: go on in a fresh run
+                raise _Continue(index)
             now = await self._read_metrics(regions)
             requests = 0
             readings: list[GateReading] = []
@@ -545,6 +619,17 @@ class RolloutWorkflow:
             workflow.upsert_search_attributes(
                 [MODEL_KEY.value_set(self._input.spec.name), STATE_KEY.value_set(state.value)]
             )
+        self._publish_details()
+
+    def _publish_all(self) -> None:
+        """A continued run states its search attributes and details afresh."""
+        workflow.upsert_search_attributes(
+            [
+                MODEL_KEY.value_set(self._input.spec.name),
+                STATE_KEY.value_set(self._state.value),
+                TRAFFIC_KEY.value_set(round(self._percent)),
+            ]
+        )
         self._publish_details()
 
     def _publish_details(self) -> None:

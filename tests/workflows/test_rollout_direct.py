@@ -1,20 +1,24 @@
-"""`sync: independent` rollouts on a real Temporal dev server, activities replaced at their seam:
-each changed part walks the steps on its own while the rest of the DAG stays on the old set,
-the unchanged parts follow in one handover, and a breach in a later part rolls all back."""
+"""RolloutWorkflow driven directly on a real Temporal dev server, activities replaced at their
+seam. `sync: independent`: each changed part walks the steps on its own while the rest of the
+DAG stays on the old set, the unchanged parts follow in one handover, and a breach in a later
+part rolls all back. A long pause continues as new without losing or repeating a step."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.worker import Worker
 
 from ipnext.model import ModelSpec, SnapshotRef, SnapshotSet
 from ipnext.plan import DeploymentPlacement, Plan
 from ipnext.registry import RolloutInput, RolloutResult
-from ipnext.rollout import RolloutState
+from ipnext.rollout import PauseInput, ResumeInput, RolloutState, RolloutStatus
 from ipnext.worker import WORKFLOWS
 
 from .fakes import SPEC, FakeServing
@@ -130,3 +134,62 @@ async def test_a_breach_in_a_later_part_rolls_every_part_back(temporal: Client) 
     assert fake.removed == ["app-2"]
     assert result.apps == {"us-east": "app-1"}
     assert result.status is not None and result.status.part_traffic == {"embed": 0.0, "dense": 0.0}
+
+
+async def test_a_long_pause_continues_as_new_and_keeps_its_state(temporal: Client) -> None:
+    """A paused rollout checks its gates every interval; its history would grow without end, so
+    it continues as new (here after 100 events) carrying what it applied, and resumes fine."""
+    fake = FakeServing()
+    one_part = SPEC.model_copy(update={"rollout": SPEC.rollout.model_copy(update={"steps": [50, 100]})})
+    old = snapshot_set(1, {"embed": "v1"})
+    new = snapshot_set(2, {"embed": "v2"})
+    queue = f"wf-{uuid.uuid4().hex[:8]}"
+    workflow_id = f"rollout/wf-model/{uuid.uuid4().hex[:8]}"
+    async with Worker(temporal, task_queue=queue, workflows=WORKFLOWS, activities=fake.activities()):
+        handle = await temporal.start_workflow(
+            "RolloutWorkflow",
+            RolloutInput(
+                spec=one_part,
+                plan=PLAN,
+                new_set=new,
+                old_set=old,
+                old_apps={"us-east": "app-1"},
+                history_limit=100,
+            ),
+            id=workflow_id,
+            task_queue=queue,
+            result_type=RolloutResult,
+        )
+        first_run = handle.first_execution_run_id
+        await until_status(handle, lambda s: "baking" in s.step)
+        await handle.signal("pause", PauseInput(reason="dashboards look odd", who="ann"))
+        first = temporal.get_workflow_handle(workflow_id, run_id=first_run)
+        for _ in range(300):  # the paused bake keeps checking gates until the history is long
+            if (await first.describe()).status == WorkflowExecutionStatus.CONTINUED_AS_NEW:
+                break
+            await asyncio.sleep(0.1)
+        else:
+            pytest.fail("the rollout never continued as new")
+        held = await until_status(handle, lambda s: s.state == RolloutState.PAUSED)
+        assert held.traffic_percent == {"wf-model@2": 50.0, "wf-model@1": 50.0}
+        assert held.generations == [1] and held.pauses[0].who == "ann"
+        assert len(fake.routes) == 1  # the continued run applied nothing again
+        await handle.signal("resume", ResumeInput(who="bob"))
+        result = await handle.result()
+    assert result.state == RolloutState.COMPLETED
+    assert fake.routes == [{"us-east": {"app-1": 50.0, "app-2": 50.0}}, {"us-east": {"app-2": 100.0}}]
+    assert result.status is not None and result.status.generations == [1, 2]
+    assert result.status.steps_done == 2 and result.status.pauses[0].resumed_by == "bob"
+    assert fake.removed == ["app-1"]
+
+
+async def until_status(
+    handle: WorkflowHandle[Any, Any], check: Callable[[RolloutStatus], bool], timeout: float = 30
+) -> RolloutStatus:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        status: RolloutStatus = await handle.query("status", result_type=RolloutStatus)
+        if check(status):
+            return status
+        assert asyncio.get_running_loop().time() < deadline, f"condition never held: {status}"
+        await asyncio.sleep(0.05)
