@@ -8,7 +8,9 @@ IpnextError
 ├── ModelNotFoundError     no model of that name is registered
 ├── ModelExistsError       a model of that name is already registered
 ├── ServingError           Ray Serve could not deploy or answer
-└── StackError             the dev stack could not start or stop
+├── StackError             the dev stack could not start or stop
+├── KernelInputError       a kernel got a tensor of the wrong shape, dtype, device or range (also a ValueError)
+└── KernelBackendError     backend="triton" was asked for where the kernel cannot run (also a RuntimeError)
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from typing import Any
 __all__ = [
     "InfeasiblePlanError",
     "IpnextError",
+    "KernelBackendError",
+    "KernelInputError",
     "ModelExistsError",
     "ModelNotFoundError",
     "PlanningTimeoutError",
@@ -74,6 +78,14 @@ class ServingError(IpnextError):
 
 class StackError(IpnextError):
     """The dev stack could not start, or a component of it is not reachable."""
+
+
+class KernelInputError(IpnextError, ValueError):
+    """A kernel was called with a tensor of the wrong shape, dtype or device, or with out-of-range data."""
+
+
+class KernelBackendError(IpnextError, RuntimeError):
+    """`backend="triton"` was asked for where the Triton kernel cannot run; nothing falls back silently."""
 
 
 _BY_NAME: dict[str, type[IpnextError]] = {

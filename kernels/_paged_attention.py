@@ -1,0 +1,189 @@
+"""Decode attention over a paged key/value cache: the checked wrapper and its torch reference.
+
+Each sequence's keys and values live in fixed-size blocks of one shared cache; its row of the block
+table lists them in order, and its context length says how many of their tokens count.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._attention import attention_reference
+from ._common import (
+    FLOAT_DTYPES,
+    bad_input,
+    check_head_dim,
+    check_heads,
+    check_same_device,
+    check_same_dtype,
+    check_tensor,
+    choose_backend,
+    default_scale,
+    tf32_allowed,
+)
+
+Q_LAYOUT = "(num_seqs, heads, head_dim)"
+CACHE_LAYOUT = "(num_blocks, kv_heads, block_size, head_dim)"
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    context_lens: torch.Tensor,
+    *,
+    scale: float | None = None,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """One decode step of attention for a batch of sequences of different lengths, keys read from a paged cache.
+
+    q is (num_seqs, heads, head_dim), one query token per sequence; k_cache and v_cache are
+    (num_blocks, kv_heads, block_size, head_dim), heads a multiple of kv_heads; block_table is
+    (num_seqs, max_blocks) int32, sequence s's token t living in cache block block_table[s, t // block_size]
+    at slot t % block_size; context_lens is (num_seqs,) int32, each in [0, max_blocks * block_size].
+    The query sees all of its sequence's context_len tokens (no causal mask: it is the newest token).
+    A sequence with context_len 0 attends to nothing and gets zeros. Block table entries past a
+    sequence's context are never read; those it uses must lie in [0, num_blocks) (checked, which
+    syncs with the device). head_dim is 16, 32, 64 or 128; dtype float16, bfloat16 or float32;
+    `scale` defaults to 1/sqrt(head_dim). Returns (num_seqs, heads, head_dim) in q's dtype.
+
+    backend: as for `attention` (None: Triton on CUDA, the torch reference on CPU).
+    """
+    q, k_cache, v_cache, block_table, context_lens, longest = _check(
+        q, k_cache, v_cache, block_table, context_lens
+    )
+    scale = default_scale(scale, q.shape[2])
+    if choose_backend(backend, q.device) == "torch":
+        return paged_attention_reference(q, k_cache, v_cache, block_table, context_lens, scale=scale)
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    if out.numel() == 0:
+        return out
+    _launch(q, k_cache, v_cache, block_table, context_lens, out, longest_context=longest, scale=scale)
+    return out
+
+
+def _launch(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    context_lens: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    longest_context: int,
+    scale: float,
+) -> None:
+    from ._paged_attention_triton import launch  # triton is imported only on the Triton path
+
+    launch(
+        q,
+        k_cache,
+        v_cache,
+        block_table.contiguous(),
+        context_lens.contiguous(),
+        out,
+        longest_context=longest_context,
+        scale=scale,
+        tf32=tf32_allowed(),
+    )
+
+
+def paged_attention_reference(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    context_lens: torch.Tensor,
+    *,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """The same by gathering each sequence's blocks into dense keys and values: the CPU serving path.
+
+    Takes inputs as `paged_attention` accepts them (not checked here), in any floating dtype.
+    """
+    num_seqs, heads, head_dim = q.shape
+    kv_heads, block_size = k_cache.shape[1], k_cache.shape[2]
+    out = torch.zeros_like(q)
+    for seq in range(num_seqs):
+        length = int(context_lens[seq])
+        if length == 0:
+            continue  # nothing to attend to: zeros
+        blocks = block_table[seq, : -(-length // block_size)].long()
+        # (blocks, kv_heads, block_size, head_dim) -> (kv_heads, tokens, head_dim), cut to the context.
+        keys = k_cache[blocks].transpose(0, 1).reshape(kv_heads, -1, head_dim)[:, :length]
+        values = v_cache[blocks].transpose(0, 1).reshape(kv_heads, -1, head_dim)[:, :length]
+        query = q[seq].reshape(1, heads, 1, head_dim)
+        out[seq] = attention_reference(query, keys[None], values[None], scale=scale)[0, :, 0]
+    return out
+
+
+def _check(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    context_lens: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """The checked inputs and the longest context; the data checks (lengths, table entries) sync."""
+    q = check_tensor("q", q, ndim=3, layout=Q_LAYOUT, dtypes=FLOAT_DTYPES)
+    num_seqs, heads, head_dim = q.shape
+    check_head_dim("q", head_dim, Q_LAYOUT)
+    expected_cache = f"(num_blocks, kv_heads, block_size, head_dim={head_dim})"
+    k_cache = check_tensor("k_cache", k_cache, ndim=4, layout=CACHE_LAYOUT, dtypes=FLOAT_DTYPES)
+    check_same_dtype("k_cache", k_cache, "q", q)
+    check_same_device("k_cache", k_cache, "q", q)
+    num_blocks, kv_heads, block_size = k_cache.shape[:3]
+    if k_cache.shape[3] != head_dim or num_blocks < 1 or block_size < 1:
+        raise bad_input(
+            "k_cache", f"shape {expected_cache} with num_blocks, block_size >= 1", tuple(k_cache.shape)
+        )
+    check_heads("k_cache", heads, kv_heads, expected_cache)
+    v_cache = check_tensor("v_cache", v_cache, ndim=4, layout=CACHE_LAYOUT, dtypes=FLOAT_DTYPES)
+    check_same_dtype("v_cache", v_cache, "q", q)
+    check_same_device("v_cache", v_cache, "q", q)
+    if v_cache.shape != k_cache.shape:
+        raise bad_input(
+            "v_cache", f"shape {tuple(k_cache.shape)} (the shape of k_cache)", tuple(v_cache.shape)
+        )
+
+    table_layout = f"(num_seqs={num_seqs}, max_blocks)"
+    block_table = check_tensor("block_table", block_table, ndim=2, layout=table_layout, dtypes=[torch.int32])
+    check_same_device("block_table", block_table, "q", q)
+    if block_table.shape[0] != num_seqs:
+        raise bad_input("block_table", f"shape {table_layout}", tuple(block_table.shape))
+    max_blocks = block_table.shape[1]
+    lens_layout = f"(num_seqs={num_seqs},)"
+    context_lens = check_tensor(
+        "context_lens", context_lens, ndim=1, layout=lens_layout, dtypes=[torch.int32]
+    )
+    check_same_device("context_lens", context_lens, "q", q)
+    if context_lens.shape[0] != num_seqs:
+        raise bad_input("context_lens", f"shape {lens_layout}", tuple(context_lens.shape))
+    if num_seqs == 0:
+        return q, k_cache, v_cache, block_table, context_lens, 0
+
+    capacity = max_blocks * block_size
+    out_of_range = (context_lens < 0) | (context_lens > capacity)
+    blocks_used = (context_lens.long().clamp(0, capacity) + block_size - 1) // block_size
+    used = torch.arange(max_blocks, device=q.device)[None, :] < blocks_used[:, None]
+    outside = used & ((block_table < 0) | (block_table >= num_blocks))
+    # One sync for all three answers.
+    any_bad_length, any_bad_entry, longest = torch.stack(
+        [out_of_range.any().long(), outside.any().long(), context_lens.max().long()]
+    ).tolist()
+    if any_bad_length:
+        seq = int(out_of_range.nonzero()[0, 0])
+        raise bad_input(
+            "context_lens",
+            f"lengths in [0, max_blocks * block_size = {max_blocks} * {block_size} = {capacity}]",
+            f"context_lens[{seq}] = {int(context_lens[seq])}",
+        )
+    if any_bad_entry:
+        seq, index = (int(i) for i in outside.nonzero()[0])
+        raise bad_input(
+            "block_table",
+            f"entries in [0, num_blocks={num_blocks}) for the blocks each sequence's context uses",
+            f"block_table[{seq}, {index}] = {int(block_table[seq, index])}",
+        )
+    return q, k_cache, v_cache, block_table, context_lens, int(longest)
