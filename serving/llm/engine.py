@@ -1,0 +1,359 @@
+"""The LLM engine's core: sequences, the continuous-batching scheduler and sampling, one
+synchronous `step()` at a time (the async service drives it; tests and benchmarks may too).
+
+Each step, the scheduler builds one batch under a token budget: first every running sequence
+(a decode token, or the next chunk of a prompt still being prefilled), then waiting ones in
+arrival order while there is room. A long prompt is prefilled in chunks of at most the budget,
+so it never stalls the running decodes for more than one step. Blocks come from the paged
+cache; a new waiting sequence first takes the cached blocks of its prompt's prefix. When a
+running sequence needs a block and none is free, the newest running sequence is preempted: its
+blocks go back to the pool and it waits at the front of the queue, to be recomputed (its
+tokens so far are kept, so its answer does not change). No request fails for lack of cache:
+one that could never fit, even alone, is refused when submitted.
+
+`batching="static"` is the baseline the benchmark compares with: a batch is admitted only when
+the previous one has finished entirely.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from ipnext.serving.llm.cache import KVCache, block_hashes
+from ipnext.serving.llm.model import DecoderConfig
+from ipnext.serving.llm.runner import Chunk, ModelRunner
+
+__all__ = ["EngineConfig", "EngineStats", "LLMEngine", "SamplingParams", "Sequence", "StepResult"]
+
+
+class SamplingParams(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_tokens: int = Field(default=64, ge=1)
+    temperature: float = Field(default=0.0, ge=0)  # 0: greedy
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    stop: list[str] = Field(default_factory=list)
+    seed: int | None = None
+
+
+class EngineConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    block_size: int = Field(default=16, ge=1)
+    kv_cache_bytes: int = Field(default=64 << 20, ge=1)
+    max_num_seqs: int = Field(default=16, ge=1)  # sequences in one batch
+    max_batched_tokens: int = Field(default=256, ge=1)  # tokens in one step (prefill chunks included)
+    prefix_cache: bool = True
+    batching: Literal["continuous", "static"] = "continuous"
+    dtype: Literal["float32", "float16", "bfloat16"] = "float32"
+    backend: Literal["triton", "torch"] | None = None  # ipnext.kernels backend; None: by device
+
+
+@dataclass(eq=False)
+class Sequence:
+    id: int
+    prompt: list[int]
+    params: SamplingParams
+    arrival: float
+    output: list[int] = field(default_factory=list)
+    blocks: list[int] = field(default_factory=list)
+    computed: int = 0  # tokens whose keys and values are in the cache
+    hashes: list[bytes] = field(default_factory=list)  # chained hashes of the full blocks registered
+    cached_tokens: int = 0  # prompt tokens the prefix cache supplied when first admitted
+    admitted: bool = False
+    scheduled_at: float | None = None  # first time a step included it
+    token_times: list[float] = field(default_factory=list)
+    preemptions: int = 0
+    finish_reason: str | None = None  # "length", "stop", "eos", "cancelled"
+    generator: torch.Generator | None = None
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.prompt + self.output
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class StepResult:
+    new_tokens: dict[int, int]  # sequence id -> the token sampled this step
+    finished: list[Sequence]
+    batch_size: int
+    batched_tokens: int
+    preempted: int
+
+
+@dataclass
+class EngineStats:
+    steps: int = 0
+    preemptions: int = 0
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    generated_tokens: int = 0
+    batch_sizes: list[int] = field(default_factory=list)
+
+    def prefix_hit_rate(self) -> float:
+        return self.cached_prompt_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+# Decides whether a sequence's output ends with one of its stop strings (the engine has no tokenizer).
+StopCheck = Callable[["Sequence"], bool]
+
+
+class LLMEngine:
+    def __init__(
+        self,
+        weights: dict[str, torch.Tensor],
+        model: DecoderConfig,
+        config: EngineConfig | None = None,
+        *,
+        eos_token: int | None = None,
+        stop_check: StopCheck | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.config = config or EngineConfig()
+        self.model = model
+        dtype = getattr(torch, self.config.dtype)
+        self.cache = KVCache(
+            model.n_layers,
+            model.n_kv_heads,
+            model.head_dim,
+            self.config.block_size,
+            self.config.kv_cache_bytes,
+            dtype,
+        )
+        self.runner = ModelRunner(weights, model, self.cache, dtype, self.config.backend)
+        self.eos_token = eos_token
+        self.stop_check = stop_check
+        self.clock = clock
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.stats = EngineStats()
+        self._next_id = 0
+
+    # ---- requests ---------------------------------------------------------------------------
+
+    def add(self, prompt: list[int], params: SamplingParams | None = None) -> Sequence:
+        """Queue a request; raises ValueError for one that could never run."""
+        params = params or SamplingParams()
+        if not prompt:
+            raise ValueError("prompt: expected at least one token, got none")
+        longest = len(prompt) + params.max_tokens
+        if longest > self.model.max_seq_len:
+            raise ValueError(
+                f"max_tokens: prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) = {longest} "
+                f"exceeds the model's max_seq_len {self.model.max_seq_len}; lower max_tokens or shorten the prompt"
+            )
+        blocks = math.ceil(longest / self.config.block_size)
+        if blocks > self.cache.pool.num_blocks:
+            raise ValueError(
+                f"max_tokens: the request needs up to {blocks} cache blocks, the pool holds "
+                f"{self.cache.pool.num_blocks}; lower max_tokens or raise kv_cache_bytes"
+            )
+        seq = Sequence(id=self._next_id, prompt=list(prompt), params=params, arrival=self.clock())
+        if params.seed is not None:
+            seq.generator = torch.Generator().manual_seed(params.seed)
+        self._next_id += 1
+        self.waiting.append(seq)
+        return seq
+
+    def cancel(self, seq: Sequence) -> None:
+        """Stop a sequence now; its blocks return to the pool."""
+        if seq.finished:
+            return
+        seq.finish_reason = "cancelled"
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self._free(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def cache_usage(self) -> float:
+        pool = self.cache.pool
+        return pool.used_count() / pool.num_blocks
+
+    # ---- one step ---------------------------------------------------------------------------
+
+    def step(self) -> StepResult:
+        batch, preempted = self._schedule()
+        if not batch:
+            return StepResult({}, [], 0, 0, preempted)
+        now = self.clock()
+        chunks = []
+        for seq, count in batch:
+            if seq.scheduled_at is None:
+                seq.scheduled_at = now
+            start = seq.computed
+            chunks.append(
+                Chunk(
+                    tokens=seq.tokens[start : start + count],
+                    start=start,
+                    blocks=list(seq.blocks),
+                    sample=start + count == len(seq.tokens),
+                )
+            )
+        logits = self.runner.step(chunks)
+        new_tokens: dict[int, int] = {}
+        finished: list[Sequence] = []
+        row = 0
+        now = self.clock()
+        for (seq, count), chunk in zip(batch, chunks, strict=True):
+            seq.computed += count
+            if self.config.prefix_cache:
+                self._register_full_blocks(seq)
+            if not chunk.sample:
+                continue
+            token = self._sample(logits[row], seq)
+            row += 1
+            seq.output.append(token)
+            seq.token_times.append(now)
+            new_tokens[seq.id] = token
+            self.stats.generated_tokens += 1
+            reason = self._finish_reason(seq, token)
+            if reason is not None:
+                seq.finish_reason = reason
+                self.running.remove(seq)
+                self._free(seq)
+                finished.append(seq)
+        self.stats.steps += 1
+        self.stats.batch_sizes.append(len(batch))
+        return StepResult(new_tokens, finished, len(batch), sum(c for _, c in batch), preempted)
+
+    def _finish_reason(self, seq: Sequence, token: int) -> str | None:
+        if self.eos_token is not None and token == self.eos_token:
+            return "eos"
+        if seq.params.stop and self.stop_check is not None and self.stop_check(seq):
+            return "stop"
+        if len(seq.output) >= seq.params.max_tokens:
+            return "length"
+        return None
+
+    def _sample(self, logits: torch.Tensor, seq: Sequence) -> int:
+        params = seq.params
+        if params.temperature == 0:
+            return int(torch.argmax(logits))
+        probs = torch.softmax(logits.float() / params.temperature, dim=-1)
+        if params.top_p < 1.0:
+            sorted_probs, order = torch.sort(probs, descending=True)
+            keep = torch.cumsum(sorted_probs, 0) - sorted_probs < params.top_p  # the nucleus
+            sorted_probs = torch.where(keep, sorted_probs, torch.zeros_like(sorted_probs))
+            probs = torch.zeros_like(probs).scatter(0, order, sorted_probs)
+        return int(torch.multinomial(probs / probs.sum(), 1, generator=seq.generator))
+
+    # ---- scheduling -------------------------------------------------------------------------
+
+    def _schedule(self) -> tuple[list[tuple[Sequence, int]], int]:
+        budget = self.config.max_batched_tokens
+        batch: list[tuple[Sequence, int]] = []
+        preempted = 0
+        index = 0
+        while index < len(self.running):
+            seq = self.running[index]
+            count = min(len(seq.tokens) - seq.computed, budget)
+            if count <= 0:
+                index += 1
+                continue
+            if self._grow(seq, seq.computed + count):
+                batch.append((seq, count))
+                budget -= count
+                index += 1
+                continue
+            victim = self.running[-1]  # the newest running sequence makes room
+            self._preempt(victim)
+            preempted += 1
+            if victim is not seq:
+                continue  # try `seq` again with the victim's blocks free
+            batch = [(s, c) for s, c in batch if s is not victim]
+        # Static batching admits a whole batch at once, and only into an empty engine; its
+        # prompts then prefill over the next steps within the token budget.
+        static = self.config.batching == "static"
+        if static and self.running:
+            return batch, preempted
+        while (
+            self.waiting
+            and not preempted
+            and (budget > 0 or static)
+            and len(self.running) < self.config.max_num_seqs
+        ):
+            seq = self.waiting[0]
+            if self.config.prefix_cache:
+                self._take_cached_prefix(seq)
+            count = min(len(seq.tokens) - seq.computed, budget)
+            if not self._grow(seq, seq.computed + count):
+                self._free(seq)  # wait without holding blocks; try again next step
+                break
+            self.waiting.popleft()
+            if not seq.admitted:
+                seq.admitted = True
+                self.stats.prompt_tokens += len(seq.prompt)
+                self.stats.cached_prompt_tokens += seq.cached_tokens
+            self.running.append(seq)
+            if count:
+                batch.append((seq, count))
+                budget -= count
+        return batch, preempted
+
+    def _grow(self, seq: Sequence, tokens: int) -> bool:
+        """Blocks for `tokens` of `seq`; False (nothing taken) when the pool runs out."""
+        needed = math.ceil(tokens / self.config.block_size) - len(seq.blocks)
+        taken: list[int] = []
+        for _ in range(needed):
+            block = self.cache.pool.allocate()
+            if block is None:
+                for b in taken:
+                    self.cache.pool.release(b)
+                return False
+            taken.append(block)
+        seq.blocks.extend(taken)
+        return True
+
+    def _take_cached_prefix(self, seq: Sequence) -> None:
+        """Reuse cached blocks of the prompt's prefix (never its last token: its logits are needed)."""
+        if seq.blocks:
+            return
+        usable = block_hashes(seq.tokens[: len(seq.tokens) - 1], self.config.block_size)
+        for block_hash in usable:
+            block = self.cache.pool.take_cached(block_hash)
+            if block is None:
+                break
+            seq.blocks.append(block)
+            seq.hashes.append(block_hash)
+        seq.computed = len(seq.blocks) * self.config.block_size
+        if not seq.admitted:
+            seq.cached_tokens = seq.computed
+
+    def _register_full_blocks(self, seq: Sequence) -> None:
+        full = seq.computed // self.config.block_size
+        if full <= len(seq.hashes):
+            return
+        hashes = block_hashes(seq.tokens[: full * self.config.block_size], self.config.block_size)
+        for i in range(len(seq.hashes), full):
+            self.cache.pool.register(seq.blocks[i], hashes[i])
+        seq.hashes = hashes
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self._free(seq)
+        seq.preemptions += 1
+        self.stats.preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def _free(self, seq: Sequence) -> None:
+        for block in seq.blocks:
+            self.cache.pool.release(block)
+        seq.blocks = []
+        seq.hashes = []
+        seq.computed = 0
