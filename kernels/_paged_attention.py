@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import torch
 
-from ._attention import attention_reference
 from ._common import (
     FLOAT_DTYPES,
     bad_input,
@@ -104,18 +103,28 @@ def paged_attention_reference(
     """
     num_seqs, heads, head_dim = q.shape
     kv_heads, block_size = k_cache.shape[1], k_cache.shape[2]
-    out = torch.zeros_like(q)
-    for seq in range(num_seqs):
-        length = int(context_lens[seq])
-        if length == 0:
-            continue  # nothing to attend to: zeros
-        blocks = block_table[seq, : -(-length // block_size)].long()
-        # (blocks, kv_heads, block_size, head_dim) -> (kv_heads, tokens, head_dim), cut to the context.
-        keys = k_cache[blocks].transpose(0, 1).reshape(kv_heads, -1, head_dim)[:, :length]
-        values = v_cache[blocks].transpose(0, 1).reshape(kv_heads, -1, head_dim)[:, :length]
-        query = q[seq].reshape(1, heads, 1, head_dim)
-        out[seq] = attention_reference(query, keys[None], values[None], scale=scale)[0, :, 0]
-    return out
+    lengths = context_lens.long()
+    longest = int(lengths.max()) if num_seqs else 0
+    if longest == 0:
+        return torch.zeros_like(q)
+    width = -(-longest // block_size)
+    # Every sequence's blocks at once, padded to the longest; table entries past a sequence's
+    # context may hold anything, so they read block 0 and are masked out.
+    used = torch.arange(width, device=q.device)[None, :] * block_size < lengths[:, None]
+    blocks = torch.where(used, block_table[:, :width].long(), 0)
+    # (seqs, blocks, kv_heads, block_size, head_dim) -> (seqs, kv_heads, tokens, head_dim)
+    compute = torch.promote_types(q.dtype, torch.float32)
+    keys = k_cache[blocks].transpose(1, 2).reshape(num_seqs, kv_heads, width * block_size, head_dim)
+    values = v_cache[blocks].transpose(1, 2).reshape(num_seqs, kv_heads, width * block_size, head_dim)
+    group = heads // kv_heads
+    query = q.to(compute).reshape(num_seqs, kv_heads, group, head_dim)
+    scale = head_dim**-0.5 if scale is None else scale
+    scores = query @ keys.to(compute).transpose(-2, -1) * scale  # (seqs, kv_heads, group, tokens)
+    visible = torch.arange(width * block_size, device=q.device)[None, :] < lengths[:, None]
+    scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
+    weights = torch.where(visible[:, None, None, :], scores.softmax(dim=-1), 0.0)  # context 0: zeros
+    out = (weights @ values.to(compute)).reshape(num_seqs, heads, head_dim)
+    return out.to(q.dtype)
 
 
 def _check(
