@@ -20,6 +20,7 @@ Prints the figures and writes bench/results/llm.json.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import random
 import statistics
@@ -90,7 +91,7 @@ def run(
     wall = time.perf_counter() - started
     generated = sum(len(s.output) for s in seqs)
     ttft = [(s.token_times[0] - s.arrival) * 1000 for s in seqs]
-    itl = [(b - a) * 1000 for s in seqs for a, b in zip(s.token_times, s.token_times[1:], strict=False)]
+    itl = [(b - a) * 1000 for s in seqs for a, b in itertools.pairwise(s.token_times)]
     return {
         "wall_s": round(wall, 3),
         "generated_tokens": generated,

@@ -42,6 +42,7 @@ class SamplingParams(BaseModel):
     top_p: float = Field(default=1.0, gt=0, le=1)
     stop: list[str] = Field(default_factory=list)
     seed: int | None = None
+    ignore_eos: bool = False  # generate max_tokens whatever comes (benchmarks, drills)
 
 
 class EngineConfig(BaseModel):
@@ -146,6 +147,16 @@ class LLMEngine:
     def add(self, prompt: list[int], params: SamplingParams | None = None) -> Sequence:
         """Queue a request; raises ValueError for one that could never run."""
         params = params or SamplingParams()
+        self.check(prompt, params)
+        seq = Sequence(id=self._next_id, prompt=list(prompt), params=params, arrival=self.clock())
+        if params.seed is not None:
+            seq.generator = torch.Generator().manual_seed(params.seed)
+        self._next_id += 1
+        self.waiting.append(seq)
+        return seq
+
+    def check(self, prompt: list[int], params: SamplingParams) -> None:
+        """ValueError naming the field and the fix when a request could never run here."""
         if not prompt:
             raise ValueError("prompt: expected at least one token, got none")
         longest = len(prompt) + params.max_tokens
@@ -160,12 +171,8 @@ class LLMEngine:
                 f"max_tokens: the request needs up to {blocks} cache blocks, the pool holds "
                 f"{self.cache.pool.num_blocks}; lower max_tokens or raise kv_cache_bytes"
             )
-        seq = Sequence(id=self._next_id, prompt=list(prompt), params=params, arrival=self.clock())
-        if params.seed is not None:
-            seq.generator = torch.Generator().manual_seed(params.seed)
-        self._next_id += 1
-        self.waiting.append(seq)
-        return seq
+        if any(t < 0 or t >= self.model.vocab_size for t in prompt):
+            raise ValueError(f"prompt: token ids must lie in [0, {self.model.vocab_size})")
 
     def cancel(self, seq: Sequence) -> None:
         """Stop a sequence now; its blocks return to the pool."""
@@ -233,7 +240,7 @@ class LLMEngine:
         return StepResult(new_tokens, finished, len(batch), sum(c for _, c in batch), preempted)
 
     def _finish_reason(self, seq: Sequence, token: int) -> str | None:
-        if self.eos_token is not None and token == self.eos_token:
+        if self.eos_token is not None and token == self.eos_token and not seq.params.ignore_eos:
             return "eos"
         if seq.params.stop and self.stop_check is not None and self.stop_check(seq):
             return "stop"

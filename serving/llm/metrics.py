@@ -1,0 +1,91 @@
+"""What the LLM engine measures, per request and in aggregate.
+
+Per request: time to first token (`ttft_ms`), inter-token latency (`itl_ms`, every gap between
+two tokens of one answer), queue time (`queue_ms`, arrival to first step) and decode speed.
+In aggregate: batch size per step, KV-cache use, prefix-cache hit rate (prompt tokens served
+from the cache), preemptions, cancellations. The latency histograms use the bucket bounds of
+`ipnext.serving.metrics`, so they push to a model's metrics actor beside the router's counters
+and the rollout gates (`ttft_p99_ms`, `itl_p99_ms`) read them like `latency_p99_ms`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+from ipnext.serving.llm.engine import LLMEngine, Sequence, StepResult
+from ipnext.serving.metrics import SetCounters, percentile
+
+__all__ = ["LLMMetrics"]
+
+
+@dataclass
+class LLMMetrics:
+    latency: SetCounters = field(default_factory=SetCounters)  # histograms only: the router counts requests
+    steps: int = 0
+    batch_size_sum: int = 0
+    batched_tokens_sum: int = 0
+    kv_usage: float = 0.0  # share of cache blocks in use after the last step
+    kv_usage_peak: float = 0.0
+    preemptions: int = 0
+    cancelled: int = 0
+    finished: int = 0
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    completion_tokens: int = 0
+    decode_tokens_per_s: list[float] = field(default_factory=list)
+
+    def observe_step(self, engine: LLMEngine, result: StepResult) -> None:
+        if result.batch_size:
+            self.steps += 1
+            self.batch_size_sum += result.batch_size
+            self.batched_tokens_sum += result.batched_tokens
+        self.preemptions += result.preempted
+        self.kv_usage = engine.cache_usage()
+        self.kv_usage_peak = max(self.kv_usage_peak, self.kv_usage)
+        self.prompt_tokens = engine.stats.prompt_tokens
+        self.cached_prompt_tokens = engine.stats.cached_prompt_tokens
+
+    def observe_finished(self, seq: Sequence) -> None:
+        self.finished += 1
+        self.completion_tokens += len(seq.output)
+        times = seq.token_times
+        if not times:
+            return
+        self.latency.observe("ttft_ms", (times[0] - seq.arrival) * 1000)
+        if seq.scheduled_at is not None:
+            self.latency.observe("queue_ms", (seq.scheduled_at - seq.arrival) * 1000)
+        for before, after in itertools.pairwise(times):
+            self.latency.observe("itl_ms", (after - before) * 1000)
+        if len(times) > 1 and times[-1] > times[0]:
+            self.decode_tokens_per_s.append((len(times) - 1) / (times[-1] - times[0]))
+
+    def prefix_hit_rate(self) -> float:
+        return self.cached_prompt_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    def summary(self) -> dict[str, Any]:
+        """The aggregate view (p50 and p99 are bucket upper bounds, in ms)."""
+
+        def quantiles(metric: str) -> dict[str, float | None]:
+            buckets = self.latency.histograms.get(metric, [])
+            return {"p50": percentile(buckets, 0.5), "p99": percentile(buckets, 0.99)}
+
+        return {
+            "finished": self.finished,
+            "cancelled": self.cancelled,
+            "ttft_ms": quantiles("ttft_ms"),
+            "itl_ms": quantiles("itl_ms"),
+            "queue_ms": quantiles("queue_ms"),
+            "mean_batch_size": self.batch_size_sum / self.steps if self.steps else 0.0,
+            "kv_cache_usage": self.kv_usage,
+            "kv_cache_usage_peak": self.kv_usage_peak,
+            "prefix_cache_hit_rate": self.prefix_hit_rate(),
+            "preemptions": self.preemptions,
+            "completion_tokens": self.completion_tokens,
+            "decode_tokens_per_s_mean": (
+                sum(self.decode_tokens_per_s) / len(self.decode_tokens_per_s)
+                if self.decode_tokens_per_s
+                else 0.0
+            ),
+        }

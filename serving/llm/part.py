@@ -1,0 +1,124 @@
+"""`LLMPart`: a generative part of the decoder family, by the part contract
+(`factory(weights, config) -> part` with `__call__`, `stream` and `expected_tensors`).
+
+model.yaml:
+
+    parts:
+      lm:
+        factory: ipnext.serving.llm.part:LLMPart
+        config:
+          model: {vocab_size: 512, dim: 64, n_layers: 2, n_heads: 4, n_kv_heads: 2, ffn_hidden: 176}
+          engine: {kv_cache_bytes: 33554432, max_num_seqs: 16}
+
+A request's `inputs` is `{"prompt": str, "max_tokens": int, "temperature": float, "top_p": float,
+"stop": [str], "seed": int}` (all but the prompt optional). `__call__` answers
+`{"text", "finish_reason", "prompt_tokens", "completion_tokens"}`; `stream` yields `{"text": delta}`
+pieces and a last one that also carries the finish reason and the token counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ipnext.serving.llm.engine import EngineConfig, LLMEngine, SamplingParams
+from ipnext.serving.llm.model import DecoderConfig, expected_tensors
+from ipnext.serving.llm.service import LLMService
+from ipnext.serving.llm.text import TOKENIZER_TENSOR, TextCodec
+
+__all__ = ["LLMPart", "LLMPartConfig", "LLMRequest"]
+
+
+class LLMPartConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: DecoderConfig
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+
+
+class LLMRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    prompt: str = Field(min_length=1)
+    max_tokens: int = Field(default=64, ge=1)
+    temperature: float = Field(default=0.0, ge=0)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    stop: list[str] = Field(default_factory=list)
+    seed: int | None = None
+    ignore_eos: bool = False
+
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(
+            max_tokens=self.max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            stop=self.stop,
+            seed=self.seed,
+            ignore_eos=self.ignore_eos,
+        )
+
+
+class LLMPart:
+    def __init__(self, weights: dict[str, torch.Tensor], config: dict[str, Any]) -> None:
+        self.config = LLMPartConfig.model_validate(config)
+        if TOKENIZER_TENSOR not in weights:
+            raise ValueError(
+                f"weights: no {TOKENIZER_TENSOR!r} tensor (the tokenizer travels with the weights)"
+            )
+        self.codec = TextCodec.from_tensor(weights[TOKENIZER_TENSOR])
+        if self.codec.vocab_size > self.config.model.vocab_size:
+            raise ValueError(
+                f"config.model.vocab_size: {self.config.model.vocab_size} is smaller than the tokenizer's "
+                f"{self.codec.vocab_size} tokens"
+            )
+        self._tokenizer_shape = tuple(weights[TOKENIZER_TENSOR].shape)
+        self.engine = LLMEngine(weights, self.config.model, self.config.engine)
+        self._service: LLMService | None = None
+
+    def expected_tensors(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        return {**expected_tensors(self.config.model), TOKENIZER_TENSOR: (self._tokenizer_shape, "uint8")}
+
+    @property
+    def service(self) -> LLMService:
+        if self._service is None:  # built inside the serving event loop, on first use
+            self._service = LLMService(self.engine, self.codec)
+        return self._service
+
+    async def __call__(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        request = _request(inputs)
+        done = await self.service.complete(request.prompt, request.sampling())
+        return {
+            "text": done.text,
+            "finish_reason": done.finish_reason,
+            "prompt_tokens": done.prompt_tokens,
+            "completion_tokens": done.completion_tokens,
+        }
+
+    async def stream(self, inputs: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        request = _request(inputs)
+        async for delta in self.service.stream(request.prompt, request.sampling()):
+            piece: dict[str, Any] = {"text": delta.text}
+            if delta.finish_reason is not None:
+                piece |= {
+                    "finish_reason": delta.finish_reason,
+                    "prompt_tokens": delta.prompt_tokens,
+                    "completion_tokens": delta.completion_tokens,
+                }
+            yield piece
+
+
+def _request(inputs: dict[str, Any]) -> LLMRequest:
+    """The request from the part's upstream: the DAG's input, or the one upstream part's output."""
+    raw = inputs.get("input") if "input" in inputs else next(iter(inputs.values()), None)
+    try:
+        return LLMRequest.model_validate(raw)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(x) for x in first["loc"]) or "inputs"
+        raise ValueError(
+            f"inputs.{where}: {first['msg']} (got {first.get('input')!r}); send "
+            '{"prompt": "...", "max_tokens": 64, "temperature": 0, "top_p": 1, "stop": [], "seed": null}'
+        ) from None

@@ -1,0 +1,100 @@
+"""The engine behind asyncio and as a part: concurrent streams give the reference answers, a
+reader that goes away frees its cache blocks, stop strings never leak into the stream, and the
+part checks its snapshot and its requests."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from ipnext.serving.llm.engine import EngineConfig, LLMEngine, SamplingParams
+from ipnext.serving.llm.part import LLMPart
+from ipnext.serving.llm.service import LLMService
+from ipnext.snapshots import inspect_safetensors
+
+from .conftest import TrainedLM
+
+pytestmark = pytest.mark.timeout(120)
+
+PROMPTS = [
+    "ada is a red",
+    "two plus three is",
+    "counting: one two",
+    "bo lives by the",
+    "cyd is a blue",
+    "four plus",
+]
+
+
+async def collect(service: LLMService, prompt: str, params: SamplingParams) -> tuple[list[str], str | None]:
+    pieces, reason = [], None
+    async for delta in service.stream(prompt, params):
+        pieces.append(delta.text)
+        reason = delta.finish_reason or reason
+    return pieces, reason
+
+
+async def test_concurrent_streams_answer_like_the_reference(lm: TrainedLM) -> None:
+    engine = LLMEngine(lm.weights, lm.config, EngineConfig(block_size=4, max_batched_tokens=32))
+    service = LLMService(engine, lm.codec)
+    results = await asyncio.gather(*(collect(service, p, SamplingParams(max_tokens=30)) for p in PROMPTS))
+    for prompt, (pieces, reason) in zip(PROMPTS, results, strict=True):
+        expected = lm.reference.generate(lm.codec.prompt(prompt), 30, stop_token=lm.codec.eos)
+        assert "".join(pieces) == lm.codec.decode(expected)
+        assert reason == ("eos" if expected[-1] == lm.codec.eos else "length")
+        assert len(pieces) > 2  # streamed piece by piece, not in one go
+    summary = service.metrics.summary()
+    assert summary["finished"] == len(PROMPTS) and summary["mean_batch_size"] > 1
+    assert summary["ttft_ms"]["p50"] is not None and summary["itl_ms"]["p99"] is not None
+    await service.close()
+
+
+async def test_a_reader_that_goes_away_frees_its_blocks(lm: TrainedLM) -> None:
+    engine = LLMEngine(lm.weights, lm.config, EngineConfig(block_size=4))
+    service = LLMService(engine, lm.codec)
+    before = engine.cache.pool.used_count()
+    stream = service.stream("ada is a red fox. " * 6, SamplingParams(max_tokens=400, ignore_eos=True))
+    received = [await anext(stream) for _ in range(3)]
+    assert engine.cache.pool.used_count() > before and all(d.finish_reason is None for d in received)
+    await stream.aclose()  # the client went away
+    for _ in range(100):
+        if engine.cache.pool.used_count() == before and not engine.has_work():
+            break
+        await asyncio.sleep(0.01)
+    assert engine.cache.pool.used_count() == before and service.metrics.cancelled == 1
+    await service.close()
+
+
+async def test_stop_strings_never_reach_the_stream(lm: TrainedLM) -> None:
+    expected = lm.codec.decode(
+        lm.reference.generate(lm.codec.prompt("ada is a red"), 40, stop_token=lm.codec.eos)
+    )
+    stop = expected.split()[len(expected.split()) // 2]
+    service = LLMService(LLMEngine(lm.weights, lm.config), lm.codec)
+    pieces, reason = await collect(service, "ada is a red", SamplingParams(max_tokens=40, stop=[stop]))
+    text = "".join(pieces)
+    assert reason == "stop" and stop not in text and expected.startswith(text)
+    assert text == expected[: expected.find(stop)]
+    await service.close()
+
+
+async def test_the_part_checks_its_snapshot_and_its_requests(lm: TrainedLM) -> None:
+    config = {"model": lm.config.model_dump(), "engine": {"kv_cache_bytes": 4 << 20}}
+    part = LLMPart(lm.weights, config)
+    header = inspect_safetensors(lm.folder / "lm.safetensors")
+    assert part.expected_tensors() == {name: (tuple(shape), dtype) for name, (shape, dtype) in header.items()}
+    answer = await part({"input": {"prompt": "two plus three is", "max_tokens": 12}})
+    expected = lm.reference.generate(lm.codec.prompt("two plus three is"), 12, stop_token=lm.codec.eos)
+    assert answer["text"] == lm.codec.decode(expected) and answer["completion_tokens"] == len(expected)
+    pieces = [p async for p in part.stream({"input": {"prompt": "two plus three is", "max_tokens": 12}})]
+    assert "".join(p["text"] for p in pieces) == answer["text"] and pieces[-1]["finish_reason"]
+    with pytest.raises(ValueError, match=r"inputs\.max_tokens"):
+        await part({"input": {"prompt": "hi", "max_tokens": 0}})
+    with pytest.raises(ValueError, match=r"inputs\.prompt"):
+        await part({"input": {"max_tokens": 3}})
+    with pytest.raises(ValueError, match="max_tokens: prompt"):
+        await part({"input": {"prompt": "hi", "max_tokens": 5000}})
+    with pytest.raises(ValueError, match="vocab_size"):
+        LLMPart(lm.weights, {**config, "model": {**config["model"], "vocab_size": 100}})
+    await part.service.close()
