@@ -11,10 +11,12 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import inspect
+import json
 import math
 import os
 import random
 import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,7 @@ import ray
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, StreamingResponse
 
 from ipnext.model import DAG_INPUT, DAG_OUTPUT, import_factory
 from ipnext.rollout import RouterConfig
@@ -59,12 +61,45 @@ class PartHost:
         factory = import_factory(host.factory)
         self._part = factory(load_weights(path), dict(host.config))
         self._snapshot_id = host.snapshot_id
+        self._host = host
+        self._pusher: asyncio.Task[None] | None = None
 
     async def __call__(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        self._ensure_pusher()
         result = self._part(inputs)
         if inspect.isawaitable(result):
             result = await result
         return {"output": result, "snapshot_id": self._snapshot_id}
+
+    async def stream(self, inputs: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        """The part's answer piece by piece (a part without `stream` answers in one piece).
+        When the caller goes away, Serve cancels this generator and the part's own `stream`
+        is closed with it (a generative part then frees what the request held)."""
+        self._ensure_pusher()
+        if not hasattr(self._part, "stream"):
+            yield await self(inputs)
+            return
+        pieces = self._part.stream(inputs)
+        try:
+            async for piece in pieces:
+                yield {"output": piece, "snapshot_id": self._snapshot_id}
+        finally:
+            await pieces.aclose()
+
+    def describe(self) -> dict[str, Any]:
+        """What the part reports of itself (`status()`, if it has one): for checks and dashboards."""
+        status = getattr(self._part, "status", None)
+        return {"snapshot_id": self._snapshot_id, "status": status() if callable(status) else None}
+
+    def _ensure_pusher(self) -> None:
+        counters = getattr(self._part, "serving_counters", None)
+        if not callable(counters) or not self._host.app or (self._pusher and not self._pusher.done()):
+            return
+        replica = f"part-{os.getpid()}-{id(self)}"
+        actor = metrics_actor_name(self._host.model, self._host.region)
+        self._pusher = asyncio.get_running_loop().create_task(
+            push_forever(actor, replica, lambda: {self._host.app: counters().model_dump()})
+        )
 
 
 @serve.deployment(ray_actor_options={"num_cpus": 0})
@@ -144,7 +179,7 @@ class Router:
     def generation(self) -> int:
         return self._config.generation
 
-    async def __call__(self, request: Request) -> JSONResponse:
+    async def __call__(self, request: Request) -> JSONResponse | StreamingResponse:
         path = request.url.path.rstrip("/")
         if request.method == "GET" and not path.endswith("/predict"):
             return JSONResponse({"model": self._model, "region": self._region, **self._config.model_dump()})
@@ -159,8 +194,63 @@ class Router:
                 {"error": 'body must be a JSON object {"inputs": ..., "key": optional}'},
                 status_code=400,
             )
+        if body.get("stream"):
+            return StreamingResponse(
+                self._stream_events(body["inputs"], body.get("key")), media_type="text/event-stream"
+            )
         envelope, status = await self.predict(body["inputs"], body.get("key"))
         return JSONResponse(envelope, status_code=status)
+
+    async def _stream_events(self, inputs: Any, key: str | None) -> AsyncIterator[str]:
+        """Server-sent events: one envelope per piece of the final part's answer (a part
+        without `stream` gives one piece); a failure is an event with `error`. If the client
+        goes away, the part's stream is cancelled with this generator."""
+        async for envelope in self.stream(inputs, key):
+            yield f"data: {json.dumps(envelope)}\n\n"
+
+    async def stream(self, inputs: Any, key: str | None = None) -> AsyncIterator[dict[str, Any]]:
+        """The streaming `predict`: every part but the DAG's final one runs as usual, then the
+        final part streams. Counted as one request (latency: first piece to last)."""
+        picked = pick_apps(self._config, set(self._routes), key, self._rng)
+        if picked is None:
+            yield {"error": f"model {self._model} has no serving set in {self._region}"}
+            return
+        app, base, part_apps = picked
+        route = self._routes[app]
+        dag = self._routes[base]
+        counters = self._counters.setdefault(app, SetCounters())
+        part_routes = {p: self._routes[a] for p, a in part_apps.items()}
+        finals = dag.upstream.get(DAG_OUTPUT, [])
+        started = time.perf_counter()
+        pieces: Any = None
+        try:
+            if len(finals) != 1:
+                raise ValueError(f"streaming needs one part feeding the output, the DAG has {finals}")
+            final = finals[0]
+            results, stamps = await self._run_parts(dag, part_routes, inputs, skip=final)
+            upstream = self._upstream_values(dag, final, results, inputs)
+            handle = part_routes.get(final, dag).handle(final, self._rng)
+            pieces = handle.options(stream=True).stream.remote(upstream)
+            async for reply in pieces:
+                stamps[final] = reply["snapshot_id"]
+                output = _jsonable(reply["output"])
+                if not all_finite(output):
+                    raise ValueError("the model's outputs are not finite (NaN or inf)")
+                yield {"outputs": output, "set": route.set_id, "parts": dict(stamps), "variant": None}
+            pieces = None
+        except Exception as err:  # a part failed: count it and end the stream with the reason
+            counters.requests += 1
+            counters.errors += 1
+            self._prometheus.record(self._model, self._region, app, None)
+            yield {"error": f"{type(err).__name__}: {err}", "set": route.set_id}
+            return
+        finally:
+            if pieces is not None:  # the client went away mid-stream: stop the part's work
+                pieces.cancel()
+        elapsed_ms = (time.perf_counter() - started) * 1000
+        counters.requests += 1
+        counters.observe("latency_ms", elapsed_ms)
+        self._prometheus.record(self._model, self._region, app, elapsed_ms)
 
     async def predict(self, inputs: Any, key: str | None = None) -> tuple[dict[str, Any], int]:
         picked = pick_apps(self._config, set(self._routes), key, self._rng)
@@ -193,51 +283,49 @@ class Router:
         self, route: _SetRoute, part_routes: dict[str, _SetRoute], inputs: Any
     ) -> tuple[Any, dict[str, str]]:
         """Run `route`'s DAG, calling each part in `part_routes` on that route instead."""
-        results: dict[str, Any] = {DAG_INPUT: inputs}
-        stamps: dict[str, str] = {}
-        tasks: dict[str, asyncio.Task[Any]] = {}
-
-        async def run(part: str) -> Any:
-            ups = route.upstream.get(part, [])
-            values = await asyncio.gather(*(tasks[u] for u in ups if u != DAG_INPUT))
-            upstream_values = dict(zip([u for u in ups if u != DAG_INPUT], values, strict=True))
-            if DAG_INPUT in ups:
-                upstream_values[DAG_INPUT] = inputs
-            reply = await part_routes.get(part, route).handle(part, self._rng).remote(upstream_values)
-            stamps[part] = reply["snapshot_id"]
-            return reply["output"]
-
-        for part in route.order:  # topological: upstream tasks exist before their consumers
-            tasks[part] = asyncio.ensure_future(run(part))
-        done = await asyncio.gather(*tasks.values())
-        results.update(dict(zip(tasks, done, strict=True)))
+        results, stamps = await self._run_parts(route, part_routes, inputs)
         finals = route.upstream.get(DAG_OUTPUT, [])
         outputs = results[finals[0]] if len(finals) == 1 else {u: results[u] for u in finals}
         return _jsonable(outputs), stamps
 
+    async def _run_parts(
+        self, route: _SetRoute, part_routes: dict[str, _SetRoute], inputs: Any, skip: str | None = None
+    ) -> tuple[dict[str, Any], dict[str, str]]:
+        """Every part's output (all but `skip`), each part started once its upstream is done."""
+        stamps: dict[str, str] = {}
+        tasks: dict[str, asyncio.Task[Any]] = {}
+
+        async def run(part: str) -> Any:
+            ups = [u for u in route.upstream.get(part, []) if u != DAG_INPUT]
+            values = dict(zip(ups, await asyncio.gather(*(tasks[u] for u in ups)), strict=True))
+            upstream = self._upstream_values(route, part, values, inputs)
+            reply = await part_routes.get(part, route).handle(part, self._rng).remote(upstream)
+            stamps[part] = reply["snapshot_id"]
+            return reply["output"]
+
+        for part in route.order:  # topological: upstream tasks exist before their consumers
+            if part != skip:
+                tasks[part] = asyncio.ensure_future(run(part))
+        done = await asyncio.gather(*tasks.values())
+        return dict(zip(tasks, done, strict=True)), stamps
+
+    @staticmethod
+    def _upstream_values(route: _SetRoute, part: str, results: dict[str, Any], inputs: Any) -> dict[str, Any]:
+        """A part's `inputs`: each upstream node's output, the request under "input"."""
+        ups = route.upstream.get(part, [])
+        values = {u: results[u] for u in ups if u != DAG_INPUT}
+        if DAG_INPUT in ups:
+            values[DAG_INPUT] = inputs
+        return values
+
     def _ensure_pusher(self) -> None:
         if self._pusher is None or self._pusher.done():
-            self._pusher = asyncio.get_running_loop().create_task(self._push_forever())
-
-    async def _push_forever(self) -> None:
-        actor = (
-            ray.remote(MetricsStore)
-            .options(
-                name=metrics_actor_name(self._model, self._region),
-                namespace=RAY_NAMESPACE,
-                lifetime="detached",
-                get_if_exists=True,
-                num_cpus=0,
+            actor = metrics_actor_name(self._model, self._region)
+            self._pusher = asyncio.get_running_loop().create_task(
+                push_forever(
+                    actor, self._replica, lambda: {a: c.model_dump() for a, c in self._counters.items()}
+                )
             )
-            .remote()
-        )
-        while True:
-            await asyncio.sleep(METRICS_PUSH_SECONDS)
-            payload = {app: c.model_dump() for app, c in self._counters.items()}
-            try:
-                await actor.push.remote(self._replica, payload)  # type: ignore[attr-defined]
-            except ray.exceptions.RayActorError:
-                return  # the model was deleted; the next reconfigure starts a new pusher
 
 
 class _PrometheusMetrics:
@@ -263,6 +351,24 @@ class _PrometheusMetrics:
             self._errors.inc(1, tags)
         else:
             self._latency.observe(latency_ms, tags)
+
+
+async def push_forever(actor_name: str, replica: str, payload: Callable[[], dict[str, Any]]) -> None:
+    """Push this replica's cumulative counters (set app -> SetCounters) to a model's metrics
+    actor every second, until the actor is gone (the model was deleted)."""
+    actor = (
+        ray.remote(MetricsStore)
+        .options(
+            name=actor_name, namespace=RAY_NAMESPACE, lifetime="detached", get_if_exists=True, num_cpus=0
+        )
+        .remote()
+    )
+    while True:
+        await asyncio.sleep(METRICS_PUSH_SECONDS)
+        try:
+            await actor.push.remote(replica, payload())  # type: ignore[attr-defined]
+        except ray.exceptions.RayActorError:
+            return  # the next request or reconfigure starts a new pusher
 
 
 def pick_set(weights: dict[str, float], key: str | None, rng: random.Random) -> str | None:

@@ -63,6 +63,10 @@ class PartHostArgs(_Frozen):
     sha256: str
     snapshot_id: str
     snapshot_roots: list[str]
+    # Where a part that measures itself (a generative part's TTFT and ITL) pushes its
+    # histograms: the model's metrics actor of this region, under this set app's name.
+    region: str = ""
+    app: str = ""
 
 
 class SetAppArgs(_Frozen):
@@ -111,6 +115,7 @@ def set_app_plan(
         replicas[part] = {
             hw: scaled_replicas(n, share) for hw, n in placement.replicas.get(region, {}).items() if n > 0
         }
+    name = set_app_name(spec.name, region, snapshot_set.number, plan.revision)
     args = SetAppArgs(
         model=spec.name,
         region=region,
@@ -127,13 +132,15 @@ def set_app_plan(
                 sha256=snapshot_set.parts[part].sha256,
                 snapshot_id=snapshot_set.parts[part].snapshot_id,
                 snapshot_roots=snapshot_roots,
+                region=region,
+                app=name,
             )
             for part, part_spec in spec.parts.items()
         },
         hardware={part: sorted(by_hw) for part, by_hw in replicas.items()},
     )
     return SetAppPlan(
-        name=set_app_name(spec.name, region, snapshot_set.number, plan.revision),
+        name=name,
         args=args,
         replicas=replicas,
         units={p: {hw: spec.parts[p].hardware[hw].units for hw in r} for p, r in replicas.items()},

@@ -28,6 +28,7 @@ from ipnext.serving.llm.engine import EngineConfig, LLMEngine, SamplingParams
 from ipnext.serving.llm.model import DecoderConfig, expected_tensors
 from ipnext.serving.llm.service import LLMService
 from ipnext.serving.llm.text import TOKENIZER_TENSOR, TextCodec
+from ipnext.serving.metrics import SetCounters
 
 __all__ = ["LLMPart", "LLMPartConfig", "LLMRequest"]
 
@@ -80,6 +81,22 @@ class LLMPart:
 
     def expected_tensors(self) -> dict[str, tuple[tuple[int, ...], str]]:
         return {**expected_tensors(self.config.model), TOKENIZER_TENSOR: (self._tokenizer_shape, "uint8")}
+
+    def serving_counters(self) -> SetCounters:
+        """TTFT, ITL and queue-time histograms, cumulative: the host pushes them to the model's
+        metrics actor beside the router's counters, where the rollout gates read them."""
+        return self._service.metrics.latency if self._service is not None else SetCounters()
+
+    def status(self) -> dict[str, Any]:
+        pool = self.engine.cache.pool
+        summary = self._service.metrics.summary() if self._service is not None else {}
+        return {
+            "kv_cache_blocks": pool.num_blocks,
+            "kv_cache_used_blocks": pool.used_count(),
+            "running": len(self.engine.running),
+            "waiting": len(self.engine.waiting),
+            **summary,
+        }
 
     @property
     def service(self) -> LLMService:

@@ -1,0 +1,173 @@
+"""The demo LLM as an ipnext model on the real stack: it streams over HTTP (server-sent events)
+the tokens of the plain greedy loop, a client that goes away frees its KV blocks, and v2 rolls
+out under streaming load with the `ttft_p99_ms` gate judging the new set."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from ray import serve
+
+from ipnext.config import Settings
+from ipnext.examples.llm.train import PART, train
+from ipnext.model import load_model_spec
+from ipnext.rollout import RolloutState
+from ipnext.sdk import Client
+from ipnext.serving.control import connect
+from ipnext.serving.llm.model import Decoder, DecoderConfig
+from ipnext.serving.llm.text import TOKENIZER_TENSOR, TextCodec
+from ipnext.snapshots import load_weights
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+async def stream_events(http: httpx.AsyncClient, path: str, inputs: dict[str, Any]) -> list[dict[str, Any]]:
+    events = []
+    async with http.stream("POST", path, json={"inputs": inputs, "stream": True}) as reply:
+        assert reply.status_code == 200 and reply.headers["content-type"].startswith("text/event-stream")
+        async for line in reply.aiter_lines():
+            if line.startswith("data: "):
+                events.append(json.loads(line.removeprefix("data: ")))
+    return events
+
+
+@dataclass
+class StreamingLoad:
+    """Closed-loop streaming clients: each reads a whole answer, then asks again."""
+
+    base_url: str
+    path: str
+    workers: int = 3
+    done: list[str] = field(default_factory=list)  # the set of each answered stream
+    failed: list[str] = field(default_factory=list)
+    _stop: asyncio.Event = field(default_factory=asyncio.Event)
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    async def __aenter__(self) -> StreamingLoad:
+        self._tasks = [asyncio.create_task(self._worker(i)) for i in range(self.workers)]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._stop.set()
+        await asyncio.gather(*self._tasks)
+
+    async def _worker(self, index: int) -> None:
+        prompts = ["ada is a red", "two plus three is", "counting: one two", "bo lives by the"]
+        async with httpx.AsyncClient(base_url=self.base_url, timeout=60) as http:
+            n = index
+            while not self._stop.is_set():
+                n += 1
+                try:
+                    events = await stream_events(
+                        http, self.path, {"prompt": prompts[n % len(prompts)], "max_tokens": 12}
+                    )
+                except (httpx.HTTPError, AssertionError) as err:
+                    self.failed.append(f"{type(err).__name__}: {err}")
+                    continue
+                errors = [e["error"] for e in events if "error" in e]
+                if errors or not events or "finish_reason" not in events[-1]["outputs"]:
+                    self.failed.append(str(errors or events[-1:]))
+                else:
+                    self.done.append(events[-1]["set"])
+
+
+async def describe(host: Any) -> dict[str, Any]:
+    """The LLM part's status, from its host replica (a blocking handle call, off the event loop)."""
+    reply: dict[str, Any] = await asyncio.to_thread(lambda: host.describe.remote().result())
+    return dict(reply["status"])
+
+
+def reference(folder: Path, config: DecoderConfig) -> tuple[Decoder, TextCodec]:
+    weights = load_weights(folder / f"{PART}.safetensors")
+    return Decoder.from_weights(weights, config).eval(), TextCodec.from_tensor(weights[TOKENIZER_TENSOR])
+
+
+async def test_llm_streams_frees_cancelled_blocks_and_rolls_out_under_streaming_load(
+    stack: Settings, client: Client, model_name: str
+) -> None:
+    spec = load_model_spec(REPO / "examples" / "llm" / "model.yaml")
+    rollout = spec.rollout.model_copy(update={"steps": [50, 100]})
+    spec = spec.model_copy(update={"name": model_name, "rollout": rollout})
+    config = DecoderConfig.model_validate(spec.parts[PART].config["model"])
+    await client.publish_model(spec)
+    v1 = train(stack.snapshot_roots[0], model_name, "v1", steps=60)
+    first = await client.publish_snapshot(model_name, v1.folder)
+    await client.wait_until_serving(model_name, first.set_id, timeout_s=180)
+    path = f"/us-east/models/{model_name}/predict"
+    net, codec = reference(v1.folder, config)
+
+    async with httpx.AsyncClient(base_url=stack.serve_url, timeout=60) as http:
+        # 1. Streamed piece by piece, the greedy loop's text, in the envelope.
+        events = await stream_events(http, path, {"prompt": "two plus three is", "max_tokens": 16})
+        expected = codec.decode(net.generate(codec.prompt("two plus three is"), 16, stop_token=codec.eos))
+        assert "".join(e["outputs"]["text"] for e in events) == expected
+        assert len(events) > 2 and events[-1]["outputs"]["finish_reason"] in ("eos", "length")
+        assert all(
+            e["set"] == first.set_id and e["parts"] == {PART: f"{model_name}/{PART}@v1"} for e in events
+        )
+        whole = (
+            await http.post(path, json={"inputs": {"prompt": "two plus three is", "max_tokens": 16}})
+        ).json()
+        assert whole["outputs"]["text"] == expected
+        bad = await http.post(path, json={"inputs": {"prompt": "hi", "max_tokens": 0}})
+        assert bad.status_code == 500 and "inputs.max_tokens" in bad.json()["error"]
+
+        # 2. A client that goes away mid-stream: its sequence stops and its blocks come back.
+        connect(stack.ray_address())
+        host = serve.get_deployment_handle("lm-cpu-std", app_name=f"{model_name}.us-east.s1.r1")
+        async with http.stream(
+            "POST",
+            path,
+            json={
+                "inputs": {"prompt": "ada is a red", "max_tokens": 900, "ignore_eos": True},
+                "stream": True,
+            },
+        ) as reply:
+            lines = reply.aiter_lines()
+            seen = 0
+            async for line in lines:
+                seen += line.startswith("data: ")
+                if seen == 3:
+                    break
+            busy = await describe(host)
+            assert busy["running"] == 1 and busy["kv_cache_used_blocks"] > 0
+        deadline = time.monotonic() + 30
+        while True:
+            status = await describe(host)
+            if status["running"] == 0 and status["kv_cache_used_blocks"] == 0:
+                break
+            assert time.monotonic() < deadline, f"the cancelled stream kept its blocks: {status}"
+            await asyncio.sleep(0.2)
+        assert status["cancelled"] >= 1
+
+    # 3. v2 rolls out under streaming load: no stream fails, and the TTFT gate judged it.
+    v2 = train(stack.snapshot_roots[0], model_name, "v2", seed=2, steps=60)
+    compared: list[Any] = []  # TTFT readings of the 50% step: the new set against the old
+    async with StreamingLoad(stack.serve_url, path) as load:
+        second = await client.publish_snapshot(model_name, v2.folder)
+        deadline = time.monotonic() + 240
+        while (state := await client.get_model(model_name)).serving_set != second.set_id:
+            live = await client.rollout_status(model_name)
+            if live is not None and live.set_id == second.set_id:
+                compared += [g for g in live.gates if g.metric == "ttft_p99_ms" and g.old_value is not None]
+            assert time.monotonic() < deadline, state
+            await asyncio.sleep(0.3)
+    assert load.failed == [], load.failed[:3]
+    assert first.set_id in load.done and second.set_id in load.done
+    assert state.rollout is not None and state.rollout.state == RolloutState.COMPLETED
+    judged = [g for g in compared if g.judged and g.limit is not None]
+    assert judged and not any(g.breached for g in compared), compared
+    print(
+        f"LLM rollout under streaming load: {len(load.done)} streams, none failed; TTFT gate at 50% "
+        f"(new p99, old p99, limit ms): {sorted({(g.value, g.old_value, g.limit) for g in judged})}"
+    )
+    await client.delete_model(model_name)
