@@ -97,9 +97,18 @@ class PartHost:
             return
         replica = f"part-{os.getpid()}-{id(self)}"
         actor = metrics_actor_name(self._host.model, self._host.region)
-        self._pusher = asyncio.get_running_loop().create_task(
-            push_forever(actor, replica, lambda: {self._host.app: counters().model_dump()})
-        )
+        prometheus = _PartPrometheus(self._host)
+        observe_with = getattr(self._part, "observe_with", None)
+        if callable(observe_with):
+            observe_with(prometheus.observe)
+        status = getattr(self._part, "status", None)
+
+        def payload() -> dict[str, Any]:
+            if callable(status):
+                prometheus.gauges(status())
+            return {self._host.app: counters().model_dump()}
+
+        self._pusher = asyncio.get_running_loop().create_task(push_forever(actor, replica, payload))
 
 
 @serve.deployment(ray_actor_options={"num_cpus": 0})
@@ -369,6 +378,42 @@ async def push_forever(actor_name: str, replica: str, payload: Callable[[], dict
             await actor.push.remote(replica, payload())  # type: ignore[attr-defined]
         except ray.exceptions.RayActorError:
             return  # the next request or reconfigure starts a new pusher
+
+
+class _PartPrometheus:
+    """A self-measuring part's figures through Ray's Prometheus endpoint: its latency
+    observations as histograms (`ipnext_ttft_ms`, `ipnext_itl_ms`, `ipnext_queue_ms`) and the
+    numbers of its `status()` as gauges (`ipnext_part_<name>`), tagged by model, region, set
+    app and part."""
+
+    _BOUNDARIES: list[float] = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000]
+
+    def __init__(self, host: PartHostArgs) -> None:
+        self._tags = {"model": host.model, "region": host.region, "set_app": host.app, "part": host.part}
+        self._histograms: dict[str, Any] = {}
+        self._gauges: dict[str, Any] = {}
+
+    def observe(self, metric: str, value_ms: float) -> None:
+        from ray.util import metrics
+
+        if metric not in self._histograms:
+            self._histograms[metric] = metrics.Histogram(
+                f"ipnext_{metric}",
+                f"{metric} of a generative part",
+                self._BOUNDARIES,
+                tag_keys=tuple(self._tags),
+            )
+        self._histograms[metric].observe(value_ms, self._tags)
+
+    def gauges(self, status: dict[str, Any]) -> None:
+        from ray.util import metrics
+
+        for name, value in status.items():
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                continue
+            if name not in self._gauges:
+                self._gauges[name] = metrics.Gauge(f"ipnext_part_{name}", name, tag_keys=tuple(self._tags))
+            self._gauges[name].set(float(value), self._tags)
 
 
 def pick_set(weights: dict[str, float], key: str | None, rng: random.Random) -> str | None:

@@ -11,6 +11,8 @@ and the rollout gates (`ttft_p99_ms`, `itl_p99_ms`) read them like `latency_p99_
 from __future__ import annotations
 
 import itertools
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,10 +21,14 @@ from ipnext.serving.metrics import SetCounters, percentile
 
 __all__ = ["LLMMetrics"]
 
+logger = logging.getLogger(__name__)
+
 
 @dataclass
 class LLMMetrics:
     latency: SetCounters = field(default_factory=SetCounters)  # histograms only: the router counts requests
+    # Also told of every latency observation (metric name, ms): the host's Prometheus export.
+    observer: Callable[[str, float], None] | None = None
     steps: int = 0
     batch_size_sum: int = 0
     batched_tokens_sum: int = 0
@@ -53,13 +59,22 @@ class LLMMetrics:
         times = seq.token_times
         if not times:
             return
-        self.latency.observe("ttft_ms", (times[0] - seq.arrival) * 1000)
+        self._observe("ttft_ms", (times[0] - seq.arrival) * 1000)
         if seq.scheduled_at is not None:
-            self.latency.observe("queue_ms", (seq.scheduled_at - seq.arrival) * 1000)
+            self._observe("queue_ms", (seq.scheduled_at - seq.arrival) * 1000)
         for before, after in itertools.pairwise(times):
-            self.latency.observe("itl_ms", (after - before) * 1000)
+            self._observe("itl_ms", (after - before) * 1000)
         if len(times) > 1 and times[-1] > times[0]:
             self.decode_tokens_per_s.append((len(times) - 1) / (times[-1] - times[0]))
+
+    def _observe(self, metric: str, value_ms: float) -> None:
+        self.latency.observe(metric, value_ms)
+        if self.observer is not None:
+            try:
+                self.observer(metric, value_ms)
+            except Exception:  # an exporter's failure must never stop serving
+                logger.exception("metrics observer failed on %s; dropping it", metric)
+                self.observer = None
 
     def prefix_hit_rate(self) -> float:
         return self.cached_prompt_tokens / self.prompt_tokens if self.prompt_tokens else 0.0

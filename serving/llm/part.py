@@ -18,13 +18,14 @@ pieces and a last one that also carries the finish reason and the token counts.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ipnext.serving.llm.engine import EngineConfig, LLMEngine, SamplingParams
+from ipnext.serving.llm.metrics import LLMMetrics
 from ipnext.serving.llm.model import DecoderConfig, expected_tensors
 from ipnext.serving.llm.service import LLMService
 from ipnext.serving.llm.text import TOKENIZER_TENSOR, TextCodec
@@ -78,6 +79,13 @@ class LLMPart:
         self._tokenizer_shape = tuple(weights[TOKENIZER_TENSOR].shape)
         self.engine = LLMEngine(weights, self.config.model, self.config.engine)
         self._service: LLMService | None = None
+        self._observer: Callable[[str, float], None] | None = None
+
+    def observe_with(self, observer: Callable[[str, float], None]) -> None:
+        """Also report every TTFT, ITL and queue-time observation (metric, ms) to `observer`."""
+        self._observer = observer
+        if self._service is not None:
+            self._service.metrics.observer = observer
 
     def expected_tensors(self) -> dict[str, tuple[tuple[int, ...], str]]:
         return {**expected_tensors(self.config.model), TOKENIZER_TENSOR: (self._tokenizer_shape, "uint8")}
@@ -101,7 +109,7 @@ class LLMPart:
     @property
     def service(self) -> LLMService:
         if self._service is None:  # built inside the serving event loop, on first use
-            self._service = LLMService(self.engine, self.codec)
+            self._service = LLMService(self.engine, self.codec, LLMMetrics(observer=self._observer))
         return self._service
 
     async def __call__(self, inputs: dict[str, Any]) -> dict[str, Any]:

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from ipnext.config import Settings
+from ipnext.registry import ModelState
 from ipnext.replan import REPLAN_SCHEDULE_ID, FleetReplanInput, ensure_replan_schedule, trigger_and_wait
 from ipnext.sdk import Client
 from ipnext.temporal import connect_client
@@ -24,6 +25,18 @@ from .test_cli import ipnext
 from .test_lifecycle import serve_apps
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
+
+
+async def moved(client: Client, model_name: str, revision: int, started: float) -> ModelState:
+    """The model's state once it serves on plan `revision`; fails fast if the move stalls."""
+    while True:
+        state = await client.get_model(model_name)
+        if state.plan is not None and state.plan.revision == revision and state.state == "serving":
+            return state
+        live = await client.rollout_status(model_name)
+        assert live is None or live.state.value not in ("paused", "rolled_back"), live
+        assert time.perf_counter() - started < 240, state
+        await asyncio.sleep(0.5)
 
 
 async def test_scheduled_replan_moves_capacity_and_shows_the_plan(
@@ -67,14 +80,7 @@ async def test_scheduled_replan_moves_capacity_and_shows_the_plan(
             assert second.revision == first.revision + 1
             assert model_name in second.applied_to, second
             assert any(m.startswith(f"{model_name}/dense: eu-west/cpu-std 0 -> ") for m in second.moves)
-            while True:  # the model answers throughout the move
-                state = await client.get_model(model_name)
-                if state.plan is not None and state.plan.revision == 2 and state.state == "serving":
-                    break
-                live = await client.rollout_status(model_name)  # fail fast where the move stalls
-                assert live is None or live.state.value not in ("paused", "rolled_back"), live
-                assert time.perf_counter() - started < 240, state
-                await asyncio.sleep(0.5)
+            state = await moved(client, model_name, 2, started)  # answering throughout
         assert load.failed() == [], load.failed()[:3]
         answered = len(load.answers)
         print(f"capacity move of {model_name}: {time.perf_counter() - started:.1f}s, {answered} predictions")
@@ -104,14 +110,7 @@ async def test_scheduled_replan_moves_capacity_and_shows_the_plan(
             third = await trigger_and_wait(temporal, timeout_s=180)
             assert model_name in third.applied_to, third
             assert any(m.startswith(f"{model_name}/dense: eu-west/cpu-highmem 0 -> ") for m in third.moves)
-            while True:
-                state = await client.get_model(model_name)
-                if state.plan is not None and state.plan.revision == 3 and state.state == "serving":
-                    break
-                live = await client.rollout_status(model_name)  # fail fast where the move stalls
-                assert live is None or live.state.value not in ("paused", "rolled_back"), live
-                assert time.perf_counter() - started < 240, state
-                await asyncio.sleep(0.5)
+            state = await moved(client, model_name, 3, started)
         assert load.failed() == [], load.failed()[:3]
         print(
             f"hardware move of {model_name}: {time.perf_counter() - started:.1f}s, {len(load.answers)} predictions"

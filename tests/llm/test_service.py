@@ -98,3 +98,19 @@ async def test_the_part_checks_its_snapshot_and_its_requests(lm: TrainedLM) -> N
     with pytest.raises(ValueError, match="vocab_size"):
         LLMPart(lm.weights, {**config, "model": {**config["model"], "vocab_size": 100}})
     await part.service.close()
+
+
+async def test_every_latency_observation_reaches_the_observer(lm: TrainedLM) -> None:
+    """The hook the part's host uses to export TTFT, ITL and queue time to Prometheus."""
+    seen: list[tuple[str, float]] = []
+    part = LLMPart(lm.weights, {"model": lm.config.model_dump(), "engine": {"kv_cache_bytes": 4 << 20}})
+    part.observe_with(lambda metric, ms: seen.append((metric, ms)))
+    answer = await part({"input": {"prompt": "cyd is a blue", "max_tokens": 6, "ignore_eos": True}})
+    assert answer["completion_tokens"] == 6
+    assert [m for m, _ in seen].count("ttft_ms") == 1 and [m for m, _ in seen].count("itl_ms") == 5
+    assert [m for m, _ in seen].count("queue_ms") == 1 and all(ms >= 0 for _, ms in seen)
+    histograms = part.serving_counters().histograms
+    assert sum(histograms["itl_ms"]) == 5 and sum(histograms["ttft_ms"]) == 1
+    status = part.status()
+    assert status["kv_cache_used_blocks"] == 0 and status["finished"] == 1
+    await part.service.close()
