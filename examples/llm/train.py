@@ -76,8 +76,10 @@ def train(
     batch: int = 16,
     seq_len: int = 96,
     config: DecoderConfig = DEFAULT_CONFIG,
+    parts: tuple[str, ...] = (PART,),
 ) -> LLMTrainReport:
-    """Fit the model for `steps` steps of `batch` windows of `seq_len` tokens; write the snapshot."""
+    """Fit the model for `steps` steps of `batch` windows of `seq_len` tokens; write the snapshot
+    with the weights under each of `parts` (two for a disaggregated prefill/decode pair)."""
     started = time.perf_counter()
     torch.manual_seed(seed)
     texts = corpus(seed=0, documents=3000)  # one world: every version learns the same language
@@ -115,7 +117,7 @@ def train(
     weights = {k: v.detach().contiguous() for k, v in net.state_dict().items()}
     weights[TOKENIZER_TENSOR] = codec.as_tensor()
     folder = root / model / version
-    manifest = write_snapshot(folder, model, version, {PART: weights})
+    manifest = write_snapshot(folder, model, version, dict.fromkeys(parts, weights))
     return LLMTrainReport(manifest, folder, loss_value, first_loss, time.perf_counter() - started)
 
 
@@ -126,8 +128,16 @@ def main() -> None:
     parser.add_argument("--version", required=True)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument(
+        "--parts",
+        nargs="+",
+        default=[PART],
+        help="part names to write the weights under (prefill decode: disaggregated)",
+    )
     args = parser.parse_args()
-    report = train(args.root, args.model, args.version, seed=args.seed, steps=args.steps)
+    report = train(
+        args.root, args.model, args.version, seed=args.seed, steps=args.steps, parts=tuple(args.parts)
+    )
     print(
         f"trained {args.model} {args.version} in {report.seconds:.1f}s: loss {report.first_loss:.3f} -> "
         f"{report.loss:.3f} -> {report.folder}"

@@ -75,6 +75,12 @@ class Sequence:
     preemptions: int = 0
     finish_reason: str | None = None  # "length", "stop", "eos", "cancelled"
     generator: torch.Generator | None = None
+    # Disaggregated serving: a prefill-only sequence keeps its prompt's keys and values when it
+    # finishes (`kv`); a sequence prefilled elsewhere brings them (`handed_kv`) and starts decoding.
+    export_kv: bool = False
+    kv: torch.Tensor | None = None  # (n_layers, 2, n_kv_heads, tokens, head_dim)
+    handed_kv: torch.Tensor | None = None
+    prefilled_elsewhere: bool = False
 
     @property
     def tokens(self) -> list[int]:
@@ -155,6 +161,37 @@ class LLMEngine:
         self.waiting.append(seq)
         return seq
 
+    def add_prefill(self, prompt: list[int], params: SamplingParams) -> Sequence:
+        """A prefill-only request: it stops at its first token and keeps its prompt's keys and
+        values in `seq.kv`, to hand to a decode engine (`add_prefilled`)."""
+        seq = self.add(prompt, params.model_copy(update={"max_tokens": 1}))
+        seq.export_kv = True
+        seq.params = params  # the limits of the whole request still apply to what follows
+        return seq
+
+    def add_prefilled(
+        self, prompt: list[int], first_token: int, kv: torch.Tensor, params: SamplingParams | None = None
+    ) -> Sequence:
+        """A request whose prompt another engine prefilled: `kv` holds the prompt's keys and
+        values, `first_token` the token it sampled. Decoding goes on from there."""
+        params = params or SamplingParams()
+        expected = (self.model.n_layers, 2, self.model.n_kv_heads, len(prompt), self.model.head_dim)
+        if tuple(kv.shape) != expected:
+            raise ValueError(
+                f"kv: expected shape {expected} for a {len(prompt)}-token prompt, got {tuple(kv.shape)}"
+            )
+        seq = self.add(prompt, params)
+        seq.output = [first_token]
+        seq.token_times = [self.clock()]
+        seq.handed_kv = kv
+        seq.prefilled_elsewhere = True
+        reason = self._finish_reason(seq, first_token)
+        if reason is not None:  # the first token already ends it: nothing to decode
+            self.waiting.remove(seq)
+            seq.handed_kv = None
+            seq.finish_reason = reason
+        return seq
+
     def check(self, prompt: list[int], params: SamplingParams) -> None:
         """ValueError naming the field and the fix when a request could never run here."""
         if not prompt:
@@ -229,9 +266,11 @@ class LLMEngine:
             seq.token_times.append(now)
             new_tokens[seq.id] = token
             self.stats.generated_tokens += 1
-            reason = self._finish_reason(seq, token)
+            reason = "prefilled" if seq.export_kv else self._finish_reason(seq, token)
             if reason is not None:
                 seq.finish_reason = reason
+                if seq.export_kv:
+                    seq.kv = self._export_kv(seq, len(seq.prompt))
                 self.running.remove(seq)
                 self._free(seq)
                 finished.append(seq)
@@ -296,7 +335,12 @@ class LLMEngine:
             and len(self.running) < self.config.max_num_seqs
         ):
             seq = self.waiting[0]
-            if self.config.prefix_cache:
+            if seq.handed_kv is not None:
+                if not self._grow(seq, len(seq.tokens)):
+                    break  # wait for blocks; the handed keys and values wait with it
+                self._import_kv(seq, seq.handed_kv)
+                seq.handed_kv = None
+            elif self.config.prefix_cache:
                 self._take_cached_prefix(seq)
             count = min(len(seq.tokens) - seq.computed, budget)
             if not self._grow(seq, seq.computed + count):
@@ -326,6 +370,28 @@ class LLMEngine:
             taken.append(block)
         seq.blocks.extend(taken)
         return True
+
+    def _export_kv(self, seq: Sequence, tokens: int) -> torch.Tensor:
+        layers = []
+        for layer in range(self.model.n_layers):
+            keys, values = self.cache.gather(layer, seq.blocks, tokens)
+            layers.append(torch.stack([keys, values]))
+        return torch.stack(layers).clone()
+
+    def _import_kv(self, seq: Sequence, kv: torch.Tensor) -> None:
+        """Write a handed prompt's keys and values into the sequence's blocks."""
+        tokens = kv.shape[3]
+        positions = torch.arange(tokens)
+        blocks = torch.tensor(
+            [seq.blocks[p // self.config.block_size] for p in range(tokens)], dtype=torch.long
+        )
+        offsets = positions % self.config.block_size
+        dtype = self.cache.keys[0].dtype
+        for layer in range(self.model.n_layers):
+            keys = kv[layer, 0].transpose(0, 1).to(dtype)  # (tokens, n_kv_heads, head_dim)
+            values = kv[layer, 1].transpose(0, 1).to(dtype)
+            self.cache.write(layer, blocks, offsets, keys, values)
+        seq.computed = tokens
 
     def _take_cached_prefix(self, seq: Sequence) -> None:
         """Reuse cached blocks of the prompt's prefix (never its last token: its logits are needed)."""

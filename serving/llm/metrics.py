@@ -59,7 +59,8 @@ class LLMMetrics:
         times = seq.token_times
         if not times:
             return
-        self._observe("ttft_ms", (times[0] - seq.arrival) * 1000)
+        if not seq.prefilled_elsewhere:  # its first token came from the prefill part, timed there
+            self._observe("ttft_ms", (times[0] - seq.arrival) * 1000)
         if seq.scheduled_at is not None:
             self._observe("queue_ms", (seq.scheduled_at - seq.arrival) * 1000)
         for before, after in itertools.pairwise(times):

@@ -27,11 +27,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ipnext.serving.llm.engine import EngineConfig, LLMEngine, SamplingParams
 from ipnext.serving.llm.metrics import LLMMetrics
 from ipnext.serving.llm.model import DecoderConfig, expected_tensors
-from ipnext.serving.llm.service import LLMService
+from ipnext.serving.llm.service import LLMService, Prefilled
 from ipnext.serving.llm.text import TOKENIZER_TENSOR, TextCodec
 from ipnext.serving.metrics import SetCounters
 
-__all__ = ["LLMPart", "LLMPartConfig", "LLMRequest"]
+__all__ = ["LLMDecodePart", "LLMPart", "LLMPartConfig", "LLMPrefillPart", "LLMRequest"]
 
 
 class LLMPartConfig(BaseModel):
@@ -147,3 +147,68 @@ def _request(inputs: dict[str, Any]) -> LLMRequest:
             f"inputs.{where}: {first['msg']} (got {first.get('input')!r}); send "
             '{"prompt": "...", "max_tokens": 64, "temperature": 0, "top_p": 1, "stop": [], "seed": null}'
         ) from None
+
+
+class LLMPrefillPart(LLMPart):
+    """Disaggregated serving, first part: prefills each prompt (batched with other prompts),
+    samples its first token, and hands the prompt's keys and values on through the Ray object
+    store (in a Serve replica; the tensor itself elsewhere) to the decode part downstream."""
+
+    async def __call__(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        request = _request(inputs)
+        prefilled = await self.service.prefill(request.prompt, request.sampling())
+        return {
+            "request": request.model_dump(),
+            "prompt_tokens": prefilled.prompt,
+            "first_token": prefilled.first_token,
+            "kv": _to_object_store(prefilled.kv),
+        }
+
+    async def stream(self, inputs: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        yield await self(inputs)
+
+
+class LLMDecodePart(LLMPart):
+    """Disaggregated serving, second part: takes the prefill part's output (its only upstream),
+    writes the handed keys and values into its own paged cache and decodes from there."""
+
+    async def __call__(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        pieces = [piece async for piece in self.stream(inputs)]
+        last = pieces[-1]
+        return {**last, "text": "".join(p["text"] for p in pieces)}
+
+    async def stream(self, inputs: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        handed = next(iter(inputs.values()), None)
+        if not isinstance(handed, dict) or not {"request", "prompt_tokens", "first_token", "kv"} <= set(
+            handed
+        ):
+            raise ValueError("inputs: the decode part expects the prefill part's output as its one upstream")
+        request = LLMRequest.model_validate(handed["request"])
+        kv = await _from_object_store(handed["kv"])
+        prefilled = Prefilled(list(handed["prompt_tokens"]), int(handed["first_token"]), kv)
+        async for delta in self.service.stream_prefilled(prefilled, request.sampling()):
+            piece: dict[str, Any] = {"text": delta.text}
+            if delta.finish_reason is not None:
+                piece |= {
+                    "finish_reason": delta.finish_reason,
+                    "prompt_tokens": delta.prompt_tokens,
+                    "completion_tokens": delta.completion_tokens,
+                }
+            yield piece
+
+
+def _to_object_store(kv: torch.Tensor) -> Any:
+    import ray
+
+    return ray.put(kv) if ray.is_initialized() else kv
+
+
+async def _from_object_store(kv: Any) -> torch.Tensor:
+    import ray
+
+    tensor = await kv if isinstance(kv, ray.ObjectRef) else kv
+    if not isinstance(tensor, torch.Tensor):
+        raise ValueError(
+            f"inputs.kv: expected a tensor or an object reference to one, got {type(tensor).__name__}"
+        )
+    return tensor

@@ -14,11 +14,13 @@ import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+import torch
+
 from ipnext.serving.llm.engine import LLMEngine, SamplingParams, Sequence
 from ipnext.serving.llm.metrics import LLMMetrics
 from ipnext.serving.llm.text import TextCodec
 
-__all__ = ["Completion", "LLMService", "TextDelta"]
+__all__ = ["Completion", "LLMService", "Prefilled", "TextDelta"]
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,16 @@ class Completion:
     completion_tokens: int
 
 
+@dataclass(frozen=True)
+class Prefilled:
+    """A prompt prefilled here, to be decoded elsewhere: its tokens, the first sampled token,
+    and the prompt's keys and values (n_layers, 2, n_kv_heads, tokens, head_dim)."""
+
+    prompt: list[int]
+    first_token: int
+    kv: torch.Tensor
+
+
 @dataclass(eq=False)
 class _Request:
     prompt: list[int]
@@ -47,6 +59,9 @@ class _Request:
     seq: Sequence | None = None
     sent: str = ""  # text streamed so far
     done: bool = False
+    prefill_only: bool = False
+    handed: Prefilled | None = None  # prefilled elsewhere: decode from here
+    prefilled: asyncio.Future[Prefilled] | None = None
 
 
 class LLMService:
@@ -66,10 +81,16 @@ class LLMService:
         """The answer to `prompt` as it is generated. Closing the iterator early cancels it."""
         tokens = self.codec.prompt(prompt)
         self.engine.check(tokens, params)  # refuse before queueing, with the field and the fix
-        request = _Request(tokens, params)
+        async for delta in self._deltas(_Request(tokens, params)):
+            yield delta
+
+    def _submit(self, request: _Request) -> None:
         self._incoming.append(request)
         self._ensure_driver()
         self._wake.set()
+
+    async def _deltas(self, request: _Request) -> AsyncIterator[TextDelta]:
+        self._submit(request)
         try:
             while True:
                 delta = await request.deltas.get()
@@ -80,6 +101,27 @@ class LLMService:
             if not request.done:  # the reader went away: stop generating for it
                 self._cancelled.append(request)
                 self._wake.set()
+
+    async def prefill(self, prompt: str, params: SamplingParams) -> Prefilled:
+        """Disaggregated serving, first half: prefill the prompt and sample its first token."""
+        tokens = self.codec.prompt(prompt)
+        self.engine.check(tokens, params)
+        request = _Request(tokens, params, prefill_only=True)
+        request.prefilled = asyncio.get_running_loop().create_future()
+        self._submit(request)
+        try:
+            return await request.prefilled
+        finally:
+            if not request.done:
+                self._cancelled.append(request)
+                self._wake.set()
+
+    async def stream_prefilled(self, handed: Prefilled, params: SamplingParams) -> AsyncIterator[TextDelta]:
+        """Disaggregated serving, second half: decode from a prompt prefilled elsewhere."""
+        self.engine.check(handed.prompt, params)
+        request = _Request(handed.prompt, params, handed=handed)
+        async for delta in self._deltas(request):
+            yield delta
 
     async def complete(self, prompt: str, params: SamplingParams) -> Completion:
         parts: list[str] = []
@@ -126,7 +168,18 @@ class LLMService:
 
     def _apply_changes(self) -> None:
         for request in self._incoming:
-            request.seq = self.engine.add(request.prompt, request.params)
+            if request.prefill_only:
+                request.seq = self.engine.add_prefill(request.prompt, request.params)
+            elif request.handed is not None:
+                handed = request.handed
+                request.seq = self.engine.add_prefilled(
+                    handed.prompt, handed.first_token, handed.kv, request.params
+                )
+            else:
+                request.seq = self.engine.add(request.prompt, request.params)
+            if request.seq.finished:  # a handed first token that already ends the answer
+                self._finish(request)
+                continue
             self._live[request.seq.id] = request
         self._incoming.clear()
         for request in self._cancelled:
@@ -149,6 +202,13 @@ class LLMService:
     def _finish(self, request: _Request) -> None:
         seq = request.seq
         assert seq is not None
+        if request.prefilled is not None:
+            request.done = True
+            assert seq.kv is not None
+            if not request.prefilled.done():
+                request.prefilled.set_result(Prefilled(list(seq.prompt), seq.output[0], seq.kv))
+            self.metrics.observe_finished(seq)
+            return
         text = self.codec.decode(seq.output)
         if seq.finish_reason == "stop":
             cut = self.codec.find_stop(text, request.params.stop)

@@ -1,6 +1,7 @@
 """The demo LLM as an ipnext model on the real stack: it streams over HTTP (server-sent events)
 the tokens of the plain greedy loop, a client that goes away frees its KV blocks, and v2 rolls
-out under streaming load with the `ttft_p99_ms` gate judging the new set."""
+out under streaming load with the `ttft_p99_ms` gate judging the new set. Served disaggregated,
+the prefill part hands the KV to the decode part through the object store, same answers."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
-from ray import serve
+from ray import ObjectRef, serve
 
 from ipnext.config import Settings
 from ipnext.examples.llm.train import PART, train
@@ -86,8 +87,8 @@ async def describe(host: Any) -> dict[str, Any]:
     return dict(reply["status"])
 
 
-def reference(folder: Path, config: DecoderConfig) -> tuple[Decoder, TextCodec]:
-    weights = load_weights(folder / f"{PART}.safetensors")
+def reference(folder: Path, config: DecoderConfig, part: str = PART) -> tuple[Decoder, TextCodec]:
+    weights = load_weights(folder / f"{part}.safetensors")
     return Decoder.from_weights(weights, config).eval(), TextCodec.from_tensor(weights[TOKENIZER_TENSOR])
 
 
@@ -169,5 +170,39 @@ async def test_llm_streams_frees_cancelled_blocks_and_rolls_out_under_streaming_
     print(
         f"LLM rollout under streaming load: {len(load.done)} streams, none failed; TTFT gate at 50% "
         f"(new p99, old p99, limit ms): {sorted({(g.value, g.old_value, g.limit) for g in judged})}"
+    )
+    await client.delete_model(model_name)
+
+
+async def test_disaggregated_prefill_hands_kv_to_decode_through_the_object_store(
+    stack: Settings, client: Client, model_name: str
+) -> None:
+    spec = load_model_spec(REPO / "examples" / "llm" / "model-disaggregated.yaml")
+    spec = spec.model_copy(update={"name": model_name})
+    config = DecoderConfig.model_validate(spec.parts["decode"].config["model"])
+    await client.publish_model(spec)
+    v1 = train(stack.snapshot_roots[0], model_name, "v1", steps=60, parts=("prefill", "decode"))
+    published = await client.publish_snapshot(model_name, v1.folder)
+    await client.wait_until_serving(model_name, published.set_id, timeout_s=180)
+    net, codec = reference(v1.folder, config, part="decode")
+    path = f"/us-east/models/{model_name}/predict"
+    async with httpx.AsyncClient(base_url=stack.serve_url, timeout=60) as http:
+        for prompt, n in (("two plus three is", 16), ("bo lives by the", 24)):
+            expected = codec.decode(net.generate(codec.prompt(prompt), n, stop_token=codec.eos))
+            events = await stream_events(http, path, {"prompt": prompt, "max_tokens": n})
+            assert "".join(e["outputs"]["text"] for e in events) == expected
+            assert events[-1]["parts"] == {p: f"{model_name}/{p}@v1" for p in ("prefill", "decode")}
+    # The prefill part's answer holds a reference into the object store, not the tensor.
+    connect(stack.ray_address())
+    app = f"{model_name}.us-east.s1.r1"
+    prefill = serve.get_deployment_handle("prefill-cpu-std", app_name=app)
+    handed = await asyncio.to_thread(
+        lambda: prefill.remote({"input": {"prompt": "ada is a red", "max_tokens": 8}}).result()
+    )
+    assert isinstance(handed["output"]["kv"], ObjectRef)
+    decode = serve.get_deployment_handle("decode-cpu-std", app_name=app)
+    answer = await asyncio.to_thread(lambda: decode.remote({"prefill": handed["output"]}).result())
+    assert answer["output"]["text"] == codec.decode(
+        net.generate(codec.prompt("ada is a red"), 8, stop_token=codec.eos)
     )
     await client.delete_model(model_name)

@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from ipnext.serving.llm.engine import EngineConfig, LLMEngine, SamplingParams
-from ipnext.serving.llm.part import LLMPart
+from ipnext.serving.llm.part import LLMDecodePart, LLMPart, LLMPrefillPart
 from ipnext.serving.llm.service import LLMService
 from ipnext.snapshots import inspect_safetensors
 
@@ -114,3 +114,31 @@ async def test_every_latency_observation_reaches_the_observer(lm: TrainedLM) -> 
     status = part.status()
     assert status["kv_cache_used_blocks"] == 0 and status["finished"] == 1
     await part.service.close()
+
+
+async def test_the_disaggregated_pair_answers_like_the_single_part(lm: TrainedLM) -> None:
+    config = {"model": lm.config.model_dump(), "engine": {"kv_cache_bytes": 4 << 20, "block_size": 4}}
+    single = LLMPart(lm.weights, config)
+    prefill, decode = LLMPrefillPart(lm.weights, config), LLMDecodePart(lm.weights, config)
+
+    async def pair(request: dict[str, object]) -> list[dict[str, object]]:
+        handed = await prefill({"input": request})
+        assert tuple(handed["kv"].shape) == (2, 2, 2, len(handed["prompt_tokens"]), 16)
+        return [piece async for piece in decode.stream({"prefill": handed})]
+
+    requests = [{"prompt": p, "max_tokens": n} for p, n in zip(PROMPTS, [1, 5, 20, 30, 12, 40], strict=True)]
+    split = await asyncio.gather(*(pair(r) for r in requests))
+    for request, pieces in zip(requests, split, strict=True):
+        whole = await single({"input": request})
+        assert "".join(str(p["text"]) for p in pieces) == whole["text"], request
+        assert pieces[-1]["completion_tokens"] == whole["completion_tokens"]
+        assert pieces[-1]["finish_reason"] == whole["finish_reason"]
+    # The decode part never computed a prompt: it processed one token per step per answer (the
+    # handed first token and each token after it but the last), never a prompt chunk.
+    answered = [pieces[-1]["completion_tokens"] for pieces in split]
+    assert decode.service.metrics.batched_tokens_sum == sum(int(str(k)) - 1 for k in answered)
+    assert decode.status()["kv_cache_used_blocks"] == 0 and prefill.status()["kv_cache_used_blocks"] == 0
+    with pytest.raises(ValueError, match="the prefill part's output"):
+        await decode({"input": {"prompt": "hi"}})
+    for part in (single, prefill, decode):
+        await part.service.close()
