@@ -12,7 +12,9 @@ Errors are ipnext errors (ipnext.errors), translated from Temporal and HTTP at t
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -286,6 +288,35 @@ class Client:
                 f"predict {name} in {region}: HTTP {response.status_code}: {response.text[:500]}"
             )
         return Prediction(**response.json(), region=region)
+
+    async def predict_stream(
+        self,
+        name: str,
+        inputs: Any,
+        *,
+        source: str | None = None,
+        region: str | None = None,
+        key: str | None = None,
+    ) -> AsyncIterator[Prediction]:
+        """The answer piece by piece (server-sent events; a generative part streams its text,
+        any other model answers in one piece). Leaving the loop early closes the connection,
+        which cancels the request in the part."""
+        if region is None:
+            region = _serving_region(await self.get_model(name), source)
+        body: dict[str, Any] = {"inputs": inputs, "stream": True}
+        if key is not None:
+            body["key"] = key
+        async with self._http.stream("POST", f"/{region}/models/{name}/predict", json=body) as response:
+            if response.status_code != 200:
+                text = (await response.aread()).decode(errors="replace")
+                raise ServingError(f"predict {name} in {region}: HTTP {response.status_code}: {text[:500]}")
+            async for line in response.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                event = json.loads(line.removeprefix("data: "))
+                if "error" in event:
+                    raise ServingError(f"predict {name} in {region}: {event['error']}")
+                yield Prediction(**event, region=region)
 
     # ---- helpers -------------------------------------------------------------------------
 

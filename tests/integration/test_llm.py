@@ -17,6 +17,7 @@ import pytest
 from ray import ObjectRef, serve
 
 from ipnext.config import Settings
+from ipnext.errors import ServingError
 from ipnext.examples.llm.train import PART, train
 from ipnext.model import load_model_spec
 from ipnext.rollout import RolloutState
@@ -121,7 +122,14 @@ async def test_llm_streams_frees_cancelled_blocks_and_rolls_out_under_streaming_
         assert whole["outputs"]["text"] == expected
         bad = await http.post(path, json={"inputs": {"prompt": "hi", "max_tokens": 0}})
         assert bad.status_code == 500 and "inputs.max_tokens" in bad.json()["error"]
-
+    # The SDK streams the same pieces, and raises the part's error with its words.
+    request = {"prompt": "two plus three is", "max_tokens": 16}
+    pieces = [p async for p in client.predict_stream(model_name, request, source="us-east")]
+    assert "".join(p.outputs["text"] for p in pieces) == expected and pieces[-1].set == first.set_id
+    with pytest.raises(ServingError, match=r"inputs\.max_tokens"):
+        async for _ in client.predict_stream(model_name, {"prompt": "hi", "max_tokens": 0}, source="us-east"):
+            pass
+    async with httpx.AsyncClient(base_url=stack.serve_url, timeout=60) as http:
         # 2. A client that goes away mid-stream: its sequence stops and its blocks come back.
         connect(stack.ray_address())
         host = serve.get_deployment_handle("lm-cpu-std", app_name=f"{model_name}.us-east.s1.r1")
