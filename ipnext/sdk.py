@@ -276,12 +276,7 @@ class Client:
         state: ModelState | None = None,
     ) -> Prediction:
         """POST to the serving region the plan routes `source` to (or `region`, if given)."""
-        if region is None:
-            state = state or await self.get_model(name)
-            region = _serving_region(state, source)
-        body: dict[str, Any] = {"inputs": inputs}
-        if key is not None:
-            body["key"] = key
+        region, body = await self._predict_request(name, inputs, source, region, key, state)
         response = await self._http.post(f"/{region}/models/{name}/predict", json=body)
         if response.status_code != 200:
             raise ServingError(
@@ -301,11 +296,8 @@ class Client:
         """The answer piece by piece (server-sent events; a generative part streams its text,
         any other model answers in one piece). Leaving the loop early closes the connection,
         which cancels the request in the part."""
-        if region is None:
-            region = _serving_region(await self.get_model(name), source)
-        body: dict[str, Any] = {"inputs": inputs, "stream": True}
-        if key is not None:
-            body["key"] = key
+        region, body = await self._predict_request(name, inputs, source, region, key)
+        body["stream"] = True
         async with self._http.stream("POST", f"/{region}/models/{name}/predict", json=body) as response:
             if response.status_code != 200:
                 text = (await response.aread()).decode(errors="replace")
@@ -319,6 +311,23 @@ class Client:
                 yield Prediction(**event, region=region)
 
     # ---- helpers -------------------------------------------------------------------------
+
+    async def _predict_request(
+        self,
+        name: str,
+        inputs: Any,
+        source: str | None,
+        region: str | None,
+        key: str | None,
+        state: ModelState | None = None,
+    ) -> tuple[str, dict[str, Any]]:
+        """The serving region (the plan's for `source`, unless given) and the request body."""
+        if region is None:
+            region = _serving_region(state or await self.get_model(name), source)
+        body: dict[str, Any] = {"inputs": inputs}
+        if key is not None:
+            body["key"] = key
+        return region, body
 
     async def _running_model(self, name: str) -> Any:
         handle = self.temporal.get_workflow_handle(model_workflow_id(name))

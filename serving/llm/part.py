@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ipnext.serving.llm.engine import EngineConfig, LLMEngine, SamplingParams
 from ipnext.serving.llm.metrics import LLMMetrics
 from ipnext.serving.llm.model import DecoderConfig, expected_tensors
-from ipnext.serving.llm.service import LLMService, Prefilled
+from ipnext.serving.llm.service import LLMService, Prefilled, TextDelta
 from ipnext.serving.llm.text import TOKENIZER_TENSOR, TextCodec
 from ipnext.serving.metrics import SetCounters
 
@@ -125,14 +125,19 @@ class LLMPart:
     async def stream(self, inputs: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         request = _request(inputs)
         async for delta in self.service.stream(request.prompt, request.sampling()):
-            piece: dict[str, Any] = {"text": delta.text}
-            if delta.finish_reason is not None:
-                piece |= {
-                    "finish_reason": delta.finish_reason,
-                    "prompt_tokens": delta.prompt_tokens,
-                    "completion_tokens": delta.completion_tokens,
-                }
-            yield piece
+            yield _piece(delta)
+
+
+def _piece(delta: TextDelta) -> dict[str, Any]:
+    """A streamed piece: its text, and on the last one the finish reason and token counts."""
+    piece: dict[str, Any] = {"text": delta.text}
+    if delta.finish_reason is not None:
+        piece |= {
+            "finish_reason": delta.finish_reason,
+            "prompt_tokens": delta.prompt_tokens,
+            "completion_tokens": delta.completion_tokens,
+        }
+    return piece
 
 
 def _request(inputs: dict[str, Any]) -> LLMRequest:
@@ -187,20 +192,20 @@ class LLMDecodePart(LLMPart):
         kv = await _from_object_store(handed["kv"])
         prefilled = Prefilled(list(handed["prompt_tokens"]), int(handed["first_token"]), kv)
         async for delta in self.service.stream_prefilled(prefilled, request.sampling()):
-            piece: dict[str, Any] = {"text": delta.text}
-            if delta.finish_reason is not None:
-                piece |= {
-                    "finish_reason": delta.finish_reason,
-                    "prompt_tokens": delta.prompt_tokens,
-                    "completion_tokens": delta.completion_tokens,
-                }
-            yield piece
+            yield _piece(delta)
 
 
 def _to_object_store(kv: torch.Tensor) -> Any:
+    """Inside a Serve replica, a reference into the object store; anywhere else the tensor."""
     import ray
+    from ray import serve
+    from ray.serve.exceptions import RayServeException
 
-    return ray.put(kv) if ray.is_initialized() else kv
+    try:
+        serve.get_replica_context()
+    except RayServeException:
+        return kv
+    return ray.put(kv)
 
 
 async def _from_object_store(kv: Any) -> torch.Tensor:
