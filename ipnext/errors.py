@@ -8,6 +8,7 @@ IpnextError
 ├── ModelNotFoundError     no model of that name is registered
 ├── ModelExistsError       a model of that name is already registered
 ├── ServingError           Ray Serve could not deploy or answer
+├── PartInputError         a request's inputs do not fit a part: the caller's mistake (HTTP 400; also a ValueError)
 ├── StackError             the dev stack could not start or stop
 ├── KernelInputError       a kernel got a tensor of the wrong shape, dtype, device or range (also a ValueError)
 └── KernelBackendError     backend="triton" was asked for where the kernel cannot run (also a RuntimeError)
@@ -24,6 +25,7 @@ __all__ = [
     "KernelInputError",
     "ModelExistsError",
     "ModelNotFoundError",
+    "PartInputError",
     "PlanningTimeoutError",
     "ServingError",
     "SnapshotError",
@@ -74,6 +76,12 @@ class ModelExistsError(IpnextError):
 
 class ServingError(IpnextError):
     """Ray Serve could not deploy an app or answer a request."""
+
+
+class PartInputError(IpnextError, ValueError):
+    """A request's inputs do not fit a part (a missing field, a value out of range). The router
+    answers 400 and does not count it against the set: rollout gates judge the model, not the
+    callers."""
 
 
 class StackError(IpnextError):

@@ -26,6 +26,7 @@ from ray.serve.handle import DeploymentHandle
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
+from ipnext.errors import PartInputError
 from ipnext.model import DAG_INPUT, DAG_OUTPUT, import_factory
 from ipnext.rollout import RouterConfig
 from ipnext.serving.layout import (
@@ -247,6 +248,9 @@ class Router:
                     raise ValueError("the model's outputs are not finite (NaN or inf)")
                 yield {"outputs": output, "set": route.set_id, "parts": dict(stamps), "variant": None}
             pieces = None
+        except PartInputError as err:  # the caller's mistake: not counted against the set
+            yield {"error": _cause(err), "status": 400, "set": route.set_id}
+            return
         except Exception as err:  # a part failed: count it and end the stream with the reason
             counters.requests += 1
             counters.errors += 1
@@ -272,6 +276,8 @@ class Router:
         try:
             part_routes = {p: self._routes[a] for p, a in part_apps.items()}
             outputs, stamps = await self._run_dag(self._routes[base], part_routes, inputs)
+        except PartInputError as err:  # the caller's mistake: 400, not counted against the set
+            return {"error": _cause(err), "set": route.set_id}, 400
         except Exception as err:  # a part failed: count it and answer 500 with the reason
             counters.requests += 1
             counters.errors += 1
@@ -453,6 +459,12 @@ def pick_apps(
         return None
     counted = part_apps.get(config.gated_part, base) if config.gated_part else base
     return counted, base, part_apps
+
+
+def _cause(err: BaseException) -> str:
+    """A part's own words for an error it raised (Ray wraps it with the replica's traceback)."""
+    cause = getattr(err, "cause", None)
+    return str(cause) if isinstance(cause, BaseException) else str(err).strip().splitlines()[-1]
 
 
 def all_finite(value: Any) -> bool:

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ipnext.errors import PartInputError
 from ipnext.serving.llm.engine import EngineConfig, LLMEngine, SamplingParams
 from ipnext.serving.llm.metrics import LLMMetrics
 from ipnext.serving.llm.model import DecoderConfig, expected_tensors
@@ -112,8 +113,17 @@ class LLMPart:
             self._service = LLMService(self.engine, self.codec, LLMMetrics(observer=self._observer))
         return self._service
 
-    async def __call__(self, inputs: dict[str, Any]) -> dict[str, Any]:
+    def _checked(self, inputs: dict[str, Any]) -> LLMRequest:
+        """The request, refused with PartInputError if it could never run on this engine."""
         request = _request(inputs)
+        try:
+            self.engine.check(self.codec.prompt(request.prompt), request.sampling())
+        except ValueError as err:
+            raise PartInputError(f"inputs.{err}") from None
+        return request
+
+    async def __call__(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        request = self._checked(inputs)
         done = await self.service.complete(request.prompt, request.sampling())
         return {
             "text": done.text,
@@ -123,7 +133,7 @@ class LLMPart:
         }
 
     async def stream(self, inputs: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        request = _request(inputs)
+        request = self._checked(inputs)
         async for delta in self.service.stream(request.prompt, request.sampling()):
             yield _piece(delta)
 
@@ -148,7 +158,7 @@ def _request(inputs: dict[str, Any]) -> LLMRequest:
     except ValidationError as err:
         first = err.errors()[0]
         where = ".".join(str(x) for x in first["loc"]) or "inputs"
-        raise ValueError(
+        raise PartInputError(
             f"inputs.{where}: {first['msg']} (got {first.get('input')!r}); send "
             '{"prompt": "...", "max_tokens": 64, "temperature": 0, "top_p": 1, "stop": [], "seed": null}'
         ) from None
@@ -160,7 +170,7 @@ class LLMPrefillPart(LLMPart):
     store (in a Serve replica; the tensor itself elsewhere) to the decode part downstream."""
 
     async def __call__(self, inputs: dict[str, Any]) -> dict[str, Any]:
-        request = _request(inputs)
+        request = self._checked(inputs)
         prefilled = await self.service.prefill(request.prompt, request.sampling())
         return {
             "request": request.model_dump(),

@@ -120,8 +120,13 @@ async def test_llm_streams_frees_cancelled_blocks_and_rolls_out_under_streaming_
             await http.post(path, json={"inputs": {"prompt": "two plus three is", "max_tokens": 16}})
         ).json()
         assert whole["outputs"]["text"] == expected
+        # A request that cannot run is the caller's mistake: 400 with the field, not a set error.
         bad = await http.post(path, json={"inputs": {"prompt": "hi", "max_tokens": 0}})
-        assert bad.status_code == 500 and "inputs.max_tokens" in bad.json()["error"]
+        assert bad.status_code == 400 and bad.json()["error"].startswith("inputs.max_tokens"), bad.text
+        too_long = await http.post(path, json={"inputs": {"prompt": "hi", "max_tokens": 5000}})
+        assert too_long.status_code == 400 and "max_seq_len" in too_long.json()["error"], too_long.text
+        bad_events = await stream_events(http, path, {"prompt": "hi", "max_tokens": 0})
+        assert bad_events[0]["status"] == 400 and "inputs.max_tokens" in bad_events[0]["error"]
     # The SDK streams the same pieces, and raises the part's error with its words.
     request = {"prompt": "two plus three is", "max_tokens": 16}
     pieces = [p async for p in client.predict_stream(model_name, request, source="us-east")]

@@ -8,6 +8,7 @@ import asyncio
 
 import pytest
 
+from ipnext.errors import PartInputError
 from ipnext.serving.llm.engine import EngineConfig, LLMEngine, SamplingParams
 from ipnext.serving.llm.part import LLMDecodePart, LLMPart, LLMPrefillPart
 from ipnext.serving.llm.service import LLMService
@@ -89,11 +90,11 @@ async def test_the_part_checks_its_snapshot_and_its_requests(lm: TrainedLM) -> N
     assert answer["text"] == lm.codec.decode(expected) and answer["completion_tokens"] == len(expected)
     pieces = [p async for p in part.stream({"input": {"prompt": "two plus three is", "max_tokens": 12}})]
     assert "".join(p["text"] for p in pieces) == answer["text"] and pieces[-1]["finish_reason"]
-    with pytest.raises(ValueError, match=r"inputs\.max_tokens"):
+    with pytest.raises(PartInputError, match=r"inputs\.max_tokens"):
         await part({"input": {"prompt": "hi", "max_tokens": 0}})
-    with pytest.raises(ValueError, match=r"inputs\.prompt"):
+    with pytest.raises(PartInputError, match=r"inputs\.prompt"):
         await part({"input": {"max_tokens": 3}})
-    with pytest.raises(ValueError, match="max_tokens: prompt"):
+    with pytest.raises(PartInputError, match=r"inputs\.max_tokens: prompt"):
         await part({"input": {"prompt": "hi", "max_tokens": 5000}})
     with pytest.raises(ValueError, match="vocab_size"):
         LLMPart(lm.weights, {**config, "model": {**config["model"], "vocab_size": 100}})
