@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ipnext.errors import SnapshotError
+from ipnext.errors import PartInputError, SnapshotError
 
 __all__ = ["DensePart", "EmbeddingPart", "RankerModules", "build_modules"]
 
@@ -85,13 +85,20 @@ class EmbeddingPart:
         return _expected(self._tables, "")
 
     async def __call__(self, inputs: dict[str, Any]) -> dict[str, torch.Tensor]:
-        request = inputs["input"]
-        user, items = int(request["user"]), [int(i) for i in request["items"]]
+        request = inputs.get("input")
+        try:
+            user, items = int(request["user"]), [int(i) for i in request["items"]]
+        except (KeyError, TypeError, ValueError):
+            raise PartInputError(
+                f'inputs: expected {{"user": int, "items": [int, ...]}}, got {request!r}'
+            ) from None
         if not 0 <= user < self._num_users:
-            raise ValueError(f"user {user} is out of range: users are 0..{self._num_users - 1}")
+            raise PartInputError(f"inputs.user: {user} is out of range: users are 0..{self._num_users - 1}")
         bad = [i for i in items if not 0 <= i < self._num_items]
         if bad:
-            raise ValueError(f"items {bad[:5]} are out of range: items are 0..{self._num_items - 1}")
+            raise PartInputError(
+                f"inputs.items: {bad[:5]} are out of range: items are 0..{self._num_items - 1}"
+            )
         with torch.inference_mode():
             return {
                 "user": self._user(torch.tensor([user])),

@@ -62,6 +62,13 @@ async def test_publish_serve_predict_then_second_set(
         assert len(envelope["outputs"]) == 3 and all(0 <= p <= 1 for p in envelope["outputs"])
         bad = await http.post(f"/us-east/models/{model_name}/predict", json={"nope": 1})
         assert bad.status_code == 400 and "inputs" in bad.json()["error"]
+        # The part refuses an unknown user: the caller's mistake, a 400 not counted as an error.
+        unknown = await http.post(
+            f"/us-east/models/{model_name}/predict", json={"inputs": {"user": 9999, "items": [1]}}
+        )
+        assert unknown.status_code == 400 and unknown.json()["error"].startswith("inputs.user: 9999"), (
+            unknown.text
+        )
         # The router pushes its counters to the model's metrics actor every second.
         metrics = ray.get_actor(metrics_actor_name(model_name, "us-east"), namespace="ipnext")
         app = f"{model_name}.us-east.s1.r1"

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import torch
 
-from ipnext.errors import SnapshotError
+from ipnext.errors import PartInputError, SnapshotError
 from ipnext.examples.ranker.parts import DensePart, EmbeddingPart
 from ipnext.model import ModelSpec
 from ipnext.snapshots import inspect_safetensors, load_weights
@@ -152,10 +152,18 @@ def test_missing_and_extra_tensors_are_rejected(
 async def test_out_of_range_ids_are_rejected(
     parts: tuple[EmbeddingPart, DensePart], user: int, items: list[int]
 ) -> None:
-    with pytest.raises(ValueError) as info:
+    with pytest.raises(PartInputError) as info:  # the caller's mistake: HTTP 400
         await parts[0]({"input": {"user": user, "items": items}})
     if not 0 <= user < 200:
-        assert f"user {user} is out of range: users are 0..199" in str(info.value)
+        assert f"inputs.user: {user} is out of range: users are 0..199" in str(info.value)
     else:
         bad = [i for i in items if not 0 <= i < 500]
-        assert f"items {bad} are out of range: items are 0..499" in str(info.value)
+        assert f"inputs.items: {bad} are out of range: items are 0..499" in str(info.value)
+
+
+@pytest.mark.parametrize("request_", [None, {"user": 1}, {"user": "x", "items": [1]}, {"items": [1]}, [1, 2]])
+async def test_malformed_requests_name_the_expected_shape(
+    parts: tuple[EmbeddingPart, DensePart], request_: object
+) -> None:
+    with pytest.raises(PartInputError, match=r'inputs: expected \{"user": int, "items": \[int, \.\.\.\]\}'):
+        await parts[0]({"input": request_})
