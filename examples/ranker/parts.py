@@ -85,7 +85,7 @@ class EmbeddingPart:
         return _expected(self._tables, "")
 
     async def __call__(self, inputs: dict[str, Any]) -> dict[str, torch.Tensor]:
-        request = inputs.get("input")
+        request: Any = inputs.get("input")
         try:
             user, items = int(request["user"]), [int(i) for i in request["items"]]
         except (KeyError, TypeError, ValueError):
