@@ -40,7 +40,9 @@ class LLMMetrics:
     prompt_tokens: int = 0
     cached_prompt_tokens: int = 0
     completion_tokens: int = 0
-    decode_tokens_per_s: list[float] = field(default_factory=list)
+    # A replica lives long: keep the running sum, not every answer's speed.
+    decode_speed_sum: float = 0.0
+    decode_speed_count: int = 0
 
     def observe_step(self, engine: LLMEngine, result: StepResult) -> None:
         if result.batch_size:
@@ -66,7 +68,8 @@ class LLMMetrics:
         for before, after in itertools.pairwise(times):
             self._observe("itl_ms", (after - before) * 1000)
         if len(times) > 1 and times[-1] > times[0]:
-            self.decode_tokens_per_s.append((len(times) - 1) / (times[-1] - times[0]))
+            self.decode_speed_sum += (len(times) - 1) / (times[-1] - times[0])
+            self.decode_speed_count += 1
 
     def _observe(self, metric: str, value_ms: float) -> None:
         self.latency.observe(metric, value_ms)
@@ -100,8 +103,6 @@ class LLMMetrics:
             "preemptions": self.preemptions,
             "completion_tokens": self.completion_tokens,
             "decode_tokens_per_s_mean": (
-                sum(self.decode_tokens_per_s) / len(self.decode_tokens_per_s)
-                if self.decode_tokens_per_s
-                else 0.0
+                self.decode_speed_sum / self.decode_speed_count if self.decode_speed_count else 0.0
             ),
         }

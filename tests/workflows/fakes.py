@@ -217,6 +217,13 @@ async def until_rollout(
 ) -> RolloutStatus:
     """The `status` query of the rollout of `set_id`, once `check` holds."""
     handle = client.get_workflow_handle(rollout_workflow_id("wf-model", set_id))
+    return await until_status(handle, check, timeout)
+
+
+async def until_status(
+    handle: WorkflowHandle[Any, Any], check: Callable[[RolloutStatus], bool], timeout: float = 30
+) -> RolloutStatus:
+    """A rollout workflow's `status` query, once `check` holds."""
     deadline = asyncio.get_running_loop().time() + timeout
     while True:
         try:

@@ -7,21 +7,19 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
 
 import pytest
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
+from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.worker import Worker
 
 from ipnext.model import ModelSpec, SnapshotRef, SnapshotSet
 from ipnext.plan import DeploymentPlacement, Plan
 from ipnext.registry import RolloutInput, RolloutResult
-from ipnext.rollout import PauseInput, ResumeInput, RolloutState, RolloutStatus
+from ipnext.rollout import PauseInput, ResumeInput, RolloutState
 from ipnext.worker import WORKFLOWS
 
-from .fakes import SPEC, FakeServing
+from .fakes import SPEC, FakeServing, until_status
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -181,15 +179,3 @@ async def test_a_long_pause_continues_as_new_and_keeps_its_state(temporal: Clien
     assert result.status is not None and result.status.generations == [1, 2]
     assert result.status.steps_done == 2 and result.status.pauses[0].resumed_by == "bob"
     assert fake.removed == ["app-1"]
-
-
-async def until_status(
-    handle: WorkflowHandle[Any, Any], check: Callable[[RolloutStatus], bool], timeout: float = 30
-) -> RolloutStatus:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        status: RolloutStatus = await handle.query("status", result_type=RolloutStatus)
-        if check(status):
-            return status
-        assert asyncio.get_running_loop().time() < deadline, f"condition never held: {status}"
-        await asyncio.sleep(0.05)
