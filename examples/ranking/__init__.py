@@ -1,0 +1,1 @@
+"""A request-oriented ranking model family: one user tower per request, shared by its candidates."""
