@@ -18,11 +18,16 @@ __all__ = [
     "DAG_INPUT",
     "DAG_OUTPUT",
     "AvailabilitySpec",
+    "BatchingSpec",
+    "BreakerSpec",
+    "ChoiceSpec",
+    "ContextPaths",
     "GateSpec",
     "HardwareOption",
     "ModelSpec",
     "PartSpec",
     "RolloutSpec",
+    "RoutingRule",
     "SnapshotRef",
     "SnapshotSet",
     "SnapshotSetRequest",
@@ -39,6 +44,8 @@ DAG_OUTPUT = "output"
 _RESERVED = {DAG_INPUT, DAG_OUTPUT}
 
 Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+# A dotted path through JSON objects, e.g. "user.segment".
+DottedPath = Annotated[str, StringConstraints(pattern=r"^[^.\s]+(\.[^.\s]+)*$")]
 
 
 class _Spec(BaseModel):
@@ -52,10 +59,19 @@ class HardwareOption(_Spec):
     qps: float = Field(gt=0)
 
 
+class BatchingSpec(_Spec):
+    """Serve batching of a part's calls: concurrent requests reach the part's `batch` method
+    together, up to `max_batch_size` of them, waiting at most `wait_ms` for a batch to fill."""
+
+    max_batch_size: int = Field(ge=1, le=1024)
+    wait_ms: float = Field(default=2.0, ge=0, le=1000)
+
+
 class PartSpec(_Spec):
     factory: str = Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
     hardware: dict[Name, HardwareOption] = Field(min_length=1)
     config: dict[str, Any] = Field(default_factory=dict)
+    batching: BatchingSpec | None = None
 
 
 class TrafficSpec(_Spec):
@@ -109,12 +125,105 @@ class WatchSpec(_Spec):
     interval_seconds: float = Field(default=60, ge=1)
 
 
+class RoutingRule(_Spec):
+    """One rule of a choice node: a request goes to `variant` when every condition given holds
+    (bounds are inclusive; a condition on a value the request does not carry does not hold)."""
+
+    variant: Name
+    segment: list[str] | None = Field(default=None, min_length=1)
+    min_candidates: int | None = Field(default=None, ge=0)
+    max_candidates: int | None = Field(default=None, ge=0)
+    min_latency_budget_ms: float | None = Field(default=None, ge=0)
+    max_latency_budget_ms: float | None = Field(default=None, ge=0)
+
+    @model_validator(mode="after")
+    def _conditions(self) -> RoutingRule:
+        if not self.model_dump(exclude={"variant"}, exclude_none=True):
+            raise ValueError(
+                f"rule for variant {self.variant!r} has no condition; give segment, min/max_candidates "
+                f"or min/max_latency_budget_ms, or make {self.variant!r} the choice's default"
+            )
+        for what in ("candidates", "latency_budget_ms"):
+            low, high = getattr(self, f"min_{what}"), getattr(self, f"max_{what}")
+            if low is not None and high is not None and low > high:
+                raise ValueError(
+                    f"rule for variant {self.variant!r}: min_{what} {low} is above max_{what} {high}, "
+                    "so no request matches; swap them"
+                )
+        return self
+
+
+class ContextPaths(_Spec):
+    """Where the router finds a request's context in its inputs (dotted paths through objects)."""
+
+    segment: DottedPath = "user.segment"  # a string
+    candidates: DottedPath = "candidates"  # a list: its length is the number of candidates
+    latency_budget_ms: DottedPath = "latency_budget_ms"  # a number
+
+
+class BreakerSpec(_Spec):
+    """After `failures` failed requests in a row, a variant gets no new traffic for
+    `cooldown_seconds` (its choice's fallback takes it); then it is tried again."""
+
+    failures: int = Field(default=5, ge=1)
+    cooldown_seconds: float = Field(default=10, gt=0)
+
+
+class ChoiceSpec(_Spec):
+    """A choice node of the DAG: alternative sub-DAGs (variants), one of which runs per request.
+
+    Rules are tried in order and the first that matches picks the variant (`default`, else the
+    fallback, when none does). The router moves a request to `fallback` when the variant it
+    picked is saturated (`max_in_flight` requests of one router replica already on it), its
+    breaker is open, or it failed the request (retried once on the fallback).
+
+    A router replica holds at most Serve's `max_ongoing_requests` requests at once (5 by
+    default), so a `max_in_flight` at or above that never saturates."""
+
+    variants: dict[Name, Annotated[list[Name], Field(min_length=1)]] = Field(min_length=2)
+    fallback: Name
+    default: Name | None = None  # None: the fallback
+    rules: list[RoutingRule] = Field(default_factory=list)
+    context: ContextPaths = Field(default_factory=ContextPaths)
+    max_in_flight: int = Field(default=4, ge=1)
+    breaker: BreakerSpec = Field(default_factory=BreakerSpec)
+
+    @model_validator(mode="after")
+    def _variants_named(self) -> ChoiceSpec:
+        declared = sorted(self.variants)
+        named = [("fallback", self.fallback), ("default", self.default)]
+        named += [(f"rules.{i}.variant", rule.variant) for i, rule in enumerate(self.rules)]
+        for field, variant in named:
+            if variant is not None and variant not in self.variants:
+                raise ValueError(
+                    f"{field} {variant!r} is not a variant of this choice; use one of {declared}"
+                )
+        owner: dict[str, str] = {}
+        for variant, parts in self.variants.items():
+            for part in parts:
+                if owner.get(part) == variant:
+                    raise ValueError(f"variants.{variant}: part {part!r} is listed twice; list it once")
+                if part in owner:
+                    raise ValueError(
+                        f"variants.{variant}: part {part!r} is also in variant {owner[part]!r}; variants are "
+                        "alternatives, so a part belongs to one of them (give each its own part)"
+                    )
+                owner[part] = variant
+        return self
+
+    @property
+    def default_variant(self) -> str:
+        """The variant a request goes to when no rule matches."""
+        return self.default or self.fallback
+
+
 class ModelSpec(_Spec):
     name: Name
     owner: str = Field(min_length=1)
     sync: Literal["synchronized", "independent"] = "synchronized"
     parts: dict[Name, PartSpec] = Field(min_length=1)
     dag: list[tuple[str, str]] = Field(min_length=1)
+    choices: dict[Name, ChoiceSpec] = Field(default_factory=dict)  # choice nodes of the DAG
     traffic: TrafficSpec
     latency_budget_ms: float = Field(gt=0)
     availability: AvailabilitySpec = Field(default_factory=AvailabilitySpec)
@@ -126,14 +235,16 @@ class ModelSpec(_Spec):
         for name in self.parts:
             if name in _RESERVED:
                 raise ValueError(f"parts.{name}: {name!r} is reserved for the DAG; rename the part")
-        nodes = set(self.parts) | _RESERVED
+        self._check_choice_names()
+        nodes = set(self.parts) | _RESERVED | set(self.choices)
         seen_edges: set[tuple[str, str]] = set()
         for i, (src, dst) in enumerate(self.dag):
             for end in (src, dst):
                 if end not in nodes:
+                    choices = f" and the choices {sorted(self.choices)}" if self.choices else ""
                     raise ValueError(
                         f"dag.{i}: edge [{src}, {dst}] names unknown node {end!r}; "
-                        f"known nodes are input, output and the parts {sorted(self.parts)}"
+                        f"known nodes are input, output, the parts {sorted(self.parts)}{choices}"
                     )
             if dst == DAG_INPUT or src == DAG_OUTPUT:
                 raise ValueError(
@@ -150,6 +261,8 @@ class ModelSpec(_Spec):
                 f"dag: cycle {' -> '.join(cycle)}; a model's DAG must not loop back, "
                 "remove one of these edges"
             )
+        for name in self.choices:
+            self._check_choice_wiring(name)
         from_input = _reachable(self.dag, DAG_INPUT, forward=True)
         to_output = _reachable(self.dag, DAG_OUTPUT, forward=False)
         for name in self.parts:
@@ -158,23 +271,108 @@ class ModelSpec(_Spec):
                     f"dag: part {name!r} is not on any path from input to output; "
                     "add edges to it and from it, or remove the part"
                 )
+        for name in self.choices:
+            if name not in from_input:
+                raise ValueError(
+                    f"dag: choice {name!r} is not on any path from input; "
+                    "feed it from input or from a part that input reaches"
+                )
         if DAG_OUTPUT not in from_input:
             raise ValueError("dag: no path from input to output; connect them through the parts")
         return self
 
+    def _check_choice_names(self) -> None:
+        """Choice nodes have names of their own, and their variants list parts, each in one variant."""
+        owner: dict[str, str] = {}  # part -> "variant v of choice c"
+        for name, choice in self.choices.items():
+            if name in _RESERVED:
+                raise ValueError(f"choices.{name}: {name!r} is reserved for the DAG; rename the choice")
+            if name in self.parts:
+                raise ValueError(
+                    f"choices.{name}: {name!r} is also a part; a choice node is not a part, "
+                    "give it a name of its own"
+                )
+            for variant, parts in choice.variants.items():
+                for part in parts:
+                    if part not in self.parts:
+                        raise ValueError(
+                            f"choices.{name}.variants.{variant}: {part!r} is not a part; list parts "
+                            f"of {sorted(self.parts)}, or add {part!r} to parts"
+                        )
+                    if part in owner:
+                        raise ValueError(
+                            f"choices.{name}.variants.{variant}: part {part!r} is also in {owner[part]}; "
+                            "a part belongs to at most one variant"
+                        )
+                    owner[part] = f"variant {variant} of choice {name}"
+
+    def _check_choice_wiring(self, name: str) -> None:
+        """The choice node feeds only its variants' entry parts; a variant's parts are reached
+        only through it; every node after the variants joins all of them."""
+        choice = self.choices[name]
+        variant_of = {part: v for v, parts in choice.variants.items() for part in parts}
+        if name not in {dst for _, dst in self.dag}:
+            raise ValueError(
+                f"choices.{name}: nothing feeds the choice node {name!r}; add an edge into it, "
+                f"e.g. [input, {name}], and edges from it to each variant's first part"
+            )
+        for i, (src, dst) in enumerate(self.dag):
+            if src == name and dst not in variant_of:
+                raise ValueError(
+                    f"dag.{i}: edge [{src}, {dst}] leaves choice {name!r} for {dst!r}, which is in none "
+                    f"of its variants; a choice node feeds only its variants' parts "
+                    f"(add {dst!r} to a variant, or feed it from a part)"
+                )
+            if dst in variant_of and src != name and variant_of.get(src) != variant_of[dst]:
+                raise ValueError(
+                    f"dag.{i}: edge [{src}, {dst}] enters variant {variant_of[dst]} of choice {name!r} "
+                    f"around the choice node; a variant's parts are fed only by {name!r} and by parts "
+                    f"of the same variant (feed {src!r} into {name!r} instead: the choice passes it on)"
+                )
+        entered = {variant_of[dst] for src, dst in self.dag if src == name}
+        for variant, parts in choice.variants.items():
+            if variant not in entered:
+                raise ValueError(
+                    f"choices.{name}.variants.{variant}: no edge from {name!r} enters this variant; "
+                    f"add one to its first part, e.g. [{name}, {parts[0]}]"
+                )
+        joined: dict[str, set[str]] = {}  # node after the variants -> the variants feeding it
+        for src, dst in self.dag:
+            if src in variant_of and dst not in variant_of:
+                joined.setdefault(dst, set()).add(variant_of[src])
+        position = {node: i for i, node in enumerate(self._node_order())}
+        for node in sorted(joined, key=lambda n: position.get(n, len(position))):  # nearest first
+            missing = sorted(set(choice.variants) - joined[node])
+            if missing:
+                belong = (
+                    f", or add {node!r} to variant {sorted(joined[node])[0]}"
+                    if node in self.parts and len(joined[node]) == 1
+                    else ""
+                )
+                raise ValueError(
+                    f"dag: {node!r} takes the output of variant {sorted(joined[node])} of choice "
+                    f"{name!r} but not of {missing}; only the chosen variant runs, so a node after "
+                    f"a choice must join all its variants (add edges from {missing} to {node!r}{belong})"
+                )
+
     def topological_order(self) -> list[str]:
-        """The parts in an order where every part comes after its upstream parts."""
+        """The parts in an order where every part comes after its upstream parts, including the
+        parts upstream of a choice node for the variants behind it."""
+        return [n for n in self._node_order() if n in self.parts]
+
+    def _node_order(self) -> list[str]:
+        """Parts and choice nodes, each after its upstream nodes (input and output left out)."""
         order: list[str] = []
-        indegree = {p: 0 for p in self.parts}
+        indegree = {n: 0 for n in [*self.parts, *self.choices]}
         for src, dst in self.dag:
             if src in indegree and dst in indegree:  # input feeds everyone at the start
                 indegree[dst] += 1
-        ready = sorted(p for p, d in indegree.items() if d == 0)
+        ready = sorted(n for n, d in indegree.items() if d == 0)
         while ready:
-            part = ready.pop(0)
-            order.append(part)
+            node = ready.pop(0)
+            order.append(node)
             for src, dst in self.dag:
-                if src == part and dst in indegree:
+                if src == node and dst in indegree:
                     indegree[dst] -= 1
                     if indegree[dst] == 0:
                         ready.append(dst)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ipnext.errors import SnapshotError
+from ipnext.errors import SnapshotError, SpecError
 from ipnext.model import ModelSpec, SnapshotRef, SnapshotSetRequest, import_factory
 from ipnext.snapshots import inspect_safetensors, load_weights, resolve_in_roots, sha256_file
 
@@ -79,6 +79,14 @@ def validate_snapshot(spec: ModelSpec, part: str, ref: SnapshotRef, roots: list[
             value=ref.uri,
             fix="publish weights trained for this part's config",
         ) from None
+    if part_spec.batching is not None and not callable(getattr(built, "batch", None)):
+        raise SpecError(
+            f"parts.{part}.batching: the part built by {part_spec.factory} has no `batch` method, "
+            "so its calls cannot be batched.",
+            field=f"parts.{part}.batching",
+            value=part_spec.batching.model_dump(),
+            fix="remove `batching`, or give the part an `async batch(list_of_inputs) -> list` method",
+        )
     expected_fn = getattr(built, "expected_tensors", None)
     if expected_fn is None:
         return

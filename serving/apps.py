@@ -17,6 +17,7 @@ import os
 import random
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +28,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
 from ipnext.errors import PartInputError
-from ipnext.model import DAG_INPUT, DAG_OUTPUT, import_factory
+from ipnext.model import DAG_INPUT, DAG_OUTPUT, ChoiceSpec, import_factory
 from ipnext.rollout import RouterConfig
+from ipnext.serving.choices import FallbackReason, RequestPlan, VariantRouter, variant_label
 from ipnext.serving.layout import (
     RAY_NAMESPACE,
     ROUTER_DEPLOYMENT,
@@ -64,13 +66,38 @@ class PartHost:
         self._snapshot_id = host.snapshot_id
         self._host = host
         self._pusher: asyncio.Task[None] | None = None
+        self._batches = 0
+        self._batched_calls = 0
+        if host.batching is not None:
+            if not callable(getattr(self._part, "batch", None)):
+                raise ValueError(f"part {host.part}: `batching` is set but the part has no `batch` method")
+            self._batched.set_max_batch_size(host.batching.max_batch_size)  # type: ignore[attr-defined]
+            self._batched.set_batch_wait_timeout_s(host.batching.wait_ms / 1000)  # type: ignore[attr-defined]
 
     async def __call__(self, inputs: dict[str, Any]) -> dict[str, Any]:
         self._ensure_pusher()
-        result = self._part(inputs)
-        if inspect.isawaitable(result):
-            result = await result
+        if self._host.batching is not None:
+            result = await self._batched(inputs)
+            if isinstance(result, Exception):  # one request's own failure; the batch went on
+                raise result
+        else:
+            result = self._part(inputs)
+            if inspect.isawaitable(result):
+                result = await result
         return {"output": result, "snapshot_id": self._snapshot_id}
+
+    @serve.batch(max_batch_size=1, batch_wait_timeout_s=0.0)
+    async def _batched(self, batch: list[dict[str, Any]]) -> list[Any]:
+        """Concurrent calls gathered by Serve (sizes set from the part's `batching`), answered by
+        the part's `batch`, which returns one result or exception per input, in order."""
+        self._batches += 1
+        self._batched_calls += len(batch)
+        results = await self._part.batch(batch)
+        if len(results) != len(batch):
+            raise RuntimeError(
+                f"part {self._host.part}: batch answered {len(results)} of {len(batch)} inputs"
+            )
+        return list(results)
 
     async def stream(self, inputs: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """The part's answer piece by piece (a part without `stream` answers in one piece).
@@ -88,9 +115,16 @@ class PartHost:
             await pieces.aclose()
 
     def describe(self) -> dict[str, Any]:
-        """What the part reports of itself (`status()`, if it has one): for checks and dashboards."""
+        """What the part reports of itself (`status()`, if it has one) and, for a batched part,
+        how many batches it ran for how many calls: for checks and dashboards."""
         status = getattr(self._part, "status", None)
-        return {"snapshot_id": self._snapshot_id, "status": status() if callable(status) else None}
+        described: dict[str, Any] = {
+            "snapshot_id": self._snapshot_id,
+            "status": status() if callable(status) else None,
+        }
+        if self._host.batching is not None:
+            described["batching"] = {"batches": self._batches, "calls": self._batched_calls}
+        return described
 
     def _ensure_pusher(self) -> None:
         counters = getattr(self._part, "serving_counters", None)
@@ -133,6 +167,7 @@ class SetInfo:
             "dag": self._args.dag,
             "order": self._args.order,
             "deployments": deployments,
+            "choices": {name: choice.model_dump(mode="json") for name, choice in self._args.choices.items()},
         }
 
     async def __call__(self, request: Request) -> dict[str, Any]:
@@ -140,24 +175,31 @@ class SetInfo:
 
 
 class _SetRoute:
-    """A router's view of one set app: its DAG and a handle per part deployment."""
+    """A router's view of one set app: its DAG, its choice nodes and a handle per part deployment."""
 
-    def __init__(self, app: str, info: dict[str, Any]) -> None:
+    def __init__(self, app: str, info: dict[str, Any], variants: VariantRouter) -> None:
         self.app = app
         self.set_id: str = info["set_id"]
-        self.order: list[str] = info["order"]
-        self.upstream: dict[str, list[str]] = {}
-        for src, dst in info["dag"]:
-            self.upstream.setdefault(dst, []).append(src)
-        self.choices: dict[str, tuple[list[DeploymentHandle], list[float]]] = {}
+        self.variants = variants
+        self.deployments: dict[str, tuple[list[DeploymentHandle], list[float]]] = {}
         for part, capacity in info["deployments"].items():
             names = sorted(capacity)
             handles = [serve.get_deployment_handle(n, app_name=app) for n in names]
-            self.choices[part] = (handles, [max(capacity[n], 1e-9) for n in names])
+            self.deployments[part] = (handles, [max(capacity[n], 1e-9) for n in names])
 
     def handle(self, part: str, rng: random.Random) -> DeploymentHandle:
-        handles, weights = self.choices[part]
+        handles, weights = self.deployments[part]
         return handles[0] if len(handles) == 1 else rng.choices(handles, weights)[0]
+
+
+@dataclass
+class _Attempt:
+    """One run of a request's DAG: the variant at each choice node, the snapshot id of each part
+    that answered, and the part that failed it (not by the caller's mistake), if one did."""
+
+    chosen: dict[str, str]
+    stamps: dict[str, str] = field(default_factory=dict)
+    failed_part: str | None = None
 
 
 @serve.deployment(ray_actor_options={"num_cpus": 0})
@@ -181,7 +223,11 @@ class Router:
         routes: dict[str, _SetRoute] = {}
         for app in sorted(new.apps()):
             info = await serve.get_deployment_handle(SET_DEPLOYMENT, app_name=app).describe.remote()
-            routes[app] = _SetRoute(app, info)
+            choices = {n: ChoiceSpec.model_validate(c) for n, c in info.get("choices", {}).items()}
+            variants = VariantRouter(info["dag"], info["order"], choices, self._observer(app))
+            if app in self._routes:  # the same set app: keep its in-flight counts and breakers
+                variants.carry_over(self._routes[app].variants)
+            routes[app] = _SetRoute(app, info, variants)
         self._routes = routes
         self._config = new
         self._ensure_pusher()
@@ -189,10 +235,26 @@ class Router:
     def generation(self) -> int:
         return self._config.generation
 
+    def state(self) -> dict[str, Any]:
+        """The GET answer: model, region, router config, and for set apps with choice nodes what
+        this replica routed (`variants`: set app -> choice -> requests, fallbacks, in flight)."""
+        answer = {"model": self._model, "region": self._region, **self._config.model_dump()}
+        now = time.monotonic()
+        variants = {app: r.variants.report(now) for app, r in self._routes.items() if r.variants.choices}
+        if variants:
+            answer["variants"] = variants
+        return answer
+
+    def _observer(self, app: str) -> Callable[[str, str, FallbackReason | None], None]:
+        def observe(choice: str, variant: str, reason: FallbackReason | None) -> None:
+            self._prometheus.record_variant(self._model, self._region, app, choice, variant, reason)
+
+        return observe
+
     async def __call__(self, request: Request) -> JSONResponse | StreamingResponse:
         path = request.url.path.rstrip("/")
         if request.method == "GET" and not path.endswith("/predict"):
-            return JSONResponse({"model": self._model, "region": self._region, **self._config.model_dump()})
+            return JSONResponse(self.state())
         if request.method != "POST" or not path.endswith("/predict"):
             return JSONResponse({"error": "use POST .../predict"}, status_code=404)
         try:
@@ -220,7 +282,9 @@ class Router:
 
     async def stream(self, inputs: Any, key: str | None = None) -> AsyncIterator[dict[str, Any]]:
         """The streaming `predict`: every part but the DAG's final one runs as usual, then the
-        final part streams. Counted as one request (latency: first piece to last)."""
+        final part streams. Counted as one request (latency: first piece to last). Choice nodes
+        pick the variants as for `predict`, but a failed variant is not retried on the fallback
+        (pieces may have gone out already)."""
         picked = pick_apps(self._config, set(self._routes), key, self._rng)
         if picked is None:
             yield {"error": f"model {self._model} has no serving set in {self._region}"}
@@ -230,28 +294,38 @@ class Router:
         dag = self._routes[base]
         counters = self._counters.setdefault(app, SetCounters())
         part_routes = {p: self._routes[a] for p, a in part_apps.items()}
-        finals = dag.upstream.get(DAG_OUTPUT, [])
+        attempt = _Attempt(dag.variants.choose(inputs, time.monotonic()))
+        plan = dag.variants.plan(attempt.chosen)
+        variant = variant_label(attempt.chosen)
+        finals = plan.upstream.get(DAG_OUTPUT, [])
         started = time.perf_counter()
         pieces: Any = None
         try:
             if len(finals) != 1:
                 raise ValueError(f"streaming needs one part feeding the output, the DAG has {finals}")
             final = finals[0]
-            results, stamps = await self._run_parts(dag, part_routes, inputs, skip=final)
-            upstream = self._upstream_values(dag, final, results, inputs)
+            results = await self._run_parts(dag, part_routes, inputs, attempt, skip=final)
+            upstream = self._upstream_values(plan, final, results, inputs)
             handle = part_routes.get(final, dag).handle(final, self._rng)
             pieces = handle.options(stream=True).stream.remote(upstream)
             async for reply in pieces:
-                stamps[final] = reply["snapshot_id"]
+                attempt.stamps[final] = reply["snapshot_id"]
                 output = _jsonable(reply["output"])
                 if not all_finite(output):
                     raise ValueError("the model's outputs are not finite (NaN or inf)")
-                yield {"outputs": output, "set": route.set_id, "parts": dict(stamps), "variant": None}
+                yield {
+                    "outputs": output,
+                    "set": route.set_id,
+                    "parts": dict(attempt.stamps),
+                    "variant": variant,
+                }
             pieces = None
         except PartInputError as err:  # the caller's mistake: not counted against the set
             yield {"error": _cause(err), "status": 400, "set": route.set_id}
             return
         except Exception as err:  # a part failed: count it and end the stream with the reason
+            if attempt.failed_part is None and pieces is not None:
+                attempt.failed_part = finals[0]
             counters.requests += 1
             counters.errors += 1
             self._prometheus.record(self._model, self._region, app, None)
@@ -260,6 +334,7 @@ class Router:
         finally:
             if pieces is not None:  # the client went away mid-stream: stop the part's work
                 pieces.cancel()
+            dag.variants.finish(attempt.chosen, attempt.stamps, attempt.failed_part, time.monotonic())
         elapsed_ms = (time.perf_counter() - started) * 1000
         counters.requests += 1
         counters.observe("latency_ms", elapsed_ms)
@@ -275,7 +350,7 @@ class Router:
         started = time.perf_counter()
         try:
             part_routes = {p: self._routes[a] for p, a in part_apps.items()}
-            outputs, stamps = await self._run_dag(self._routes[base], part_routes, inputs)
+            outputs, attempt = await self._run_dag(self._routes[base], part_routes, inputs)
         except PartInputError as err:  # the caller's mistake: 400, not counted against the set
             return {"error": _cause(err), "set": route.set_id}, 400
         except Exception as err:  # a part failed: count it and answer 500 with the reason
@@ -292,42 +367,76 @@ class Router:
         counters.requests += 1
         counters.observe("latency_ms", elapsed_ms)
         self._prometheus.record(self._model, self._region, app, elapsed_ms)
-        return {"outputs": outputs, "set": route.set_id, "parts": stamps, "variant": None}, 200
+        envelope = {"outputs": outputs, "set": route.set_id, "parts": attempt.stamps}
+        return {**envelope, "variant": variant_label(attempt.chosen)}, 200
 
     async def _run_dag(
         self, route: _SetRoute, part_routes: dict[str, _SetRoute], inputs: Any
-    ) -> tuple[Any, dict[str, str]]:
-        """Run `route`'s DAG, calling each part in `part_routes` on that route instead."""
-        results, stamps = await self._run_parts(route, part_routes, inputs)
-        finals = route.upstream.get(DAG_OUTPUT, [])
+    ) -> tuple[Any, _Attempt]:
+        """Run `route`'s DAG on the variants its choice nodes pick for the request, calling each
+        part in `part_routes` on that route instead. When a part of a chosen variant fails (not
+        by the caller's mistake), the request runs once more with that choice on its fallback."""
+        attempt = _Attempt(route.variants.choose(inputs, time.monotonic()))
+        try:
+            return await self._run_attempt(route, part_routes, inputs, attempt), attempt
+        except PartInputError:
+            raise
+        except Exception:
+            retry = route.variants.retry_on_fallback(attempt.chosen, attempt.failed_part)
+            if retry is None:
+                raise
+        attempt = _Attempt(retry)
+        return await self._run_attempt(route, part_routes, inputs, attempt), attempt
+
+    async def _run_attempt(
+        self, route: _SetRoute, part_routes: dict[str, _SetRoute], inputs: Any, attempt: _Attempt
+    ) -> Any:
+        try:
+            results = await self._run_parts(route, part_routes, inputs, attempt)
+        finally:
+            route.variants.finish(attempt.chosen, attempt.stamps, attempt.failed_part, time.monotonic())
+        finals = route.variants.plan(attempt.chosen).upstream.get(DAG_OUTPUT, [])
         outputs = results[finals[0]] if len(finals) == 1 else {u: results[u] for u in finals}
-        return _jsonable(outputs), stamps
+        return _jsonable(outputs)
 
     async def _run_parts(
-        self, route: _SetRoute, part_routes: dict[str, _SetRoute], inputs: Any, skip: str | None = None
-    ) -> tuple[dict[str, Any], dict[str, str]]:
-        """Every part's output (all but `skip`), each part started once its upstream is done."""
-        stamps: dict[str, str] = {}
+        self,
+        route: _SetRoute,
+        part_routes: dict[str, _SetRoute],
+        inputs: Any,
+        attempt: _Attempt,
+        skip: str | None = None,
+    ) -> dict[str, Any]:
+        """Every output of the parts the attempt's variants run (all but `skip`), each part
+        started once its upstream is done; snapshot ids and a failing part go into `attempt`."""
+        plan = route.variants.plan(attempt.chosen)
         tasks: dict[str, asyncio.Task[Any]] = {}
 
         async def run(part: str) -> Any:
-            ups = [u for u in route.upstream.get(part, []) if u != DAG_INPUT]
+            ups = [u for u in plan.upstream.get(part, []) if u != DAG_INPUT]
             values = dict(zip(ups, await asyncio.gather(*(tasks[u] for u in ups)), strict=True))
-            upstream = self._upstream_values(route, part, values, inputs)
-            reply = await part_routes.get(part, route).handle(part, self._rng).remote(upstream)
-            stamps[part] = reply["snapshot_id"]
+            upstream = self._upstream_values(plan, part, values, inputs)
+            try:
+                reply = await part_routes.get(part, route).handle(part, self._rng).remote(upstream)
+            except Exception as err:
+                if not isinstance(err, PartInputError) and attempt.failed_part is None:
+                    attempt.failed_part = part
+                raise
+            attempt.stamps[part] = reply["snapshot_id"]
             return reply["output"]
 
-        for part in route.order:  # topological: upstream tasks exist before their consumers
+        for part in plan.order:  # topological: upstream tasks exist before their consumers
             if part != skip:
                 tasks[part] = asyncio.ensure_future(run(part))
         done = await asyncio.gather(*tasks.values())
-        return dict(zip(tasks, done, strict=True)), stamps
+        return dict(zip(tasks, done, strict=True))
 
     @staticmethod
-    def _upstream_values(route: _SetRoute, part: str, results: dict[str, Any], inputs: Any) -> dict[str, Any]:
+    def _upstream_values(
+        plan: RequestPlan, part: str, results: dict[str, Any], inputs: Any
+    ) -> dict[str, Any]:
         """A part's `inputs`: each upstream node's output, the request under "input"."""
-        ups = route.upstream.get(part, [])
+        ups = plan.upstream.get(part, [])
         values = {u: results[u] for u in ups if u != DAG_INPUT}
         if DAG_INPUT in ups:
             values[DAG_INPUT] = inputs
@@ -358,6 +467,24 @@ class _PrometheusMetrics:
             boundaries=[1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000],
             tag_keys=tags,
         )
+        self._variant_requests = metrics.Counter(
+            "ipnext_variant_requests_total",
+            "Requests sent to a variant of a choice node (a retry on the fallback counts again)",
+            tag_keys=(*tags, "choice", "variant"),
+        )
+        self._fallbacks = metrics.Counter(
+            "ipnext_variant_fallbacks_total",
+            "Requests a choice node moved to its fallback variant, by reason",
+            tag_keys=(*tags, "choice", "reason"),
+        )
+
+    def record_variant(
+        self, model: str, region: str, app: str, choice: str, variant: str, reason: str | None
+    ) -> None:
+        tags = {"model": model, "region": region, "set_app": app, "choice": choice}
+        self._variant_requests.inc(1, {**tags, "variant": variant})
+        if reason is not None:
+            self._fallbacks.inc(1, {**tags, "reason": reason})
 
     def record(self, model: str, region: str, app: str, latency_ms: float | None) -> None:
         tags = {"model": model, "region": region, "set_app": app}

@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ipnext.model import ModelSpec, SnapshotSet
+from ipnext.model import BatchingSpec, ChoiceSpec, ModelSpec, SnapshotSet
 from ipnext.plan import Plan
 from ipnext.rollout import RouterConfig, scaled_replicas
 
@@ -67,6 +67,7 @@ class PartHostArgs(_Frozen):
     # histograms: the model's metrics actor of this region, under this set app's name.
     region: str = ""
     app: str = ""
+    batching: BatchingSpec | None = None
 
 
 class SetAppArgs(_Frozen):
@@ -79,6 +80,8 @@ class SetAppArgs(_Frozen):
     order: list[str]
     parts: dict[str, PartHostArgs]
     hardware: dict[str, list[str]]  # part -> hardware classes with a deployment here
+    # The DAG's choice nodes: they travel with the set, so routing follows the set a request runs on.
+    choices: dict[str, ChoiceSpec] = Field(default_factory=dict)
 
 
 class RouterAppArgs(_Frozen):
@@ -134,10 +137,12 @@ def set_app_plan(
                 snapshot_roots=snapshot_roots,
                 region=region,
                 app=name,
+                batching=part_spec.batching,
             )
             for part, part_spec in spec.parts.items()
         },
         hardware={part: sorted(by_hw) for part, by_hw in replicas.items()},
+        choices=dict(spec.choices),
     )
     return SetAppPlan(
         name=name,
@@ -175,21 +180,26 @@ def render_set_app(app: SetAppPlan, replica_num_cpus: float) -> dict[str, Any]:
         }
     ]
     for part, by_hw in sorted(app.replicas.items()):
+        batching = app.args.parts[part].batching
         for hw, n in sorted(by_hw.items()):
-            deployments.append(
-                {
-                    "name": f"{part}-{hw}",
-                    "num_replicas": n,
-                    "ray_actor_options": _actor_options(
-                        app.args.region, replica_num_cpus, hw, app.units[part][hw]
-                    ),
-                }
-            )
+            deployment: dict[str, Any] = {
+                "name": f"{part}-{hw}",
+                "num_replicas": n,
+                "ray_actor_options": _actor_options(
+                    app.args.region, replica_num_cpus, hw, app.units[part][hw]
+                ),
+            }
+            if batching is not None:
+                # A replica takes at most max_ongoing_requests at once (Serve's default is 5), so
+                # a batch could never fill past it: room for one batch running and one filling.
+                deployment["max_ongoing_requests"] = max(5, 2 * batching.max_batch_size)
+            deployments.append(deployment)
     return {
         "name": app.name,
         "route_prefix": None,
         "import_path": "ipnext.serving.apps:set_app",
-        "args": app.args.model_dump(mode="json"),
+        # A model without choice nodes renders as it did before they existed.
+        "args": app.args.model_dump(mode="json", exclude=None if app.args.choices else {"choices"}),
         "deployments": deployments,
     }
 

@@ -3,13 +3,16 @@
 - EmbeddingPart (sparse, memory-bound: wants high-memory hosts) looks up the user
   and candidate item embeddings.
 - DensePart (compute-bound) scores each (user, item) pair with an MLP over the
-  two embeddings and their elementwise product, returning click probabilities.
+  two embeddings and their elementwise product, returning click probabilities. Its config's
+  `hidden` sizes the MLP (model-variants.yaml serves a small and a large one); `delay_ms` and
+  `max_items` are drill knobs (a slow part, a part that fails on big batches), off by default.
 
 Request: {"user": int, "items": [int, ...]}; response: one probability per item.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import torch
@@ -111,12 +114,22 @@ class DensePart:
         self._modules = build_modules(config)
         _load(self._modules.mlp, "mlp.", weights, "dense")
         self._modules.eval()
+        # Drills: a sleep per call (a part slower than its callers' rate saturates), and a batch
+        # size over which the part fails as the server's fault (as running out of memory would).
+        self._delay_s = float(config.get("delay_ms", 0)) / 1000
+        self._max_items = config.get("max_items")
 
     def expected_tensors(self) -> dict[str, tuple[tuple[int, ...], str]]:
         return _expected(self._modules.mlp, "mlp.")
 
     async def __call__(self, inputs: dict[str, Any]) -> list[float]:
         vectors = inputs["embed"]
+        if self._delay_s:
+            await asyncio.sleep(self._delay_s)
+        if self._max_items is not None and len(vectors["items"]) > int(self._max_items):
+            raise RuntimeError(
+                f"{len(vectors['items'])} items are over this part's max_items {self._max_items}"
+            )
         with torch.inference_mode():
             logits = self._modules.score(vectors["user"], vectors["items"])
             return [round(p, 6) for p in torch.sigmoid(logits).tolist()]

@@ -4,7 +4,9 @@
 
 Clicks come from hidden user and item factors: P(click) = sigmoid(4 u.v - 1). The
 trainer fits embeddings and the MLP jointly for a few seconds and writes the two
-parts' weights as safetensors plus the manifest (see ipnext.snapshots).
+parts' weights as safetensors plus the manifest (see ipnext.snapshots). With
+`--dense-parts small=16,large=128` it trains one MLP per named part (of that hidden size)
+on the shared embeddings and writes each as its own part, for model-variants.yaml.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from torch import nn
 from ipnext.examples.ranker.parts import build_modules
 from ipnext.snapshots import Manifest, write_snapshot
 
-__all__ = ["DEFAULT_CONFIG", "TrainReport", "train"]
+__all__ = ["DEFAULT_CONFIG", "TrainReport", "parse_dense_parts", "train"]
 
 DEFAULT_CONFIG: dict[str, Any] = {"num_users": 200, "num_items": 500, "dim": 16, "hidden": 32}
 _FACTORS = 8
@@ -28,13 +30,20 @@ _FACTORS = 8
 
 class TrainReport:
     def __init__(
-        self, manifest: Manifest, folder: Path, logloss: float, base_logloss: float, seconds: float
+        self,
+        manifest: Manifest,
+        folder: Path,
+        logloss: float,
+        base_logloss: float,
+        seconds: float,
+        loglosses: dict[str, float] | None = None,
     ) -> None:
         self.manifest = manifest
         self.folder = folder
-        self.logloss = logloss
+        self.logloss = logloss  # the first MLP part's
         self.base_logloss = base_logloss
         self.seconds = seconds
+        self.loglosses = loglosses or {}  # MLP part -> held-out logloss
 
 
 def _clicks(
@@ -60,40 +69,57 @@ def train(
     steps: int = 300,
     batch: int = 512,
     config: dict[str, Any] | None = None,
+    dense_parts: dict[str, int] | None = None,
 ) -> TrainReport:
+    """`dense_parts` (part name -> hidden size) trains one MLP part each on the shared
+    embeddings; by default one part `dense` of the config's hidden size."""
     config = dict(config or DEFAULT_CONFIG)
     started = time.perf_counter()
     torch.manual_seed(seed)
     generator = torch.Generator().manual_seed(seed)
-    modules = build_modules(config)
+    heads = dense_parts or {"dense": int(config.get("hidden", 32))}
+    rankers = {name: build_modules({**config, "hidden": hidden}) for name, hidden in heads.items()}
+    modules = next(iter(rankers.values()))
+    for ranker in rankers.values():  # one pair of embedding tables, shared by every MLP
+        ranker.user, ranker.item = modules.user, modules.item
+    parameters = list({id(p): p for r in rankers.values() for p in r.parameters()}.values())
     users, items, clicks = _clicks(config, steps * batch, generator)
-    opt = torch.optim.Adam(modules.parameters(), lr=0.03)
+    opt = torch.optim.Adam(parameters, lr=0.03)
     loss_fn = nn.BCEWithLogitsLoss()
     for step in range(steps):
         sl = slice(step * batch, (step + 1) * batch)
         u, i = modules.embed(users[sl], items[sl])
-        loss = loss_fn(modules.score(u, i), clicks[sl])
+        loss = sum((loss_fn(r.score(u, i), clicks[sl]) for r in rankers.values()), torch.tensor(0.0))
         opt.zero_grad()
         loss.backward()
         opt.step()
     held_u, held_i, held_c = _clicks(config, 20_000, torch.Generator().manual_seed(seed + 10_000))
     with torch.no_grad():
         u, i = modules.embed(held_u, held_i)
-        logloss = float(loss_fn(modules.score(u, i), held_c))
+        loglosses = {name: float(loss_fn(r.score(u, i), held_c)) for name, r in rankers.items()}
         rate = held_c.mean().clamp(1e-6, 1 - 1e-6)
         base = float(-(held_c * rate.log() + (1 - held_c) * (1 - rate).log()).mean())
     state = modules.state_dict()
     folder = root / model / version
-    manifest = write_snapshot(
-        folder,
-        model,
-        version,
-        {
-            "embed": {k: v for k, v in state.items() if k.startswith(("user.", "item."))},
-            "dense": {k: v for k, v in state.items() if k.startswith("mlp.")},
-        },
-    )
-    return TrainReport(manifest, folder, logloss, base, time.perf_counter() - started)
+    weights = {"embed": {k: v for k, v in state.items() if k.startswith(("user.", "item."))}}
+    for name, ranker in rankers.items():
+        weights[name] = {k: v for k, v in ranker.state_dict().items() if k.startswith("mlp.")}
+    manifest = write_snapshot(folder, model, version, weights)
+    logloss = next(iter(loglosses.values()))
+    return TrainReport(manifest, folder, logloss, base, time.perf_counter() - started, loglosses)
+
+
+def parse_dense_parts(text: str) -> dict[str, int]:
+    """`small=16,large=128` -> {"small": 16, "large": 128}."""
+    parts: dict[str, int] = {}
+    for item in text.split(","):
+        name, _, hidden = item.partition("=")
+        if not name or not hidden.isdigit() or int(hidden) < 1:
+            raise argparse.ArgumentTypeError(
+                f"--dense-parts: {item!r} is not name=hidden_size, e.g. small=16"
+            )
+        parts[name.strip()] = int(hidden)
+    return parts
 
 
 def poisoned_copy(root: Path, model: str, version: str, good: Path) -> Path:
@@ -117,11 +143,20 @@ def main() -> None:
     parser.add_argument("--version", required=True)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument(
+        "--dense-parts",
+        type=parse_dense_parts,
+        default=None,
+        help="MLP parts to write, name=hidden_size, comma-separated (default: one part `dense`)",
+    )
     args = parser.parse_args()
-    report = train(args.root, args.model, args.version, seed=args.seed, steps=args.steps)
+    report = train(
+        args.root, args.model, args.version, seed=args.seed, steps=args.steps, dense_parts=args.dense_parts
+    )
+    losses = ", ".join(f"{name} {loss:.4f}" for name, loss in report.loglosses.items())
     print(
         f"trained {args.model} {args.version} in {report.seconds:.1f}s: held-out logloss "
-        f"{report.logloss:.4f} (click-rate baseline {report.base_logloss:.4f}) -> {report.folder}"
+        f"{losses} (click-rate baseline {report.base_logloss:.4f}) -> {report.folder}"
     )
 
 

@@ -292,43 +292,61 @@ class RankingModel(nn.Module):
         user_features: torch.Tensor,
         candidate_ids: torch.Tensor,
         *,
-        chunk: int = 64,
+        chunk: int = 16,
     ) -> torch.Tensor:
         """The same scores, each (user, candidate) pair computed on its own: the user's lookups and
         tower are repeated per pair and the expert layers see the concatenated pair features.
         Pairs run `chunk` at a time so memory stays bounded."""
-        n = candidate_ids.shape[0]
-        out = []
-        for start in range(0, n, chunk):
-            m = min(chunk, n - start)
-            out.append(
-                self._pairs(
-                    user_ids.view(1).expand(m),
-                    history_ids.view(1, -1).expand(m, -1),
-                    user_features.view(1, -1).expand(m, -1),
-                    candidate_ids[start : start + m],
-                )
+
+        def pairs(start: int, m: int) -> torch.Tensor:
+            histories = history_ids.view(1, -1).expand(m, -1)
+            return self._pairs(
+                self.lookup_users(user_ids.view(1).expand(m)),
+                self.lookup_items(histories.reshape(-1)).view(*histories.shape, -1),
+                user_features.view(1, -1).expand(m, -1),
+                self.lookup_items(candidate_ids[start : start + m]),
             )
-        return torch.cat(out) if out else candidate_ids.new_zeros(0, dtype=torch.float32)
+
+        return _chunked(pairs, candidate_ids.shape[0], chunk)
+
+    def score_pairs_rows(
+        self,
+        user_row: torch.Tensor,
+        history_rows: torch.Tensor,
+        user_features: torch.Tensor,
+        candidate_rows: torch.Tensor,
+        *,
+        chunk: int = 16,
+    ) -> torch.Tensor:
+        """`score_pairs` from looked-up rows ((dim,), (seq_len, item_width), (user_features,),
+        (n, item_width)): the user's rows are repeated per pair (the naive dense part)."""
+
+        def pairs(start: int, m: int) -> torch.Tensor:
+            return self._pairs(
+                user_row.view(1, -1).expand(m, -1),
+                history_rows.unsqueeze(0).expand(m, -1, -1),
+                user_features.view(1, -1).expand(m, -1),
+                candidate_rows[start : start + m],
+            )
+
+        return _chunked(pairs, candidate_rows.shape[0], chunk)
 
     def _pairs(
         self,
-        users: torch.Tensor,
-        histories: torch.Tensor,
+        user_rows: torch.Tensor,
+        history_rows: torch.Tensor,
         user_features: torch.Tensor,
-        candidates: torch.Tensor,
+        candidate_rows: torch.Tensor,
     ) -> torch.Tensor:
+        """m pairs, row i of each argument belonging to pair i: the whole model per pair."""
         d, h = self.config.dim, self.config.feature_hidden
-        user_rows = self.lookup_users(users)
-        history_rows = self.lookup_items(histories.reshape(-1)).view(*histories.shape, -1)
         events = self.block(history_rows[..., :d] + self.position)
         user = F.relu(
             self.user_mlp(torch.cat([user_rows, events.mean(dim=1), self.user_dense(user_features)], dim=-1))
         )
         keys, values = self.target_key(events), self.target_value(events)
         gate = self.gate(user).softmax(dim=-1)
-        rows = self.lookup_items(candidates)
-        item, category, features = rows.split([d, d, self.config.item_features], dim=-1)
+        item, category, features = candidate_rows.split([d, d, self.config.item_features], dim=-1)
         per_feature = grouped_gemm([item, category, features], list(self.feature_weights))
         feature_out = F.relu(torch.cat(per_feature, dim=-1) + self.feature_bias.view(1, 3 * h))
         query = self.target_query(item).unsqueeze(1)  # (m, 1, dim): one query per pair
@@ -356,6 +374,12 @@ class RankingModel(nn.Module):
 
     def dense_weights(self) -> dict[str, torch.Tensor]:
         return {k: v for k, v in self.state_dict().items() if k.startswith(DENSE_PREFIXES)}
+
+
+def _chunked(score: Any, n: int, chunk: int) -> torch.Tensor:
+    """score(start, m) over [0, n) in chunks of at most `chunk` pairs, concatenated."""
+    parts = [score(start, min(chunk, n - start)) for start in range(0, n, chunk)]
+    return torch.cat(parts) if parts else torch.zeros(0)
 
 
 def _weight(k: int, n: int) -> nn.Parameter:

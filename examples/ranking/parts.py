@@ -28,7 +28,15 @@ import torch
 from ipnext.errors import PartInputError, SnapshotError
 from ipnext.examples.ranking.model import RankingConfig, RankingModel
 
-__all__ = ["RankerPart", "RankingRequest", "TablePart", "parse_request", "shard_of", "table_shard_weights"]
+__all__ = [
+    "PairRankerPart",
+    "RankerPart",
+    "RankingRequest",
+    "TablePart",
+    "parse_request",
+    "shard_of",
+    "table_shard_weights",
+]
 
 MAX_CANDIDATES = 5000
 _MASK32 = (1 << 32) - 1
@@ -278,6 +286,32 @@ class RankerPart:
             for row, (i, _, _) in enumerate(ready):
                 scores = self._model.score_candidates(state, row, candidates[row])
                 results[i] = [round(p, 6) for p in scores.tolist()]
+        return results
+
+
+class PairRankerPart(RankerPart):
+    """The naive dense part, for comparison: the same weights and scores, but every (user,
+    candidate) pair runs the whole model, the user tower included (`score_pairs_rows`)."""
+
+    async def batch(self, batch: list[dict[str, Any]]) -> list[list[float] | Exception]:
+        results: list[list[float] | Exception] = []
+        for inputs in batch:
+            try:
+                request = parse_request(inputs.get("input"), self._config)
+            except PartInputError as err:
+                results.append(err)
+                continue
+            user_rows, item_index = _index(inputs["embed"])
+            if request.user not in user_rows:
+                raise RuntimeError("ranker: the table parts returned no row for the user")
+            with torch.inference_mode():
+                scores = self._model.score_pairs_rows(
+                    user_rows[request.user],
+                    item_index(request.history),
+                    request.features,
+                    item_index(request.candidates),
+                )
+            results.append([round(p, 6) for p in scores.tolist()])
         return results
 
 

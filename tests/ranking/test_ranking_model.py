@@ -12,7 +12,7 @@ import torch
 
 from ipnext.errors import PartInputError, SnapshotError, SpecError
 from ipnext.examples.ranking.model import RankingConfig, RankingModel
-from ipnext.examples.ranking.parts import RankerPart, TablePart, shard_of
+from ipnext.examples.ranking.parts import PairRankerPart, RankerPart, TablePart, shard_of
 from ipnext.examples.ranking.train import SMALL_CONFIG, TrainReport, World
 from ipnext.snapshots import load_weights
 
@@ -122,11 +122,14 @@ def test_parts_answer_what_the_model_computes(
     tables, ranker = build_parts(report, shards)
     world = World(RankingConfig.from_config(config()))
     rng = random.Random(11)
+    naive = PairRankerPart(load_weights(report.folder / "dense.safetensors"), config())
     for n in (1, 17, 300):
         request = world.request(rng, n)
-        scores = asyncio.run(ranker({"input": request, "embed": asyncio.run(lookups(tables, request))}))
+        inputs = {"input": request, "embed": asyncio.run(lookups(tables, request))}
+        scores = asyncio.run(ranker(inputs))
         assert len(scores) == n
         assert scores == pytest.approx(model_scores(report, request), abs=2e-6)
+        assert asyncio.run(naive(inputs)) == pytest.approx(scores, abs=2e-6)
 
 
 def test_sharded_and_whole_tables_give_the_same_scores(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -167,3 +168,58 @@ async def test_malformed_requests_name_the_expected_shape(
 ) -> None:
     with pytest.raises(PartInputError, match=r'inputs: expected \{"user": int, "items": \[int, \.\.\.\]\}'):
         await parts[0]({"input": request_})
+
+
+# --- variants: MLP parts of several sizes, and the drill knobs -----------------------------------
+
+
+@pytest.fixture(scope="module")
+def variant_snapshot(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from ipnext.examples.ranker.train import train
+
+    report = train(
+        tmp_path_factory.mktemp("variants"), "m", "v1", steps=5, dense_parts={"small": 8, "large": 24}
+    )
+    assert sorted(report.manifest.parts) == ["embed", "large", "small"]
+    assert sorted(report.loglosses) == ["large", "small"]
+    return report.folder
+
+
+async def test_trainer_writes_one_mlp_part_per_size_on_shared_embeddings(
+    variant_snapshot: Path, example_spec: ModelSpec
+) -> None:
+    base = config(example_spec, "dense")
+    embed = EmbeddingPart(load_weights(variant_snapshot / "embed.safetensors"), config(example_spec, "embed"))
+    vectors = await embed({"input": {"user": 4, "items": [1, 2, 3]}})
+    scores = {}
+    for part, hidden in (("small", 8), ("large", 24)):
+        dense = DensePart(load_weights(variant_snapshot / f"{part}.safetensors"), {**base, "hidden": hidden})
+        assert dense.expected_tensors()["mlp.0.weight"] == ((hidden, 48), "float32")
+        scores[part] = await dense({"embed": vectors})
+    assert len(scores["small"]) == len(scores["large"]) == 3
+    assert scores["small"] != scores["large"]
+    with pytest.raises(SnapshotError, match=r"'mlp\.0\.weight' is float32\[8, 48\]"):
+        DensePart(load_weights(variant_snapshot / "small.safetensors"), {**base, "hidden": 24})
+
+
+async def test_dense_part_drill_knobs(
+    parts: tuple[EmbeddingPart, DensePart],
+    weights: dict[str, dict[str, torch.Tensor]],
+    example_spec: ModelSpec,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+
+    monkeypatch.setattr("ipnext.examples.ranker.parts.asyncio.sleep", sleep)
+    drilled = DensePart(weights["dense"], {**config(example_spec, "dense"), "delay_ms": 150, "max_items": 2})
+    vectors = await parts[0]({"input": {"user": 1, "items": [5, 6]}})
+    assert await drilled({"embed": vectors}) == await parts[1]({"embed": vectors})
+    assert slept == [0.15]
+    too_many = await parts[0]({"input": {"user": 1, "items": [5, 6, 7]}})
+    with pytest.raises(RuntimeError, match="3 items are over this part's max_items 2") as info:
+        await drilled({"embed": too_many})
+    assert not isinstance(info.value, PartInputError)  # the server's fault: a fallback may retry it
+    assert slept == [0.15, 0.15] and await parts[1]({"embed": too_many})  # no knobs: no limit, no sleep

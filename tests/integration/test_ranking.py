@@ -1,0 +1,80 @@
+"""The request-oriented ranker on the real stack: published, served, its dense part batched by
+Serve across concurrent requests, and every answer equal to the model's own scores."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+from ray import serve
+
+from ipnext.config import Settings
+from ipnext.examples.ranking.model import RankingConfig
+from ipnext.examples.ranking.train import SMALL_CONFIG, World, train
+from ipnext.model import ModelSpec, load_model_spec
+from ipnext.sdk import Client
+from ipnext.serving.control import connect
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def ranking_spec(name: str) -> ModelSpec:
+    data = load_model_spec(REPO / "examples" / "ranking" / "model.yaml").model_dump(mode="json")
+    data.update(name=name, traffic={"peak_qps": {"us-east": 40}})
+    return ModelSpec.model_validate(data)
+
+
+async def test_ranking_serves_batched_request_oriented_scores(
+    stack: Settings, client: Client, model_name: str
+) -> None:
+    spec = ranking_spec(model_name)
+    assert spec.parts["dense"].batching is not None
+    await client.publish_model(spec)
+    report = train(stack.snapshot_roots[0], model_name, "v1", steps=20)
+    published = await client.publish_snapshot(model_name, report.folder)
+    await client.wait_until_serving(model_name, published.set_id, timeout_s=240)
+    world = World(RankingConfig.from_config(dict(SMALL_CONFIG)))
+    rng = random.Random(4)
+    requests = [world.request(rng, n) for n in [1, 2, 300, *(rng.randint(1, 200) for _ in range(21))]]
+    path = f"/us-east/models/{model_name}/predict"
+
+    def expected(request: dict[str, Any]) -> list[float]:
+        user = request["user"]
+        with torch.inference_mode():
+            scores = report.model.score_request(
+                torch.tensor(user["id"]),
+                torch.tensor(user["history"]),
+                torch.tensor(user["features"]),
+                torch.tensor(request["candidates"]),
+            )
+        return [float(s) for s in scores]
+
+    async with httpx.AsyncClient(base_url=stack.serve_url, timeout=60) as http:
+        replies = await asyncio.gather(*(http.post(path, json={"inputs": r}) for r in requests))
+        for request, reply in zip(requests, replies, strict=True):
+            assert reply.status_code == 200, reply.text
+            envelope = reply.json()
+            assert envelope["set"] == published.set_id
+            assert envelope["parts"] == {"embed": f"{model_name}/embed@v1", "dense": f"{model_name}/dense@v1"}
+            assert envelope["outputs"] == pytest.approx(expected(request), abs=2e-6)
+        bad = dict(requests[0], candidates=[10**9])
+        refused = await http.post(path, json={"inputs": bad})
+        assert refused.status_code == 400 and refused.json()["error"].startswith("inputs.candidates"), (
+            refused.text
+        )
+
+    connect(stack.ray_address())
+    host = serve.get_deployment_handle("dense-cpu-std", app_name=f"{model_name}.us-east.s1.r1")
+    described = await asyncio.to_thread(lambda: host.describe.remote().result())
+    batching = described["batching"]
+    print(f"dense part: {batching['calls']} calls in {batching['batches']} batches")
+    assert batching["calls"] >= len(requests)
+    assert batching["batches"] < batching["calls"], "concurrent requests never shared a batch"
+    await client.delete_model(model_name)

@@ -1,0 +1,176 @@
+"""Adaptive routing on the real dev stack: a ranker with a small and a large variant behind a
+choice node. Requests of each context land on the declared variant; saturating the large one
+shifts traffic to the small one, and a failing large one is retried on the small one, with
+zero failed requests."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import Counter
+from typing import Any
+
+import httpx
+import pytest
+import ray
+
+from ipnext.config import Settings
+from ipnext.examples.ranker.train import train
+from ipnext.model import ModelSpec, load_model_spec
+from ipnext.sdk import Client
+from ipnext.serving.control import connect
+from ipnext.serving.layout import metrics_actor_name
+
+from .conftest import REPO
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+VARIANTS_MODEL = REPO / "examples" / "ranker" / "model-variants.yaml"
+LARGE_DELAY_MS = 100  # the large part sleeps this long per call: a few callers saturate it
+LARGE_MAX_ITEMS = 300  # and fails on more items than this (the rule still sends up to 400 to it)
+COOLDOWN_S = 3.0
+
+
+def variants_spec(name: str) -> ModelSpec:
+    """The example with traffic from one region, a slow large part that fails on big batches,
+    and a breaker that opens after 3 failures for a few seconds."""
+    data = load_model_spec(VARIANTS_MODEL).model_dump(mode="json")
+    data.update(name=name, traffic={"peak_qps": {"us-east": 50}})
+    data["parts"]["large"]["config"].update(delay_ms=LARGE_DELAY_MS, max_items=LARGE_MAX_ITEMS)
+    data["choices"]["ranker"]["breaker"] = {"failures": 3, "cooldown_seconds": COOLDOWN_S}
+    return ModelSpec.model_validate(data)
+
+
+def body(
+    segment: str | None = "premium", items: int = 3, budget: float | None = 40, user: int = 3
+) -> dict[str, Any]:
+    inputs: dict[str, Any] = {"user": user, "items": list(range(items))}
+    if segment is not None:
+        inputs["segment"] = segment
+    if budget is not None:
+        inputs["latency_budget_ms"] = budget
+    return {"inputs": inputs}
+
+
+async def test_requests_land_on_their_variant_and_fall_back_without_failing(
+    stack: Settings, client: Client, model_name: str
+) -> None:
+    spec = variants_spec(model_name)
+    assert spec.choices["ranker"].max_in_flight == 4
+    await client.publish_model(spec)
+    report = train(
+        stack.snapshot_roots[0], model_name, "v1", steps=40, dense_parts={"small": 16, "large": 64}
+    )
+    published = await client.publish_snapshot(model_name, report.folder)
+    await client.wait_until_serving(model_name, published.set_id)
+    app = f"{model_name}.us-east.s1.r1"
+    path = f"/us-east/models/{model_name}"
+
+    async with httpx.AsyncClient(base_url=stack.serve_url, timeout=30) as http:
+
+        async def predict(request: dict[str, Any]) -> dict[str, Any]:
+            reply = await http.post(f"{path}/predict", json=request)
+            assert reply.status_code == 200, reply.text
+            envelope: dict[str, Any] = reply.json()
+            assert envelope["set"] == published.set_id
+            return envelope
+
+        async def fallbacks() -> dict[str, int]:
+            state = (await http.get(path)).json()
+            counts: dict[str, int] = state["variants"][app]["ranker"]["fallbacks"]
+            return counts
+
+        # 1. Each context lands on the declared variant; only its parts run.
+        contexts = [
+            (body(), "large"),
+            (body(segment="new", budget=30), "large"),
+            (body(items=LARGE_MAX_ITEMS), "large"),
+            (body(segment="free"), "small"),
+            (body(items=401), "small"),  # too many candidates for the large ranker
+            (body(budget=10), "small"),  # too tight a latency budget
+            (body(segment=None, budget=None), "small"),  # no context: the default
+        ]
+        for request, variant in contexts:
+            envelope = await predict(request)
+            context = {k: v for k, v in request["inputs"].items() if k != "items"}
+            assert envelope["variant"] == variant, (context, len(request["inputs"]["items"]), envelope)
+            assert envelope["parts"] == {
+                "embed": f"{model_name}/embed@v1",
+                variant: f"{model_name}/{variant}@v1",
+            }
+            assert len(envelope["outputs"]) == len(request["inputs"]["items"])
+        large = await predict(body(user=7))
+        small = await predict(body(user=7, segment="free"))
+        assert large["outputs"] != small["outputs"]  # two different MLPs answered
+        assert await fallbacks() == {"saturated": 0, "breaker_open": 0, "failed": 0}
+
+        # 2. Streaming picks and stamps the variant too.
+        async with http.stream("POST", f"{path}/predict", json={**body(user=7), "stream": True}) as reply:
+            events = [json.loads(line[6:]) async for line in reply.aiter_lines() if line.startswith("data: ")]
+        assert [e.get("variant") for e in events] == ["large"], events
+        assert events[0]["parts"] == {"embed": f"{model_name}/embed@v1", "large": f"{model_name}/large@v1"}
+        assert events[0]["outputs"] == large["outputs"]
+
+        # 3. Saturation: many concurrent premium callers; beyond max_in_flight the large variant
+        # is saturated and the small one answers the rest. No request fails.
+        before = await fallbacks()
+        answers: list[tuple[int, str | None]] = []
+        stop = time.monotonic() + 3.0
+
+        async def caller(index: int) -> None:
+            async with httpx.AsyncClient(base_url=stack.serve_url, timeout=30) as own:
+                n = index
+                while time.monotonic() < stop:
+                    reply = await own.post(f"{path}/predict", json=body(user=n % 200))
+                    try:
+                        answers.append((reply.status_code, reply.json().get("variant")))
+                    except ValueError:  # not JSON: a failure all the same
+                        answers.append((reply.status_code or 599, None))
+                    n += 16
+
+        await asyncio.gather(*(caller(i) for i in range(16)))
+        after = await fallbacks()
+        by_variant = Counter(variant for status, variant in answers if status == 200)
+        failed = [a for a in answers if a[0] != 200]
+        print(
+            f"saturation drill: {len(answers)} requests in 3 s, large {by_variant['large']}, "
+            f"small {by_variant['small']}, failed {len(failed)}; router fallbacks {after}"
+        )
+        assert failed == []
+        assert by_variant["large"] > 0 and by_variant["small"] > 0
+        # Every premium request that went to small was moved there for saturation.
+        assert after["saturated"] - before["saturated"] == by_variant["small"]
+        assert after["breaker_open"] == after["failed"] == 0
+        assert (await predict(body()))["variant"] == "large"  # the load is gone: back on large
+
+        # 4. A failing large variant: each request is retried on small and answers; after 3
+        # failures in a row the breaker sends premium traffic to small until the cooldown ends.
+        for _ in range(3):
+            envelope = await predict(body(items=LARGE_MAX_ITEMS + 50))
+            assert envelope["variant"] == "small"
+            assert set(envelope["parts"]) == {"embed", "small"}
+        opened = time.monotonic()
+        assert (await predict(body()))["variant"] == "small"
+        counts = await fallbacks()
+        assert counts["failed"] == 3 and counts["breaker_open"] == 1, counts
+        state = (await http.get(path)).json()["variants"][app]["ranker"]
+        if time.monotonic() - opened < COOLDOWN_S:  # the GET came back within the cooldown
+            assert state["breaker_open"] == ["large"]
+        await asyncio.sleep(max(0.0, opened + COOLDOWN_S + 0.5 - time.monotonic()))
+        assert (await predict(body()))["variant"] == "large"
+        print(f"failure drill: router state {state}")
+
+    # Nothing counted as a failed request: the gates see a healthy set.
+    connect(stack.ray_address())
+    metrics = ray.get_actor(metrics_actor_name(model_name, "us-east"), namespace="ipnext")
+    served = len(contexts) + 2 + 1 + len(answers) + 1 + 3 + 1 + 1
+    deadline = time.monotonic() + 15
+    while True:
+        counted = ray.get(metrics.snapshot.remote())["sets"].get(app, {})
+        if counted.get("requests", 0) >= served:
+            break
+        assert time.monotonic() < deadline, f"not every request was counted: {counted}, {served} served"
+        await asyncio.sleep(0.5)
+    assert counted["errors"] == 0
+    await client.delete_model(model_name, who="test")
