@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_vali
 
 from ipnext.errors import SpecError
 from ipnext.fleet import Fleet, Name
+from ipnext.sharding import MAX_SHARDS, expand_shards
 from ipnext.specio import load_yaml, parse_spec
 
 __all__ = [
@@ -72,6 +73,10 @@ class PartSpec(_Spec):
     hardware: dict[Name, HardwareOption] = Field(min_length=1)
     config: dict[str, Any] = Field(default_factory=dict)
     batching: BatchingSpec | None = None
+    # `shards: k` splits the part into k parts `<part>-shard<i>` when the spec is read (see
+    # ipnext.sharding); each of those names the part it came from in `shard_of`.
+    shards: int = Field(default=1, ge=1, le=MAX_SHARDS, strict=True)
+    shard_of: Name | None = None
 
 
 class TrafficSpec(_Spec):
@@ -229,6 +234,41 @@ class ModelSpec(_Spec):
     availability: AvailabilitySpec = Field(default_factory=AvailabilitySpec)
     rollout: RolloutSpec = Field(default_factory=RolloutSpec)
     watch: WatchSpec = Field(default_factory=WatchSpec)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _split_shards(cls, data: Any) -> Any:
+        return expand_shards(data)
+
+    @model_validator(mode="after")
+    def _check_shards(self) -> ModelSpec:
+        for name, part in self.parts.items():
+            if part.shard_of is None:
+                continue
+            group = self.shard_groups()[part.shard_of]
+            if part.shard_of in self.parts or group != [
+                f"{part.shard_of}-shard{i}" for i in range(len(group))
+            ]:
+                raise ValueError(
+                    f"parts.{name}.shard_of: the shards of {part.shard_of!r} must be named "
+                    f"{part.shard_of}-shard0 .. -shard<k-1>, with no part named {part.shard_of!r}; "
+                    f"write `shards: k` on the part {part.shard_of!r} instead"
+                )
+            if part.config.get("shards") != len(group) or group.index(name) != part.config.get("shard"):
+                raise ValueError(
+                    f"parts.{name}.config: shard {group.index(name)} of {len(group)} must carry "
+                    f"shard: {group.index(name)} and shards: {len(group)}; write `shards: k` on the "
+                    f"part {part.shard_of!r} instead"
+                )
+        return self
+
+    def shard_groups(self) -> dict[str, list[str]]:
+        """Each part split into shards -> its shard parts, in shard order."""
+        groups: dict[str, list[str]] = {}
+        for name, part in self.parts.items():
+            if part.shard_of is not None:
+                groups.setdefault(part.shard_of, []).append(name)
+        return {group: sorted(members, key=lambda m: (len(m), m)) for group, members in groups.items()}
 
     @model_validator(mode="after")
     def _check_dag(self) -> ModelSpec:

@@ -41,6 +41,7 @@ from ipnext.serving.layout import (
     metrics_actor_name,
 )
 from ipnext.serving.metrics import MetricsStore, SetCounters
+from ipnext.sharding import gather_shards
 from ipnext.snapshots import load_weights, resolve_in_roots, sha256_file
 
 __all__ = ["PartHost", "Router", "SetInfo", "all_finite", "pick_apps", "pick_set", "router_app", "set_app"]
@@ -168,6 +169,7 @@ class SetInfo:
             "order": self._args.order,
             "deployments": deployments,
             "choices": {name: choice.model_dump(mode="json") for name, choice in self._args.choices.items()},
+            "shard_groups": self._args.shard_groups,
         }
 
     async def __call__(self, request: Request) -> dict[str, Any]:
@@ -181,6 +183,7 @@ class _SetRoute:
         self.app = app
         self.set_id: str = info["set_id"]
         self.variants = variants
+        self.shard_groups: dict[str, list[str]] = info.get("shard_groups", {})
         self.deployments: dict[str, tuple[list[DeploymentHandle], list[float]]] = {}
         for part, capacity in info["deployments"].items():
             names = sorted(capacity)
@@ -305,7 +308,7 @@ class Router:
                 raise ValueError(f"streaming needs one part feeding the output, the DAG has {finals}")
             final = finals[0]
             results = await self._run_parts(dag, part_routes, inputs, attempt, skip=final)
-            upstream = self._upstream_values(plan, final, results, inputs)
+            upstream = self._upstream_values(plan, final, results, inputs, dag.shard_groups)
             handle = part_routes.get(final, dag).handle(final, self._rng)
             pieces = handle.options(stream=True).stream.remote(upstream)
             async for reply in pieces:
@@ -395,8 +398,11 @@ class Router:
             results = await self._run_parts(route, part_routes, inputs, attempt)
         finally:
             route.variants.finish(attempt.chosen, attempt.stamps, attempt.failed_part, time.monotonic())
-        finals = route.variants.plan(attempt.chosen).upstream.get(DAG_OUTPUT, [])
-        outputs = results[finals[0]] if len(finals) == 1 else {u: results[u] for u in finals}
+        finals = _join_shards(
+            {u: results[u] for u in route.variants.plan(attempt.chosen).upstream.get(DAG_OUTPUT, [])},
+            route.shard_groups,
+        )
+        outputs = next(iter(finals.values())) if len(finals) == 1 else finals
         return _jsonable(outputs)
 
     async def _run_parts(
@@ -415,7 +421,7 @@ class Router:
         async def run(part: str) -> Any:
             ups = [u for u in plan.upstream.get(part, []) if u != DAG_INPUT]
             values = dict(zip(ups, await asyncio.gather(*(tasks[u] for u in ups)), strict=True))
-            upstream = self._upstream_values(plan, part, values, inputs)
+            upstream = self._upstream_values(plan, part, values, inputs, route.shard_groups)
             try:
                 reply = await part_routes.get(part, route).handle(part, self._rng).remote(upstream)
             except Exception as err:
@@ -433,11 +439,16 @@ class Router:
 
     @staticmethod
     def _upstream_values(
-        plan: RequestPlan, part: str, results: dict[str, Any], inputs: Any
+        plan: RequestPlan,
+        part: str,
+        results: dict[str, Any],
+        inputs: Any,
+        shard_groups: dict[str, list[str]] | None = None,
     ) -> dict[str, Any]:
-        """A part's `inputs`: each upstream node's output, the request under "input"."""
+        """A part's `inputs`: each upstream node's output, the request under "input", and the
+        answers of a sharded part's shards gathered under the part's own name."""
         ups = plan.upstream.get(part, [])
-        values = {u: results[u] for u in ups if u != DAG_INPUT}
+        values = _join_shards({u: results[u] for u in ups if u != DAG_INPUT}, shard_groups or {})
         if DAG_INPUT in ups:
             values[DAG_INPUT] = inputs
         return values
@@ -586,6 +597,17 @@ def pick_apps(
         return None
     counted = part_apps.get(config.gated_part, base) if config.gated_part else base
     return counted, base, part_apps
+
+
+def _join_shards(values: dict[str, Any], shard_groups: dict[str, list[str]]) -> dict[str, Any]:
+    """`values` with the answers of each sharded part's shards gathered under the part's name."""
+    for group, members in shard_groups.items():
+        present = [m for m in members if m in values]
+        if present and len(present) != len(members):
+            raise RuntimeError(f"{group}: only the shards {present} of {members} answered")
+        if present:
+            values[group] = gather_shards([values.pop(m) for m in members])
+    return values
 
 
 def _cause(err: BaseException) -> str:

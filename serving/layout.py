@@ -82,6 +82,7 @@ class SetAppArgs(_Frozen):
     hardware: dict[str, list[str]]  # part -> hardware classes with a deployment here
     # The DAG's choice nodes: they travel with the set, so routing follows the set a request runs on.
     choices: dict[str, ChoiceSpec] = Field(default_factory=dict)
+    shard_groups: dict[str, list[str]] = Field(default_factory=dict)  # part -> its shard parts
 
 
 class RouterAppArgs(_Frozen):
@@ -143,6 +144,7 @@ def set_app_plan(
         },
         hardware={part: sorted(by_hw) for part, by_hw in replicas.items()},
         choices=dict(spec.choices),
+        shard_groups=spec.shard_groups(),
     )
     return SetAppPlan(
         name=name,
@@ -199,9 +201,15 @@ def render_set_app(app: SetAppPlan, replica_num_cpus: float) -> dict[str, Any]:
         "route_prefix": None,
         "import_path": "ipnext.serving.apps:set_app",
         # A model without choice nodes renders as it did before they existed.
-        "args": app.args.model_dump(mode="json", exclude=None if app.args.choices else {"choices"}),
+        "args": app.args.model_dump(mode="json", exclude=_empty(app.args, "choices", "shard_groups")),
         "deployments": deployments,
     }
+
+
+def _empty(args: SetAppArgs, *fields: str) -> set[str] | None:
+    """Fields left out of the rendered args when empty, so models that do not use them render
+    the same config as before they existed (no restart of their set apps)."""
+    return {f for f in fields if not getattr(args, f)} or None
 
 
 def render_router_app(model: str, region: str, config: RouterConfig) -> dict[str, Any]:

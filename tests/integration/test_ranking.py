@@ -1,5 +1,6 @@
 """The request-oriented ranker on the real stack: published, served, its dense part batched by
-Serve across concurrent requests, and every answer equal to the model's own scores."""
+Serve across concurrent requests, and every answer equal to the model's own scores, with its
+tables whole or split into hashed shards that the router gathers."""
 
 from __future__ import annotations
 
@@ -25,21 +26,27 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 REPO = Path(__file__).resolve().parents[2]
 
 
-def ranking_spec(name: str) -> ModelSpec:
-    data = load_model_spec(REPO / "examples" / "ranking" / "model.yaml").model_dump(mode="json")
+def ranking_spec(name: str, file: str) -> ModelSpec:
+    data = load_model_spec(REPO / "examples" / "ranking" / file).model_dump(mode="json")
     data.update(name=name, traffic={"peak_qps": {"us-east": 40}})
     return ModelSpec.model_validate(data)
 
 
+@pytest.mark.parametrize("shards", [1, 3])
 async def test_ranking_serves_batched_request_oriented_scores(
-    stack: Settings, client: Client, model_name: str
+    stack: Settings, client: Client, model_name: str, shards: int
 ) -> None:
-    spec = ranking_spec(model_name)
+    spec = ranking_spec(model_name, "model.yaml" if shards == 1 else "model-sharded.yaml")
     assert spec.parts["dense"].batching is not None
+    tables = ["embed"] if shards == 1 else [f"embed-shard{i}" for i in range(shards)]
+    assert sorted(p for p in spec.parts if p != "dense") == tables
     await client.publish_model(spec)
-    report = train(stack.snapshot_roots[0], model_name, "v1", steps=20)
+    report = train(stack.snapshot_roots[0], model_name, "v1", steps=20, shards=shards)
     published = await client.publish_snapshot(model_name, report.folder)
-    await client.wait_until_serving(model_name, published.set_id, timeout_s=240)
+    state = await client.wait_until_serving(model_name, published.set_id, timeout_s=240)
+    assert state.plan is not None  # each shard is a planner deployment of its own
+    mine = sorted(d for d in state.plan.deployments if d.startswith(f"{model_name}/"))
+    assert mine == sorted(f"{model_name}/{p}" for p in [*tables, "dense"])
     world = World(RankingConfig.from_config(dict(SMALL_CONFIG)))
     rng = random.Random(4)
     requests = [world.request(rng, n) for n in [1, 2, 300, *(rng.randint(1, 200) for _ in range(21))]]
@@ -62,7 +69,7 @@ async def test_ranking_serves_batched_request_oriented_scores(
             assert reply.status_code == 200, reply.text
             envelope = reply.json()
             assert envelope["set"] == published.set_id
-            assert envelope["parts"] == {"embed": f"{model_name}/embed@v1", "dense": f"{model_name}/dense@v1"}
+            assert envelope["parts"] == {p: f"{model_name}/{p}@v1" for p in [*tables, "dense"]}
             assert envelope["outputs"] == pytest.approx(expected(request), abs=2e-6)
         bad = dict(requests[0], candidates=[10**9])
         refused = await http.post(path, json={"inputs": bad})
