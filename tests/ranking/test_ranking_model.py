@@ -229,3 +229,17 @@ def test_parts_refuse_weights_that_do_not_fit(trained_sharded: TrainReport) -> N
 
 def test_training_learns_the_world(trained_whole: TrainReport) -> None:
     assert trained_whole.logloss < trained_whole.base_logloss - 0.02
+
+
+def test_a_batch_runs_one_user_tower_over_its_requests(trained_whole: TrainReport) -> None:
+    """Serve batching keeps the user side once per request: one tower call with a row per request."""
+    tables, ranker = build_parts(trained_whole, 1)
+    calls: list[int] = []
+    ranker._model.block.register_forward_hook(lambda _m, args, _out: calls.append(args[0].shape[0]))
+    world = World(RankingConfig.from_config(config()))
+    rng = random.Random(12)
+    requests = [world.request(rng, n) for n in (5, 300, 40, 1)]
+    batch = [{"input": r, "embed": asyncio.run(lookups(tables, r))} for r in requests]
+    results = asyncio.run(ranker.batch(batch))
+    assert calls == [len(requests)]
+    assert [len(r) for r in results if isinstance(r, list)] == [5, 300, 40, 1]
