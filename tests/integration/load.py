@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +19,8 @@ class Answer:
     set: str | None
     parts: dict[str, str]
     error: str = ""
+    variant: str | None = None
+    user: int = -1
 
 
 @dataclass
@@ -27,6 +30,8 @@ class Load:
     workers: int = 4
     # user ids cycle through these; the bad snapshot of the tests fails on even users
     users: list[int] = field(default_factory=lambda: list(range(40)))
+    # a request's inputs for a user (default: the demo ranker's three items)
+    inputs: Callable[[int], dict[str, Any]] = lambda user: {"user": user, "items": [1, 2, 3]}
     answers: list[Answer] = field(default_factory=list)
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
@@ -55,7 +60,7 @@ class Load:
                 n += self.workers
                 at = self.elapsed()
                 try:
-                    reply = await http.post(self.path, json={"inputs": {"user": user, "items": [1, 2, 3]}})
+                    reply = await http.post(self.path, json={"inputs": self.inputs(user)})
                     body: dict[str, Any] = reply.json()
                     self.answers.append(
                         Answer(
@@ -64,6 +69,8 @@ class Load:
                             body.get("set"),
                             body.get("parts") or {},
                             body.get("error", ""),
+                            body.get("variant"),
+                            user,
                         )
                     )
                 except (httpx.HTTPError, ValueError) as err:

@@ -23,6 +23,7 @@ from ipnext.serving.control import connect
 from ipnext.serving.layout import metrics_actor_name
 
 from .conftest import REPO
+from .load import Load
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -162,9 +163,40 @@ async def test_requests_land_on_their_variant_and_fall_back_without_failing(
         print(f"failure drill: router state {state}")
 
     # Nothing counted as a failed request: the gates see a healthy set.
+    await until_counted(stack, app, len(contexts) + 2 + 1 + len(answers) + 1 + 3 + 1 + 1)
+
+    # 5. Variants roll out with their set: v2 of both variants moves in under mixed load (odd
+    # users premium, even users free); every answer runs one set's parts end to end, on the
+    # variant its context declares. No request fails.
+    v2 = train(
+        stack.snapshot_roots[0], model_name, "v2", seed=2, steps=40, dense_parts={"small": 16, "large": 64}
+    )
+
+    def mixed(user: int) -> dict[str, Any]:
+        return body(segment="premium" if user % 2 else "free", user=user)["inputs"]
+
+    async with Load(stack.serve_url, f"{path}/predict", inputs=mixed) as load:
+        second = await client.publish_snapshot(model_name, v2.folder)
+        await client.wait_until_serving(model_name, second.set_id, timeout_s=240)
+    by_set = Counter((a.set, a.variant) for a in load.answers)
+    print(
+        f"rollout of {second.set_id} under mixed load: {len(load.answers)} requests, by (set, variant) {by_set}"
+    )
+    assert load.failed() == [], load.failed()[:3]
+    for answer in load.answers:
+        version = "v1" if answer.set == published.set_id else "v2"
+        assert answer.set in (published.set_id, second.set_id)
+        assert answer.variant == ("large" if answer.user % 2 else "small"), answer
+        assert answer.parts == {p: f"{model_name}/{p}@{version}" for p in ("embed", answer.variant)}
+    assert {s for s, _ in by_set} == {published.set_id, second.set_id}
+    assert load.answers[-1].set == second.set_id
+    await client.delete_model(model_name, who="test")
+
+
+async def until_counted(stack: Settings, app: str, served: int) -> None:
+    """Wait until the metrics actor counted `served` requests of `app`; none of them an error."""
     connect(stack.ray_address())
-    metrics = ray.get_actor(metrics_actor_name(model_name, "us-east"), namespace="ipnext")
-    served = len(contexts) + 2 + 1 + len(answers) + 1 + 3 + 1 + 1
+    metrics = ray.get_actor(metrics_actor_name(app.split(".")[0], "us-east"), namespace="ipnext")
     deadline = time.monotonic() + 15
     while True:
         counted = ray.get(metrics.snapshot.remote())["sets"].get(app, {})
@@ -173,4 +205,3 @@ async def test_requests_land_on_their_variant_and_fall_back_without_failing(
         assert time.monotonic() < deadline, f"not every request was counted: {counted}, {served} served"
         await asyncio.sleep(0.5)
     assert counted["errors"] == 0
-    await client.delete_model(model_name, who="test")
