@@ -152,19 +152,7 @@ class TablePart:
         self._shard = int(config.get("shard", 0))
         if not 0 <= self._shard < self._shards:
             raise SnapshotError(f"table part: shard {self._shard} is not one of 0..{self._shards - 1}")
-        expected = self.expected_tensors()
-        for name, (shape, dtype) in expected.items():
-            got = weights.get(name)
-            if got is None:
-                raise SnapshotError(f"table part: tensor {name!r} is missing from the snapshot")
-            if str(got.dtype).removeprefix("torch.") != dtype or tuple(got.shape) != shape:
-                raise SnapshotError(
-                    f"table part: tensor {name!r} is {str(got.dtype).removeprefix('torch.')}{list(got.shape)}, "
-                    f"the part expects {dtype}{list(shape)}"
-                )
-        extra = sorted(set(weights) - set(expected))
-        if extra:
-            raise SnapshotError(f"table part: unexpected tensors {extra}")
+        _check_weights("table part", weights, self.expected_tensors())
         self._user_ids, self._user_rows = weights["user_ids"], weights["user_rows"]
         self._item_ids, self._item_rows = (
             weights["item_ids"],
@@ -229,20 +217,7 @@ class RankerPart:
     def __init__(self, weights: dict[str, torch.Tensor], config: dict[str, Any]) -> None:
         self._config = RankingConfig.from_config(config)
         self._model = RankingModel(self._config, tables=False)
-        expected = self._model.state_dict()
-        missing = sorted(set(expected) - set(weights))
-        if missing:
-            raise SnapshotError(f"ranker: tensors {missing[:5]} are missing from the snapshot")
-        for name, tensor in expected.items():
-            got = weights[name]
-            if tuple(got.shape) != tuple(tensor.shape) or got.dtype != tensor.dtype:
-                raise SnapshotError(
-                    f"ranker: tensor {name!r} is {str(got.dtype).removeprefix('torch.')}{list(got.shape)}, "
-                    f"the part expects {str(tensor.dtype).removeprefix('torch.')}{list(tensor.shape)}"
-                )
-        extra = sorted(set(weights) - set(expected))
-        if extra:
-            raise SnapshotError(f"ranker: unexpected tensors {extra[:5]}")
+        _check_weights("ranker", weights, self.expected_tensors())
         self._model.load_state_dict(weights)
         self._model.eval()
 
@@ -313,6 +288,25 @@ class PairRankerPart(RankerPart):
                 )
             results.append([round(p, 6) for p in scores.tolist()])
         return results
+
+
+def _check_weights(
+    part: str, weights: dict[str, torch.Tensor], expected: dict[str, tuple[tuple[int, ...], str]]
+) -> None:
+    """Every expected tensor present with its shape and dtype, and nothing else; the error names
+    the first tensor that does not fit."""
+    for name, (shape, dtype) in expected.items():
+        got = weights.get(name)
+        if got is None:
+            raise SnapshotError(f"{part}: tensor {name!r} is missing from the snapshot")
+        got_dtype = str(got.dtype).removeprefix("torch.")
+        if got_dtype != dtype or tuple(got.shape) != shape:
+            raise SnapshotError(
+                f"{part}: tensor {name!r} is {got_dtype}{list(got.shape)}, the part expects {dtype}{list(shape)}"
+            )
+    extra = sorted(set(weights) - set(expected))
+    if extra:
+        raise SnapshotError(f"{part}: unexpected tensors {extra[:5]}")
 
 
 def _index(lookups: dict[str, torch.Tensor]) -> tuple[dict[int, torch.Tensor], Any]:
