@@ -203,6 +203,7 @@ class _Attempt:
     chosen: dict[str, str]
     stamps: dict[str, str] = field(default_factory=dict)
     failed_part: str | None = None
+    retried: bool = False  # this is the retry on a fallback after the first attempt failed
 
 
 @serve.deployment(ray_actor_options={"num_cpus": 0})
@@ -368,8 +369,14 @@ class Router:
             self._prometheus.record(self._model, self._region, app, None)
             return {"error": "the model's outputs are not finite (NaN or inf)", "set": route.set_id}, 500
         counters.requests += 1
-        counters.observe("latency_ms", elapsed_ms)
-        self._prometheus.record(self._model, self._region, app, elapsed_ms)
+        if attempt.retried:
+            # The fallback saved the caller, but a part of the set failed this request: the
+            # gates must see it, or a bad snapshot of a variant would roll out unnoticed.
+            counters.errors += 1
+            self._prometheus.record(self._model, self._region, app, None)
+        else:
+            counters.observe("latency_ms", elapsed_ms)
+            self._prometheus.record(self._model, self._region, app, elapsed_ms)
         envelope = {"outputs": outputs, "set": route.set_id, "parts": attempt.stamps}
         return {**envelope, "variant": variant_label(attempt.chosen)}, 200
 
@@ -388,7 +395,7 @@ class Router:
             retry = route.variants.retry_on_fallback(attempt.chosen, attempt.failed_part)
             if retry is None:
                 raise
-        attempt = _Attempt(retry)
+        attempt = _Attempt(retry, retried=True)
         return await self._run_attempt(route, part_routes, inputs, attempt), attempt
 
     async def _run_attempt(

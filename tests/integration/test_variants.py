@@ -162,8 +162,9 @@ async def test_requests_land_on_their_variant_and_fall_back_without_failing(
         assert (await predict(body()))["variant"] == "large"
         print(f"failure drill: router state {state}")
 
-    # Nothing counted as a failed request: the gates see a healthy set.
-    await until_counted(stack, app, len(contexts) + 2 + 1 + len(answers) + 1 + 3 + 1 + 1)
+    # No caller saw a failure, but the set's counters hold the 3 requests a part of it failed
+    # (retried on small): the gates judge the set's model, not what the fallback saved.
+    await until_counted(stack, app, len(contexts) + 2 + 1 + len(answers) + 1 + 3 + 1 + 1, errors=3)
 
     # 5. Variants roll out with their set: v2 of both variants moves in under mixed load (odd
     # users premium, even users free); every answer runs one set's parts end to end, on the
@@ -193,8 +194,8 @@ async def test_requests_land_on_their_variant_and_fall_back_without_failing(
     await client.delete_model(model_name, who="test")
 
 
-async def until_counted(stack: Settings, app: str, served: int) -> None:
-    """Wait until the metrics actor counted `served` requests of `app`; none of them an error."""
+async def until_counted(stack: Settings, app: str, served: int, errors: int) -> None:
+    """Wait until the metrics actor counted `served` requests of `app`, `errors` of them errors."""
     connect(stack.ray_address())
     metrics = ray.get_actor(metrics_actor_name(app.split(".")[0], "us-east"), namespace="ipnext")
     deadline = time.monotonic() + 15
@@ -204,4 +205,4 @@ async def until_counted(stack: Settings, app: str, served: int) -> None:
             break
         assert time.monotonic() < deadline, f"not every request was counted: {counted}, {served} served"
         await asyncio.sleep(0.5)
-    assert counted["errors"] == 0
+    assert counted["errors"] == errors, counted
