@@ -195,6 +195,10 @@ class _SetRoute:
         return handles[0] if len(handles) == 1 else rng.choices(handles, weights)[0]
 
 
+class NonFiniteOutputsError(ValueError):
+    """The parts answered NaN or infinity: a failed request, which the gates must see."""
+
+
 @dataclass
 class _Attempt:
     """One run of a request's DAG: the variant at each choice node, the snapshot id of each part
@@ -357,17 +361,13 @@ class Router:
             outputs, attempt = await self._run_dag(self._routes[base], part_routes, inputs)
         except PartInputError as err:  # the caller's mistake: 400, not counted against the set
             return {"error": _cause(err), "set": route.set_id}, 400
-        except Exception as err:  # a part failed: count it and answer 500 with the reason
+        except Exception as err:  # a part failed (a NaN score too): count it, answer 500 with the reason
             counters.requests += 1
             counters.errors += 1
             self._prometheus.record(self._model, self._region, app, None)
-            return {"error": f"{type(err).__name__}: {err}", "set": route.set_id}, 500
+            reason = str(err) if isinstance(err, NonFiniteOutputsError) else f"{type(err).__name__}: {err}"
+            return {"error": reason, "set": route.set_id}, 500
         elapsed_ms = (time.perf_counter() - started) * 1000
-        if not all_finite(outputs):  # a NaN score is a failed request, and the gates must see it
-            counters.requests += 1
-            counters.errors += 1
-            self._prometheus.record(self._model, self._region, app, None)
-            return {"error": "the model's outputs are not finite (NaN or inf)", "set": route.set_id}, 500
         counters.requests += 1
         if attempt.retried:
             # The fallback saved the caller, but a part of the set failed this request: the
@@ -403,14 +403,15 @@ class Router:
     ) -> Any:
         try:
             results = await self._run_parts(route, part_routes, inputs, attempt)
+            feeding = route.variants.plan(attempt.chosen).upstream.get(DAG_OUTPUT, [])
+            finals = _join_shards({u: results[u] for u in feeding}, route.shard_groups)
+            outputs = _jsonable(next(iter(finals.values())) if len(finals) == 1 else finals)
+            if not all_finite(outputs):  # a failure of the parts that answered: a variant falls back
+                attempt.failed_part = feeding[0]
+                raise NonFiniteOutputsError("the model's outputs are not finite (NaN or inf)")
         finally:
             route.variants.finish(attempt.chosen, attempt.stamps, attempt.failed_part, time.monotonic())
-        finals = _join_shards(
-            {u: results[u] for u in route.variants.plan(attempt.chosen).upstream.get(DAG_OUTPUT, [])},
-            route.shard_groups,
-        )
-        outputs = next(iter(finals.values())) if len(finals) == 1 else finals
-        return _jsonable(outputs)
+        return outputs
 
     async def _run_parts(
         self,

@@ -14,6 +14,8 @@ from typing import Any
 import httpx
 import pytest
 import ray
+import torch
+from safetensors.torch import load_file
 
 from ipnext.config import Settings
 from ipnext.examples.ranker.train import train
@@ -21,6 +23,7 @@ from ipnext.model import ModelSpec, load_model_spec
 from ipnext.sdk import Client
 from ipnext.serving.control import connect
 from ipnext.serving.layout import metrics_actor_name
+from ipnext.snapshots import write_snapshot
 
 from .conftest import REPO
 from .load import Load
@@ -191,6 +194,30 @@ async def test_requests_land_on_their_variant_and_fall_back_without_failing(
         assert answer.parts == {p: f"{model_name}/{p}@{version}" for p in ("embed", answer.variant)}
     assert {s for s, _ in by_set} == {published.set_id, second.set_id}
     assert load.answers[-1].set == second.set_id
+
+    # 6. A bad snapshot of the large variant: v3's large MLP answers NaN. Callers still get
+    # answers (retried on small), but the failures count against v3 and its gates roll it back.
+    weights = {
+        part: load_file(str(v2.folder / f"{part}.safetensors")) for part in ("embed", "small", "large")
+    }
+    weights["large"] = {name: torch.full_like(t, float("nan")) for name, t in weights["large"].items()}
+    bad = stack.snapshot_roots[0] / model_name / "v3-bad"
+    write_snapshot(bad, model_name, "v3-bad", weights)
+    async with Load(stack.serve_url, f"{path}/predict", inputs=mixed) as load:
+        third = await client.publish_snapshot(model_name, bad)
+        deadline = time.monotonic() + 180
+        while True:
+            state = await client.get_model(model_name)
+            if state.sets[-1].status == "rolled_back" and state.state == "serving":
+                break
+            assert time.monotonic() < deadline, state
+            await asyncio.sleep(0.2)
+    on_bad = Counter(a.variant for a in load.answers if a.set == third.set_id)
+    print(f"rollback of {third.set_id}: {len(load.answers)} requests, answered on it by variant {on_bad}")
+    assert load.failed() == [], load.failed()[:3]
+    assert state.serving_set == second.set_id
+    assert state.rollout is not None and "error_rate" in state.rollout.detail, state.rollout
+    assert on_bad and set(on_bad) == {"small"}  # premium requests fell back from the NaN large
     await client.delete_model(model_name, who="test")
 
 
