@@ -3,8 +3,10 @@ the ipnext worker, on ports and in a state folder of its own, so a running demo 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import tempfile
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -16,6 +18,7 @@ from ipnext.config import Settings, load_settings
 from ipnext.devstack import DevStack, scratch_config, stack_processes
 from ipnext.examples.ranker.train import train
 from ipnext.model import ModelSpec, load_model_spec
+from ipnext.registry import ModelState
 from ipnext.sdk import Client
 from ipnext.snapshots import Manifest
 
@@ -67,3 +70,14 @@ def one_region_spec(name: str, **updates: object) -> ModelSpec:
 def train_version(settings: Settings, model: str, version: str, seed: int = 1) -> tuple[Path, Manifest]:
     report = train(settings.snapshot_roots[0], model, version, seed=seed, steps=60)
     return report.folder, report.manifest
+
+
+async def until_rolled_back(client: Client, model: str, timeout_s: float = 180) -> ModelState:
+    """Poll the model until its newest set ended rolled back and the model serves again."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        state = await client.get_model(model)
+        if state.sets[-1].status == "rolled_back" and state.state == "serving":
+            return state
+        assert time.monotonic() < deadline, state
+        await asyncio.sleep(0.2)

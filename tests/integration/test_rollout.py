@@ -20,7 +20,7 @@ from ipnext.model import GateSpec
 from ipnext.rollout import RolloutState
 from ipnext.sdk import Client
 
-from .conftest import one_region_spec, train_version
+from .conftest import one_region_spec, train_version, until_rolled_back
 from .load import Load
 from .test_cli import ipnext
 from .test_lifecycle import serve_apps
@@ -38,13 +38,7 @@ async def test_bad_snapshot_is_rolled_back_by_the_gates(
     bad = poisoned_copy(stack.snapshot_roots[0], model_name, "v2-bad", good)
     async with Load(stack.serve_url, f"/us-east/models/{model_name}/predict") as load:
         published = await client.publish_snapshot(model_name, bad)
-        deadline = time.monotonic() + 180
-        while True:
-            state = await client.get_model(model_name)
-            if state.sets[-1].status == "rolled_back" and state.state == "serving":
-                break
-            assert time.monotonic() < deadline, state
-            await asyncio.sleep(0.2)
+        state = await until_rolled_back(client, model_name)
         rolled_back_at = load.elapsed()
         await asyncio.sleep(3.0)  # keep the load on: nothing may fail from here
     assert state.serving_set == first.set_id

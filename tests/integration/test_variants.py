@@ -25,7 +25,7 @@ from ipnext.serving.control import connect
 from ipnext.serving.layout import metrics_actor_name
 from ipnext.snapshots import write_snapshot
 
-from .conftest import REPO
+from .conftest import REPO, until_rolled_back
 from .load import Load
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -205,13 +205,7 @@ async def test_requests_land_on_their_variant_and_fall_back_without_failing(
     write_snapshot(bad, model_name, "v3-bad", weights)
     async with Load(stack.serve_url, f"{path}/predict", inputs=mixed) as load:
         third = await client.publish_snapshot(model_name, bad)
-        deadline = time.monotonic() + 180
-        while True:
-            state = await client.get_model(model_name)
-            if state.sets[-1].status == "rolled_back" and state.state == "serving":
-                break
-            assert time.monotonic() < deadline, state
-            await asyncio.sleep(0.2)
+        state = await until_rolled_back(client, model_name)
     on_bad = Counter(a.variant for a in load.answers if a.set == third.set_id)
     print(f"rollback of {third.set_id}: {len(load.answers)} requests, answered on it by variant {on_bad}")
     assert load.failed() == [], load.failed()[:3]

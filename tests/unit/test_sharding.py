@@ -10,7 +10,14 @@ import torch
 from pydantic import ValidationError
 
 from ipnext.fleet import Fleet
-from ipnext.model import ModelSpec, SnapshotRef, SnapshotSet, load_model_spec
+from ipnext.model import (
+    ModelSpec,
+    SnapshotRef,
+    SnapshotSet,
+    check_against_fleet,
+    check_factories,
+    load_model_spec,
+)
 from ipnext.plan import PlanningProblem, demand_from_model
 from ipnext.planner import solve
 from ipnext.serving.layout import render_set_app, set_app_plan
@@ -139,3 +146,11 @@ def test_a_model_without_shards_renders_no_shard_groups(dev_fleet: Fleet) -> Non
     )
     rendered = render_set_app(set_app_plan(spec, snapshot_set, plan, "us-east", ["/srv/s"]), 0)
     assert "shard_groups" not in rendered["args"] and "choices" not in rendered["args"]
+
+
+def test_the_ranking_examples_fit_the_dev_fleet(dev_fleet: Fleet) -> None:
+    for name in ("model.yaml", "model-sharded.yaml"):
+        spec = load_model_spec(REPO / "examples" / "ranking" / name)
+        check_against_fleet(spec, dev_fleet)
+        check_factories(spec)
+        assert spec.parts["dense"].batching is not None
