@@ -242,10 +242,11 @@ class ModelSpec(_Spec):
 
     @model_validator(mode="after")
     def _check_shards(self) -> ModelSpec:
+        groups = self.shard_groups()
         for name, part in self.parts.items():
             if part.shard_of is None:
                 continue
-            group = self.shard_groups()[part.shard_of]
+            group = groups[part.shard_of]
             if part.shard_of in self.parts or group != [
                 f"{part.shard_of}-shard{i}" for i in range(len(group))
             ]:

@@ -238,10 +238,7 @@ class RankingModel(nn.Module):
     ) -> UserState:
         """B users at once: (B, dim) id rows, (B, seq_len, item_width) history rows, (B, user_features)."""
         d = self.config.dim
-        events = self.block(history_rows[..., :d] + self.position)
-        vector = F.relu(
-            self.user_mlp(torch.cat([user_rows, events.mean(dim=1), self.user_dense(user_features)], dim=-1))
-        )
+        events, vector = self._encode_user(user_rows, history_rows, user_features)
         # The user's share of each expert's first layer: rows [0, dim) of its weight see the user vector.
         expert_bias = [
             vector @ w[:d] + b for w, b in zip(self.expert_in_weights, self.expert_in_bias, strict=True)
@@ -253,6 +250,16 @@ class RankingModel(nn.Module):
             gate=self.gate(vector).softmax(dim=-1),
             expert_bias=expert_bias,
         )
+
+    def _encode_user(
+        self, user_rows: torch.Tensor, history_rows: torch.Tensor, user_features: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The history through the transformer block (B, seq_len, dim) and the user vector (B, dim)."""
+        events = self.block(history_rows[..., : self.config.dim] + self.position)
+        vector = F.relu(
+            self.user_mlp(torch.cat([user_rows, events.mean(dim=1), self.user_dense(user_features)], dim=-1))
+        )
+        return events, vector
 
     def score_candidates(self, state: UserState, index: int, candidate_rows: torch.Tensor) -> torch.Tensor:
         """Scores (n,) of one user's (row `index` of `state`) candidates, given their (n, item_width)
@@ -340,10 +347,7 @@ class RankingModel(nn.Module):
     ) -> torch.Tensor:
         """m pairs, row i of each argument belonging to pair i: the whole model per pair."""
         d, h = self.config.dim, self.config.feature_hidden
-        events = self.block(history_rows[..., :d] + self.position)
-        user = F.relu(
-            self.user_mlp(torch.cat([user_rows, events.mean(dim=1), self.user_dense(user_features)], dim=-1))
-        )
+        events, user = self._encode_user(user_rows, history_rows, user_features)
         keys, values = self.target_key(events), self.target_value(events)
         gate = self.gate(user).softmax(dim=-1)
         item, category, features = candidate_rows.split([d, d, self.config.item_features], dim=-1)

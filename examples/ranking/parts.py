@@ -250,13 +250,11 @@ class RankerPart:
         with torch.inference_mode():
             users, histories, features, candidates = [], [], [], []
             for _, request, lookups in ready:
-                user_rows, item_index = _index(lookups)
-                if request.user not in user_rows:
-                    raise RuntimeError("ranker: the table parts returned no row for the user")
-                users.append(user_rows[request.user])
-                histories.append(item_index(request.history))
+                user, history, items = _rows(request, lookups)
+                users.append(user)
+                histories.append(history)
                 features.append(request.features)
-                candidates.append(item_index(request.candidates))
+                candidates.append(items)
             state = self._model.user_tower(torch.stack(users), torch.stack(histories), torch.stack(features))
             for row, (i, _, _) in enumerate(ready):
                 scores = self._model.score_candidates(state, row, candidates[row])
@@ -276,16 +274,9 @@ class PairRankerPart(RankerPart):
             except PartInputError as err:
                 results.append(err)
                 continue
-            user_rows, item_index = _index(inputs["embed"])
-            if request.user not in user_rows:
-                raise RuntimeError("ranker: the table parts returned no row for the user")
+            user, history, items = _rows(request, inputs["embed"])
             with torch.inference_mode():
-                scores = self._model.score_pairs_rows(
-                    user_rows[request.user],
-                    item_index(request.history),
-                    request.features,
-                    item_index(request.candidates),
-                )
+                scores = self._model.score_pairs_rows(user, history, request.features, items)
             results.append([round(p, 6) for p in scores.tolist()])
         return results
 
@@ -309,10 +300,12 @@ def _check_weights(
         raise SnapshotError(f"{part}: unexpected tensors {extra[:5]}")
 
 
-def _index(lookups: dict[str, torch.Tensor]) -> tuple[dict[int, torch.Tensor], Any]:
-    """The table parts' answer as (user id -> row, item ids -> rows); a missing id is a serving
-    fault (a shard did not answer for its ids), not the caller's."""
-    users = {int(u): row for u, row in zip(lookups["user_ids"].tolist(), lookups["user_rows"], strict=True)}
+def _rows(request: RankingRequest, lookups: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """The request's user row, history rows and candidate rows, from the table parts' answer. A
+    missing id is a serving fault (a shard did not answer for its ids), not the caller's."""
+    at_user = (lookups["user_ids"] == request.user).nonzero()
+    if at_user.numel() == 0:
+        raise RuntimeError("ranker: the table parts returned no row for the user")
     order = torch.argsort(lookups["item_ids"])
     ids, rows = lookups["item_ids"][order], lookups["item_rows"][order]
 
@@ -322,4 +315,4 @@ def _index(lookups: dict[str, torch.Tensor]) -> tuple[dict[int, torch.Tensor], A
             raise RuntimeError("ranker: the table parts returned no row for some item ids")
         return rows[at]
 
-    return users, item_rows
+    return lookups["user_rows"][at_user[0, 0]], item_rows(request.history), item_rows(request.candidates)
