@@ -25,7 +25,7 @@ from ipnext.serving.control import connect
 from ipnext.serving.layout import metrics_actor_name
 from ipnext.snapshots import write_snapshot
 
-from .conftest import REPO, until_rolled_back
+from .conftest import REPO, tolerant_latency_gate, until_rolled_back
 from .load import Load
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -43,7 +43,7 @@ def variants_spec(name: str) -> ModelSpec:
     data.update(name=name, traffic={"peak_qps": {"us-east": 50}})
     data["parts"]["large"]["config"].update(delay_ms=LARGE_DELAY_MS, max_items=LARGE_MAX_ITEMS)
     data["choices"]["ranker"]["breaker"] = {"failures": 3, "cooldown_seconds": COOLDOWN_S}
-    return ModelSpec.model_validate(data)
+    return ModelSpec.model_validate(tolerant_latency_gate(data))
 
 
 def body(
