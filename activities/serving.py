@@ -11,7 +11,7 @@ from temporalio import activity
 from ipnext.activities import _context
 from ipnext.activities.validate import as_application_error
 from ipnext.errors import ServingError
-from ipnext.model import ModelSpec, SnapshotSet
+from ipnext.model import DEFAULT_ROUTER_MAX_ONGOING, ModelSpec, SnapshotSet
 from ipnext.plan import Plan
 from ipnext.rollout import RouterConfig
 from ipnext.serving.layout import (
@@ -74,6 +74,7 @@ class RouteInput(_Frozen):
     # and the part whose app each request is counted against (see RouterConfig).
     parts: dict[str, dict[str, dict[str, float]]] = Field(default_factory=dict)
     gated_part: str | None = None
+    router_max_ongoing_requests: int = DEFAULT_ROUTER_MAX_ONGOING  # the spec's router.max_ongoing_requests
 
 
 class RouteResult(_Frozen):
@@ -138,16 +139,23 @@ def route_traffic(input: RouteInput) -> RouteResult:
         name = router_app_name(input.model, region)
         existing = _ray_get(writer.app.remote(name))
         old = RouterConfig.model_validate(existing["deployments"][0]["user_config"]) if existing else None
+        old_cap = existing["deployments"][0].get("max_ongoing_requests") if existing else None
         parts = input.parts.get(region, {})
         gated = input.gated_part if input.gated_part in parts else None
-        if old is not None and (old.weights, old.parts, old.gated_part) == (weights, parts, gated):
+        cap = input.router_max_ongoing_requests
+        if old is not None and (old.weights, old.parts, old.gated_part, old_cap) == (
+            weights,
+            parts,
+            gated,
+            cap,
+        ):
             generations[region] = old.generation
             continue
         config = RouterConfig(
             generation=(old.generation + 1) if old else 1, weights=weights, parts=parts, gated_part=gated
         )
         generations[region] = config.generation
-        upserts.append(render_router_app(input.model, region, config))
+        upserts.append(render_router_app(input.model, region, config, cap))
     if upserts:
         _ray_get(writer.apply.remote(upserts, []))
     names = [router_app_name(input.model, r) for r in sorted(input.weights)]

@@ -15,6 +15,12 @@
    each one table replica and one dense replica (one torch thread each, as every part host runs);
    open-loop requests at a fixed rate (--rate, --seconds, --serve-candidates) through the router
    over HTTP, latency from each request's scheduled send time (so queueing counts), p50/p99 per path.
+3. The router's bound on requests in flight (unless --no-serving), on the same stack: the
+   request-oriented model published twice more, once with the router's `max_ongoing_requests` at
+   Serve's default of 5 (the bound every router had before RouterSpec) and once at RouterSpec's
+   default of 100, each under a closed loop of --concurrency callers for --seconds: answered
+   requests per second, p50/p99, and the dense part's mean batch (calls / batches, from its
+   `describe()`); the ratio of the two throughputs.
 
 Prints each figure as it is measured and writes bench/results/ranking.json.
 """
@@ -152,7 +158,60 @@ async def open_loop(url: str, requests: list[dict[str, Any]], rate: float) -> di
     }
 
 
-async def measure_serving(rate: float, seconds: float, candidates: int) -> dict[str, Any]:
+async def closed_loop(
+    url: str, requests: list[dict[str, Any]], callers: int, seconds: float
+) -> dict[str, Any]:
+    """`callers` callers, each sending its next request when the last one answered, for `seconds`."""
+    import httpx
+
+    latencies: list[float] = []
+    failures: list[str] = []
+    async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=callers + 8)) as http:
+        start = time.perf_counter()
+        stop = start + seconds
+
+        async def caller(index: int) -> None:
+            i = index
+            while time.perf_counter() < stop:
+                body = requests[i % len(requests)]
+                i += callers
+                sent = time.perf_counter()
+                try:
+                    reply = await http.post(url, json={"inputs": body})
+                except httpx.HTTPError as err:
+                    failures.append(f"{type(err).__name__}: {err}")
+                    continue
+                if reply.status_code != 200 or len(reply.json()["outputs"]) != len(body["candidates"]):
+                    failures.append(f"{reply.status_code}: {reply.text[:200]}")
+                    continue
+                latencies.append(time.perf_counter() - sent)
+
+        await asyncio.gather(*(caller(i) for i in range(callers)))
+        elapsed = time.perf_counter() - start
+    latencies.sort()
+    pick = lambda q: round(latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000, 1)  # noqa: E731
+    return {
+        "callers": callers,
+        "seconds": round(elapsed, 2),
+        "answered": len(latencies),
+        "failed": len(failures),
+        "failures": failures[:5],
+        "per_s": round(len(latencies) / elapsed, 1),
+        "p50_ms": pick(0.50) if latencies else None,
+        "p99_ms": pick(0.99) if latencies else None,
+    }
+
+
+async def dense_batching(app: str) -> dict[str, int]:
+    """The dense part's batching counters in a set app (calls and batches so far)."""
+    from ray import serve
+
+    host = serve.get_deployment_handle("dense-cpu-std", app_name=app)
+    described = await asyncio.to_thread(lambda: host.describe.remote().result())
+    return {k: int(described["batching"][k]) for k in ("calls", "batches")}
+
+
+async def measure_serving(rate: float, seconds: float, candidates: int, concurrency: int) -> dict[str, Any]:
     from ipnext.config import load_settings
     from ipnext.devstack import DevStack, scratch_config
     from ipnext.examples.ranking.train import World, shard_parts, train
@@ -169,14 +228,12 @@ async def measure_serving(rate: float, seconds: float, candidates: int) -> dict[
         sizes: dict[str, Any] = {}  # RankingConfig's defaults: the issue's sizes
         base = load_model_spec(REPO / "examples" / "ranking" / "model.yaml").model_dump(mode="json")
         models = {"request": "bench-ranking", "naive": "bench-ranking-naive"}
+        bounds = {5: "bench-ranking-router5", 100: "bench-ranking-router100"}
         print(f"serving: training the snapshot ({sizes or 'default sizes'}) ...")
         report = train(root, models["request"], "v1", config=sizes, steps=40)
-        write_snapshot(
-            root / models["naive"] / "v1",
-            models["naive"],
-            "v1",
-            {**shard_parts(report.model, 1), "dense": report.model.dense_weights()},
-        )
+        weights = {**shard_parts(report.model, 1), "dense": report.model.dense_weights()}
+        for name in [models["naive"], *bounds.values()]:
+            write_snapshot(root / name / "v1", name, "v1", weights)
         world = World(RankingConfig.from_config(sizes))
         rng = random.Random(3)
         requests = [world.request(rng, candidates) for _ in range(int(rate * seconds))]
@@ -202,6 +259,41 @@ async def measure_serving(rate: float, seconds: float, candidates: int) -> dict[
                     f"candidates, p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms, failed {r['failed']}"
                 )
                 await ipn.delete_model(name)
+            from ipnext.serving.control import connect
+
+            connect(settings.ray_address())
+            results["router_bound"] = {"callers": concurrency, "seconds": seconds, "candidates": candidates}
+            for bound, name in bounds.items():
+                data = json.loads(json.dumps(base))
+                data.update(
+                    name=name, traffic={"peak_qps": {"us-east": 10}}, router={"max_ongoing_requests": bound}
+                )
+                for part in ("embed", "dense"):
+                    data["parts"][part]["config"] = sizes
+                await ipn.publish_model(ModelSpec.model_validate(data))
+                published = await ipn.publish_snapshot(name, root / name / "v1", who="bench")
+                print(
+                    f"router bound {bound}: {name} published as {published.set_id}, waiting until it serves ..."
+                )
+                await ipn.wait_until_serving(name, published.set_id, timeout_s=300)
+                url = f"{settings.serve_url}/us-east/models/{name}/predict"
+                await closed_loop(url, requests, concurrency, 3.0)  # warm-up
+                app = f"{name}.us-east.s1.r1"
+                before = await dense_batching(app)
+                r = await closed_loop(url, requests, concurrency, seconds)
+                after = await dense_batching(app)
+                calls, batches = (after[k] - before[k] for k in ("calls", "batches"))
+                r["dense_mean_batch"] = round(calls / batches, 2) if batches else None
+                results["router_bound"][str(bound)] = r
+                print(
+                    f"router bound {bound}: {r['answered']} answered in {r['seconds']} s by {concurrency} callers "
+                    f"({r['per_s']}/s), p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms, failed {r['failed']}, "
+                    f"dense mean batch {r['dense_mean_batch']}"
+                )
+                await ipn.delete_model(name)
+            low, high = (results["router_bound"][str(b)]["per_s"] for b in bounds)
+            results["router_bound"]["throughput_ratio"] = round(high / low, 2) if low else None
+            print(f"router bound: throughput at 100 / at 5 = {results['router_bound']['throughput_ratio']}x")
         return results
     finally:
         dev.down()
@@ -215,11 +307,14 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=2.0, help="serving: requests per second, both paths")
     parser.add_argument("--seconds", type=float, default=30.0, help="serving: how long the load runs")
     parser.add_argument("--serve-candidates", type=int, default=100, help="serving: candidates per request")
+    parser.add_argument("--concurrency", type=int, default=32, help="router bound: closed-loop callers")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "ranking.json")
     args = parser.parse_args()
     result: dict[str, Any] = {"model": measure_model(args.candidates, args.repeats)}
     if not args.no_serving:
-        result["serving"] = asyncio.run(measure_serving(args.rate, args.seconds, args.serve_candidates))
+        result["serving"] = asyncio.run(
+            measure_serving(args.rate, args.seconds, args.serve_candidates, args.concurrency)
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
     print(f"wrote {args.out}")

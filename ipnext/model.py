@@ -43,6 +43,7 @@ __all__ = [
 DAG_INPUT = "input"
 DAG_OUTPUT = "output"
 _RESERVED = {DAG_INPUT, DAG_OUTPUT}
+DEFAULT_ROUTER_MAX_ONGOING = 100
 
 Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
 # A dotted path through JSON objects, e.g. "user.segment".
@@ -130,6 +131,17 @@ class WatchSpec(_Spec):
     interval_seconds: float = Field(default=60, ge=1)
 
 
+class RouterSpec(_Spec):
+    """The model's router in each region: one Serve replica that parses a request, picks its set
+    and variant, and awaits the parts. It only awaits, so it takes many requests at once; the
+    parts hold their own bounds (`max_ongoing_requests` of 5, or twice a batching part's batch)."""
+
+    # Requests one router replica holds at once; more wait in Serve's HTTP proxy. Serve's default
+    # of 5 would cap the whole model in a region at 5 requests in flight, and so every batch of a
+    # batching part at 5 (bench/ranking.py measures both).
+    max_ongoing_requests: int = Field(default=DEFAULT_ROUTER_MAX_ONGOING, ge=1)
+
+
 class RoutingRule(_Spec):
     """One rule of a choice node: a request goes to `variant` when every condition given holds
     (bounds are inclusive; a condition on a value the request does not carry does not hold)."""
@@ -182,8 +194,8 @@ class ChoiceSpec(_Spec):
     picked is saturated (`max_in_flight` requests of one router replica already on it), its
     breaker is open, or it failed the request (retried once on the fallback).
 
-    A router replica holds at most Serve's `max_ongoing_requests` requests at once (5 by
-    default), so a `max_in_flight` at or above that never saturates."""
+    A router replica holds at most the model's `router.max_ongoing_requests` requests at once,
+    so `max_in_flight` must stay below it (validated): at or above it the variant never saturates."""
 
     variants: dict[Name, Annotated[list[Name], Field(min_length=1)]] = Field(min_length=2)
     fallback: Name
@@ -234,6 +246,7 @@ class ModelSpec(_Spec):
     availability: AvailabilitySpec = Field(default_factory=AvailabilitySpec)
     rollout: RolloutSpec = Field(default_factory=RolloutSpec)
     watch: WatchSpec = Field(default_factory=WatchSpec)
+    router: RouterSpec = Field(default_factory=RouterSpec)
 
     @model_validator(mode="before")
     @classmethod
@@ -332,6 +345,12 @@ class ModelSpec(_Spec):
                 raise ValueError(
                     f"choices.{name}: {name!r} is also a part; a choice node is not a part, "
                     "give it a name of its own"
+                )
+            if choice.max_in_flight >= self.router.max_ongoing_requests:
+                raise ValueError(
+                    f"choices.{name}.max_in_flight: {choice.max_in_flight} is not below "
+                    f"router.max_ongoing_requests ({self.router.max_ongoing_requests}), so the variants "
+                    "would never saturate; lower max_in_flight or raise router.max_ongoing_requests"
                 )
             for variant, parts in choice.variants.items():
                 for part in parts:

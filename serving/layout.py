@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ipnext.model import BatchingSpec, ChoiceSpec, ModelSpec, SnapshotSet
+from ipnext.model import DEFAULT_ROUTER_MAX_ONGOING, BatchingSpec, ChoiceSpec, ModelSpec, SnapshotSet
 from ipnext.plan import Plan
 from ipnext.rollout import RouterConfig, scaled_replicas
 
@@ -212,7 +212,9 @@ def _empty(args: SetAppArgs, *fields: str) -> set[str] | None:
     return {f for f in fields if not getattr(args, f)} or None
 
 
-def render_router_app(model: str, region: str, config: RouterConfig) -> dict[str, Any]:
+def render_router_app(
+    model: str, region: str, config: RouterConfig, max_ongoing_requests: int = DEFAULT_ROUTER_MAX_ONGOING
+) -> dict[str, Any]:
     return {
         "name": router_app_name(model, region),
         "route_prefix": f"/{region}/models/{model}",
@@ -222,6 +224,7 @@ def render_router_app(model: str, region: str, config: RouterConfig) -> dict[str
             {
                 "name": ROUTER_DEPLOYMENT,
                 "num_replicas": 1,
+                "max_ongoing_requests": max_ongoing_requests,  # see RouterSpec
                 "ray_actor_options": _actor_options(region, 0),
                 # parts and gated_part only when a part rolls on its own (sync: independent)
                 "user_config": config.model_dump(mode="json", exclude_defaults=True),

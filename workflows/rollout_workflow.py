@@ -546,7 +546,13 @@ class RolloutWorkflow:
     ) -> None:
         result = await workflow.execute_activity(
             route_traffic,
-            RouteInput(model=self._input.spec.name, weights=weights, parts=parts or {}, gated_part=gated),
+            RouteInput(
+                model=self._input.spec.name,
+                weights=weights,
+                parts=parts or {},
+                gated_part=gated,
+                router_max_ongoing_requests=self._input.spec.router.max_ongoing_requests,
+            ),
             start_to_close_timeout=DEPLOY_TIMEOUT,
             heartbeat_timeout=HEARTBEAT_TIMEOUT,
             retry_policy=RETRY,

@@ -174,6 +174,11 @@ def with_choice(**changes: Any) -> dict[str, Any]:
         ),
         ({"max_in_flight": 0}, "choices.ranker.max_in_flight: Input should be greater than or equal to 1"),
         (
+            {"max_in_flight": 100},
+            "choices.ranker.max_in_flight: 100 is not below router.max_ongoing_requests (100), so the "
+            "variants would never saturate; lower max_in_flight or raise router.max_ongoing_requests",
+        ),
+        (
             {"breaker": {"failures": 0}},
             "choices.ranker.breaker.failures: Input should be greater than or equal to 1",
         ),
@@ -182,6 +187,15 @@ def with_choice(**changes: Any) -> dict[str, Any]:
 )
 def test_a_bad_choice_is_rejected_naming_the_field(change: dict[str, Any], message: str) -> None:
     assert message in rejected(with_choice(**change))
+
+
+def test_a_higher_router_bound_allows_a_higher_max_in_flight() -> None:
+    data = with_choice(max_in_flight=100)
+    data["router"] = {"max_ongoing_requests": 101}
+    spec = parse(data)
+    assert (spec.choices["ranker"].max_in_flight, spec.router.max_ongoing_requests) == (100, 101)
+    data["router"] = {"max_ongoing_requests": 0}
+    assert "router.max_ongoing_requests: Input should be greater than or equal to 1" in rejected(data)
 
 
 def test_choice_name_must_be_a_name() -> None:

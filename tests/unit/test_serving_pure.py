@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from ray.serve.schema import ServeDeploySchema
 
 from ipnext.fleet import Fleet
-from ipnext.model import ModelSpec, SnapshotRef, SnapshotSet
+from ipnext.model import ModelSpec, RouterSpec, SnapshotRef, SnapshotSet
 from ipnext.plan import Plan, PlanningProblem, demand_from_model
 from ipnext.planner import solve
 from ipnext.rollout import RouterConfig
@@ -147,6 +147,8 @@ def test_render_router_app() -> None:
     [router] = rendered["deployments"]
     assert router["name"] == "router"
     assert router["num_replicas"] == 1
+    assert router["max_ongoing_requests"] == RouterSpec().max_ongoing_requests == 100  # not Serve's 5
+    assert render_router_app(MODEL, "us-east", config, 12)["deployments"][0]["max_ongoing_requests"] == 12
     assert router["user_config"] == {
         "generation": 5,
         "weights": {"feed-ranker.us-east.s7.r4": 25, "feed-ranker.us-east.s6.r4": 75},

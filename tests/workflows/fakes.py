@@ -71,6 +71,7 @@ class FakeServing:
         self.part_scales: list[tuple[str, dict[str, float]]] = []  # (set, part -> share) per deploy
         self.routes: list[dict[str, dict[str, float]]] = []
         self.part_routes: list[tuple[dict[str, dict[str, dict[str, float]]], str | None]] = []
+        self.router_caps: list[int] = []  # router_max_ongoing_requests of each route call
         # (app, gated part) pairs whose requests fail: a bad snapshot of one part of a set
         self.bad_parts: set[tuple[str, str]] = set()
         self.counted: dict[str, dict[str, float]] = {}  # region -> app -> percent counted
@@ -145,6 +146,7 @@ class FakeServing:
         self.generation += 1
         self.routes.append(input.weights)
         self.part_routes.append((input.parts, input.gated_part))
+        self.router_caps.append(input.router_max_ongoing_requests)
         self.weights.update(input.weights)
         self.gated = input.gated_part
         self.counted = {

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from temporalio.client import Client, WorkflowHandle
 
+from ipnext.model import RouterSpec
 from ipnext.registry import PublishResult, rollout_workflow_id
 from ipnext.rollout import FreezeOverride, FreezeWindow, RolloutState
 
@@ -86,6 +87,17 @@ async def test_healthy_rollout_walks_every_step_with_one_generation_each(tempora
         ("wf-model@2", 1, 1.0),
     ]
     assert fake.removed == ["app-1"] and state.sets[0].status == "retired"
+
+
+async def test_every_route_carries_the_specs_router_bound(temporal: Client) -> None:
+    fake = FakeServing()
+    spec = with_rollout(steps=[50, 100])
+    spec = spec.model_copy(update={"router": RouterSpec(max_ongoing_requests=33)})
+    worker, handle = await start(temporal, fake, spec)
+    async with worker:
+        await roll_out_v2(temporal, handle)
+        await until(handle, lambda s: s.serving_set == "wf-model@2")
+    assert len(fake.router_caps) == 3 and set(fake.router_caps) == {33}
 
 
 async def test_a_breached_gate_rolls_back_in_one_weight_change(temporal: Client) -> None:
