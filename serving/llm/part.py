@@ -18,6 +18,8 @@ pieces and a last one that also carries the finish reason and the token counts.
 
 from __future__ import annotations
 
+import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -32,7 +34,7 @@ from ipnext.serving.llm.service import LLMService, Prefilled, TextDelta
 from ipnext.serving.llm.text import TOKENIZER_TENSOR, TextCodec
 from ipnext.serving.metrics import SetCounters
 
-__all__ = ["LLMDecodePart", "LLMPart", "LLMPartConfig", "LLMPrefillPart", "LLMRequest"]
+__all__ = ["LLMDecodePart", "LLMPart", "LLMPartConfig", "LLMPrefillPart", "LLMRequest", "Pinned"]
 
 
 class LLMPartConfig(BaseModel):
@@ -40,6 +42,11 @@ class LLMPartConfig(BaseModel):
 
     model: DecoderConfig
     engine: EngineConfig = Field(default_factory=EngineConfig)
+    # Disaggregated serving: how long a prefill part keeps the keys and values it handed on in
+    # the object store. It owns them, and a reference nested in a Serve answer does not always
+    # keep them alive until the decode part fetches them (CI saw one freed in between), so the
+    # prefill part holds a reference of its own this long. The decode part must fetch within it.
+    handoff_seconds: float = Field(default=60, gt=0)
 
 
 class LLMRequest(BaseModel):
@@ -164,20 +171,51 @@ def _request(inputs: dict[str, Any]) -> LLMRequest:
         ) from None
 
 
+class Pinned:
+    """Object references held for `seconds` each, so their objects outlive the answers that
+    carry them; expired ones are dropped (oldest first) whenever another is kept."""
+
+    def __init__(self, seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.seconds = seconds
+        self._clock = clock
+        self._held: deque[tuple[float, Any]] = deque()
+
+    def keep(self, ref: Any) -> Any:
+        now = self._clock()
+        while self._held and self._held[0][0] <= now:
+            self._held.popleft()
+        self._held.append((now + self.seconds, ref))
+        return ref
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+
 class LLMPrefillPart(LLMPart):
     """Disaggregated serving, first part: prefills each prompt (batched with other prompts),
     samples its first token, and hands the prompt's keys and values on through the Ray object
-    store (in a Serve replica; the tensor itself elsewhere) to the decode part downstream."""
+    store (in a Serve replica; the tensor itself elsewhere) to the decode part downstream. It
+    holds each handed reference for `handoff_seconds`, so the object is there when decode asks."""
+
+    def __init__(self, weights: dict[str, torch.Tensor], config: dict[str, Any]) -> None:
+        super().__init__(weights, config)
+        self.handed = Pinned(self.config.handoff_seconds)
 
     async def __call__(self, inputs: dict[str, Any]) -> dict[str, Any]:
         request = self._checked(inputs)
         prefilled = await self.service.prefill(request.prompt, request.sampling())
+        kv = _to_object_store(prefilled.kv)
+        if not isinstance(kv, torch.Tensor):
+            self.handed.keep(kv)
         return {
             "request": request.model_dump(),
             "prompt_tokens": prefilled.prompt,
             "first_token": prefilled.first_token,
-            "kv": _to_object_store(prefilled.kv),
+            "kv": kv,
         }
+
+    def status(self) -> dict[str, Any]:
+        return {**super().status(), "handed_kv_held": len(self.handed)}
 
     async def stream(self, inputs: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         yield await self(inputs)
@@ -221,7 +259,13 @@ def _to_object_store(kv: torch.Tensor) -> Any:
 async def _from_object_store(kv: Any) -> torch.Tensor:
     import ray
 
-    tensor = await kv if isinstance(kv, ray.ObjectRef) else kv
+    try:
+        tensor = await kv if isinstance(kv, ray.ObjectRef) else kv
+    except ray.exceptions.ReferenceCountingAssertionError:
+        raise ValueError(
+            "inputs.kv: the prefill part's keys and values are gone from the object store; it holds "
+            "them for its config's handoff_seconds, so fetch them sooner or raise it"
+        ) from None
     if not isinstance(tensor, torch.Tensor):
         raise ValueError(
             f"inputs.kv: expected a tensor or an object reference to one, got {type(tensor).__name__}"

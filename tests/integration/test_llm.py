@@ -213,6 +213,9 @@ async def test_disaggregated_prefill_hands_kv_to_decode_through_the_object_store
         lambda: prefill.remote({"input": {"prompt": "ada is a red", "max_tokens": 8}}).result()
     )
     assert isinstance(handed["output"]["kv"], ObjectRef)
+    # ... and holds one itself, so the object outlives the answer until decode fetches it.
+    described = await asyncio.to_thread(lambda: prefill.describe.remote().result())
+    assert described["status"]["handed_kv_held"] >= 1  # one replica: 10 QPS planned at 20 per replica
     decode = serve.get_deployment_handle("decode-cpu-std", app_name=app)
     answer = await asyncio.to_thread(lambda: decode.remote({"prefill": handed["output"]}).result())
     assert answer["output"]["text"] == codec.decode(

@@ -5,12 +5,17 @@ part checks its snapshot and its requests."""
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 
 import pytest
+import torch
+from pydantic import ValidationError
 
+import ipnext.serving.llm.part as part_module
 from ipnext.errors import PartInputError
 from ipnext.serving.llm.engine import EngineConfig, LLMEngine, SamplingParams
-from ipnext.serving.llm.part import LLMDecodePart, LLMPart, LLMPrefillPart
+from ipnext.serving.llm.part import LLMDecodePart, LLMPart, LLMPrefillPart, Pinned
 from ipnext.serving.llm.service import LLMService
 from ipnext.snapshots import inspect_safetensors
 
@@ -143,3 +148,43 @@ async def test_the_disaggregated_pair_answers_like_the_single_part(lm: TrainedLM
         await decode({"input": {"prompt": "hi"}})
     for part in (single, prefill, decode):
         await part.service.close()
+
+
+def test_pinned_holds_each_reference_for_its_seconds() -> None:
+    class Ref:  # stands in for a ray.ObjectRef: what matters is that something holds it
+        pass
+
+    now = [0.0]
+    pinned = Pinned(60, clock=lambda: now[0])
+    first, second = Ref(), Ref()
+    watch = weakref.ref(first)
+    pinned.keep(first)
+    pinned.keep(second)
+    del first
+    gc.collect()
+    assert watch() is not None and len(pinned) == 2  # the only reference left is the pin
+    now[0] = 59.9
+    pinned.keep(Ref())
+    assert len(pinned) == 3 and watch() is not None
+    now[0] = 60.5  # the first two expired: dropped when the next is kept
+    pinned.keep(Ref())
+    gc.collect()
+    assert watch() is None and len(pinned) == 2
+
+
+async def test_the_prefill_part_holds_what_it_hands_on(
+    lm: TrainedLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = {"model": lm.config.model_dump(), "engine": {"kv_cache_bytes": 4 << 20, "block_size": 4}}
+    prefill = LLMPrefillPart(lm.weights, {**config, "handoff_seconds": 30})
+    assert prefill.handed.seconds == 30
+    handed = await prefill({"input": {"prompt": PROMPTS[0], "max_tokens": 2}})
+    assert isinstance(handed["kv"], torch.Tensor) and len(prefill.handed) == 0  # no Serve: no store
+    # In a Serve replica the keys and values become an object reference (the seam, replaced here).
+    monkeypatch.setattr(part_module, "_to_object_store", lambda kv: ("ref", kv.shape))
+    handed = await prefill({"input": {"prompt": PROMPTS[1], "max_tokens": 2}})
+    assert handed["kv"][0] == "ref" and len(prefill.handed) == 1
+    assert prefill.status()["handed_kv_held"] == 1
+    await prefill.service.close()
+    with pytest.raises(ValidationError, match="handoff_seconds"):
+        LLMPrefillPart(lm.weights, {**config, "handoff_seconds": 0})
