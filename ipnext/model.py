@@ -18,6 +18,7 @@ from ipnext.specio import load_yaml, parse_spec
 __all__ = [
     "DAG_INPUT",
     "DAG_OUTPUT",
+    "DEFAULT_ROUTER_MAX_ONGOING",
     "AvailabilitySpec",
     "BatchingSpec",
     "BreakerSpec",
@@ -28,6 +29,7 @@ __all__ = [
     "ModelSpec",
     "PartSpec",
     "RolloutSpec",
+    "RouterSpec",
     "RoutingRule",
     "SnapshotRef",
     "SnapshotSet",
@@ -138,7 +140,8 @@ class RouterSpec(_Spec):
 
     # Requests one router replica holds at once; more wait in Serve's HTTP proxy. Serve's default
     # of 5 would cap the whole model in a region at 5 requests in flight, and so every batch of a
-    # batching part at 5 (bench/ranking.py measures both).
+    # batching part at 5 (bench/ranking.py measures both). Not given, it is also kept above every
+    # choice's max_in_flight (ModelSpec._router_above_choices).
     max_ongoing_requests: int = Field(default=DEFAULT_ROUTER_MAX_ONGOING, ge=1)
 
 
@@ -252,6 +255,26 @@ class ModelSpec(_Spec):
     @classmethod
     def _split_shards(cls, data: Any) -> Any:
         return expand_shards(data)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _router_above_choices(cls, data: Any) -> Any:
+        """A router bound not given is the default or, if a choice's max_in_flight is that high,
+        one more than it (specs stored before the bound existed stay valid)."""
+        if not isinstance(data, dict):
+            return data
+        router = data.get("router")
+        if isinstance(router, RouterSpec) or (isinstance(router, dict) and "max_ongoing_requests" in router):
+            return data
+        choices = data.get("choices")
+        bounds = [
+            c.get("max_in_flight") if isinstance(c, dict) else getattr(c, "max_in_flight", None)
+            for c in (choices.values() if isinstance(choices, dict) else [])
+        ]
+        highest = max((b for b in bounds if isinstance(b, int)), default=0)
+        if highest < DEFAULT_ROUTER_MAX_ONGOING:
+            return data
+        return {**data, "router": {**(router or {}), "max_ongoing_requests": highest + 1}}
 
     @model_validator(mode="after")
     def _check_shards(self) -> ModelSpec:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import torch
@@ -47,6 +47,8 @@ class LLMPartConfig(BaseModel):
     # keep them alive until the decode part fetches them (CI saw one freed in between), so the
     # prefill part holds a reference of its own this long. The decode part must fetch within it.
     handoff_seconds: float = Field(default=60, gt=0)
+    # ... and at most this many bytes of them at once: past it the oldest are let go first.
+    handoff_max_bytes: int = Field(default=512 << 20, gt=0)
 
 
 class LLMRequest(BaseModel):
@@ -173,21 +175,36 @@ def _request(inputs: dict[str, Any]) -> LLMRequest:
 
 class Pinned:
     """Object references held for `seconds` each, so their objects outlive the answers that
-    carry them; expired ones are dropped (oldest first) whenever another is kept."""
+    carry them, within `max_bytes` of objects held at once (past it the oldest go first).
+    Expired ones are dropped whenever another is kept or the count is read."""
 
-    def __init__(self, seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, seconds: float, max_bytes: int | None = None, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.seconds = seconds
+        self.max_bytes = max_bytes
         self._clock = clock
-        self._held: deque[tuple[float, Any]] = deque()
+        self._held: deque[tuple[float, int, Any]] = deque()  # (expires, bytes, reference)
+        self.bytes = 0
 
-    def keep(self, ref: Any) -> Any:
-        now = self._clock()
-        while self._held and self._held[0][0] <= now:
-            self._held.popleft()
-        self._held.append((now + self.seconds, ref))
+    def keep(self, ref: Any, nbytes: int = 0) -> Any:
+        self._drop_expired()
+        self._held.append((self._clock() + self.seconds, nbytes, ref))
+        self.bytes += nbytes
+        while self.max_bytes is not None and self.bytes > self.max_bytes and len(self._held) > 1:
+            self._pop()
         return ref
 
+    def _drop_expired(self) -> None:
+        now = self._clock()
+        while self._held and self._held[0][0] <= now:
+            self._pop()
+
+    def _pop(self) -> None:
+        self.bytes -= self._held.popleft()[1]
+
     def __len__(self) -> int:
+        self._drop_expired()
         return len(self._held)
 
 
@@ -199,14 +216,14 @@ class LLMPrefillPart(LLMPart):
 
     def __init__(self, weights: dict[str, torch.Tensor], config: dict[str, Any]) -> None:
         super().__init__(weights, config)
-        self.handed = Pinned(self.config.handoff_seconds)
+        self.handed = Pinned(self.config.handoff_seconds, self.config.handoff_max_bytes)
 
     async def __call__(self, inputs: dict[str, Any]) -> dict[str, Any]:
         request = self._checked(inputs)
         prefilled = await self.service.prefill(request.prompt, request.sampling())
         kv = _to_object_store(prefilled.kv)
         if not isinstance(kv, torch.Tensor):
-            self.handed.keep(kv)
+            self.handed.keep(kv, prefilled.kv.numel() * prefilled.kv.element_size())
         return {
             "request": request.model_dump(),
             "prompt_tokens": prefilled.prompt,
@@ -215,7 +232,7 @@ class LLMPrefillPart(LLMPart):
         }
 
     def status(self) -> dict[str, Any]:
-        return {**super().status(), "handed_kv_held": len(self.handed)}
+        return {**super().status(), "handed_kv_held": len(self.handed), "handed_kv_bytes": self.handed.bytes}
 
     async def stream(self, inputs: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         yield await self(inputs)
@@ -259,15 +276,23 @@ def _to_object_store(kv: torch.Tensor) -> Any:
 async def _from_object_store(kv: Any) -> torch.Tensor:
     import ray
 
-    try:
-        tensor = await kv if isinstance(kv, ray.ObjectRef) else kv
-    except ray.exceptions.ReferenceCountingAssertionError:
-        raise ValueError(
-            "inputs.kv: the prefill part's keys and values are gone from the object store; it holds "
-            "them for its config's handoff_seconds, so fetch them sooner or raise it"
-        ) from None
+    tensor = await _fetch(kv) if isinstance(kv, ray.ObjectRef) else kv
     if not isinstance(tensor, torch.Tensor):
         raise ValueError(
             f"inputs.kv: expected a tensor or an object reference to one, got {type(tensor).__name__}"
         )
     return tensor
+
+
+async def _fetch(ref: Awaitable[Any]) -> Any:
+    """The object behind a reference; an object that is gone is the request's error, named."""
+    import ray
+
+    try:
+        return await ref
+    except ray.exceptions.ObjectLostError as err:  # freed, its owner gone, or lost with its node
+        raise ValueError(
+            f"inputs.kv: the keys and values the prefill part handed on are gone from the object "
+            f"store ({type(err).__name__}): its replica stopped, or they were fetched later than its "
+            "config's handoff_seconds (or past handoff_max_bytes); fetch sooner or raise those"
+        ) from None

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import math
 import weakref
 
 import pytest
+import ray
 import torch
 from pydantic import ValidationError
 
@@ -170,6 +172,18 @@ def test_pinned_holds_each_reference_for_its_seconds() -> None:
     pinned.keep(Ref())
     gc.collect()
     assert watch() is None and len(pinned) == 2
+    now[0] = 200.0  # all expired: reading the count drops them too
+    assert len(pinned) == 0 and pinned.bytes == 0
+
+
+def test_pinned_lets_the_oldest_go_past_its_bytes() -> None:
+    pinned = Pinned(60, max_bytes=100, clock=lambda: 0.0)
+    refs = [object() for _ in range(4)]
+    for ref in refs[:3]:
+        pinned.keep(ref, 40)
+    assert len(pinned) == 2 and pinned.bytes == 80  # the first went when the third came
+    pinned.keep(refs[3], 500)  # one object over the bound is still held, alone
+    assert len(pinned) == 1 and pinned.bytes == 500
 
 
 async def test_the_prefill_part_holds_what_it_hands_on(
@@ -184,7 +198,31 @@ async def test_the_prefill_part_holds_what_it_hands_on(
     monkeypatch.setattr(part_module, "_to_object_store", lambda kv: ("ref", kv.shape))
     handed = await prefill({"input": {"prompt": PROMPTS[1], "max_tokens": 2}})
     assert handed["kv"][0] == "ref" and len(prefill.handed) == 1
-    assert prefill.status()["handed_kv_held"] == 1
+    status = prefill.status()
+    assert status["handed_kv_held"] == 1
+    assert status["handed_kv_bytes"] == 4 * math.prod(handed["kv"][1]) > 0  # float32 keys and values
     await prefill.service.close()
     with pytest.raises(ValidationError, match="handoff_seconds"):
         LLMPrefillPart(lm.weights, {**config, "handoff_seconds": 0})
+
+
+@pytest.mark.parametrize(
+    "lost",
+    [
+        ray.exceptions.ReferenceCountingAssertionError("ab" * 14, "", ""),
+        ray.exceptions.OwnerDiedError("ab" * 14, "", ""),
+    ],
+)
+async def test_keys_and_values_gone_from_the_store_are_named_as_the_requests_error(lost: Exception) -> None:
+    async def gone() -> None:
+        raise lost
+
+    with pytest.raises(
+        ValueError, match=rf"inputs\.kv: .* are gone from the object store \({type(lost).__name__}\)"
+    ):
+        await part_module._fetch(gone())
+
+    async def there() -> str:
+        return "tensor"
+
+    assert await part_module._fetch(there()) == "tensor"

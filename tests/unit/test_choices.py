@@ -174,11 +174,6 @@ def with_choice(**changes: Any) -> dict[str, Any]:
         ),
         ({"max_in_flight": 0}, "choices.ranker.max_in_flight: Input should be greater than or equal to 1"),
         (
-            {"max_in_flight": 100},
-            "choices.ranker.max_in_flight: 100 is not below router.max_ongoing_requests (100), so the "
-            "variants would never saturate; lower max_in_flight or raise router.max_ongoing_requests",
-        ),
-        (
             {"breaker": {"failures": 0}},
             "choices.ranker.breaker.failures: Input should be greater than or equal to 1",
         ),
@@ -190,12 +185,30 @@ def test_a_bad_choice_is_rejected_naming_the_field(change: dict[str, Any], messa
 
 
 def test_a_higher_router_bound_allows_a_higher_max_in_flight() -> None:
-    data = with_choice(max_in_flight=100)
-    data["router"] = {"max_ongoing_requests": 101}
+    data = with_choice(max_in_flight=150)
+    data["router"] = {"max_ongoing_requests": 151}
     spec = parse(data)
-    assert (spec.choices["ranker"].max_in_flight, spec.router.max_ongoing_requests) == (100, 101)
+    assert (spec.choices["ranker"].max_in_flight, spec.router.max_ongoing_requests) == (150, 151)
     data["router"] = {"max_ongoing_requests": 0}
     assert "router.max_ongoing_requests: Input should be greater than or equal to 1" in rejected(data)
+
+
+def test_a_max_in_flight_at_the_router_bound_given_is_rejected() -> None:
+    data = with_choice(max_in_flight=100)
+    data["router"] = {"max_ongoing_requests": 100}
+    assert (
+        "choices.ranker.max_in_flight: 100 is not below router.max_ongoing_requests (100), so the "
+        "variants would never saturate; lower max_in_flight or raise router.max_ongoing_requests"
+    ) in rejected(data)
+
+
+def test_a_router_bound_not_given_stays_above_every_max_in_flight() -> None:
+    # A spec stored before router existed, with a max_in_flight meant as "never saturate", stays valid.
+    spec = parse(with_choice(max_in_flight=1000))
+    assert spec.router.max_ongoing_requests == 1001
+    assert parse(with_choice(max_in_flight=7)).router.max_ongoing_requests == 100
+    again = ModelSpec.model_validate(spec.model_dump(mode="json"))  # as a workflow payload round-trips
+    assert again.router.max_ongoing_requests == 1001
 
 
 def test_choice_name_must_be_a_name() -> None:
