@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import random
 import statistics
@@ -123,39 +124,54 @@ def measure_model(counts: list[int], repeats: int) -> dict[str, Any]:
     return {"threads": torch.get_num_threads(), "config": c.as_dict(), "rows": rows}
 
 
+class Tally:
+    """The answers and failures of one load run, and their summary."""
+
+    def __init__(self) -> None:
+        self.latencies: list[float] = []
+        self.failures: list[str] = []
+
+    async def post(self, http: Any, url: str, body: dict[str, Any], since: float) -> None:
+        """Send one request; a right answer's latency counts from `since` (scheduled or sent)."""
+        import httpx
+
+        try:
+            reply = await http.post(url, json={"inputs": body})
+        except httpx.HTTPError as err:
+            self.failures.append(f"{type(err).__name__}: {err}")
+            return
+        if reply.status_code != 200 or len(reply.json()["outputs"]) != len(body["candidates"]):
+            self.failures.append(f"{reply.status_code}: {reply.text[:200]}")
+            return
+        self.latencies.append(time.perf_counter() - since)
+
+    def summary(self) -> dict[str, Any]:
+        latencies = sorted(self.latencies)
+        pick = lambda q: round(latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000, 1)  # noqa: E731
+        return {
+            "answered": len(latencies),
+            "failed": len(self.failures),
+            "failures": self.failures[:5],
+            "p50_ms": pick(0.50) if latencies else None,
+            "p99_ms": pick(0.99) if latencies else None,
+        }
+
+
 async def open_loop(url: str, requests: list[dict[str, Any]], rate: float) -> dict[str, Any]:
     """Send `requests` at `rate` per second whatever the answers do; latency from each scheduled send."""
     import httpx
 
-    latencies: list[float] = []
-    failures: list[str] = []
+    tally = Tally()
     async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=256)) as http:
         start = time.perf_counter() + 0.2
 
         async def one(i: int, body: dict[str, Any]) -> None:
             scheduled = start + i / rate
             await asyncio.sleep(max(0.0, scheduled - time.perf_counter()))
-            try:
-                reply = await http.post(url, json={"inputs": body})
-            except httpx.HTTPError as err:
-                failures.append(f"{type(err).__name__}: {err}")
-                return
-            if reply.status_code != 200 or len(reply.json()["outputs"]) != len(body["candidates"]):
-                failures.append(f"{reply.status_code}: {reply.text[:200]}")
-                return
-            latencies.append(time.perf_counter() - scheduled)
+            await tally.post(http, url, body, since=scheduled)
 
         await asyncio.gather(*(one(i, body) for i, body in enumerate(requests)))
-    latencies.sort()
-    pick = lambda q: round(latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000, 1)  # noqa: E731
-    return {
-        "requests": len(requests),
-        "answered": len(latencies),
-        "failed": len(failures),
-        "failures": failures[:5],
-        "p50_ms": pick(0.50) if latencies else None,
-        "p99_ms": pick(0.99) if latencies else None,
-    }
+    return {"requests": len(requests), **tally.summary()}
 
 
 async def closed_loop(
@@ -164,41 +180,25 @@ async def closed_loop(
     """`callers` callers, each sending its next request when the last one answered, for `seconds`."""
     import httpx
 
-    latencies: list[float] = []
-    failures: list[str] = []
+    tally = Tally()
     async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=callers + 8)) as http:
         start = time.perf_counter()
         stop = start + seconds
 
         async def caller(index: int) -> None:
-            i = index
-            while time.perf_counter() < stop:
-                body = requests[i % len(requests)]
-                i += callers
-                sent = time.perf_counter()
-                try:
-                    reply = await http.post(url, json={"inputs": body})
-                except httpx.HTTPError as err:
-                    failures.append(f"{type(err).__name__}: {err}")
-                    continue
-                if reply.status_code != 200 or len(reply.json()["outputs"]) != len(body["candidates"]):
-                    failures.append(f"{reply.status_code}: {reply.text[:200]}")
-                    continue
-                latencies.append(time.perf_counter() - sent)
+            for i in itertools.count(index, callers):
+                if time.perf_counter() >= stop:
+                    return
+                await tally.post(http, url, requests[i % len(requests)], since=time.perf_counter())
 
         await asyncio.gather(*(caller(i) for i in range(callers)))
         elapsed = time.perf_counter() - start
-    latencies.sort()
-    pick = lambda q: round(latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000, 1)  # noqa: E731
+    summary = tally.summary()
     return {
         "callers": callers,
         "seconds": round(elapsed, 2),
-        "answered": len(latencies),
-        "failed": len(failures),
-        "failures": failures[:5],
-        "per_s": round(len(latencies) / elapsed, 1),
-        "p50_ms": pick(0.50) if latencies else None,
-        "p99_ms": pick(0.99) if latencies else None,
+        **summary,
+        "per_s": round(summary["answered"] / elapsed, 1),
     }
 
 

@@ -187,13 +187,12 @@ class Pinned:
         self._held: deque[tuple[float, int, Any]] = deque()  # (expires, bytes, reference)
         self.bytes = 0
 
-    def keep(self, ref: Any, nbytes: int = 0) -> Any:
+    def keep(self, ref: Any, nbytes: int = 0) -> None:
         self._drop_expired()
         self._held.append((self._clock() + self.seconds, nbytes, ref))
         self.bytes += nbytes
         while self.max_bytes is not None and self.bytes > self.max_bytes and len(self._held) > 1:
             self._pop()
-        return ref
 
     def _drop_expired(self) -> None:
         now = self._clock()
