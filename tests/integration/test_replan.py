@@ -60,6 +60,11 @@ async def test_scheduled_replan_moves_capacity_and_shows_the_plan(
     temporal = await connect_client(stack)
     queue = stack.temporal.task_queue
     await ensure_replan_schedule(temporal, queue, timedelta(hours=6), FleetReplanInput(time_limit_s=20))
+    # Held paused so that only the test's triggers run it: every 6 h is aligned to the epoch, and
+    # CI once ran this test across 06:00 UTC, when the schedule's own run made one revision more.
+    # A paused schedule still runs when triggered.
+    schedule = temporal.get_schedule_handle(REPLAN_SCHEDULE_ID)
+    await schedule.pause(note="held by the test: runs only when triggered")
     fleet_file = stack.fleet_file
     original = fleet_file.read_text()
     try:
@@ -120,11 +125,12 @@ async def test_scheduled_replan_moves_capacity_and_shows_the_plan(
         assert f"{model_name}.eu-west.s1.r2" not in serve_apps(stack)
         assert f"{model_name}.eu-west.s1.r3" in serve_apps(stack)
 
+        await schedule.unpause()  # so the CLI's pause below is the one on record
         status = ipnext(stack_config, "plan", "schedule", "--pause", "freeze for the test")
         assert status.returncode == 0 and "paused" in status.stdout
         status = ipnext(stack_config, "plan", "schedule")
         assert "paused (freeze for the test)" in status.stdout and "every 6:00:00" in status.stdout
     finally:
         fleet_file.write_text(original)
-        await temporal.get_schedule_handle(REPLAN_SCHEDULE_ID).delete()
+        await schedule.delete()
         await client.delete_model(model_name)

@@ -197,10 +197,14 @@ async def test_scheduled_fleet_replan_hands_models_their_new_placement(temporal:
         await until(model, lambda s: s.serving_set == "wf-model@1")
         await ensure_replan_schedule(temporal, queue, timedelta(hours=6), FleetReplanInput(time_limit_s=5))
         schedule = temporal.get_schedule_handle(REPLAN_SCHEDULE_ID)
+        # Paused so only the triggers below run it (every 6 h fires at 00, 06, 12 and 18 UTC, and
+        # a run of its own would add a revision); a paused schedule still runs when triggered.
+        await schedule.pause(note="held by the test: runs only when triggered")
         try:
             result: FleetReplanResult = await trigger_and_wait(temporal, timeout_s=60)
             state = await until(model, lambda s: s.plan is not None and s.plan.revision == 2)
             again: FleetReplanResult = await trigger_and_wait(temporal, timeout_s=60)
+            await schedule.unpause()
             await schedule.pause(note="on-call: hold capacity moves")
             described = await schedule.describe()
         finally:
