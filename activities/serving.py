@@ -143,11 +143,10 @@ def route_traffic(input: RouteInput) -> RouteResult:
         parts = input.parts.get(region, {})
         gated = input.gated_part if input.gated_part in parts else None
         cap = input.router_max_ongoing_requests
-        if old is not None and (old.weights, old.parts, old.gated_part, old_cap) == (
-            weights,
-            parts,
-            gated,
-            cap,
+        if (
+            old is not None
+            and (old.weights, old.parts, old.gated_part) == (weights, parts, gated)
+            and old_cap == cap
         ):
             generations[region] = old.generation
             continue

@@ -21,6 +21,7 @@ pytestmark = pytest.mark.timeout(300)
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "llm.py"
 
 
+@pytest.fixture(scope="module")
 def bench() -> ModuleType:
     spec = importlib.util.spec_from_file_location("bench_llm", BENCH)
     assert spec is not None and spec.loader is not None
@@ -29,8 +30,8 @@ def bench() -> ModuleType:
     return module
 
 
-def test_the_ceiling_is_static_steps_over_continuous_steps() -> None:
-    ceiling = bench().step_ceiling
+def test_the_ceiling_is_static_steps_over_continuous_steps(bench: ModuleType) -> None:
+    ceiling = bench.step_ceiling
     # Batches [10, 1] and [1, 1]: static needs 10 + 1 steps; continuous ceil(13 / 2) = 7.
     assert ceiling([10, 1, 1, 1], 2) == pytest.approx(11 / 7)
     # Equal outputs leave continuous batching nothing to win.
@@ -39,7 +40,7 @@ def test_the_ceiling_is_static_steps_over_continuous_steps() -> None:
     assert ceiling([3, 3, 9], 2) == pytest.approx(12 / 8)
 
 
-def test_the_engine_takes_at_least_the_steps_the_ceiling_assumes(lm: TrainedLM) -> None:
+def test_the_engine_takes_at_least_the_steps_the_ceiling_assumes(lm: TrainedLM, bench: ModuleType) -> None:
     rng = random.Random(3)
     batch = 4
     outputs = [rng.choice([2, 3, 5, 30]) for _ in range(12)]
@@ -62,4 +63,4 @@ def test_the_engine_takes_at_least_the_steps_the_ceiling_assumes(lm: TrainedLM) 
     continuous_least = math.ceil(sum(outputs) / batch)
     assert steps["static"] >= static_least
     assert steps["continuous"] >= continuous_least
-    assert bench().step_ceiling(outputs, batch) == pytest.approx(static_least / continuous_least)
+    assert bench.step_ceiling(outputs, batch) == pytest.approx(static_least / continuous_least)
