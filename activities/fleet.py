@@ -3,12 +3,13 @@ the whole fleet at once, store the plan, and split it back into per-model plans.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 from temporalio import activity
 from temporalio.client import Client
 
 from ipnext.activities import _context
 from ipnext.activities.validate import as_application_error
+from ipnext.contracts import Frozen
 from ipnext.errors import IpnextError
 from ipnext.model import ModelSpec
 from ipnext.plan import (
@@ -38,27 +39,23 @@ __all__ = [
 MOVES_SHOWN = 200
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class ModelEntry(_Frozen):
+class ModelEntry(Frozen):
     spec: ModelSpec
     plan: Plan | None
 
 
-class CollectResult(_Frozen):
+class CollectResult(Frozen):
     models: list[ModelEntry]
 
 
-class SolveFleetInput(_Frozen):
+class SolveFleetInput(Frozen):
     models: list[ModelEntry]
     time_limit_s: float
     churn_cost: float
     made_by: str
 
 
-class SolveFleetResult(_Frozen):
+class SolveFleetResult(Frozen):
     revision: int
     cost: float
     objective: float

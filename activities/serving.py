@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 from temporalio import activity
 
 from ipnext.activities import _context
 from ipnext.activities.validate import as_application_error
+from ipnext.contracts import Frozen
 from ipnext.errors import ServingError
 from ipnext.model import DEFAULT_ROUTER_MAX_ONGOING, ModelSpec, SnapshotSet
 from ipnext.plan import Plan
@@ -42,11 +43,7 @@ __all__ = [
 APPS_RUNNING_TIMEOUT_S = 240.0
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class DeploySetInput(_Frozen):
+class DeploySetInput(Frozen):
     spec: ModelSpec
     snapshot_set: SnapshotSet
     plan: Plan
@@ -63,11 +60,11 @@ class DeploySetInput(_Frozen):
         return self
 
 
-class DeploySetResult(_Frozen):
+class DeploySetResult(Frozen):
     apps: dict[str, str]  # region -> set app
 
 
-class RouteInput(_Frozen):
+class RouteInput(Frozen):
     model: str
     weights: dict[str, dict[str, float]]  # region -> set app -> percent
     # Parts that roll on their own (sync: independent): region -> part -> set app -> percent,
@@ -77,28 +74,28 @@ class RouteInput(_Frozen):
     router_max_ongoing_requests: int = DEFAULT_ROUTER_MAX_ONGOING  # the spec's router.max_ongoing_requests
 
 
-class RouteResult(_Frozen):
+class RouteResult(Frozen):
     generations: dict[str, int]  # region -> generation now applied
 
 
-class RemoveAppsInput(_Frozen):
+class RemoveAppsInput(Frozen):
     names: list[str]
 
 
-class ReadMetricsInput(_Frozen):
+class ReadMetricsInput(Frozen):
     model: str
     regions: list[str]
 
 
-class ReadMetricsResult(_Frozen):
+class ReadMetricsResult(Frozen):
     snapshots: dict[str, dict[str, Any]]  # region -> the metrics actor's snapshot (cumulative)
 
 
-class TeardownInput(_Frozen):
+class TeardownInput(Frozen):
     model: str
 
 
-class TeardownResult(_Frozen):
+class TeardownResult(Frozen):
     removed: list[str]
 
 

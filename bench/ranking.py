@@ -41,7 +41,7 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from ipnext.examples.ranking.model import RankingConfig, RankingModel
+from ipnext.examples.request_ranker.model import RankingConfig, RankingModel
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -214,7 +214,7 @@ async def dense_batching(app: str) -> dict[str, int]:
 async def measure_serving(rate: float, seconds: float, candidates: int, concurrency: int) -> dict[str, Any]:
     from ipnext.config import load_settings
     from ipnext.devstack import DevStack, scratch_config
-    from ipnext.examples.ranking.train import World, shard_parts, train
+    from ipnext.examples.request_ranker.train import World, shard_parts, train
     from ipnext.model import ModelSpec, load_model_spec
     from ipnext.sdk import Client
     from ipnext.snapshots import write_snapshot
@@ -226,7 +226,7 @@ async def measure_serving(rate: float, seconds: float, candidates: int, concurre
         settings = load_settings(config_path)
         root = settings.snapshot_roots[0]
         sizes: dict[str, Any] = {}  # RankingConfig's defaults: the sizes
-        base = load_model_spec(REPO / "examples" / "ranking" / "model.yaml").model_dump(mode="json")
+        base = load_model_spec(REPO / "examples" / "request_ranker" / "model.yaml").model_dump(mode="json")
         models = {"request": "bench-ranking", "naive": "bench-ranking-naive"}
         bounds = {5: "bench-ranking-router5", 100: "bench-ranking-router100"}
         print(f"serving: training the snapshot ({sizes or 'default sizes'}) ...")
@@ -245,7 +245,7 @@ async def measure_serving(rate: float, seconds: float, candidates: int, concurre
                 for part in ("embed", "dense"):
                     data["parts"][part]["config"] = sizes
                 if path == "naive":
-                    data["parts"]["dense"]["factory"] = "ipnext.examples.ranking.parts:PairRankerPart"
+                    data["parts"]["dense"]["factory"] = "ipnext.examples.request_ranker.parts:PairRankerPart"
                 await ipn.publish_model(ModelSpec.model_validate(data))
                 published = await ipn.publish_snapshot(name, root / name / "v1", who="bench")
                 print(f"serving: {name} published as {published.set_id}, waiting until it serves ...")

@@ -30,7 +30,7 @@ import httpx
 
 from ipnext.config import Settings, load_settings
 from ipnext.devstack import DevStack, scratch_config
-from ipnext.examples.ranker.train import poisoned_copy, train
+from ipnext.examples.click_ranker.train import poisoned_copy, train
 from ipnext.model import ModelSpec, load_model_spec
 from ipnext.registry import rollout_workflow_id
 from ipnext.rollout import PauseInput, ResumeInput, RolloutState, RolloutStatus
@@ -62,7 +62,7 @@ class Load:
 
 
 def spec() -> ModelSpec:
-    data = load_model_spec(REPO / "examples" / "ranker" / "model.yaml").model_dump(mode="json")
+    data = load_model_spec(REPO / "examples" / "click_ranker" / "model.yaml").model_dump(mode="json")
     data.update(name=MODEL, traffic={"peak_qps": {"us-east": 50}})
     # Long bakes (the pauses happen inside the first one) and the default check interval.
     data["rollout"].update(steps=[10, 50, 100], bake_seconds=600, check_interval_seconds=2)

@@ -13,14 +13,14 @@ import httpx
 
 from ipnext.config import Settings
 from ipnext.errors import ModelNotFoundError
-from ipnext.examples.ranker.train import train
+from ipnext.examples.click_ranker.train import train
 from ipnext.model import load_model_spec
 from ipnext.registry import ModelState
 from ipnext.sdk import Client, Prediction
 
 __all__ = ["DEMO_MODEL_YAML", "DemoReport", "run_scenario"]
 
-DEMO_MODEL_YAML = Path(__file__).parent / "ranker" / "model.yaml"
+DEMO_MODEL_YAML = Path(__file__).parent / "click_ranker" / "model.yaml"
 REQUESTS = [{"user": 7, "items": [1, 2, 3, 4, 5]}, {"user": 42, "items": [10, 20, 30]}]
 
 

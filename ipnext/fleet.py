@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import Field, StringConstraints, model_validator
 
+from ipnext.contracts import Frozen
 from ipnext.specio import load_yaml, parse_spec
 
 __all__ = ["Fleet", "HardwareClass", "Name", "Pool", "load_fleet"]
@@ -15,22 +16,18 @@ __all__ = ["Fleet", "HardwareClass", "Name", "Pool", "load_fleet"]
 Name = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9-]*$", max_length=63)]
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class HardwareClass(_Frozen):
+class HardwareClass(Frozen):
     kind: Literal["cpu", "gpu"]
 
 
-class Pool(_Frozen):
+class Pool(Frozen):
     region: Name
     hardware: Name
     units: int = Field(gt=0)
     unit_cost: float = Field(ge=0)
 
 
-class Fleet(_Frozen):
+class Fleet(Frozen):
     regions: list[Name] = Field(min_length=1)
     hardware: dict[Name, HardwareClass] = Field(min_length=1)
     pools: list[Pool] = Field(min_length=1)

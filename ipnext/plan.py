@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from ipnext.contracts import Frozen
 from ipnext.fleet import Fleet, Name
 from ipnext.model import HardwareOption, ModelSpec
 
@@ -23,11 +24,7 @@ __all__ = [
 ]
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class DeploymentDemand(_Frozen):
+class DeploymentDemand(Frozen):
     """One deployment as demand.yaml writes it; a model's part becomes one of these."""
 
     name: str = Field(pattern=r"^[a-z][a-z0-9-]*(/[a-z][a-z0-9-]*)?$")
@@ -40,7 +37,7 @@ class DeploymentDemand(_Frozen):
     group: str | None = None
 
 
-class DeploymentPlacement(_Frozen):
+class DeploymentPlacement(Frozen):
     replicas: dict[str, dict[str, int]]  # region -> hardware -> replicas
     fractions: dict[str, dict[str, float]]  # traffic source -> serving region -> share
 
@@ -55,7 +52,7 @@ class DeploymentPlacement(_Frozen):
         return max(sorted(row), key=lambda r: row[r])
 
 
-class Plan(_Frozen):
+class Plan(Frozen):
     deployments: dict[str, DeploymentPlacement]
     cost: float  # sum of replicas x units x unit_cost
     moved_units: int = 0  # units newly placed against the current plan
@@ -118,13 +115,13 @@ class Plan(_Frozen):
         )
 
 
-class PlanningProblem(_Frozen):
+class PlanningProblem(Frozen):
     fleet: Fleet
     deployments: list[DeploymentDemand]
     current: Plan | None = None
 
 
-class SolveOptions(_Frozen):
+class SolveOptions(Frozen):
     churn_cost: float = Field(default=0.05, ge=0)
     time_limit_s: float = Field(default=60, gt=0)
     seed: int = 0
@@ -152,7 +149,7 @@ def demand_from_model(spec: ModelSpec) -> list[DeploymentDemand]:
     ]
 
 
-class PlanMove(_Frozen):
+class PlanMove(Frozen):
     """One (deployment, region, hardware) whose replica count a new plan changes."""
 
     deployment: str

@@ -6,8 +6,9 @@ fields can be added later without breaking callers or running histories.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from ipnext.contracts import Frozen, model_workflow_id, rollout_workflow_id
 from ipnext.model import ModelSpec, SnapshotSet, SnapshotSetRequest
 from ipnext.plan import Plan
 from ipnext.rollout import (
@@ -38,19 +39,7 @@ __all__ = [
 ]
 
 
-def model_workflow_id(model: str) -> str:
-    return f"model/{model}"
-
-
-def rollout_workflow_id(model: str, set_id: str) -> str:
-    return f"rollout/{model}/{set_id}"
-
-
-class _Frozen(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class ModelWorkflowInput(_Frozen):
+class ModelWorkflowInput(Frozen):
     """Start (or continue-as-new) a model's registry workflow; later fields carry state over."""
 
     spec: ModelSpec
@@ -64,40 +53,40 @@ class ModelWorkflowInput(_Frozen):
     freeze_overrides: dict[str, FreezeOverride] = Field(default_factory=dict)  # queued set id -> override
 
 
-class ApplyPlanInput(_Frozen):
+class ApplyPlanInput(Frozen):
     """A new placement for the model from a fleet replan (signal `apply_plan`)."""
 
     plan: Plan
     fleet_revision: int
 
 
-class ModelWorkflowResult(_Frozen):
+class ModelWorkflowResult(Frozen):
     model: str
     deleted_by: str
     sets: int
 
 
-class PublishInput(_Frozen):
+class PublishInput(Frozen):
     request: SnapshotSetRequest
     who: str = "unknown"
     freeze_override: FreezeOverride | None = None  # roll out even inside a freeze window
 
 
-class PublishResult(_Frozen):
+class PublishResult(Frozen):
     set_id: str
     status: str  # "queued" until its rollout starts
 
 
-class DeleteInput(_Frozen):
+class DeleteInput(Frozen):
     who: str = "unknown"
 
 
-class DeleteResult(_Frozen):
+class DeleteResult(Frozen):
     model: str
     removed_apps: list[str]
 
 
-class ModelState(_Frozen):
+class ModelState(Frozen):
     """What `get` answers: the model's spec, its sets, what serves, the plan, the rollout."""
 
     spec: ModelSpec
@@ -111,7 +100,7 @@ class ModelState(_Frozen):
     pending_plan: int | None = None  # revision of a replanned placement waiting to be applied
 
 
-class RolloutCheckpoint(_Frozen):
+class RolloutCheckpoint(Frozen):
     """Where a rollout was when it continued as new (a long bake or pause grows the history):
     the step it was baking and everything already applied. The next run bakes that step again
     from a fresh window and goes on."""
@@ -133,7 +122,7 @@ class RolloutCheckpoint(_Frozen):
     detail: str = ""
 
 
-class RolloutInput(_Frozen):
+class RolloutInput(Frozen):
     spec: ModelSpec
     plan: Plan
     new_set: SnapshotSet
@@ -148,7 +137,7 @@ class RolloutInput(_Frozen):
     checkpoint: RolloutCheckpoint | None = None
 
 
-class RolloutResult(_Frozen):
+class RolloutResult(Frozen):
     state: RolloutState
     apps: dict[str, str]  # region -> set app serving when the rollout ended
     generations: list[int]
@@ -156,11 +145,11 @@ class RolloutResult(_Frozen):
     status: RolloutStatus | None = None  # the rollout's `status` as it ended (gates, pauses, steps)
 
 
-class WatchInput(_Frozen):
+class WatchInput(Frozen):
     model: str
 
 
-class WatchResult(_Frozen):
+class WatchResult(Frozen):
     published: list[str]
     rejected: list[str] = Field(default_factory=list)  # why a found snapshot was refused
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import math
 from datetime import UTC, date, datetime, time, timedelta
-from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
-from ipnext.serving.metrics import SetCounters, percentile
+from ipnext.contracts import Frozen, RolloutState
+from ipnext.counters import SetCounters, percentile
 
 __all__ = [
     "GATE_MIN_SAMPLES",
@@ -41,22 +41,7 @@ __all__ = [
 GATE_MIN_SAMPLES = 10
 
 
-class RolloutState(StrEnum):
-    PENDING = "pending"
-    RUNNING = "running"
-    PAUSED = "paused"
-    COMPLETED = "completed"
-    ABORTED = "aborted"
-    ROLLED_BACK = "rolled_back"
-    FAILED = "failed"
-    REFUSED = "refused"  # a freeze window was in force when it was to start
-
-
-class _Frozen(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class RouterConfig(_Frozen):
+class RouterConfig(Frozen):
     """The router app's user_config: applied in place by `reconfigure`, never restarting it.
 
     `weights` picks the set app that runs a request's DAG. A model with `sync: independent`
@@ -85,21 +70,21 @@ class RouterConfig(_Frozen):
 # ---- on-call signals ----------------------------------------------------------------------
 
 
-class PauseInput(_Frozen):
+class PauseInput(Frozen):
     reason: str = Field(min_length=1)
     who: str = Field(min_length=1)
 
 
-class ResumeInput(_Frozen):
+class ResumeInput(Frozen):
     who: str = Field(min_length=1)
 
 
-class AbortInput(_Frozen):
+class AbortInput(Frozen):
     reason: str = Field(min_length=1)
     who: str = Field(min_length=1)
 
 
-class PauseRecord(_Frozen):
+class PauseRecord(Frozen):
     reason: str
     who: str
     at: datetime
@@ -110,7 +95,7 @@ class PauseRecord(_Frozen):
 # ---- gates --------------------------------------------------------------------------------
 
 
-class GateReading(_Frozen):
+class GateReading(Frozen):
     region: str
     metric: str
     value: float | None  # None: no samples of the new set in the window
@@ -216,7 +201,7 @@ def mix_weights(
 # ---- freeze windows -----------------------------------------------------------------------
 
 
-class FreezeWindow(_Frozen):
+class FreezeWindow(Frozen):
     """Rollouts may not start (and running ones hold) from `start` to `end`, UTC.
 
     Written as `{date: 2026-12-25, reason: ...}` for one whole day, or `{start: ..., end: ...,
@@ -268,11 +253,11 @@ class FreezeWindow(_Frozen):
         return self.start <= now < self.end
 
 
-class FreezeCalendar(_Frozen):
+class FreezeCalendar(Frozen):
     freezes: list[FreezeWindow] = Field(default_factory=list)
 
 
-class FreezeOverride(_Frozen):
+class FreezeOverride(Frozen):
     """Start (or keep going) through a freeze window: who decided it and why, kept in the history."""
 
     reason: str = Field(min_length=1)
@@ -288,7 +273,7 @@ def active_freeze(windows: list[FreezeWindow], now: datetime) -> FreezeWindow | 
 # ---- status -------------------------------------------------------------------------------
 
 
-class RolloutStatus(_Frozen):
+class RolloutStatus(Frozen):
     model: str
     set_id: str
     from_set_id: str | None

@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 from temporalio.client import Client
-from temporalio.common import SearchAttributeKey
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from ipnext.config import Settings
+from ipnext.contracts import MODEL_KEY, STATE_KEY, TRAFFIC_KEY
 
 __all__ = ["MODEL_KEY", "STATE_KEY", "TRAFFIC_KEY", "connect_client"]
-
-MODEL_KEY = SearchAttributeKey.for_keyword("IpnextModel")
-STATE_KEY = SearchAttributeKey.for_keyword("IpnextState")
-TRAFFIC_KEY = SearchAttributeKey.for_int("IpnextTrafficPercent")
 
 
 async def connect_client(settings: Settings) -> Client:

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from ipnext.contracts import Frozen
 from ipnext.model import DEFAULT_ROUTER_MAX_ONGOING, BatchingSpec, ChoiceSpec, ModelSpec, SnapshotSet
 from ipnext.plan import Plan
 from ipnext.rollout import RouterConfig, scaled_replicas
@@ -50,11 +51,7 @@ def metrics_actor_name(model: str, region: str) -> str:
     return f"ipnext-metrics/{model}/{region}"
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class PartHostArgs(_Frozen):
+class PartHostArgs(Frozen):
     model: str
     part: str
     factory: str
@@ -70,7 +67,7 @@ class PartHostArgs(_Frozen):
     batching: BatchingSpec | None = None
 
 
-class SetAppArgs(_Frozen):
+class SetAppArgs(Frozen):
     """Fixed for the life of a set app: which (part, hardware) deployments it holds."""
 
     model: str
@@ -85,12 +82,12 @@ class SetAppArgs(_Frozen):
     shard_groups: dict[str, list[str]] = Field(default_factory=dict)  # part -> its shard parts
 
 
-class RouterAppArgs(_Frozen):
+class RouterAppArgs(Frozen):
     model: str
     region: str
 
 
-class SetAppPlan(_Frozen):
+class SetAppPlan(Frozen):
     """One set app as the writer should deploy it."""
 
     name: str

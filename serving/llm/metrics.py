@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ipnext.counters import SetCounters, percentile
 from ipnext.serving.llm.engine import LLMEngine, Sequence, StepResult
-from ipnext.serving.metrics import SetCounters, percentile
 
 __all__ = ["LLMMetrics"]
 

@@ -26,13 +26,13 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ipnext.counters import SetCounters
 from ipnext.errors import PartInputError
 from ipnext.serving.llm.engine import EngineConfig, LLMEngine, SamplingParams
 from ipnext.serving.llm.metrics import LLMMetrics
 from ipnext.serving.llm.model import DecoderConfig, expected_tensors
 from ipnext.serving.llm.service import LLMService, Prefilled, TextDelta
 from ipnext.serving.llm.text import TOKENIZER_TENSOR, TextCodec
-from ipnext.serving.metrics import SetCounters
 
 __all__ = ["LLMDecodePart", "LLMPart", "LLMPartConfig", "LLMPrefillPart", "LLMRequest", "Pinned"]
 

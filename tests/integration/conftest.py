@@ -17,14 +17,14 @@ import pytest_asyncio
 
 from ipnext.config import Settings, load_settings
 from ipnext.devstack import DevStack, scratch_config, stack_processes
-from ipnext.examples.ranker.train import train
+from ipnext.examples.click_ranker.train import train
 from ipnext.model import ModelSpec, load_model_spec
 from ipnext.registry import ModelState
 from ipnext.sdk import Client
 from ipnext.snapshots import Manifest
 
 REPO = Path(__file__).resolve().parents[2]
-EXAMPLE_MODEL = REPO / "examples" / "ranker" / "model.yaml"
+EXAMPLE_MODEL = REPO / "examples" / "click_ranker" / "model.yaml"
 
 
 @pytest.fixture(scope="session")

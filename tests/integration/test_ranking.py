@@ -15,8 +15,8 @@ import torch
 from ray import serve
 
 from ipnext.config import Settings
-from ipnext.examples.ranking.model import RankingConfig
-from ipnext.examples.ranking.train import SMALL_CONFIG, World, train
+from ipnext.examples.request_ranker.model import RankingConfig
+from ipnext.examples.request_ranker.train import SMALL_CONFIG, World, train
 from ipnext.model import ModelSpec, load_model_spec
 from ipnext.sdk import Client
 from ipnext.serving.control import connect
@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def ranking_spec(name: str, file: str) -> ModelSpec:
-    data = load_model_spec(REPO / "examples" / "ranking" / file).model_dump(mode="json")
+    data = load_model_spec(REPO / "examples" / "request_ranker" / file).model_dump(mode="json")
     data.update(name=name, traffic={"peak_qps": {"us-east": 40}})
     return ModelSpec.model_validate(tolerant_latency_gate(data))
 

@@ -18,7 +18,7 @@ from temporalio.service import RPCError
 
 from ipnext.config import Settings
 from ipnext.errors import SnapshotError, SpecError
-from ipnext.examples.ranker.train import train
+from ipnext.examples.click_ranker.train import train
 from ipnext.model import ModelSpec, SnapshotRef, SnapshotSetRequest
 from ipnext.registry import model_workflow_id
 from ipnext.sdk import Client

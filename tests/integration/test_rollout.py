@@ -15,7 +15,7 @@ import pytest
 
 from ipnext.config import Settings
 from ipnext.devstack import DevStack
-from ipnext.examples.ranker.train import poisoned_copy
+from ipnext.examples.click_ranker.train import poisoned_copy
 from ipnext.model import GateSpec
 from ipnext.rollout import RolloutState
 from ipnext.sdk import Client

@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file
 
 from ipnext.config import Settings
-from ipnext.examples.ranker.train import train
+from ipnext.examples.click_ranker.train import train
 from ipnext.model import ModelSpec, load_model_spec
 from ipnext.sdk import Client
 from ipnext.serving.control import connect
@@ -30,7 +30,7 @@ from .load import Load
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
-VARIANTS_MODEL = REPO / "examples" / "ranker" / "model-variants.yaml"
+VARIANTS_MODEL = REPO / "examples" / "click_ranker" / "model-variants.yaml"
 LARGE_DELAY_MS = 100  # the large part sleeps this long per call: a few callers saturate it
 LARGE_MAX_ITEMS = 300  # and fails on more items than this (the rule still sends up to 400 to it)
 COOLDOWN_S = 3.0

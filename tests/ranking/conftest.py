@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ipnext.examples.ranking.train import TrainReport, train
+from ipnext.examples.request_ranker.train import TrainReport, train
 
 
 @pytest.fixture(scope="session")

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from ipnext.errors import PartInputError, SnapshotError, SpecError
-from ipnext.examples.ranking.model import RankingConfig, RankingModel
-from ipnext.examples.ranking.parts import PairRankerPart, RankerPart, TablePart, shard_of
-from ipnext.examples.ranking.train import SMALL_CONFIG, TrainReport, World
+from ipnext.examples.request_ranker.model import RankingConfig, RankingModel
+from ipnext.examples.request_ranker.parts import PairRankerPart, RankerPart, TablePart, shard_of
+from ipnext.examples.request_ranker.train import SMALL_CONFIG, TrainReport, World
 from ipnext.snapshots import load_weights
 
 

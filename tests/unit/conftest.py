@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ipnext.examples.ranker.train import train
+from ipnext.examples.click_ranker.train import train
 from ipnext.fleet import Fleet, load_fleet
 from ipnext.model import ModelSpec, load_model_spec
 from ipnext.snapshots import request_from_folder

@@ -12,7 +12,7 @@ import yaml
 from ipnext.model import SnapshotSetRequest
 
 REPO = Path(__file__).resolve().parents[2]
-EXAMPLE_SPEC = REPO / "examples" / "ranker" / "model.yaml"
+EXAMPLE_SPEC = REPO / "examples" / "click_ranker" / "model.yaml"
 DEV_FLEET = REPO / "config" / "fleet.dev.yaml"
 MODEL = "feed-ranker"
 

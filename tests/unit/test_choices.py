@@ -38,11 +38,11 @@ from ipnext.serving.layout import render_set_app, set_app_plan
 from ipnext.specio import parse_spec
 from tests.unit.helpers import REPO
 
-VARIANTS_SPEC = REPO / "examples" / "ranker" / "model-variants.yaml"
+VARIANTS_SPEC = REPO / "examples" / "click_ranker" / "model-variants.yaml"
 
 
 def variants_dict() -> dict[str, Any]:
-    """A fresh, mutable copy of examples/ranker/model-variants.yaml as plain data."""
+    """A fresh, mutable copy of examples/click_ranker/model-variants.yaml as plain data."""
     return copy.deepcopy(yaml.safe_load(VARIANTS_SPEC.read_text()))
 
 
@@ -89,7 +89,7 @@ def test_choice_defaults() -> None:
 
 def test_a_model_without_choices_has_none(example_spec: ModelSpec) -> None:
     assert example_spec.choices == {}
-    assert "choices" not in yaml.safe_load((REPO / "examples" / "ranker" / "model.yaml").read_text())
+    assert "choices" not in yaml.safe_load((REPO / "examples" / "click_ranker" / "model.yaml").read_text())
 
 
 # --- topological order through choice nodes ------------------------------------------------------

@@ -133,7 +133,7 @@ def test_duplicate_part_names_in_yaml_are_rejected(tmp_path: Path) -> None:
     text = EXAMPLE_SPEC.read_text()
     embed_block = (
         "  embed:\n"
-        "    factory: ipnext.examples.ranker.parts:EmbeddingPart\n"
+        "    factory: ipnext.examples.click_ranker.parts:EmbeddingPart\n"
         "    hardware: {cpu-std: {units: 1, qps: 10}}\n"
     )
     assert "  dense:\n" in text
@@ -388,9 +388,9 @@ def test_min_regions_above_fleet_is_rejected(dev_fleet: Fleet) -> None:
 
 def test_example_factories_import(example_spec: ModelSpec) -> None:
     check_factories(example_spec)
-    from ipnext.examples.ranker.parts import DensePart
+    from ipnext.examples.click_ranker.parts import DensePart
 
-    assert import_factory("ipnext.examples.ranker.parts:DensePart") is DensePart
+    assert import_factory("ipnext.examples.click_ranker.parts:DensePart") is DensePart
 
 
 def test_factory_module_that_does_not_import_is_rejected() -> None:
@@ -409,7 +409,7 @@ def test_factory_module_that_does_not_import_is_rejected() -> None:
 
 def test_factory_missing_attribute_is_rejected() -> None:
     data = spec_dict()
-    data["parts"]["embed"]["factory"] = "ipnext.examples.ranker.parts:NoSuchPart"
+    data["parts"]["embed"]["factory"] = "ipnext.examples.click_ranker.parts:NoSuchPart"
     spec = parse(data)
     with pytest.raises(SpecError) as info:
         check_factories(spec)
@@ -421,4 +421,4 @@ def test_factory_missing_attribute_is_rejected() -> None:
 
 def test_factory_attribute_that_is_not_callable_is_rejected() -> None:
     with pytest.raises(SpecError, match="no callable '__all__'"):
-        import_factory("ipnext.examples.ranker.parts:__all__")
+        import_factory("ipnext.examples.click_ranker.parts:__all__")

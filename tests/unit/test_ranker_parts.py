@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ipnext.errors import PartInputError, SnapshotError
-from ipnext.examples.ranker.parts import DensePart, EmbeddingPart
+from ipnext.examples.click_ranker.parts import DensePart, EmbeddingPart
 from ipnext.model import ModelSpec
 from ipnext.snapshots import inspect_safetensors, load_weights
 from tests.unit.helpers import Trained
@@ -65,7 +65,7 @@ async def test_scores_match_the_trained_modules(
     weights: dict[str, dict[str, torch.Tensor]],
     example_spec: ModelSpec,
 ) -> None:
-    from ipnext.examples.ranker.parts import build_modules
+    from ipnext.examples.click_ranker.parts import build_modules
 
     modules = build_modules(config(example_spec, "dense"))
     modules.load_state_dict({**weights["embed"], **weights["dense"]})
@@ -175,7 +175,7 @@ async def test_malformed_requests_name_the_expected_shape(
 
 @pytest.fixture(scope="module")
 def variant_snapshot(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from ipnext.examples.ranker.train import train
+    from ipnext.examples.click_ranker.train import train
 
     report = train(
         tmp_path_factory.mktemp("variants"), "m", "v1", steps=5, dense_parts={"small": 8, "large": 24}
@@ -213,7 +213,7 @@ async def test_dense_part_drill_knobs(
     async def sleep(seconds: float) -> None:
         slept.append(seconds)
 
-    monkeypatch.setattr("ipnext.examples.ranker.parts.asyncio.sleep", sleep)
+    monkeypatch.setattr("ipnext.examples.click_ranker.parts.asyncio.sleep", sleep)
     drilled = DensePart(weights["dense"], {**config(example_spec, "dense"), "delay_ms": 150, "max_items": 2})
     vectors = await parts[0]({"input": {"user": 1, "items": [5, 6]}})
     assert await drilled({"embed": vectors}) == await parts[1]({"embed": vectors})

@@ -19,7 +19,7 @@ from ipnext.plan import DeploymentPlacement, Plan, merge_plans, placement_revisi
 from ipnext.replan import PlanStore
 
 REPO = Path(__file__).resolve().parents[2]
-RANKER = REPO / "examples" / "ranker" / "model.yaml"
+RANKER = REPO / "examples" / "click_ranker" / "model.yaml"
 
 
 def _plan(replicas: dict[str, dict[str, dict[str, int]]], revision: int = 1) -> Plan:

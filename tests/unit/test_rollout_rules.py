@@ -10,6 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from ipnext.activities.freeze import load_freeze_calendar
+from ipnext.counters import SetCounters
 from ipnext.errors import SpecError
 from ipnext.model import GateSpec
 from ipnext.rollout import (
@@ -20,7 +21,6 @@ from ipnext.rollout import (
     scaled_replicas,
     window_counters,
 )
-from ipnext.serving.metrics import SetCounters
 
 GATES = [
     GateSpec(metric="error_rate", max=0.01),

@@ -88,7 +88,7 @@ def test_set_app_plan(example_spec: ModelSpec, snapshot_set: SnapshotSet, plan: 
     assert args.order == ["embed", "dense"]
     assert args.hardware == {"embed": ["cpu-highmem"], "dense": ["cpu-std"]}
     embed = args.parts["embed"]
-    assert embed.factory == "ipnext.examples.ranker.parts:EmbeddingPart"
+    assert embed.factory == "ipnext.examples.click_ranker.parts:EmbeddingPart"
     assert embed.uri == snapshot_set.parts["embed"].uri
     assert embed.sha256 == "a" * 64
     assert embed.snapshot_id == f"{MODEL}/embed@v2"

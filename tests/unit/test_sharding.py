@@ -24,7 +24,7 @@ from ipnext.serving.layout import render_set_app, set_app_plan
 from ipnext.sharding import expand_shards, gather_shards
 
 REPO = Path(__file__).resolve().parents[2]
-SHARDED = REPO / "examples" / "ranking" / "model-sharded.yaml"
+SHARDED = REPO / "examples" / "request_ranker" / "model-sharded.yaml"
 
 
 def test_a_sharded_part_becomes_its_shards_each_wired_like_the_part() -> None:
@@ -69,14 +69,14 @@ def test_a_part_of_one_shard_is_left_whole() -> None:
     [(0, "shards"), (65, "shards"), ("3", "shards")],
 )
 def test_bad_shard_counts_name_the_field(shards: object, message: str) -> None:
-    data = load_model_spec(REPO / "examples" / "ranking" / "model.yaml").model_dump(mode="json")
+    data = load_model_spec(REPO / "examples" / "request_ranker" / "model.yaml").model_dump(mode="json")
     data["parts"]["embed"]["shards"] = shards
     with pytest.raises(ValidationError, match=message):
         ModelSpec.model_validate(data)
 
 
 def test_a_shard_name_that_exists_already_is_refused() -> None:
-    data = load_model_spec(REPO / "examples" / "ranking" / "model.yaml").model_dump(mode="json")
+    data = load_model_spec(REPO / "examples" / "request_ranker" / "model.yaml").model_dump(mode="json")
     data["parts"]["embed"]["shards"] = 2
     data["parts"]["embed-shard1"] = dict(data["parts"]["dense"])
     data["dag"].append(["input", "embed-shard1"])
@@ -131,7 +131,7 @@ def test_each_shard_is_planned_and_deployed_and_the_router_learns_the_groups(dev
 
 
 def test_a_model_without_shards_renders_no_shard_groups(dev_fleet: Fleet) -> None:
-    spec = load_model_spec(REPO / "examples" / "ranker" / "model.yaml")
+    spec = load_model_spec(REPO / "examples" / "click_ranker" / "model.yaml")
     plan = solve(PlanningProblem(fleet=dev_fleet, deployments=demand_from_model(spec)))
     snapshot_set = SnapshotSet(
         id=f"{spec.name}@1",
@@ -150,7 +150,7 @@ def test_a_model_without_shards_renders_no_shard_groups(dev_fleet: Fleet) -> Non
 
 def test_the_ranking_examples_fit_the_dev_fleet(dev_fleet: Fleet) -> None:
     for name in ("model.yaml", "model-sharded.yaml"):
-        spec = load_model_spec(REPO / "examples" / "ranking" / name)
+        spec = load_model_spec(REPO / "examples" / "request_ranker" / name)
         check_against_fleet(spec, dev_fleet)
         check_factories(spec)
         assert spec.parts["dense"].batching is not None

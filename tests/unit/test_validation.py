@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ipnext.errors import SnapshotError
-from ipnext.examples.ranker.train import DEFAULT_CONFIG, train
+from ipnext.examples.click_ranker.train import DEFAULT_CONFIG, train
 from ipnext.model import ModelSpec, SnapshotRef, SnapshotSetRequest
 from ipnext.snapshots import request_from_folder, sha256_file
 from ipnext.specio import parse_spec

@@ -30,11 +30,11 @@ from ipnext.activities.serving import (
     TeardownResult,
 )
 from ipnext.activities.validate import ValidateSetInput, ValidateSetResult
+from ipnext.counters import SetCounters
 from ipnext.model import ModelSpec, SnapshotRef, SnapshotSetRequest
 from ipnext.plan import DeploymentPlacement, Plan
 from ipnext.registry import ModelState, ModelWorkflowInput, PublishInput, rollout_workflow_id
 from ipnext.rollout import FreezeOverride, FreezeWindow, RolloutStatus
-from ipnext.serving.metrics import SetCounters
 from ipnext.worker import WORKFLOWS
 
 SPEC = ModelSpec.model_validate(

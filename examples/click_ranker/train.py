@@ -1,6 +1,6 @@
 """Train the demo ranker on synthetic click data and write a snapshot folder.
 
-    python -m ipnext.examples.ranker.train --root .ipnext/snapshots --model feed-ranker --version v1
+    python -m ipnext.examples.click_ranker.train --root .ipnext/snapshots --model feed-ranker --version v1
 
 Clicks come from hidden user and item factors: P(click) = sigmoid(4 u.v - 1). The
 trainer fits embeddings and the MLP jointly for a few seconds and writes the two
@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ipnext.examples.ranker.parts import build_modules
+from ipnext.examples.click_ranker.parts import build_modules
 from ipnext.snapshots import Manifest, write_snapshot
 
 __all__ = ["DEFAULT_CONFIG", "TrainReport", "parse_dense_parts", "train"]

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from ipnext.errors import PartInputError, SnapshotError
-from ipnext.examples.ranking.model import RankingConfig, RankingModel
+from ipnext.examples.request_ranker.model import RankingConfig, RankingModel
 
 __all__ = [
     "PairRankerPart",

@@ -1,6 +1,6 @@
 """Train the request-oriented ranker on a synthetic world and write a snapshot folder.
 
-    python -m ipnext.examples.ranking.train --root .ipnext/snapshots --model feed-ranking --version v1
+    python -m ipnext.examples.request_ranker.train --root .ipnext/snapshots --model feed-ranking --version v1
 
 The world (fixed by its seed) has users and items with hidden taste factors; items belong to
 categories and carry dense features; a user's history is 256 items drawn by taste, and a click
@@ -22,8 +22,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ipnext.examples.ranking.model import RankingConfig, RankingModel
-from ipnext.examples.ranking.parts import table_shard_weights
+from ipnext.examples.request_ranker.model import RankingConfig, RankingModel
+from ipnext.examples.request_ranker.parts import table_shard_weights
 from ipnext.snapshots import Manifest, write_snapshot
 
 __all__ = ["SMALL_CONFIG", "TrainReport", "World", "shard_parts", "train"]

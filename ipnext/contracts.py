@@ -1,0 +1,183 @@
+"""The names every tier shares: workflow ids and types, update/signal/query names, status
+vocabularies, search attributes, the frozen base model, and `poll_until`.
+
+Callers address workflows by these names instead of importing the workflow classes, so an
+activity or the SDK never imports `ipnext.workflows` (the layering test enforces it). A
+name is built here and parsed here, nowhere else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from enum import StrEnum
+from typing import TypeVar
+
+from pydantic import BaseModel, ConfigDict
+from temporalio.common import SearchAttributeKey
+
+__all__ = [
+    "MODEL_KEY",
+    "REPLAN_SCHEDULE_ID",
+    "REPLAN_WORKFLOW_ID",
+    "STATE_KEY",
+    "TRAFFIC_KEY",
+    "Frozen",
+    "ModelStatus",
+    "ModelWorkflowNames",
+    "PollTimeoutError",
+    "RolloutState",
+    "RolloutWorkflowNames",
+    "Workflows",
+    "model_name_of",
+    "model_workflow_id",
+    "poll_until",
+    "rollout_workflow_id",
+    "watch_schedule_id",
+]
+
+
+class Frozen(BaseModel):
+    """Every input, result and state that crosses Temporal or Serve: immutable, no unknown fields."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# -- workflow types, and the handlers each one answers ------------------------------------
+
+
+class Workflows:
+    """Workflow type names as registered on the worker (the class names)."""
+
+    MODEL = "ModelWorkflow"
+    ROLLOUT = "RolloutWorkflow"
+    WATCH = "SnapshotWatchWorkflow"
+    FLEET_REPLAN = "FleetReplanWorkflow"
+
+
+class ModelWorkflowNames:
+    """Handlers of `ModelWorkflow`."""
+
+    GET = "get"  # query -> ModelState
+    PUBLISH = "publish"  # update PublishInput -> PublishResult
+    DELETE = "delete"  # update DeleteInput -> DeleteResult
+    APPLY_PLAN = "apply_plan"  # signal ApplyPlanInput
+
+
+class RolloutWorkflowNames:
+    """Handlers of `RolloutWorkflow` (also the Temporal UI's and `temporal workflow signal`'s names)."""
+
+    STATUS = "status"  # query -> RolloutStatus
+    PAUSE = "pause"  # signal PauseInput
+    RESUME = "resume"  # signal ResumeInput
+    ABORT = "abort"  # signal AbortInput
+    OVERRIDE_FREEZE = "override_freeze"  # signal FreezeOverride
+
+
+# -- ids ----------------------------------------------------------------------------------
+
+_MODEL_PREFIX = "model/"
+REPLAN_SCHEDULE_ID = "fleet-replan"
+REPLAN_WORKFLOW_ID = "fleet-replan/run"
+
+
+def model_workflow_id(model: str) -> str:
+    return f"{_MODEL_PREFIX}{model}"
+
+
+def model_name_of(workflow_id: str) -> str:
+    """The model a `model/<name>` workflow id names; ValueError for any other id."""
+    if not workflow_id.startswith(_MODEL_PREFIX) or len(workflow_id) == len(_MODEL_PREFIX):
+        raise ValueError(f"{workflow_id!r} is not a model workflow id (model/<name>)")
+    return workflow_id[len(_MODEL_PREFIX) :]
+
+
+def rollout_workflow_id(model: str, set_id: str) -> str:
+    return f"rollout/{model}/{set_id}"
+
+
+def watch_schedule_id(model: str) -> str:
+    return f"watch/{model}"
+
+
+# -- search attributes (registered in temporal-dev.yaml) ----------------------------------
+
+MODEL_KEY = SearchAttributeKey.for_keyword("IpnextModel")
+STATE_KEY = SearchAttributeKey.for_keyword("IpnextState")
+TRAFFIC_KEY = SearchAttributeKey.for_int("IpnextTrafficPercent")
+
+
+# -- status vocabularies ------------------------------------------------------------------
+
+
+class RolloutState(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    PAUSED = "paused"
+    COMPLETED = "completed"
+    ABORTED = "aborted"
+    ROLLED_BACK = "rolled_back"
+    FAILED = "failed"
+    REFUSED = "refused"  # a freeze window was in force when it was to start
+
+    @property
+    def is_terminal(self) -> bool:
+        """True once the rollout has ended: nothing moves any more and signals are no-ops."""
+        return self not in _LIVE_ROLLOUT
+
+    @property
+    def is_live(self) -> bool:
+        """Running or paused: the states in which on-call signals act."""
+        return self in (RolloutState.RUNNING, RolloutState.PAUSED)
+
+
+_LIVE_ROLLOUT = frozenset({RolloutState.PENDING, RolloutState.RUNNING, RolloutState.PAUSED})
+
+
+class ModelStatus(StrEnum):
+    """`ModelState.state`: what a model's registry workflow is doing."""
+
+    EMPTY = "empty"  # registered, nothing serves yet
+    ROLLING_OUT = "rolling_out"
+    SERVING = "serving"
+    DELETING = "deleting"
+
+
+# -- polling (activities, SDK, CLI and tests; never workflow code, which has no wall clock) --
+
+T = TypeVar("T")
+
+
+class PollTimeoutError(TimeoutError):
+    """`poll_until` ran out of time; `last` is the last value read (None if none was)."""
+
+    def __init__(self, what: str, timeout_s: float, last: object) -> None:
+        super().__init__(f"{what}: not reached within {timeout_s:g} s (last seen: {last!r})")
+        self.last = last
+
+
+async def poll_until(
+    read: Callable[[], Awaitable[T]],
+    done: Callable[[T], bool],
+    *,
+    timeout_s: float,
+    interval_s: float = 0.25,
+    what: str = "condition",
+) -> T:
+    """Call `read` until `done(value)` holds and return that value.
+
+    Raises `PollTimeoutError` (naming `what` and the last value) once `timeout_s` has
+    passed. An exception from `read` propagates at once: retrying what may be a lasting
+    failure is the caller's decision.
+    """
+    deadline = time.monotonic() + timeout_s
+    last: object = None
+    while True:
+        value = await read()
+        if done(value):
+            return value
+        last = value
+        if time.monotonic() >= deadline:
+            raise PollTimeoutError(what, timeout_s, last)
+        await asyncio.sleep(interval_s)
