@@ -9,7 +9,7 @@ from temporalio.client import Client
 
 from ipnext.activities import _context
 from ipnext.activities.validate import as_application_error
-from ipnext.contracts import Frozen
+from ipnext.contracts import Frozen, ModelStatus, ModelWorkflowNames, Workflows
 from ipnext.errors import IpnextError
 from ipnext.model import ModelSpec
 from ipnext.plan import (
@@ -79,14 +79,12 @@ class FleetActivities:
     @activity.defn
     async def collect_models(self) -> CollectResult:
         """Every live model's spec and current plan (models being deleted are left out)."""
-        from ipnext.workflows.model_workflow import ModelWorkflow
-
         entries = []
-        query = "WorkflowType = 'ModelWorkflow' AND ExecutionStatus = 'Running'"
+        query = f"WorkflowType = '{Workflows.MODEL}' AND ExecutionStatus = 'Running'"
         async for execution in self._client.list_workflows(query):
             handle = self._client.get_workflow_handle(execution.id)
-            state: ModelState = await handle.query(ModelWorkflow.get)
-            if state.state != "deleting":
+            state: ModelState = await handle.query(ModelWorkflowNames.GET, result_type=ModelState)
+            if state.state != ModelStatus.DELETING:
                 entries.append(ModelEntry(spec=state.spec, plan=state.plan))
         entries.sort(key=lambda e: e.spec.name)
         return CollectResult(models=entries)

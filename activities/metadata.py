@@ -21,6 +21,7 @@ from temporalio.client import (
 from temporalio.service import RPCError, RPCStatusCode
 
 from ipnext.activities import _context
+from ipnext.contracts import ModelWorkflowNames, Workflows, model_workflow_id, watch_schedule_id
 from ipnext.model import SnapshotSetRequest
 from ipnext.registry import (
     ModelState,
@@ -28,7 +29,6 @@ from ipnext.registry import (
     PublishResult,
     WatchInput,
     WatchResult,
-    model_workflow_id,
 )
 from ipnext.snapshots import discover, request_from_folder
 
@@ -38,7 +38,6 @@ __all__ = [
     "WatchActivities",
     "WatchScheduleInput",
     "discover_snapshots",
-    "watch_schedule_id",
 ]
 
 
@@ -58,10 +57,6 @@ class WatchScheduleInput(BaseModel):
     model: str
     interval_seconds: float
     enabled: bool
-
-
-def watch_schedule_id(model: str) -> str:
-    return f"watch/{model}"
 
 
 @activity.defn
@@ -86,8 +81,6 @@ class WatchActivities:
     @activity.defn
     async def ensure_watch_schedule(self, input: WatchScheduleInput) -> None:
         """Create, update or delete the model's watch Schedule to match its spec."""
-        from ipnext.workflows.watch_workflow import SnapshotWatchWorkflow
-
         schedule_id = watch_schedule_id(input.model)
         handle = self._client.get_schedule_handle(schedule_id)
         if not input.enabled:
@@ -100,7 +93,7 @@ class WatchActivities:
         settings = _context.settings()
         schedule = Schedule(
             action=ScheduleActionStartWorkflow(
-                SnapshotWatchWorkflow.run,
+                Workflows.WATCH,
                 WatchInput(model=input.model),
                 id=f"watch/{input.model}/run",
                 task_queue=settings.temporal.task_queue,
@@ -121,10 +114,8 @@ class WatchActivities:
     @activity.defn
     async def publish_new_snapshots(self, input: WatchInput) -> WatchResult:
         """Publish the newest snapshot the model has not seen; older unseen ones would be superseded anyway."""
-        from ipnext.workflows.model_workflow import ModelWorkflow
-
         handle = self._client.get_workflow_handle(model_workflow_id(input.model))
-        state: ModelState = await handle.query(ModelWorkflow.get)
+        state: ModelState = await handle.query(ModelWorkflowNames.GET, result_type=ModelState)
         known = [s.version for s in state.sets]
         found = discover_snapshots(DiscoverInput(model=input.model, known_versions=known))
         if not found.requests:
@@ -132,7 +123,9 @@ class WatchActivities:
         newest = found.requests[-1]
         try:
             result: PublishResult = await handle.execute_update(
-                ModelWorkflow.publish, PublishInput(request=newest, who="snapshot-watcher")
+                ModelWorkflowNames.PUBLISH,
+                PublishInput(request=newest, who="snapshot-watcher"),
+                result_type=PublishResult,
             )
         except WorkflowUpdateFailedError as err:
             # A bad snapshot is the trainer's to fix; report it and try again next interval.

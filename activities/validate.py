@@ -1,4 +1,5 @@
-"""Validate activities: a model spec against the fleet and its code, a snapshot set against its parts."""
+"""Validate activities: a model spec against the fleet and its code (in a child process), a
+snapshot set against its parts."""
 
 from __future__ import annotations
 
@@ -7,13 +8,13 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from ipnext.activities import _context
+from ipnext.activities.spec_check import check_factories_in_child
 from ipnext.errors import IpnextError
 from ipnext.model import (
     ModelSpec,
     SnapshotRef,
     SnapshotSetRequest,
     check_against_fleet,
-    check_factories,
 )
 from ipnext.validation import complete_set, validate_snapshot
 
@@ -49,9 +50,11 @@ def as_application_error(err: IpnextError) -> ApplicationError:
 
 @activity.defn
 def validate_model_spec(input: ValidateSpecInput) -> None:
+    """The spec against the worker's fleet, then its factories imported in a child process
+    (`activities/spec_check.py`): the model's code never runs in the worker itself."""
     try:
         check_against_fleet(input.spec, _context.settings().fleet())
-        check_factories(input.spec)
+        check_factories_in_child(input.spec)
     except IpnextError as err:
         raise as_application_error(err) from None
 

@@ -222,11 +222,12 @@ def _plan_show(args: argparse.Namespace, settings: Settings) -> None:
 
 
 def _plan_schedule(args: argparse.Namespace, settings: Settings) -> None:
-    from ipnext.replan import FleetReplanInput, ensure_replan_schedule, parse_every, trigger_and_wait
+    from ipnext.contracts import REPLAN_SCHEDULE_ID
+    from ipnext.entry.schedules import ensure_replan_schedule, trigger_and_wait
+    from ipnext.replan import FleetReplanInput, parse_every
     from ipnext.temporal import connect_client
 
     async def act() -> None:
-        from ipnext.replan import REPLAN_SCHEDULE_ID
 
         client = await connect_client(settings)
         handle = client.get_schedule_handle(REPLAN_SCHEDULE_ID)

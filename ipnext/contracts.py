@@ -34,6 +34,7 @@ __all__ = [
     "model_workflow_id",
     "poll_until",
     "rollout_workflow_id",
+    "validate_workflow_id",
     "watch_schedule_id",
 ]
 
@@ -54,6 +55,7 @@ class Workflows:
     ROLLOUT = "RolloutWorkflow"
     WATCH = "SnapshotWatchWorkflow"
     FLEET_REPLAN = "FleetReplanWorkflow"
+    VALIDATE_MODEL = "ValidateModelWorkflow"
 
 
 class ModelWorkflowNames:
@@ -95,6 +97,11 @@ def model_name_of(workflow_id: str) -> str:
 
 def rollout_workflow_id(model: str, set_id: str) -> str:
     return f"rollout/{model}/{set_id}"
+
+
+def validate_workflow_id(model: str, token: str) -> str:
+    """A spec check's id: one per attempt (`token` is the caller's, e.g. a uuid)."""
+    return f"validate/{model}/{token}"
 
 
 def watch_schedule_id(model: str) -> str:

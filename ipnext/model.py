@@ -10,6 +10,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
+from ipnext.dag import DAG_INPUT, DAG_OUTPUT, RESERVED_NODES, check_graph, node_order
+from ipnext.dag import upstream as upstream_of
 from ipnext.errors import SpecError
 from ipnext.fleet import Fleet, Name
 from ipnext.sharding import MAX_SHARDS, expand_shards
@@ -42,9 +44,6 @@ __all__ = [
     "load_model_spec",
 ]
 
-DAG_INPUT = "input"
-DAG_OUTPUT = "output"
-_RESERVED = {DAG_INPUT, DAG_OUTPUT}
 DEFAULT_ROUTER_MAX_ONGOING = 100
 
 Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
@@ -310,59 +309,18 @@ class ModelSpec(_Spec):
     @model_validator(mode="after")
     def _check_dag(self) -> ModelSpec:
         for name in self.parts:
-            if name in _RESERVED:
+            if name in RESERVED_NODES:
                 raise ValueError(f"parts.{name}: {name!r} is reserved for the DAG; rename the part")
         self._check_choice_names()
-        nodes = set(self.parts) | _RESERVED | set(self.choices)
-        seen_edges: set[tuple[str, str]] = set()
-        for i, (src, dst) in enumerate(self.dag):
-            for end in (src, dst):
-                if end not in nodes:
-                    choices = f" and the choices {sorted(self.choices)}" if self.choices else ""
-                    raise ValueError(
-                        f"dag.{i}: edge [{src}, {dst}] names unknown node {end!r}; "
-                        f"known nodes are input, output, the parts {sorted(self.parts)}{choices}"
-                    )
-            if dst == DAG_INPUT or src == DAG_OUTPUT:
-                raise ValueError(
-                    f"dag.{i}: edge [{src}, {dst}] runs the wrong way; edges leave input and enter output"
-                )
-            if src == dst:
-                raise ValueError(f"dag.{i}: edge [{src}, {dst}] is a self-loop; remove it")
-            if (src, dst) in seen_edges:
-                raise ValueError(f"dag.{i}: edge [{src}, {dst}] is listed twice; remove one")
-            seen_edges.add((src, dst))
-        cycle = _find_cycle(self.dag)
-        if cycle:
-            raise ValueError(
-                f"dag: cycle {' -> '.join(cycle)}; a model's DAG must not loop back, "
-                "remove one of these edges"
-            )
-        for name in self.choices:
-            self._check_choice_wiring(name)
-        from_input = _reachable(self.dag, DAG_INPUT, forward=True)
-        to_output = _reachable(self.dag, DAG_OUTPUT, forward=False)
-        for name in self.parts:
-            if name not in from_input or name not in to_output:
-                raise ValueError(
-                    f"dag: part {name!r} is not on any path from input to output; "
-                    "add edges to it and from it, or remove the part"
-                )
-        for name in self.choices:
-            if name not in from_input:
-                raise ValueError(
-                    f"dag: choice {name!r} is not on any path from input; "
-                    "feed it from input or from a part that input reaches"
-                )
-        if DAG_OUTPUT not in from_input:
-            raise ValueError("dag: no path from input to output; connect them through the parts")
+        variants = {name: choice.variants for name, choice in self.choices.items()}
+        check_graph(list(self.parts), variants, self.dag)
         return self
 
     def _check_choice_names(self) -> None:
         """Choice nodes have names of their own, and their variants list parts, each in one variant."""
         owner: dict[str, str] = {}  # part -> "variant v of choice c"
         for name, choice in self.choices.items():
-            if name in _RESERVED:
+            if name in RESERVED_NODES:
                 raise ValueError(f"choices.{name}: {name!r} is reserved for the DAG; rename the choice")
             if name in self.parts:
                 raise ValueError(
@@ -389,122 +347,14 @@ class ModelSpec(_Spec):
                         )
                     owner[part] = f"variant {variant} of choice {name}"
 
-    def _check_choice_wiring(self, name: str) -> None:
-        """The choice node feeds only its variants' entry parts; a variant's parts are reached
-        only through it; every node after the variants joins all of them."""
-        choice = self.choices[name]
-        variant_of = {part: v for v, parts in choice.variants.items() for part in parts}
-        if name not in {dst for _, dst in self.dag}:
-            raise ValueError(
-                f"choices.{name}: nothing feeds the choice node {name!r}; add an edge into it, "
-                f"e.g. [input, {name}], and edges from it to each variant's first part"
-            )
-        for i, (src, dst) in enumerate(self.dag):
-            if src == name and dst not in variant_of:
-                raise ValueError(
-                    f"dag.{i}: edge [{src}, {dst}] leaves choice {name!r} for {dst!r}, which is in none "
-                    f"of its variants; a choice node feeds only its variants' parts "
-                    f"(add {dst!r} to a variant, or feed it from a part)"
-                )
-            if dst in variant_of and src != name and variant_of.get(src) != variant_of[dst]:
-                raise ValueError(
-                    f"dag.{i}: edge [{src}, {dst}] enters variant {variant_of[dst]} of choice {name!r} "
-                    f"around the choice node; a variant's parts are fed only by {name!r} and by parts "
-                    f"of the same variant (feed {src!r} into {name!r} instead: the choice passes it on)"
-                )
-        entered = {variant_of[dst] for src, dst in self.dag if src == name}
-        for variant, parts in choice.variants.items():
-            if variant not in entered:
-                raise ValueError(
-                    f"choices.{name}.variants.{variant}: no edge from {name!r} enters this variant; "
-                    f"add one to its first part, e.g. [{name}, {parts[0]}]"
-                )
-        joined: dict[str, set[str]] = {}  # node after the variants -> the variants feeding it
-        for src, dst in self.dag:
-            if src in variant_of and dst not in variant_of:
-                joined.setdefault(dst, set()).add(variant_of[src])
-        position = {node: i for i, node in enumerate(self._node_order())}
-        for node in sorted(joined, key=lambda n: position.get(n, len(position))):  # nearest first
-            missing = sorted(set(choice.variants) - joined[node])
-            if missing:
-                belong = (
-                    f", or add {node!r} to variant {sorted(joined[node])[0]}"
-                    if node in self.parts and len(joined[node]) == 1
-                    else ""
-                )
-                raise ValueError(
-                    f"dag: {node!r} takes the output of variant {sorted(joined[node])} of choice "
-                    f"{name!r} but not of {missing}; only the chosen variant runs, so a node after "
-                    f"a choice must join all its variants (add edges from {missing} to {node!r}{belong})"
-                )
-
     def topological_order(self) -> list[str]:
         """The parts in an order where every part comes after its upstream parts, including the
         parts upstream of a choice node for the variants behind it."""
-        return [n for n in self._node_order() if n in self.parts]
-
-    def _node_order(self) -> list[str]:
-        """Parts and choice nodes, each after its upstream nodes (input and output left out)."""
-        order: list[str] = []
-        indegree = {n: 0 for n in [*self.parts, *self.choices]}
-        for src, dst in self.dag:
-            if src in indegree and dst in indegree:  # input feeds everyone at the start
-                indegree[dst] += 1
-        ready = sorted(n for n, d in indegree.items() if d == 0)
-        while ready:
-            node = ready.pop(0)
-            order.append(node)
-            for src, dst in self.dag:
-                if src == node and dst in indegree:
-                    indegree[dst] -= 1
-                    if indegree[dst] == 0:
-                        ready.append(dst)
-        return order
+        order = node_order([*self.parts, *self.choices], self.dag)
+        return [n for n in order if n in self.parts]
 
     def upstream(self, node: str) -> list[str]:
-        return [src for src, dst in self.dag if dst == node]
-
-
-def _find_cycle(edges: list[tuple[str, str]]) -> list[str] | None:
-    graph: dict[str, list[str]] = {}
-    for src, dst in edges:
-        graph.setdefault(src, []).append(dst)
-    state: dict[str, int] = {}  # 1 = on the stack, 2 = done
-    stack: list[str] = []
-
-    def visit(node: str) -> list[str] | None:
-        state[node] = 1
-        stack.append(node)
-        for nxt in graph.get(node, []):
-            if state.get(nxt) == 1:
-                return [*stack[stack.index(nxt) :], nxt]
-            if nxt not in state:
-                found = visit(nxt)
-                if found:
-                    return found
-        stack.pop()
-        state[node] = 2
-        return None
-
-    for node in sorted(graph):
-        if node not in state:
-            found = visit(node)
-            if found:
-                return found
-    return None
-
-
-def _reachable(edges: list[tuple[str, str]], start: str, *, forward: bool) -> set[str]:
-    seen = {start}
-    frontier = [start]
-    while frontier:
-        node = frontier.pop()
-        for src, dst in edges:
-            a, b = (src, dst) if forward else (dst, src)
-            if a == node and b not in seen:
-                seen.add(b)
-                frontier.append(b)
-    return seen
+        return upstream_of(self.dag, node)
 
 
 def load_model_spec(path: str | Path) -> ModelSpec:

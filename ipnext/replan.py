@@ -1,5 +1,5 @@
-"""Fleet replanning around the pure planner: where fleet plans are kept, and the Schedule
-that runs FleetReplanWorkflow every N hours.
+"""Fleet replanning around the pure planner: where fleet plans are kept, and the input and
+result of FleetReplanWorkflow (the Schedule that runs it is made in `ipnext.entry.schedules`).
 
 Plans are stored as `plans/rev-<n>.json` in the state folder (the flat report of
 `ipnext plan solve`, plus who made it, when, and the moves against the previous
@@ -16,43 +16,42 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
-from temporalio.client import (
-    Client,
-    Schedule,
-    ScheduleActionExecutionStartWorkflow,
-    ScheduleActionStartWorkflow,
-    ScheduleAlreadyRunningError,
-    ScheduleInfo,
-    ScheduleIntervalSpec,
-    ScheduleSpec,
-    ScheduleState,
-    ScheduleUpdate,
-    ScheduleUpdateInput,
-)
-from temporalio.service import RPCError
 
+from ipnext.contracts import Frozen
 from ipnext.errors import IpnextError
 from ipnext.fleet import Pool
 from ipnext.plan import Plan, PlanMove
 
 __all__ = [
-    "REPLAN_SCHEDULE_ID",
     "FleetReplanInput",
+    "FleetReplanResult",
     "PlanStore",
     "StoredPlan",
-    "ensure_replan_schedule",
     "parse_every",
-    "trigger_and_wait",
 ]
 
-REPLAN_SCHEDULE_ID = "fleet-replan"
-REPLAN_WORKFLOW_ID = "fleet-replan/run"
 
-
-class FleetReplanInput(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class FleetReplanInput(Frozen):
     time_limit_s: float = Field(default=120.0, gt=0)
     churn_cost: float = Field(default=0.05, ge=0)
+
+
+class FleetReplanResult(Frozen):
+    """What a FleetReplanWorkflow run returns (and its details in the Temporal UI show)."""
+
+    revision: int  # 0 when there was nothing to plan
+    models: list[str]
+    cost: float = 0.0
+    objective: float = 0.0
+    lower_bound: float | None = None
+    gap: float | None = None
+    status: str = ""
+    moved_units: int = 0
+    moves: list[str] = Field(default_factory=list)
+    moves_total: int = 0
+    applied_to: list[str] = Field(default_factory=list)  # models told of their new placement
+    not_applied: dict[str, str] = Field(default_factory=dict)  # model -> why
+    plan_file: str = ""
 
 
 class StoredPlan(BaseModel):
@@ -122,75 +121,6 @@ def parse_every(text: str) -> timedelta:
     if every < timedelta(minutes=1):
         raise IpnextError(f"--every {text!r}: replanning more often than once a minute is not supported.")
     return every
-
-
-async def ensure_replan_schedule(
-    client: Client, task_queue: str, every: timedelta, input: FleetReplanInput, note: str = ""
-) -> None:
-    """Create the replan Schedule, or change its interval and input in place (its paused
-    state is kept). A run still going when the next is due makes the next one skip."""
-    from ipnext.workflows.fleet_replan_workflow import FleetReplanWorkflow
-
-    schedule = Schedule(
-        action=ScheduleActionStartWorkflow(
-            FleetReplanWorkflow.run,
-            input,
-            id=REPLAN_WORKFLOW_ID,
-            task_queue=task_queue,
-            execution_timeout=timedelta(seconds=input.time_limit_s + 1800),
-        ),
-        spec=ScheduleSpec(intervals=[ScheduleIntervalSpec(every=every)]),
-        state=ScheduleState(note=note or f"replan the fleet every {every}"),
-    )
-    try:
-        await client.create_schedule(REPLAN_SCHEDULE_ID, schedule)
-    except ScheduleAlreadyRunningError:
-
-        def replace(current: ScheduleUpdateInput) -> ScheduleUpdate:
-            state = current.description.schedule.state
-            return ScheduleUpdate(schedule=Schedule(action=schedule.action, spec=schedule.spec, state=state))
-
-        await client.get_schedule_handle(REPLAN_SCHEDULE_ID).update(replace)
-
-
-async def trigger_and_wait(client: Client, timeout_s: float = 600.0) -> Any:
-    """Run the replan Schedule's action now and wait for that run's result."""
-    import asyncio
-    import time
-
-    from ipnext.workflows.fleet_replan_workflow import FleetReplanResult
-
-    handle = client.get_schedule_handle(REPLAN_SCHEDULE_ID)
-    try:
-        before = await handle.describe()
-    except RPCError as err:
-        raise IpnextError(
-            f"no replan schedule ({err}). Fix: create it with `ipnext plan schedule --every 6h`."
-        ) from None
-    seen = _started(before.info)
-    await handle.trigger()
-    deadline = time.monotonic() + timeout_s
-    while True:
-        started = [w for w in _started((await handle.describe()).info) if w not in seen]
-        if started:
-            break
-        if time.monotonic() > deadline:
-            raise IpnextError("the replan schedule did not start a run; is the schedule paused?")
-        await asyncio.sleep(0.5)
-    workflow_id, run_id = started[0]
-    run = client.get_workflow_handle(workflow_id, run_id=run_id, result_type=FleetReplanResult)
-    return await run.result()
-
-
-def _started(info: ScheduleInfo) -> set[tuple[str, str]]:
-    """(workflow id, run id) of the runs the Schedule started, running or recent. The run id
-    matters: two runs started in the same second share the workflow id."""
-    actions = list(info.running_actions) + [a.action for a in info.recent_actions]
-    return {
-        (a.workflow_id, a.first_execution_run_id)
-        for a in actions
-        if isinstance(a, ScheduleActionExecutionStartWorkflow)
-    }
 
 
 def now() -> datetime:

@@ -31,11 +31,18 @@ from ipnext.temporal import connect_client
 from ipnext.workflows.fleet_replan_workflow import FleetReplanWorkflow
 from ipnext.workflows.model_workflow import ModelWorkflow
 from ipnext.workflows.rollout_workflow import RolloutWorkflow
+from ipnext.workflows.validate_model_workflow import ValidateModelWorkflow
 from ipnext.workflows.watch_workflow import SnapshotWatchWorkflow
 
 __all__ = ["WORKFLOWS", "run_worker"]
 
-WORKFLOWS = [ModelWorkflow, RolloutWorkflow, SnapshotWatchWorkflow, FleetReplanWorkflow]
+WORKFLOWS = [
+    ModelWorkflow,
+    RolloutWorkflow,
+    SnapshotWatchWorkflow,
+    FleetReplanWorkflow,
+    ValidateModelWorkflow,
+]
 # Sync activities (Ray calls, hashing, torch loads) run on these threads.
 ACTIVITY_THREADS = 8
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from pydantic import BaseModel, ConfigDict, Field
 from temporalio import workflow
 from temporalio.exceptions import FailureError
 
@@ -19,27 +18,10 @@ with workflow.unsafe.imports_passed_through():
     from ipnext.activities import QUICK_TIMEOUT, RETRY
     from ipnext.activities.fleet import FleetActivities, SolveFleetInput, solve_fleet_plan
     from ipnext.registry import ApplyPlanInput, model_workflow_id
-    from ipnext.replan import FleetReplanInput
+    from ipnext.replan import FleetReplanInput, FleetReplanResult
     from ipnext.workflows.model_workflow import ModelWorkflow
 
 __all__ = ["FleetReplanResult", "FleetReplanWorkflow"]
-
-
-class FleetReplanResult(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    revision: int  # 0 when there was nothing to plan
-    models: list[str]
-    cost: float = 0.0
-    objective: float = 0.0
-    lower_bound: float | None = None
-    gap: float | None = None
-    status: str = ""
-    moved_units: int = 0
-    moves: list[str] = Field(default_factory=list)
-    moves_total: int = 0
-    applied_to: list[str] = Field(default_factory=list)  # models told of their new placement
-    not_applied: dict[str, str] = Field(default_factory=dict)  # model -> why
-    plan_file: str = ""
 
 
 @workflow.defn

@@ -14,8 +14,10 @@ import pytest
 import yaml
 
 from ipnext.config import Settings
+from ipnext.contracts import REPLAN_SCHEDULE_ID
+from ipnext.entry.schedules import ensure_replan_schedule, trigger_and_wait
 from ipnext.registry import ModelState
-from ipnext.replan import REPLAN_SCHEDULE_ID, FleetReplanInput, ensure_replan_schedule, trigger_and_wait
+from ipnext.replan import FleetReplanInput
 from ipnext.sdk import Client
 from ipnext.temporal import connect_client
 

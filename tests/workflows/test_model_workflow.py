@@ -14,10 +14,11 @@ from temporalio.client import Client, WorkflowUpdateFailedError
 from temporalio.worker import Worker
 
 from ipnext.activities.fleet import CollectResult, ModelEntry, SolveFleetInput, SolveFleetResult
+from ipnext.contracts import REPLAN_SCHEDULE_ID
+from ipnext.entry.schedules import ensure_replan_schedule, trigger_and_wait
 from ipnext.registry import ApplyPlanInput, ModelState, ModelWorkflowInput, PublishResult
-from ipnext.replan import REPLAN_SCHEDULE_ID, FleetReplanInput, ensure_replan_schedule, trigger_and_wait
+from ipnext.replan import FleetReplanInput, FleetReplanResult
 from ipnext.worker import WORKFLOWS
-from ipnext.workflows.fleet_replan_workflow import FleetReplanResult
 
 from .fakes import SPEC, FakeServing, plan_in, request, start, until
 
