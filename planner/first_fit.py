@@ -16,6 +16,7 @@ from collections import defaultdict
 from ipnext.errors import InfeasiblePlanError
 from ipnext.fleet import Fleet, Pool
 from ipnext.plan import DeploymentDemand, DeploymentPlacement, Plan, PlanningProblem, SolveOptions
+from ipnext.planner.instance import regions_needed
 
 __all__ = ["solve"]
 
@@ -191,9 +192,7 @@ def _route(
 def _add_regions(
     fleet: Fleet, members: list[DeploymentDemand], regions: list[str], used: dict[tuple[str, str], int]
 ) -> list[str]:
-    need = max(d.min_regions for d in members)
-    if any(d.survive_region_loss for d in members):
-        need = max(need, 2)
+    need = regions_needed(members)
     spare = [
         r
         for r in fleet.regions

@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 
 from ipnext.errors import InfeasiblePlanError
-from ipnext.plan import PlanningProblem
+from ipnext.plan import DeploymentDemand, PlanningProblem
 
-__all__ = ["Instance", "compile_problem"]
+__all__ = ["Instance", "compile_problem", "regions_needed"]
 
 
 @dataclass
@@ -131,9 +131,7 @@ def compile_problem(problem: PlanningProblem) -> Instance:
     for b, members in enumerate(blocks):
         start = len(route["b"])
         hosts = [r for r in range(len(regions)) if all(_hosts(i, r, opt, options_of) for i in members)]
-        need = max(deps[i].min_regions for i in members)
-        if any(deps[i].survive_region_loss for i in members):
-            need = max(need, 2)
+        need = regions_needed([deps[i] for i in members])
         min_regions[b] = need
         if len(hosts) < need:
             raise InfeasiblePlanError(
@@ -193,6 +191,15 @@ def compile_problem(problem: PlanningProblem) -> Instance:
         options_of=options_of,
         routes_of=routes_of,
     )
+
+
+def regions_needed(members: Sequence[DeploymentDemand]) -> int:
+    """How many regions a block of these deployments must stand in: the most min_regions of
+    any, and two when one must survive losing a region."""
+    need = max(d.min_regions for d in members)
+    if any(d.survive_region_loss for d in members):
+        need = max(need, 2)
+    return need
 
 
 def _hosts(i: int, r: int, opt: dict[str, list[float]], options_of: list[np.ndarray]) -> bool:

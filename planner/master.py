@@ -14,7 +14,6 @@ integral blocks and choosing the rest by a small IP over their columns in the ca
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -22,6 +21,7 @@ import scipy.sparse as sp
 from ipnext.planner.backend import solve_model
 from ipnext.planner.formulation import BlockModel
 from ipnext.planner.instance import Instance
+from ipnext.planner.pricing import BlockChoice
 
 __all__ = ["Column", "Master", "MasterLP"]
 
@@ -29,7 +29,7 @@ __all__ = ["Column", "Master", "MasterLP"]
 @dataclass
 class Column:
     block: int
-    choice: Any  # the decompose.BlockChoice it came from (Any: decompose imports this module)
+    choice: BlockChoice  # the block placement it came from
     cost: float  # cost + churn, without prices
     pools: np.ndarray  # flat pool indices it uses
     units: np.ndarray  # units it takes from each
@@ -55,10 +55,10 @@ class Master:
         # while the columns cannot fit without it.
         self.slack_cost = 1.0 + 4.0 * float(inst.pool_cost.max())
 
-    def add(self, choice: Any, cost: float) -> bool:
+    def add(self, choice: BlockChoice, cost: float) -> bool:
         """Add a block placement as a column; False if the block has it already."""
         block = int(choice.block)
-        x: dict[int, int] = choice.x
+        x = choice.x
         key = (block, tuple(sorted(x.items())))
         if key in self._seen:
             return False

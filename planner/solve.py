@@ -7,9 +7,10 @@ import time
 
 from ipnext.plan import DeploymentPlacement, Plan, PlanningProblem, SolveOptions
 from ipnext.planner.backend import solve_model
-from ipnext.planner.decompose import BlockChoice, choices_from_values, decompose, usage_of
+from ipnext.planner.decompose import decompose
 from ipnext.planner.formulation import build
 from ipnext.planner.instance import Instance, compile_problem
+from ipnext.planner.pricing import BlockChoice, choices_from_values, usage_of
 
 __all__ = ["solve"]
 

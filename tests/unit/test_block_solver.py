@@ -1,4 +1,4 @@
-"""The structured block solver (`planner/block.py`) against the HiGHS block MIP.
+"""The structured block solver (`planner/block/`) against the HiGHS block MIP.
 
 For random blocks of generated instances, at random pool prices, with and without a current
 plan and churn, the fast solver's objective must equal the MIP optimum whenever it claims

@@ -10,21 +10,14 @@ import numpy as np
 import pytest
 
 from ipnext.planner import check_plan
-from ipnext.planner.decompose import (
-    BlockChoice,
-    _enrich,
-    _greedy_columns,
-    _improve,
-    _Pool,
-    _Reuse,
-    _rounded_relaxation,
-    _Rounds,
-    solve_block,
-    usage_of,
-)
+from ipnext.planner.columns import enrich, greedy_columns
 from ipnext.planner.generator import generate
+from ipnext.planner.improve import improve
 from ipnext.planner.instance import Instance, compile_problem
 from ipnext.planner.master import Master
+from ipnext.planner.pool import Pool
+from ipnext.planner.pricing import BlockChoice, _rounded_relaxation, solve_block, usage_of
+from ipnext.planner.rounds import Reuse, Rounds
 from ipnext.planner.solve import _plan
 
 
@@ -43,7 +36,7 @@ def test_a_carried_bound_stays_below_the_optimum_at_higher_prices() -> None:
     inst = _instance()
     zero = np.zeros_like(inst.pool_units)
     first = {b: _exact(inst, b, zero) for b in range(len(inst.blocks))}
-    rounds = _Rounds(inst)
+    rounds = Rounds(inst)
     rounds.add(zero, first)
     higher = inst.pool_cost * np.random.default_rng(3).uniform(0.0, 0.8, inst.pool_units.shape)
     carried = rounds.complete({}, higher, first)  # no block re-solved at the higher prices
@@ -62,7 +55,7 @@ def test_a_bound_from_higher_prices_is_not_carried_to_lower_ones() -> None:
     inst = _instance()
     high = inst.pool_cost.copy()
     at_high = {b: _exact(inst, b, high) for b in range(len(inst.blocks))}
-    rounds = _Rounds(inst)
+    rounds = Rounds(inst)
     rounds.add(high, at_high)
     carried = rounds.complete({}, np.zeros_like(high), at_high)
     assert all(c.bound == -np.inf for c in carried.values())
@@ -75,7 +68,7 @@ def test_a_bound_from_higher_prices_is_not_carried_to_lower_ones() -> None:
 def test_a_round_past_its_deadline_answers_no_block() -> None:
     inst = _instance()
     zero = np.zeros_like(inst.pool_units)
-    with _Pool(inst, workers=1) as pool:
+    with Pool(inst, workers=1) as pool:
         assert pool.solve(list(range(len(inst.blocks))), zero, 0.0, deadline=time.monotonic() - 1) == {}
         full = pool.solve(list(range(len(inst.blocks))), zero, 0.0, refine=False)
     assert sorted(full) == list(range(len(inst.blocks)))
@@ -126,8 +119,8 @@ def test_enrich_adds_valid_placements_that_keep_off_a_priced_out_pool() -> None:
     busiest = np.unravel_index(int(np.argmax(used / np.maximum(inst.pool_units, 1))), used.shape)
     prices = zero.copy()
     prices[busiest] = 0.5 * inst.pool_cost[busiest]
-    with _Pool(inst, workers=1) as pool:
-        added = _enrich(inst, pool, master, prices, 0.0, time.monotonic() + 60)
+    with Pool(inst, workers=1) as pool:
+        added = enrich(inst, pool, master, prices, 0.0, time.monotonic() + 60)
     assert added == len(master.columns) - before > 0
     new = [master.columns[k] for k in range(before, len(master.columns))]
     for col in new:
@@ -146,7 +139,7 @@ def test_greedy_columns_fit_the_pools() -> None:
             c = solve_block(inst, b, zero + scale * inst.pool_cost, 0.0, 5.0, refine=False)
             assert c is not None
             master.add(c, c.cost)
-    plan = _greedy_columns(inst, master, list(range(len(inst.blocks))), {}, 0.0, zero, time.monotonic() + 60)
+    plan = greedy_columns(inst, master, list(range(len(inst.blocks))), {}, 0.0, zero, time.monotonic() + 60)
     assert plan is not None and sorted(plan) == list(range(len(inst.blocks)))
     assert (usage_of(inst, plan) <= inst.pool_units + 1e-9).all()
     report = _plan(inst, plan, 0.0, 0.0, "test", time.monotonic())
@@ -157,7 +150,7 @@ def test_a_block_reused_across_rounds_is_still_optimal_at_the_new_prices() -> No
     inst = _instance(6, 30)
     zero = np.zeros_like(inst.pool_units)
     exact = {b: _exact(inst, b, zero) for b in range(len(inst.blocks))}
-    reuse = _Reuse(inst, exact, zero)
+    reuse = Reuse(inst, exact, zero)
     used = usage_of(inst, exact)
     busiest = np.unravel_index(int(np.argmax(used)), used.shape)
     higher = zero.copy()
@@ -195,7 +188,7 @@ def test_improving_two_neighbourhoods_at_once_keeps_the_plan_within_the_pools() 
             c = solve_block(inst, b, zero + scale * inst.pool_cost, 0.0, 5.0, refine=False)
             assert c is not None
             master.add(c, c.cost)
-    start = _greedy_columns(inst, master, list(range(len(inst.blocks))), {}, 0.0, zero, time.monotonic() + 60)
+    start = greedy_columns(inst, master, list(range(len(inst.blocks))), {}, 0.0, zero, time.monotonic() + 60)
     assert start is not None
     prices = inst.pool_cost * 0.2
     priced = {}
@@ -203,13 +196,12 @@ def test_improving_two_neighbourhoods_at_once_keeps_the_plan_within_the_pools() 
         answer = solve_block(inst, b, prices, 0.0, 5.0, refine=False)
         assert answer is not None
         priced[b] = answer
-    with _Pool(inst, workers=2) as pool:
+    with Pool(inst, workers=2) as pool:
         assert pool.executor is not None
-        log: list[str] = []
-        better = _improve(inst, start, prices, priced, 0.0, time.monotonic() + 8, log, pool=pool)
+        result = improve(inst, start, prices, priced, 0.0, time.monotonic() + 8, pool=pool)
+    better = result.plan
     assert sorted(better) == sorted(start)
-    tried = int(log[-1].split("improve: ")[1].split()[0])
-    assert tried >= 2  # the first two disjoint neighbourhoods went to the workers together
+    assert result.tried >= 2  # the first two disjoint neighbourhoods went to the workers together
     assert (usage_of(inst, better) <= inst.pool_units + 1e-9).all()
     assert sum(c.cost for c in better.values()) < sum(c.cost for c in start.values())
     assert check_plan(inst.problem, _plan(inst, better, 0.0, 0.0, "test", time.monotonic())) == []

@@ -1,0 +1,135 @@
+"""Solving many blocks at once: in worker processes (spawned, each holding the instance) when
+there are enough blocks, else in this process, always within a deadline."""
+
+from __future__ import annotations
+
+import math
+import time
+from concurrent.futures import Future, ProcessPoolExecutor, wait
+from multiprocessing import get_context
+
+import numpy as np
+
+from ipnext.errors import PlanningTimeoutError
+from ipnext.planner.instance import Instance
+from ipnext.planner.pricing import BlockChoice, block_names, place_jointly, solve_block
+
+__all__ = ["BLOCK_TIME_LIMIT_S", "Jobs", "Pool", "gather", "place_jointly_in_worker"]
+
+BLOCK_TIME_LIMIT_S = 0.25  # per block while the prices move; HiGHS's bound at the limit is still valid
+RETRY_TIME_LIMIT_S = 10.0  # a block that found no placement at all in BLOCK_TIME_LIMIT_S
+PARALLEL_MIN_BLOCKS = 64
+
+_WORKER_INST: Instance | None = None
+
+
+def _init_worker(inst: Instance) -> None:
+    global _WORKER_INST
+    _WORKER_INST = inst
+
+
+def _solve_blocks_in_worker(
+    args: tuple[list[int], np.ndarray, float, float, bool],
+) -> list[BlockChoice | None]:
+    assert _WORKER_INST is not None  # set by the pool initializer
+    blocks, prices, churn, limit, refine = args
+    return [solve_block(_WORKER_INST, b, prices, churn, limit, refine=refine) for b in blocks]
+
+
+def place_jointly_in_worker(
+    args: tuple[list[int], np.ndarray, float, float],
+) -> dict[int, BlockChoice] | None:
+    assert _WORKER_INST is not None  # set by the pool initializer
+    return place_jointly(_WORKER_INST, *args)
+
+
+Jobs = dict[Future[list[BlockChoice | None]], list[int]]  # a chunk's future -> its blocks
+
+
+class Pool:
+    """Solves many blocks, in worker processes when there are enough of them."""
+
+    def __init__(self, inst: Instance, workers: int) -> None:
+        self.inst = inst
+        self.workers = workers
+        self.executor: ProcessPoolExecutor | None = None
+
+    def __enter__(self) -> Pool:
+        if self.workers > 1 and len(self.inst.blocks) >= PARALLEL_MIN_BLOCKS:
+            self.executor = ProcessPoolExecutor(
+                self.workers, mp_context=get_context("spawn"), initializer=_init_worker, initargs=(self.inst,)
+            )
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.executor is not None:
+            # Chunks still running past a deadline would hold both cores (and shutdown would
+            # wait for them) while the plan is built: stop the workers instead.
+            processes = list(getattr(self.executor, "_processes", {}).values())
+            self.executor.shutdown(wait=False, cancel_futures=True)
+            for process in processes:
+                process.terminate()
+
+    def submit(
+        self, blocks: list[int], prices: np.ndarray, churn: float, limit_s: float, refine: bool, size: int
+    ) -> Jobs:
+        """Send `blocks` to the workers, `size` to a chunk, without waiting (see gather)."""
+        assert self.executor is not None
+        return {
+            self.executor.submit(
+                _solve_blocks_in_worker, (blocks[i : i + size], prices, churn, limit_s, refine)
+            ): blocks[i : i + size]
+            for i in range(0, len(blocks), size)
+        }
+
+    def solve(
+        self,
+        blocks: list[int],
+        prices: np.ndarray,
+        churn: float,
+        limit_s: float = BLOCK_TIME_LIMIT_S,
+        *,
+        refine: bool = True,
+        deadline: float = math.inf,
+    ) -> dict[int, BlockChoice]:
+        """Every block of `blocks` priced at `prices`; past `deadline` the blocks not yet
+        answered are left out of the result (the caller keeps their earlier columns and
+        bounds), so a round at fleet scale never runs over the planner's time limit."""
+        results: dict[int, BlockChoice | None] = {}
+        if self.executor is None or len(blocks) < 2 * self.workers:
+            for b in blocks:
+                if time.monotonic() > deadline:
+                    break
+                results[b] = solve_block(self.inst, b, prices, churn, limit_s, refine=refine)
+        else:
+            # Small chunks: a deadline drops only what is unfinished, and HiGHS solves (seconds
+            # each) go one block to a chunk.
+            size = 1 if refine and limit_s >= 1.0 else max(4, math.ceil(len(blocks) / (self.workers * 32)))
+            results = gather(self.submit(blocks, prices, churn, limit_s, refine, size), deadline)
+        out = {}
+        for b, choice in results.items():
+            if choice is None and time.monotonic() < deadline:
+                # No placement found yet (not infeasible: that raised already).
+                choice = solve_block(self.inst, b, prices, churn, RETRY_TIME_LIMIT_S)
+            if choice is None:
+                if deadline < math.inf:
+                    continue
+                raise PlanningTimeoutError(
+                    f"{block_names(self.inst, b)}: the block solver found no placement in {RETRY_TIME_LIMIT_S:g} s.",
+                    fix="give the planner more time (--time-limit)",
+                )
+            out[b] = choice
+        return out
+
+
+def gather(jobs: Jobs, deadline: float) -> dict[int, BlockChoice | None]:
+    """The answers of the chunks that finished by `deadline`; the others are dropped (one
+    already running finishes in its worker)."""
+    timeout = None if deadline == math.inf else max(0.0, deadline - time.monotonic())
+    done, pending = wait(jobs, timeout=timeout)
+    for future in pending:
+        future.cancel()
+    results: dict[int, BlockChoice | None] = {}
+    for future in done:
+        results.update(zip(jobs[future], future.result(), strict=True))
+    return results

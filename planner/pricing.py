@@ -1,0 +1,210 @@
+"""One block at pool prices, the pricing step of the decomposition: its placement (a
+BlockChoice) by the fast block solver or the HiGHS MIP, and block choices read out of a
+solved model of several blocks."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from ipnext.errors import InfeasiblePlanError
+from ipnext.planner.backend import solve_model
+from ipnext.planner.block import solve_block_fast
+from ipnext.planner.formulation import BlockModel, build
+from ipnext.planner.instance import Instance
+
+__all__ = [
+    "BlockChoice",
+    "block_names",
+    "choices_from_values",
+    "place_jointly",
+    "price_of",
+    "priced_choice",
+    "prohibitive",
+    "repriced",
+    "solve_block",
+    "usage_of",
+]
+
+USE_FAST_BLOCKS = True  # False: every block by the HiGHS MIP (to compare the two)
+JOINT_REPAIR_SECONDS = 10.0
+
+
+@dataclass
+class BlockChoice:
+    block: int
+    x: dict[int, int]  # option -> replicas
+    f: dict[int, float]  # route -> fraction
+    priced: float  # objective with pool prices
+    bound: float  # proven lower bound of the priced objective
+    cost: float  # cost + churn without prices
+
+
+def solve_block(
+    inst: Instance,
+    block: int,
+    prices: np.ndarray,
+    churn: float,
+    limit_s: float,
+    residual: np.ndarray | None = None,
+    *,
+    refine: bool = True,
+) -> BlockChoice | None:
+    """The block's optimal placement at these pool prices (None if it cannot fit `residual`).
+
+    The combinatorial solver (block/) answers most blocks exactly in a few milliseconds;
+    a block it cannot prove within its work budget, and every block against a `residual`
+    capacity (repair), goes to the HiGHS MIP, whose bound at its time limit is also valid.
+    With `refine=False` an unproven answer of the fast solver is returned as it is (its bound
+    is valid, only loose): HiGHS then runs only for a block the fast solver found nothing for,
+    which keeps a pricing round at fleet scale to the fast solver's milliseconds."""
+    fast = None
+    if residual is None and USE_FAST_BLOCKS:
+        fast = solve_block_fast(inst, block, prices, churn)
+        if fast is not None and (fast.optimal or not refine):
+            return priced_choice(inst, block, fast.x, fast.f, fast.objective, fast.bound, churn)
+    model = build(inst, [block], prices=prices, churn_cost=churn, pool_capacity=residual)
+    sol = solve_model(model, time_limit_s=limit_s, relative_gap=1e-9)
+    if sol.values is None:
+        if residual is None and sol.status == "infeasible":
+            raise InfeasiblePlanError(_alone_infeasible(inst, block))
+        if fast is not None:  # HiGHS found nothing in time: the fast solver's best and bound
+            return priced_choice(
+                inst, block, fast.x, fast.f, fast.objective, max(fast.bound, sol.bound), churn
+            )
+        if residual is None:
+            return _rounded_relaxation(inst, block, prices, churn, sol.bound)
+        return None
+    if fast is not None and fast.objective < sol.objective - 1e-9:
+        return priced_choice(inst, block, fast.x, fast.f, fast.objective, max(fast.bound, sol.bound), churn)
+    xs = np.rint(sol.values[: model.n_x]).astype(np.int64)
+    fs = sol.values[model.n_x : model.n_x + model.n_f]
+    x = {int(o): int(n) for o, n in zip(model.opts, xs, strict=True) if n > 0}
+    f = {int(t): float(v) for t, v in zip(model.routes, fs, strict=True) if v > 1e-9}
+    bound = max(sol.bound, fast.bound) if fast is not None else sol.bound
+    return priced_choice(inst, block, x, f, sol.objective, bound, churn)
+
+
+def _rounded_relaxation(
+    inst: Instance, block: int, prices: np.ndarray, churn: float, bound: float
+) -> BlockChoice | None:
+    """A placement of the block when neither solver found one in time: its LP relaxation with
+    replicas rounded up. Rounding up only adds capacity, and the relaxation puts replicas of
+    every member wherever the block stands, so the result meets every row but the pools; its
+    bound is the better of the relaxation's value and `bound`."""
+    model = build(inst, [block], prices=prices, churn_cost=churn)
+    sol = solve_model(model, relax=True, solver="glop", time_limit_s=5.0)
+    if sol.values is None or sol.status != "optimal":
+        return None
+    values = sol.values.copy()
+    values[: model.n_x] = np.ceil(values[: model.n_x] - 1e-6)
+    x = {int(o): int(n) for o, n in zip(model.opts, values[: model.n_x], strict=True) if n > 0}
+    f = {
+        int(t): float(v)
+        for t, v in zip(model.routes, values[model.n_x : model.n_x + model.n_f], strict=True)
+        if v > 1e-9
+    }
+    return repriced(
+        inst, priced_choice(inst, block, x, f, math.inf, max(bound, sol.objective), churn), prices
+    )
+
+
+def repriced(inst: Instance, choice: BlockChoice, prices: np.ndarray) -> BlockChoice:
+    """`choice` (a placement no solver priced) with its priced value worked out from its cost."""
+    choice.priced = choice.cost + price_of(inst, choice.x, prices)
+    choice.bound = min(choice.bound, choice.priced)
+    return choice
+
+
+def price_of(inst: Instance, x: dict[int, int], prices: np.ndarray) -> float:
+    """What the pool prices add to a placement's cost."""
+    return float(sum(n * inst.opt_units[o] * prices[inst.opt_r[o], inst.opt_h[o]] for o, n in x.items()))
+
+
+def prohibitive(inst: Instance) -> float:
+    """A pool price no placement pays when it has any other way."""
+    return 10.0 * float(inst.pool_cost.max()) + 1.0
+
+
+def priced_choice(
+    inst: Instance,
+    block: int,
+    x: dict[int, int],
+    f: dict[int, float],
+    priced: float,
+    bound: float,
+    churn: float,
+) -> BlockChoice:
+    """The block's choice of this placement, with its cost (and churn) worked out."""
+    cost = float(sum(inst.opt_cost[o] * n for o, n in x.items()))
+    if churn and inst.problem.current is not None:
+        cost += churn * float(sum(max(0, n - inst.opt_current[o]) * inst.opt_units[o] for o, n in x.items()))
+    return BlockChoice(block, x, f, priced, min(bound, priced), cost)
+
+
+def usage_of(inst: Instance, choices: dict[int, BlockChoice]) -> np.ndarray:
+    """Units the choices take from each pool, (regions, hardware)."""
+    used = np.zeros_like(inst.pool_units)
+    for choice in choices.values():
+        for o, n in choice.x.items():
+            used[inst.opt_r[o], inst.opt_h[o]] += n * inst.opt_units[o]
+    return used
+
+
+def choices_from_values(
+    inst: Instance, model: BlockModel, values: np.ndarray, churn: float, blocks: list[int]
+) -> dict[int, BlockChoice]:
+    """Per-block choices out of a solved model of several blocks."""
+    out = {b: BlockChoice(b, {}, {}, 0.0, 0.0, 0.0) for b in blocks}
+    for o, n in zip(model.opts, np.rint(values[: model.n_x]).astype(np.int64), strict=True):
+        if n > 0:
+            c = out[int(inst.block_of[inst.opt_d[o]])]
+            c.x[int(o)] = int(n)
+            c.cost += float(inst.opt_cost[o] * n)
+            if churn and inst.problem.current is not None:
+                c.cost += churn * float(max(0, n - inst.opt_current[o]) * inst.opt_units[o])
+    for t, v in zip(model.routes, values[model.n_x : model.n_x + model.n_f], strict=True):
+        if v > 1e-9:
+            out[int(inst.route_b[t])].f[int(t)] = float(v)
+    return out
+
+
+def place_jointly(
+    inst: Instance, movers: list[int], residual: np.ndarray, churn: float, deadline: float
+) -> dict[int, BlockChoice] | None:
+    """The blocks `movers` placed together by one MIP in the `residual` pool capacity (None if
+    it found no placement in its time)."""
+    joint = build(inst, movers, pool_capacity=residual, churn_cost=churn)
+    limit = max(1.0, min(JOINT_REPAIR_SECONDS, deadline - time.monotonic()))
+    sol = solve_model(joint, time_limit_s=limit, relative_gap=1e-4)
+    if sol.values is None:
+        return None
+    return choices_from_values(inst, joint, sol.values, churn, movers)
+
+
+def block_names(inst: Instance, block: int) -> str:
+    return ", ".join(inst.problem.deployments[i].name for i in inst.blocks[block])
+
+
+def _alone_infeasible(inst: Instance, block: int) -> str:
+    """Why a block cannot be placed even with the whole fleet to itself."""
+    lines = []
+    for i in inst.blocks[block]:
+        dep = inst.problem.deployments[i]
+        opts = inst.options_of[i]
+        carry = float(sum(inst.opt_cap[o] * inst.opt_qps[o] for o in opts) * inst.usable[i])
+        total = float(inst.total_demand[i])
+        pools = sorted({f"{inst.regions[inst.opt_r[o]]}/{inst.hardware[inst.opt_h[o]]}" for o in opts})
+        if carry < total:
+            lines.append(
+                f"{dep.name} needs {total:g} QPS, every pool it may use ({', '.join(pools)}) together "
+                f"carries at most {carry:g} with headroom: short by {total - carry:g} QPS"
+            )
+    detail = "; ".join(lines) or (
+        f"{block_names(inst, block)}: the pools near its "
+        "sources are too small for its min_regions / survive_region_loss / latency budget"
+    )
+    return f"pools: {detail}."

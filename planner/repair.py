@@ -1,0 +1,197 @@
+"""Making block choices fit the pools: blocks are taken off the overfull pools and placed
+again in the capacity the others leave, together by one MIP or one at a time with a bounded
+ejection chain; when nothing fits, the error names the shortfall."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from ipnext.errors import InfeasiblePlanError, PlanningTimeoutError
+from ipnext.planner.block import solve_block_fast
+from ipnext.planner.instance import Instance
+from ipnext.planner.pricing import (
+    BlockChoice,
+    block_names,
+    place_jointly,
+    priced_choice,
+    prohibitive,
+    repriced,
+    solve_block,
+    usage_of,
+)
+
+__all__ = ["OUT_OF_TIME", "place_one_by_one", "repair"]
+
+OUT_OF_TIME = "no plan that fits the pools within the time limit"
+FAST_INTO_TRIES = 3
+REPAIR_BLOCK_LIMIT_S = 2.0
+
+
+def repair(
+    inst: Instance, choices: dict[int, BlockChoice], churn: float, deadline: float, prices: np.ndarray
+) -> dict[int, BlockChoice]:
+    """Make the choices fit the pools. Blocks are taken off the overfull pools and re-placed
+    into the capacity the others leave, together by one MIP (hard pool rows) or, if that
+    cannot finish in time, one by one, least flexible first. When they cannot fit, the
+    circle widens: every block on the congested hardware classes, then every block."""
+    used = usage_of(inst, choices)
+    if (used <= inst.pool_units + 1e-9).all():
+        return dict(choices)
+    overfull = [(int(r), int(h)) for r, h in np.argwhere(used > inst.pool_units + 1e-9)]
+    congested_hw = {h for _, h in overfull}
+    circles = [
+        _minimal_movers(inst, choices, used),
+        [b for b, c in choices.items() if any(inst.opt_h[o] in congested_hw for o in c.x)],
+        list(choices),
+    ]
+    last_error = ""
+    for jointly in (True, False):
+        for movers in circles:
+            kept = {b: c for b, c in choices.items() if b not in set(movers)}
+            residual = np.maximum(inst.pool_units - usage_of(inst, kept), 0.0)
+            if jointly:
+                if time.monotonic() > deadline:
+                    continue
+                placed = place_jointly(inst, movers, residual, churn, deadline)
+            else:
+                placed, last_error = place_one_by_one(inst, movers, residual, churn, prices, kept, deadline)
+            if placed is not None:
+                kept.update(placed)
+                return kept
+    if last_error.startswith(OUT_OF_TIME):
+        raise PlanningTimeoutError(last_error, fix="give the planner more time (--time-limit)")
+    raise InfeasiblePlanError(last_error or "pools: the blocks cannot be placed within the pools' capacity.")
+
+
+def _minimal_movers(inst: Instance, choices: dict[int, BlockChoice], used: np.ndarray) -> list[int]:
+    """Blocks off each overfull pool, biggest users first, only until it fits."""
+    used = used.copy()
+    movers: list[int] = []
+    for r, h in np.argwhere(used > inst.pool_units + 1e-9):
+        users = sorted(
+            (
+                b
+                for b in choices
+                if b not in movers and any(inst.opt_r[o] == r and inst.opt_h[o] == h for o in choices[b].x)
+            ),
+            key=lambda b: -_units_in(inst, choices[b], r, h),
+        )
+        for b in users:
+            if used[r, h] <= inst.pool_units[r, h] + 1e-9:
+                break
+            for o, n in choices[b].x.items():
+                used[inst.opt_r[o], inst.opt_h[o]] -= n * inst.opt_units[o]
+            movers.append(b)
+    return movers
+
+
+def place_one_by_one(
+    inst: Instance,
+    movers: list[int],
+    residual: np.ndarray,
+    churn: float,
+    prices: np.ndarray,
+    kept: dict[int, BlockChoice] | None = None,
+    deadline: float = float("inf"),
+) -> tuple[dict[int, BlockChoice] | None, str]:
+    """Place blocks one at a time into `residual`. A block that does not fit evicts the most
+    flexible blocks from the pools it could use (kept ones included) and they queue again:
+    a bounded ejection chain. Returns the placements, or None and why."""
+    residual = residual.copy()
+    placed: dict[int, BlockChoice] = {}
+    kept = kept if kept is not None else {}
+
+    def flexibility(b: int) -> int:
+        return sum(len(inst.options_of[i]) for i in inst.blocks[b])
+
+    queue = sorted(movers, key=flexibility)
+    evictions = 0
+    limit = 5 * len(movers) + 20
+    while queue:
+        if time.monotonic() > deadline:
+            return None, f"{OUT_OF_TIME}: repair still had {len(queue)} of {len(movers)} blocks to place."
+        b = queue.pop(0)
+        seconds = max(0.25, min(REPAIR_BLOCK_LIMIT_S, deadline - time.monotonic()))
+        choice = _fast_into(inst, b, prices, churn, residual)
+        if choice is None:
+            choice = solve_block(inst, b, prices, churn, seconds, residual=np.maximum(residual, 0))
+        if choice is None:
+            pools = {
+                (int(inst.opt_r[o]), int(inst.opt_h[o])) for i in inst.blocks[b] for o in inst.options_of[i]
+            }
+            holders = [
+                (c, owner)
+                for owner in (placed, kept)
+                for c in owner.values()
+                if any((int(inst.opt_r[o]), int(inst.opt_h[o])) in pools for o in c.x)
+            ]
+            if not holders or evictions >= limit:
+                return None, _shortfall(inst, b, residual)
+            holders.sort(key=lambda item: -flexibility(item[0].block))
+            for c, owner in holders[:2]:
+                del owner[c.block]
+                for o, n in c.x.items():
+                    residual[inst.opt_r[o], inst.opt_h[o]] += n * inst.opt_units[o]
+                queue.append(c.block)
+                evictions += 1
+            queue.insert(0, b)
+            continue
+        placed[b] = choice
+        for o, n in choice.x.items():
+            residual[inst.opt_r[o], inst.opt_h[o]] -= n * inst.opt_units[o]
+    return placed, ""
+
+
+def _fast_into(
+    inst: Instance, block: int, prices: np.ndarray, churn: float, residual: np.ndarray
+) -> BlockChoice | None:
+    """The fast solver's placement of the block in `residual`, if a cheap one exists: pools
+    too full for even one more replica are priced out, then those its answer overfills, a
+    few times. None when that does not fit (the caller then asks the MIP with hard rows)."""
+    smallest: dict[int, float] = {}  # per pool, the fewest units one replica of the block takes
+    for i in inst.blocks[block]:
+        for o in inst.options_of[i]:
+            p = int(inst.opt_r[o]) * residual.shape[1] + int(inst.opt_h[o])
+            smallest[p] = min(smallest.get(p, math.inf), float(inst.opt_units[o]))
+    banned = residual <= 0
+    for p, units in smallest.items():  # not even one replica fits there
+        if residual.flat[p] < units:
+            banned.flat[p] = True
+    price_out = prohibitive(inst)
+    for _ in range(FAST_INTO_TRIES):
+        fast = solve_block_fast(inst, block, prices + price_out * banned, churn)
+        if fast is None:
+            return None
+        used = np.zeros_like(residual)
+        for o, n in fast.x.items():
+            used[inst.opt_r[o], inst.opt_h[o]] += n * inst.opt_units[o]
+        over = used > residual + 1e-9
+        if not over.any():
+            return repriced(
+                inst, priced_choice(inst, block, fast.x, fast.f, math.inf, -math.inf, churn), prices
+            )
+        banned |= over
+    return None
+
+
+def _units_in(inst: Instance, choice: BlockChoice, r: int, h: int) -> float:
+    return float(
+        sum(n * inst.opt_units[o] for o, n in choice.x.items() if inst.opt_r[o] == r and inst.opt_h[o] == h)
+    )
+
+
+def _shortfall(inst: Instance, block: int, residual: np.ndarray) -> str:
+    need: dict[str, float] = {}
+    for i in inst.blocks[block]:
+        dep = inst.problem.deployments[i]
+        for hw, option in dep.hardware.items():
+            replicas = math.ceil(sum(dep.demand_qps.values()) / ((1 - dep.headroom) * option.qps))
+            need[hw] = max(need.get(hw, 0), replicas * option.units)
+    free = {h: float(residual[:, inst.hardware.index(h)].sum()) for h in need if h in inst.hardware}
+    detail = ", ".join(
+        f"{h}: needs ~{need[h]:g} units, {free.get(h, 0):g} free fleet-wide" for h in sorted(need)
+    )
+    return f"pools: {block_names(inst, block)} cannot be placed in the capacity left ({detail})."
