@@ -15,7 +15,10 @@ from ipnext.errors import ServingError
 from ipnext.model import DEFAULT_ROUTER_MAX_ONGOING, ModelSpec, SnapshotSet
 from ipnext.plan import Plan
 from ipnext.rollout import RouterConfig
+from ipnext.routing import routing_document
 from ipnext.serving.layout import (
+    ROUTING_APP,
+    DeployedRouter,
     metrics_actor_name,
     render_router_app,
     render_set_app,
@@ -119,9 +122,26 @@ def deploy_set_apps(input: DeploySetInput) -> DeploySetResult:
     _ray_get(writer.apply.remote(upserts, []))
     try:
         wait_apps_running([p.name for p in plans.values()], APPS_RUNNING_TIMEOUT_S, _heartbeat)
+        # A set brought to its plan's full size carries the model on that plan (a first rollout,
+        # a rollout's last step, a capacity move, the old set after a rollback): its routing is
+        # the model's from now on. Partial sizes are steps on the way and publish nothing.
+        if input.scale == 1 and all(share == 1 for share in input.part_scales.values()):
+            _publish_routing(writer, input.spec.name, input.plan, current.serve.routing_ttl_seconds)
     except ServingError as err:
         raise as_application_error(err) from None
     return DeploySetResult(apps={r: p.name for r, p in plans.items()})
+
+
+def _publish_routing(writer: Any, model: str, plan: Plan, ttl_seconds: float) -> None:
+    """The model's routing document from `plan`, published by the writer (a new generation only
+    if it changed) and waited for until the routing app serves it."""
+    from ipnext.serving.control import wait_apps_running
+    from ipnext.serving.routing_app import wait_routing_generation
+
+    draft = routing_document(model, plan, ttl_seconds)
+    generation = _ray_get(writer.publish_routing.remote(draft.model_dump(mode="json")))
+    wait_apps_running([ROUTING_APP], APPS_RUNNING_TIMEOUT_S, _heartbeat)
+    wait_routing_generation(model, generation, 60)
 
 
 @activity.defn
@@ -134,24 +154,24 @@ def route_traffic(input: RouteInput) -> RouteResult:
     upserts = []
     for region, weights in sorted(input.weights.items()):
         name = router_app_name(input.model, region)
-        existing = _ray_get(writer.app.remote(name))
-        old = RouterConfig.model_validate(existing["deployments"][0]["user_config"]) if existing else None
-        old_cap = existing["deployments"][0].get("max_ongoing_requests") if existing else None
+        current: DeployedRouter | None = _ray_get(writer.deployed_router.remote(name))
         parts = input.parts.get(region, {})
-        gated = input.gated_part if input.gated_part in parts else None
-        cap = input.router_max_ongoing_requests
-        if (
-            old is not None
-            and (old.weights, old.parts, old.gated_part) == (weights, parts, gated)
-            and old_cap == cap
-        ):
-            generations[region] = old.generation
-            continue
-        config = RouterConfig(
-            generation=(old.generation + 1) if old else 1, weights=weights, parts=parts, gated_part=gated
+        generation = current.config.generation if current is not None else 0
+        wanted = DeployedRouter(
+            config=RouterConfig(
+                generation=generation,
+                weights=weights,
+                parts=parts,
+                gated_part=input.gated_part if input.gated_part in parts else None,
+            ),
+            max_ongoing_requests=input.router_max_ongoing_requests,
         )
+        if wanted == current:
+            generations[region] = generation
+            continue
+        config = wanted.config.model_copy(update={"generation": generation + 1})
         generations[region] = config.generation
-        upserts.append(render_router_app(input.model, region, config, cap))
+        upserts.append(render_router_app(input.model, region, config, input.router_max_ongoing_requests))
     if upserts:
         _ray_get(writer.apply.remote(upserts, []))
     names = [router_app_name(input.model, r) for r in sorted(input.weights)]
@@ -201,6 +221,7 @@ def teardown_model(input: TeardownInput) -> TeardownResult:
     writer: Any = _context.writer()
     prefix = f"{input.model}."
     names = [n for n in _ray_get(writer.app_names.remote()) if n.startswith(prefix)]
+    _ray_get(writer.withdraw_routing.remote(input.model))  # callers stop being sent here first
     _ray_get(writer.apply.remote([], names))
     wait_apps_gone(names, APPS_RUNNING_TIMEOUT_S)
     for region in _context.settings().fleet().regions:

@@ -16,10 +16,16 @@ from typing import Any
 import ray
 
 from ipnext.errors import ServingError
+from ipnext.routing import RoutingDocument, succeed
 from ipnext.serving.layout import (
     RAY_NAMESPACE,
     ROUTER_DEPLOYMENT,
+    ROUTING_APP,
     WRITER_ACTOR,
+    DeployedRouter,
+    deployed_router,
+    deployed_routing,
+    render_routing_app,
     render_serve_config,
 )
 
@@ -77,8 +83,30 @@ class ServeConfigWriter:
         self._applies += 1
         return self._applies
 
-    def app(self, name: str) -> dict[str, Any] | None:
-        return copy.deepcopy(self._apps.get(name))
+    def deployed_router(self, name: str) -> DeployedRouter | None:
+        """The routing and cap of router app `name` as last applied (None if it has none)."""
+        app = self._apps.get(name)
+        return deployed_router(app) if app is not None else None
+
+    def publish_routing(self, draft: dict[str, Any]) -> int:
+        """Make `draft` (a RoutingDocument) its model's routing document, at the next generation
+        if it says something new (read and written here, so two models never race); returns the
+        generation now published."""
+        table = deployed_routing(self._apps.get(ROUTING_APP))
+        document = RoutingDocument.model_validate(draft)
+        previous = table.documents.get(document.model)
+        published = succeed(previous, document)
+        if published is not previous:
+            self.apply([render_routing_app(table.with_document(published))], [])
+        return published.generation
+
+    def withdraw_routing(self, model: str) -> bool:
+        """Drop the model's routing document (the app stays, answering 404 for it)."""
+        table = deployed_routing(self._apps.get(ROUTING_APP))
+        if model not in table.documents:
+            return False
+        self.apply([render_routing_app(table.without(model))], [])
+        return True
 
     def app_names(self) -> list[str]:
         return sorted(self._apps)
@@ -108,14 +136,23 @@ def get_writer(host: str, port: int) -> Any:
     )
 
 
+def _wait(check: Callable[[], str | None], timeout_s: float, interval_s: float) -> None:
+    """Call `check` until it answers None (done); when it still answers after `timeout_s`,
+    raise ServingError with its last answer, which says what is not done yet."""
+    deadline = time.monotonic() + timeout_s
+    while (waiting := check()) is not None:
+        if time.monotonic() > deadline:
+            raise ServingError(waiting)
+        time.sleep(interval_s)
+
+
 def wait_apps_running(
     names: list[str], timeout_s: float, heartbeat: Callable[[str], None] = lambda _: None
 ) -> None:
     """Block until every named app is RUNNING; a failed deploy raises with Serve's message."""
     from ray import serve
 
-    deadline = time.monotonic() + timeout_s
-    while True:
+    def check() -> str | None:
         apps = serve.status().applications
         pending = []
         for name in names:
@@ -126,25 +163,22 @@ def wait_apps_running(
             if not status.endswith("RUNNING"):
                 pending.append(f"{name}={status.rsplit('.', 1)[-1]}")
         if not pending:
-            return
+            return None
         heartbeat(", ".join(pending))
-        if time.monotonic() > deadline:
-            raise ServingError(f"Serve apps not running after {timeout_s:.0f}s: {', '.join(pending)}")
-        time.sleep(0.5)
+        return f"Serve apps not running after {timeout_s:.0f}s: {', '.join(pending)}"
+
+    _wait(check, timeout_s, 0.5)
 
 
 def wait_apps_gone(names: list[str], timeout_s: float) -> None:
     """Block until Serve no longer lists any of the named apps."""
     from ray import serve
 
-    deadline = time.monotonic() + timeout_s
-    while True:
+    def check() -> str | None:
         left = sorted(set(names) & set(serve.status().applications))
-        if not left:
-            return
-        if time.monotonic() > deadline:
-            raise ServingError(f"Serve apps still present after {timeout_s:.0f}s: {left}")
-        time.sleep(0.5)
+        return f"Serve apps still present after {timeout_s:.0f}s: {left}" if left else None
+
+    _wait(check, timeout_s, 0.5)
 
 
 def wait_router_generation(app: str, generation: int, timeout_s: float) -> None:
@@ -152,11 +186,9 @@ def wait_router_generation(app: str, generation: int, timeout_s: float) -> None:
     from ray import serve
 
     handle = serve.get_deployment_handle(ROUTER_DEPLOYMENT, app_name=app)
-    deadline = time.monotonic() + timeout_s
-    while True:
+
+    def check() -> str | None:
         current = handle.generation.remote().result(timeout_s=timeout_s)
-        if current >= generation:
-            return
-        if time.monotonic() > deadline:
-            raise ServingError(f"router {app} still at generation {current} < {generation}")
-        time.sleep(0.2)
+        return f"router {app} still at generation {current} < {generation}" if current < generation else None
+
+    _wait(check, timeout_s, 0.2)

@@ -5,6 +5,7 @@ Pure code (no Ray imports): the Serve config writer, the activities and the test
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import Field
@@ -13,16 +14,29 @@ from ipnext.contracts import Frozen
 from ipnext.model import DEFAULT_ROUTER_MAX_ONGOING, BatchingSpec, ChoiceSpec, ModelSpec, SnapshotSet
 from ipnext.plan import Plan
 from ipnext.rollout import RouterConfig, scaled_replicas
+from ipnext.routing import ROUTING_PREFIX, RoutingTable
 
 __all__ = [
     "ROUTER_DEPLOYMENT",
+    "ROUTER_IMPORT_PATH",
+    "ROUTING_APP",
+    "ROUTING_DEPLOYMENT",
+    "ROUTING_IMPORT_PATH",
     "SET_DEPLOYMENT",
+    "SET_IMPORT_PATH",
+    "DeployedRouter",
     "PartHostArgs",
     "RouterAppArgs",
     "SetAppArgs",
     "SetAppPlan",
+    "SetDescription",
+    "SetIngressConfig",
+    "deployed_router",
+    "deployed_routing",
     "metrics_actor_name",
+    "part_deployment_name",
     "render_router_app",
+    "render_routing_app",
     "render_serve_config",
     "render_set_app",
     "router_app_name",
@@ -34,6 +48,13 @@ ROUTER_DEPLOYMENT = "router"
 SET_DEPLOYMENT = "set"
 RAY_NAMESPACE = "ipnext"
 WRITER_ACTOR = "ipnext-serve-writer"
+# The builders Serve imports by path (changing one restarts every app rendered with it).
+SET_IMPORT_PATH = "ipnext.serving.set_app:set_app"
+ROUTER_IMPORT_PATH = "ipnext.serving.router:router_app"
+# The one global app of routing documents (GET /models/<name>/routing); not named after a model.
+ROUTING_APP = "ipnext-routing"
+ROUTING_DEPLOYMENT = "routing"
+ROUTING_IMPORT_PATH = "ipnext.serving.routing_app:routing_app"
 # A replica asks for a sliver of its region so it lands on a node of that region
 # without the region count limiting how many replicas fit.
 _REGION_SHARE = 0.001
@@ -49,6 +70,11 @@ def set_app_name(model: str, region: str, set_number: int, revision: int) -> str
 
 def metrics_actor_name(model: str, region: str) -> str:
     return f"ipnext-metrics/{model}/{region}"
+
+
+def part_deployment_name(part: str, hardware: str) -> str:
+    """The Serve deployment of one part on one hardware class, inside its set app."""
+    return f"{part}-{hardware}"
 
 
 class PartHostArgs(Frozen):
@@ -81,10 +107,54 @@ class SetAppArgs(Frozen):
     choices: dict[str, ChoiceSpec] = Field(default_factory=dict)
     shard_groups: dict[str, list[str]] = Field(default_factory=dict)  # part -> its shard parts
 
+    def describe(self, capacity: Mapping[str, float]) -> SetDescription:
+        """What the set's ingress tells routers, given the capacity (QPS) per part deployment
+        (a deployment missing from `capacity` counts as 1)."""
+        return SetDescription(
+            set_id=self.set_id,
+            dag=self.dag,
+            order=self.order,
+            deployments={
+                part: {
+                    name: capacity.get(name, 1.0)
+                    for name in (part_deployment_name(part, hw) for hw in hardware)
+                }
+                for part, hardware in self.hardware.items()
+            },
+            choices=self.choices,
+            shard_groups=self.shard_groups,
+        )
+
+
+class SetIngressConfig(Frozen):
+    """The set ingress's `user_config`: capacity per part deployment, which changes with the
+    replica counts, so it reconfigures in place instead of restarting the app."""
+
+    capacity: dict[str, float] = Field(default_factory=dict)  # part deployment -> QPS
+
+
+class SetDescription(Frozen):
+    """A set app as routers see it: its DAG, choice nodes and shard groups, and each part's
+    deployments with their capacity, by which a router spreads that part's calls."""
+
+    set_id: str
+    dag: list[tuple[str, str]]
+    order: list[str]
+    deployments: dict[str, dict[str, float]]  # part -> part deployment -> capacity (QPS)
+    choices: dict[str, ChoiceSpec] = Field(default_factory=dict)
+    shard_groups: dict[str, list[str]] = Field(default_factory=dict)
+
 
 class RouterAppArgs(Frozen):
     model: str
     region: str
+
+
+class DeployedRouter(Frozen):
+    """A router app as the Serve config holds it: its routing and its concurrency cap."""
+
+    config: RouterConfig
+    max_ongoing_requests: int | None = None
 
 
 class SetAppPlan(Frozen):
@@ -167,22 +237,20 @@ def render_set_app(app: SetAppPlan, replica_num_cpus: float) -> dict[str, Any]:
             "name": SET_DEPLOYMENT,
             "num_replicas": 1,
             "ray_actor_options": _actor_options(app.args.region, 0),
-            # Capacity per deployment lets the router spread each hop; it rides in
-            # user_config so a replica count change reconfigures in place.
-            "user_config": {
-                "capacity": {
-                    f"{part}-{hw}": n * app.qps[part][hw]
+            "user_config": SetIngressConfig(
+                capacity={
+                    part_deployment_name(part, hw): n * app.qps[part][hw]
                     for part, by_hw in app.replicas.items()
                     for hw, n in by_hw.items()
                 }
-            },
+            ).model_dump(mode="json"),
         }
     ]
     for part, by_hw in sorted(app.replicas.items()):
         batching = app.args.parts[part].batching
         for hw, n in sorted(by_hw.items()):
             deployment: dict[str, Any] = {
-                "name": f"{part}-{hw}",
+                "name": part_deployment_name(part, hw),
                 "num_replicas": n,
                 "ray_actor_options": _actor_options(
                     app.args.region, replica_num_cpus, hw, app.units[part][hw]
@@ -196,7 +264,7 @@ def render_set_app(app: SetAppPlan, replica_num_cpus: float) -> dict[str, Any]:
     return {
         "name": app.name,
         "route_prefix": None,
-        "import_path": "ipnext.serving.apps:set_app",
+        "import_path": SET_IMPORT_PATH,
         # A model without choice nodes renders as it did before they existed.
         "args": app.args.model_dump(mode="json", exclude=_empty(app.args, "choices", "shard_groups")),
         "deployments": deployments,
@@ -215,7 +283,7 @@ def render_router_app(
     return {
         "name": router_app_name(model, region),
         "route_prefix": f"/{region}/models/{model}",
-        "import_path": "ipnext.serving.apps:router_app",
+        "import_path": ROUTER_IMPORT_PATH,
         "args": RouterAppArgs(model=model, region=region).model_dump(mode="json"),
         "deployments": [
             {
@@ -228,6 +296,43 @@ def render_router_app(
             }
         ],
     }
+
+
+def deployed_router(app: dict[str, Any]) -> DeployedRouter:
+    """The router fields of an app rendered by `render_router_app` (or adopted from Serve)."""
+    [router] = app["deployments"]  # a router app holds the one router deployment
+    return DeployedRouter(
+        config=RouterConfig.model_validate(router["user_config"]),
+        max_ongoing_requests=router.get("max_ongoing_requests"),
+    )
+
+
+def render_routing_app(table: RoutingTable) -> dict[str, Any]:
+    """The routing app: every model's routing document rides in its `user_config`, so a change
+    reconfigures it in place. Global: its replica asks for no region."""
+    return {
+        "name": ROUTING_APP,
+        "route_prefix": ROUTING_PREFIX,
+        "import_path": ROUTING_IMPORT_PATH,
+        "args": {},
+        "deployments": [
+            {
+                "name": ROUTING_DEPLOYMENT,
+                "num_replicas": 1,
+                "ray_actor_options": {"num_cpus": 0},
+                "user_config": table.model_dump(mode="json"),
+            }
+        ],
+    }
+
+
+def deployed_routing(app: dict[str, Any] | None) -> RoutingTable:
+    """The documents of an app rendered by `render_routing_app` (or adopted from Serve); none
+    when there is no routing app yet."""
+    if app is None:
+        return RoutingTable()
+    [deployment] = app["deployments"]
+    return RoutingTable.model_validate(deployment.get("user_config") or {})
 
 
 def render_serve_config(apps: dict[str, dict[str, Any]], host: str, port: int) -> dict[str, Any]:

@@ -4,7 +4,7 @@ Per request: time to first token (`ttft_ms`), inter-token latency (`itl_ms`, eve
 two tokens of one answer), queue time (`queue_ms`, arrival to first step) and decode speed.
 In aggregate: batch size per step, KV-cache use, prefix-cache hit rate (prompt tokens served
 from the cache), preemptions, cancellations. The latency histograms use the bucket bounds of
-`ipnext.serving.metrics`, so they push to a model's metrics actor beside the router's counters
+`ipnext.counters`, so they push to a model's metrics actor beside the router's counters
 and the rollout gates (`ttft_p99_ms`, `itl_p99_ms`) read them like `latency_p99_ms`.
 """
 

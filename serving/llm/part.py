@@ -51,26 +51,14 @@ class LLMPartConfig(BaseModel):
     handoff_max_bytes: int = Field(default=512 << 20, gt=0)
 
 
-class LLMRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class LLMRequest(SamplingParams):
+    """A generation request: the prompt and the engine's sampling settings, whose fields and
+    bounds it inherits (one definition of each)."""
 
     prompt: str = Field(min_length=1)
-    max_tokens: int = Field(default=64, ge=1)
-    temperature: float = Field(default=0.0, ge=0)
-    top_p: float = Field(default=1.0, gt=0, le=1)
-    stop: list[str] = Field(default_factory=list)
-    seed: int | None = None
-    ignore_eos: bool = False
 
     def sampling(self) -> SamplingParams:
-        return SamplingParams(
-            max_tokens=self.max_tokens,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            stop=self.stop,
-            seed=self.seed,
-            ignore_eos=self.ignore_eos,
-        )
+        return SamplingParams.model_validate(self.model_dump(exclude={"prompt"}))
 
 
 class LLMPart:

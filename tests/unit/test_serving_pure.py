@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
 import math
 import random
+import subprocess
+import sys
 from collections import Counter
 from datetime import UTC, datetime
 
@@ -17,8 +20,12 @@ from ipnext.model import ModelSpec, RouterSpec, SnapshotRef, SnapshotSet
 from ipnext.plan import Plan, PlanningProblem, demand_from_model
 from ipnext.planner import solve
 from ipnext.rollout import RouterConfig
-from ipnext.serving.apps import all_finite, pick_apps, pick_set
 from ipnext.serving.layout import (
+    ROUTER_IMPORT_PATH,
+    SET_IMPORT_PATH,
+    DeployedRouter,
+    SetIngressConfig,
+    deployed_router,
     metrics_actor_name,
     render_router_app,
     render_serve_config,
@@ -28,6 +35,7 @@ from ipnext.serving.layout import (
     set_app_plan,
 )
 from ipnext.serving.metrics import LATENCY_BUCKETS_MS, MetricsStore, SetCounters, percentile
+from ipnext.serving.traffic import PickedApps, all_finite, join_shards, pick_apps, pick_set
 
 MODEL = "feed-ranker"
 ROOTS = ["/srv/snapshots"]
@@ -101,7 +109,7 @@ def test_render_set_app(example_spec: ModelSpec, snapshot_set: SnapshotSet, plan
     rendered = render_set_app(app, replica_num_cpus=0.25)
     assert rendered["name"] == "feed-ranker.us-east.s7.r4"
     assert rendered["route_prefix"] is None
-    assert rendered["import_path"] == "ipnext.serving.apps:set_app"
+    assert rendered["import_path"] == SET_IMPORT_PATH == "ipnext.serving.set_app:set_app"
     assert rendered["args"]["set_id"] == f"{MODEL}@7"
     by_name = {d["name"]: d for d in rendered["deployments"]}
     assert sorted(by_name) == ["dense-cpu-std", "embed-cpu-highmem", "set"]
@@ -142,7 +150,7 @@ def test_render_router_app() -> None:
     rendered = render_router_app(MODEL, "us-east", config)
     assert rendered["name"] == "feed-ranker.us-east"
     assert rendered["route_prefix"] == "/us-east/models/feed-ranker"
-    assert rendered["import_path"] == "ipnext.serving.apps:router_app"
+    assert rendered["import_path"] == ROUTER_IMPORT_PATH == "ipnext.serving.router:router_app"
     assert rendered["args"] == {"model": MODEL, "region": "us-east"}
     [router] = rendered["deployments"]
     assert router["name"] == "router"
@@ -176,6 +184,52 @@ def test_render_serve_config_is_a_valid_serve_deploy_schema(
     prefixes = {a.name: a.route_prefix for a in schema.applications}
     assert prefixes["feed-ranker.eu-west"] == "/eu-west/models/feed-ranker"
     assert prefixes["feed-ranker.us-east.s7.r4"] is None
+
+
+def test_set_description_is_what_routers_read_of_the_rendered_app(
+    example_spec: ModelSpec, snapshot_set: SnapshotSet, plan: Plan
+) -> None:
+    app = set_app_plan(example_spec, snapshot_set, plan, "us-east", ROOTS)
+    rendered = render_set_app(app, 0)
+    by_name = {d["name"]: d for d in rendered["deployments"]}
+    # The ingress's user_config as Serve hands it over, parsed once, gives the description.
+    ingress = SetIngressConfig.model_validate(by_name["set"]["user_config"])
+    described = app.args.describe(ingress.capacity)
+    assert described.set_id == f"{MODEL}@7"
+    assert described.order == ["embed", "dense"]
+    assert described.deployments == {"embed": {"embed-cpu-highmem": 1200}, "dense": {"dense-cpu-std": 300}}
+    # Every deployment a router will address is one the set app deploys.
+    assert {n for d in described.deployments.values() for n in d} == set(by_name) - {"set"}
+    # Before the first reconfigure a deployment counts as capacity 1.
+    assert app.args.describe({}).deployments["dense"] == {"dense-cpu-std": 1.0}
+    # Over HTTP it is JSON, and reads back the same.
+    assert type(described).model_validate(described.model_dump(mode="json")) == described
+
+
+def test_deployed_router_reads_back_what_was_rendered() -> None:
+    config = RouterConfig(
+        generation=3, weights={"a": 40, "b": 60}, parts={"embed": {"b": 100}}, gated_part="embed"
+    )
+    rendered = render_router_app(MODEL, "us-east", config, 12)
+    assert deployed_router(rendered) == DeployedRouter(config=config, max_ongoing_requests=12)
+    plain = RouterConfig(generation=1, weights={"a": 100})
+    assert deployed_router(render_router_app(MODEL, "us-east", plain)).config == plain
+
+
+def test_builder_import_paths_resolve() -> None:
+    from ipnext.serving import apps
+
+    for path in (SET_IMPORT_PATH, ROUTER_IMPORT_PATH):
+        module, _, name = path.partition(":")
+        builder = getattr(importlib.import_module(module), name)
+        assert callable(builder)
+        # Configs rendered before the split name ipnext.serving.apps: they build the same apps.
+        assert getattr(apps, name) is builder
+
+
+def test_traffic_choice_imports_without_ray() -> None:
+    code = "import sys, ipnext.serving.traffic; assert 'ray' not in sys.modules, 'ray was imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
 # --- metrics ----------------------------------------------------------------------------------
@@ -321,12 +375,20 @@ def test_non_finite_outputs_are_found_anywhere_in_the_answer() -> None:
     assert not all_finite({"a": {"b": [1.0, float("inf")]}})
 
 
+def test_join_shards_gathers_each_group_under_its_part() -> None:
+    values = {"user": {"id": 1}, "table-shard0": [1, 2], "table-shard1": [3]}
+    joined = join_shards(values, {"table": ["table-shard0", "table-shard1"]})
+    assert joined == {"user": {"id": 1}, "table": [1, 2, 3]}
+    with pytest.raises(RuntimeError, match="only the shards"):
+        join_shards({"table-shard1": [3]}, {"table": ["table-shard0", "table-shard1"]})
+
+
 # --- pick_apps (parts that roll on their own) ------------------------------------------------
 
 
 def test_pick_apps_without_parts_runs_and_counts_the_set() -> None:
     config = RouterConfig(generation=3, weights={"old": 100})
-    assert pick_apps(config, {"old"}, None, random.Random(1)) == ("old", "old", {})
+    assert pick_apps(config, {"old"}, None, random.Random(1)) == PickedApps("old", "old", {})
 
 
 def test_pick_apps_moves_only_the_gated_part_and_counts_by_it() -> None:

@@ -1,0 +1,322 @@
+"""The router app Serve builds for one (model, region): its HTTP entry, which picks a set app
+per request by weight and runs the DAG against that app, retrying a failed variant on its
+fallback. `router_app` is the builder the rendered Serve config imports by path
+(`layout.ROUTER_IMPORT_PATH`)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ray import serve
+from ray.serve.handle import DeploymentHandle
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+
+from ipnext.counters import SetCounters
+from ipnext.errors import PartInputError
+from ipnext.model import DAG_INPUT, DAG_OUTPUT
+from ipnext.rollout import RouterConfig
+from ipnext.serving.choices import FallbackReason, VariantRouter, variant_label
+from ipnext.serving.export import CounterPusher, RouterPrometheus
+from ipnext.serving.layout import (
+    ROUTER_DEPLOYMENT,
+    SET_DEPLOYMENT,
+    RouterAppArgs,
+    SetDescription,
+    metrics_actor_name,
+)
+from ipnext.serving.traffic import PickedApps, all_finite, join_shards, jsonable, pick_apps, upstream_values
+
+__all__ = ["NonFiniteOutputsError", "Router", "router_app"]
+
+
+class _SetRoute:
+    """A router's view of one set app: its DAG, its choice nodes and a handle per part deployment."""
+
+    def __init__(self, app: str, described: SetDescription, variants: VariantRouter) -> None:
+        self.app = app
+        self.set_id = described.set_id
+        self.variants = variants
+        self.shard_groups = described.shard_groups
+        self.deployments: dict[str, tuple[list[DeploymentHandle], list[float]]] = {}
+        for part, capacity in described.deployments.items():
+            names = sorted(capacity)
+            handles = [serve.get_deployment_handle(n, app_name=app) for n in names]
+            self.deployments[part] = (handles, [max(capacity[n], 1e-9) for n in names])
+
+    def handle(self, part: str, rng: random.Random) -> DeploymentHandle:
+        handles, weights = self.deployments[part]
+        return handles[0] if len(handles) == 1 else rng.choices(handles, weights)[0]
+
+
+class NonFiniteOutputsError(ValueError):
+    """The parts answered NaN or infinity: a failed request, which the gates must see."""
+
+    def __init__(self, message: str = "the model's outputs are not finite (NaN or inf)") -> None:
+        super().__init__(message)
+
+
+@dataclass
+class _Attempt:
+    """One run of a request's DAG: the variant at each choice node, the snapshot id of each part
+    that answered, and the part that failed it (not by the caller's mistake), if one did."""
+
+    chosen: dict[str, str]
+    stamps: dict[str, str] = field(default_factory=dict)
+    failed_part: str | None = None
+    retried: bool = False  # this is the retry on a fallback after the first attempt failed
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0})
+class Router:
+    """The (model, region) HTTP entry: picks a set app by weight and runs the DAG against it."""
+
+    def __init__(self, args: RouterAppArgs) -> None:
+        self._model = args.model
+        self._region = args.region
+        self._config = RouterConfig(generation=0, weights={})
+        self._routes: dict[str, _SetRoute] = {}
+        self._rng = random.Random()
+        self._counters: dict[str, SetCounters] = {}
+        self._pusher = CounterPusher(
+            metrics_actor_name(args.model, args.region),
+            f"{os.getpid()}-{id(self)}",
+            lambda: {a: c.model_dump() for a, c in self._counters.items()},
+        )
+        self._prometheus = RouterPrometheus()
+
+    async def reconfigure(self, config: dict[str, Any]) -> None:
+        new = RouterConfig.model_validate(config)
+        routes: dict[str, _SetRoute] = {}
+        for app in sorted(new.apps()):
+            described: SetDescription = await serve.get_deployment_handle(
+                SET_DEPLOYMENT, app_name=app
+            ).describe.remote()
+            variants = VariantRouter(described.dag, described.order, described.choices, self._observer(app))
+            if app in self._routes:  # the same set app: keep its in-flight counts and breakers
+                variants.carry_over(self._routes[app].variants)
+            routes[app] = _SetRoute(app, described, variants)
+        self._routes = routes
+        self._config = new
+        self._pusher.ensure_running()
+
+    def generation(self) -> int:
+        return self._config.generation
+
+    def state(self) -> dict[str, Any]:
+        """The GET answer: model, region, router config, and for set apps with choice nodes what
+        this replica routed (`variants`: set app -> choice -> requests, fallbacks, in flight)."""
+        answer = {"model": self._model, "region": self._region, **self._config.model_dump()}
+        now = time.monotonic()
+        variants = {app: r.variants.report(now) for app, r in self._routes.items() if r.variants.choices}
+        if variants:
+            answer["variants"] = variants
+        return answer
+
+    def _observer(self, app: str) -> Callable[[str, str, FallbackReason | None], None]:
+        def observe(choice: str, variant: str, reason: FallbackReason | None) -> None:
+            self._prometheus.record_variant(self._model, self._region, app, choice, variant, reason)
+
+        return observe
+
+    async def __call__(self, request: Request) -> JSONResponse | StreamingResponse:
+        path = request.url.path.rstrip("/")
+        if request.method == "GET" and not path.endswith("/predict"):
+            return JSONResponse(self.state())
+        if request.method != "POST" or not path.endswith("/predict"):
+            return JSONResponse({"error": "use POST .../predict"}, status_code=404)
+        try:
+            body = await request.json()
+        except ValueError:
+            return JSONResponse({"error": "body is not JSON"}, status_code=400)
+        if not isinstance(body, dict) or "inputs" not in body:
+            return JSONResponse(
+                {"error": 'body must be a JSON object {"inputs": ..., "key": optional}'},
+                status_code=400,
+            )
+        if body.get("stream"):
+            return StreamingResponse(
+                self._stream_events(body["inputs"], body.get("key")), media_type="text/event-stream"
+            )
+        envelope, status = await self.predict(body["inputs"], body.get("key"))
+        return JSONResponse(envelope, status_code=status)
+
+    async def _stream_events(self, inputs: Any, key: str | None) -> AsyncIterator[str]:
+        """Server-sent events: one envelope per piece of the final part's answer (a part
+        without `stream` gives one piece); a failure is an event with `error`. If the client
+        goes away, the part's stream is cancelled with this generator."""
+        async for envelope in self.stream(inputs, key):
+            yield f"data: {json.dumps(envelope)}\n\n"
+
+    def _pick(self, key: str | None) -> PickedApps | None:
+        return pick_apps(self._config, set(self._routes), key, self._rng)
+
+    def _no_set(self) -> str:
+        return f"model {self._model} has no serving set in {self._region}"
+
+    def _count(self, app: str, latency_ms: float | None) -> None:
+        """One request against set app `app`: its latency, or None for a failed one."""
+        counters = self._counters.setdefault(app, SetCounters())
+        counters.requests += 1
+        if latency_ms is None:
+            counters.errors += 1
+        else:
+            counters.observe("latency_ms", latency_ms)
+        self._prometheus.record(self._model, self._region, app, latency_ms)
+
+    async def stream(self, inputs: Any, key: str | None = None) -> AsyncIterator[dict[str, Any]]:
+        """The streaming `predict`: every part but the DAG's final one runs as usual, then the
+        final part streams. Counted as one request (latency: first piece to last). Choice nodes
+        pick the variants as for `predict`, but a failed variant is not retried on the fallback
+        (pieces may have gone out already)."""
+        picked = self._pick(key)
+        if picked is None:
+            yield {"error": self._no_set()}
+            return
+        set_id = self._routes[picked.counted].set_id
+        dag = self._routes[picked.base]
+        part_routes = {p: self._routes[a] for p, a in picked.part_apps.items()}
+        attempt = _Attempt(dag.variants.choose(inputs, time.monotonic()))
+        plan = dag.variants.plan(attempt.chosen)
+        variant = variant_label(attempt.chosen)
+        finals = plan.upstream.get(DAG_OUTPUT, [])
+        started = time.perf_counter()
+        pieces: Any = None
+        try:
+            if len(finals) != 1:
+                raise ValueError(f"streaming needs one part feeding the output, the DAG has {finals}")
+            final = finals[0]
+            results = await self._run_parts(dag, part_routes, inputs, attempt, skip=final)
+            upstream = upstream_values(plan, final, results, inputs, dag.shard_groups)
+            handle = part_routes.get(final, dag).handle(final, self._rng)
+            pieces = handle.options(stream=True).stream.remote(upstream)
+            async for reply in pieces:
+                attempt.stamps[final] = reply["snapshot_id"]
+                output = jsonable(reply["output"])
+                if not all_finite(output):
+                    raise NonFiniteOutputsError()
+                yield {"outputs": output, "set": set_id, "parts": dict(attempt.stamps), "variant": variant}
+            pieces = None
+        except PartInputError as err:  # the caller's mistake: not counted against the set
+            yield {"error": _cause(err), "status": 400, "set": set_id}
+            return
+        except Exception as err:  # a part failed: count it and end the stream with the reason
+            if attempt.failed_part is None and pieces is not None:
+                attempt.failed_part = finals[0]
+            self._count(picked.counted, None)
+            yield {"error": _reason(err), "set": set_id}
+            return
+        finally:
+            if pieces is not None:  # the client went away mid-stream: stop the part's work
+                pieces.cancel()
+            dag.variants.finish(attempt.chosen, attempt.stamps, attempt.failed_part, time.monotonic())
+        self._count(picked.counted, (time.perf_counter() - started) * 1000)
+
+    async def predict(self, inputs: Any, key: str | None = None) -> tuple[dict[str, Any], int]:
+        picked = self._pick(key)
+        if picked is None:
+            return {"error": self._no_set()}, 503
+        set_id = self._routes[picked.counted].set_id  # the set the answer is counted against and stamped with
+        started = time.perf_counter()
+        try:
+            part_routes = {p: self._routes[a] for p, a in picked.part_apps.items()}
+            outputs, attempt = await self._run_dag(self._routes[picked.base], part_routes, inputs)
+        except PartInputError as err:  # the caller's mistake: 400, not counted against the set
+            return {"error": _cause(err), "set": set_id}, 400
+        except Exception as err:  # a part failed (a NaN score too): count it, answer 500 with the reason
+            self._count(picked.counted, None)
+            return {"error": _reason(err), "set": set_id}, 500
+        # A retry on the fallback saved the caller, but a part of the set failed this request:
+        # the gates must see it, or a bad snapshot of a variant would roll out unnoticed.
+        self._count(picked.counted, None if attempt.retried else (time.perf_counter() - started) * 1000)
+        envelope = {"outputs": outputs, "set": set_id, "parts": attempt.stamps}
+        return {**envelope, "variant": variant_label(attempt.chosen)}, 200
+
+    async def _run_dag(
+        self, route: _SetRoute, part_routes: dict[str, _SetRoute], inputs: Any
+    ) -> tuple[Any, _Attempt]:
+        """Run `route`'s DAG on the variants its choice nodes pick for the request, calling each
+        part in `part_routes` on that route instead. When a part of a chosen variant fails (not
+        by the caller's mistake), the request runs once more with that choice on its fallback."""
+        attempt = _Attempt(route.variants.choose(inputs, time.monotonic()))
+        try:
+            return await self._run_attempt(route, part_routes, inputs, attempt), attempt
+        except PartInputError:
+            raise
+        except Exception:
+            retry = route.variants.retry_on_fallback(attempt.chosen, attempt.failed_part)
+            if retry is None:
+                raise
+        attempt = _Attempt(retry, retried=True)
+        return await self._run_attempt(route, part_routes, inputs, attempt), attempt
+
+    async def _run_attempt(
+        self, route: _SetRoute, part_routes: dict[str, _SetRoute], inputs: Any, attempt: _Attempt
+    ) -> Any:
+        try:
+            results = await self._run_parts(route, part_routes, inputs, attempt)
+            feeding = route.variants.plan(attempt.chosen).upstream.get(DAG_OUTPUT, [])
+            finals = join_shards({u: results[u] for u in feeding}, route.shard_groups)
+            outputs = jsonable(next(iter(finals.values())) if len(finals) == 1 else finals)
+            if not all_finite(outputs):  # a failure of the parts that answered: a variant falls back
+                attempt.failed_part = feeding[0]
+                raise NonFiniteOutputsError()
+        finally:
+            route.variants.finish(attempt.chosen, attempt.stamps, attempt.failed_part, time.monotonic())
+        return outputs
+
+    async def _run_parts(
+        self,
+        route: _SetRoute,
+        part_routes: dict[str, _SetRoute],
+        inputs: Any,
+        attempt: _Attempt,
+        skip: str | None = None,
+    ) -> dict[str, Any]:
+        """Every output of the parts the attempt's variants run (all but `skip`), each part
+        started once its upstream is done; snapshot ids and a failing part go into `attempt`."""
+        plan = route.variants.plan(attempt.chosen)
+        tasks: dict[str, asyncio.Task[Any]] = {}
+
+        async def run(part: str) -> Any:
+            ups = [u for u in plan.upstream.get(part, []) if u != DAG_INPUT]
+            values = dict(zip(ups, await asyncio.gather(*(tasks[u] for u in ups)), strict=True))
+            upstream = upstream_values(plan, part, values, inputs, route.shard_groups)
+            try:
+                reply = await part_routes.get(part, route).handle(part, self._rng).remote(upstream)
+            except Exception as err:
+                if not isinstance(err, PartInputError) and attempt.failed_part is None:
+                    attempt.failed_part = part
+                raise
+            attempt.stamps[part] = reply["snapshot_id"]
+            return reply["output"]
+
+        for part in plan.order:  # topological: upstream tasks exist before their consumers
+            if part != skip:
+                tasks[part] = asyncio.ensure_future(run(part))
+        done = await asyncio.gather(*tasks.values())
+        return dict(zip(tasks, done, strict=True))
+
+
+def _reason(err: Exception) -> str:
+    """Why a request failed, for its answer."""
+    return str(err) if isinstance(err, NonFiniteOutputsError) else f"{type(err).__name__}: {err}"
+
+
+def _cause(err: BaseException) -> str:
+    """A part's own words for an error it raised (Ray wraps it with the replica's traceback)."""
+    cause = getattr(err, "cause", None)
+    return str(cause) if isinstance(cause, BaseException) else str(err).strip().splitlines()[-1]
+
+
+def router_app(args: dict[str, Any]) -> serve.Application:
+    """Builder Serve imports for a router app. The args are validated here, once."""
+    parsed = RouterAppArgs.model_validate(args)
+    return Router.options(name=ROUTER_DEPLOYMENT).bind(parsed)  # type: ignore[attr-defined]

@@ -1,0 +1,76 @@
+"""The routing app (`ipnext.serving.routing_app:routing_app`): answers `GET /models/<name>/routing`
+with the model's routing document, so prediction clients find a serving region with no
+control-plane call. The documents are its `user_config`, written by the Serve config writer;
+a change is applied in place by `reconfigure`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ray import serve
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from ipnext.contracts import Frozen
+from ipnext.errors import ServingError
+from ipnext.routing import RoutingTable, routing_model_of
+from ipnext.serving.layout import ROUTING_APP, ROUTING_DEPLOYMENT
+
+__all__ = ["RoutingAppArgs", "RoutingService", "routing_app", "wait_routing_generation"]
+
+
+class RoutingAppArgs(Frozen):
+    """Nothing is fixed for the life of the routing app: everything it serves is `user_config`."""
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0})
+class RoutingService:
+    def __init__(self) -> None:
+        self._table = RoutingTable()
+
+    def reconfigure(self, config: dict[str, Any]) -> None:
+        self._table = RoutingTable.model_validate(config)
+
+    def generation(self, model: str) -> int:
+        """The generation of the model's document here (0: none)."""
+        document = self._table.documents.get(model)
+        return document.generation if document is not None else 0
+
+    async def __call__(self, request: Request) -> JSONResponse:
+        model = routing_model_of(request.url.path, request.scope.get("root_path", ""))
+        if model is None:
+            return JSONResponse({"error": "use GET /models/<name>/routing"}, status_code=404)
+        if request.method != "GET":
+            return JSONResponse({"error": f"use GET /models/{model}/routing"}, status_code=405)
+        document = self._table.documents.get(model)
+        if document is None:
+            return JSONResponse(
+                {
+                    "error": f"model {model!r} has no routing document: it is not registered, "
+                    "or serves nowhere yet"
+                },
+                status_code=404,
+            )
+        return JSONResponse(document.model_dump(mode="json"))
+
+
+def routing_app(args: dict[str, Any]) -> serve.Application:
+    """Builder Serve imports for the routing app."""
+    RoutingAppArgs.model_validate(args)
+    return RoutingService.options(name=ROUTING_DEPLOYMENT).bind()  # type: ignore[attr-defined]
+
+
+def wait_routing_generation(model: str, generation: int, timeout_s: float) -> None:
+    """Block until the routing app serves the model's document at `generation` or later (for
+    0: serves none for it)."""
+    handle = serve.get_deployment_handle(ROUTING_DEPLOYMENT, app_name=ROUTING_APP)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        current = handle.generation.remote(model).result(timeout_s=timeout_s)
+        if current >= generation if generation else current == 0:
+            return
+        if time.monotonic() > deadline:
+            raise ServingError(f"routing app still at generation {current} of {model}, not {generation}")
+        time.sleep(0.1)

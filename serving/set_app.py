@@ -1,0 +1,164 @@
+"""The set app Serve builds for one snapshot set in one region: a PartHost deployment per
+(part, hardware) and the `set` ingress that describes the set to routers. `set_app` is the
+builder the rendered Serve config imports by path (`layout.SET_IMPORT_PATH`)."""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from ray import serve
+from ray.serve.handle import DeploymentHandle
+from starlette.requests import Request
+
+from ipnext.model import import_factory
+from ipnext.serving.export import CounterPusher, PartPrometheus
+from ipnext.serving.layout import (
+    SET_DEPLOYMENT,
+    PartHostArgs,
+    SetAppArgs,
+    SetDescription,
+    SetIngressConfig,
+    metrics_actor_name,
+    part_deployment_name,
+)
+from ipnext.snapshots import load_weights, resolve_in_roots, sha256_file
+
+__all__ = ["PartHost", "SetInfo", "set_app"]
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0})
+class PartHost:
+    """Hosts one part of one snapshot set: loads its safetensors weights and stamps its snapshot id."""
+
+    def __init__(self, host: PartHostArgs) -> None:
+        import torch
+
+        torch.set_num_threads(1)  # many replicas share few cores; torch would take them all
+        path = resolve_in_roots(host.uri, [Path(r) for r in host.snapshot_roots])
+        digest = sha256_file(path)
+        if digest != host.sha256:
+            raise ValueError(f"{host.uri}: sha256 {digest} != {host.sha256} that was validated")
+        factory = import_factory(host.factory)
+        self._part = factory(load_weights(path), dict(host.config))
+        self._snapshot_id = host.snapshot_id
+        self._host = host
+        self._pusher = self._counter_pusher()
+        self._batches = 0
+        self._batched_calls = 0
+        if host.batching is not None:
+            if not callable(getattr(self._part, "batch", None)):
+                raise ValueError(f"part {host.part}: `batching` is set but the part has no `batch` method")
+            self._batched.set_max_batch_size(host.batching.max_batch_size)  # type: ignore[attr-defined]
+            self._batched.set_batch_wait_timeout_s(host.batching.wait_ms / 1000)  # type: ignore[attr-defined]
+
+    async def __call__(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        self._ensure_pusher()
+        if self._host.batching is not None:
+            result = await self._batched(inputs)
+            if isinstance(result, Exception):  # one request's own failure; the batch went on
+                raise result
+        else:
+            result = self._part(inputs)
+            if inspect.isawaitable(result):
+                result = await result
+        return {"output": result, "snapshot_id": self._snapshot_id}
+
+    @serve.batch(max_batch_size=1, batch_wait_timeout_s=0.0)
+    async def _batched(self, batch: list[dict[str, Any]]) -> list[Any]:
+        """Concurrent calls gathered by Serve (sizes set from the part's `batching`), answered by
+        the part's `batch`, which returns one result or exception per input, in order."""
+        self._batches += 1
+        self._batched_calls += len(batch)
+        results = await self._part.batch(batch)
+        if len(results) != len(batch):
+            raise RuntimeError(
+                f"part {self._host.part}: batch answered {len(results)} of {len(batch)} inputs"
+            )
+        return list(results)
+
+    async def stream(self, inputs: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        """The part's answer piece by piece (a part without `stream` answers in one piece).
+        When the caller goes away, Serve cancels this generator and the part's own `stream`
+        is closed with it (a generative part then frees what the request held)."""
+        self._ensure_pusher()
+        if not hasattr(self._part, "stream"):
+            yield await self(inputs)
+            return
+        pieces = self._part.stream(inputs)
+        try:
+            async for piece in pieces:
+                yield {"output": piece, "snapshot_id": self._snapshot_id}
+        finally:
+            await pieces.aclose()
+
+    def describe(self) -> dict[str, Any]:
+        """What the part reports of itself (`status()`, if it has one) and, for a batched part,
+        how many batches it ran for how many calls: for checks and dashboards."""
+        status = getattr(self._part, "status", None)
+        described: dict[str, Any] = {
+            "snapshot_id": self._snapshot_id,
+            "status": status() if callable(status) else None,
+        }
+        if self._host.batching is not None:
+            described["batching"] = {"batches": self._batches, "calls": self._batched_calls}
+        return described
+
+    def _counter_pusher(self) -> CounterPusher | None:
+        """For a part that measures itself (`serving_counters`), the pusher of its counters to
+        the model's metrics actor, with its observations and status also sent to Prometheus."""
+        counters = getattr(self._part, "serving_counters", None)
+        if not callable(counters) or not self._host.app:
+            return None
+        host = self._host
+        prometheus = PartPrometheus(host.model, host.region, host.app, host.part)
+        observe_with = getattr(self._part, "observe_with", None)
+        if callable(observe_with):
+            observe_with(prometheus.observe)
+        status = getattr(self._part, "status", None)
+
+        def payload() -> dict[str, Any]:
+            if callable(status):
+                prometheus.gauges(status())
+            return {host.app: counters().model_dump()}
+
+        replica = f"part-{os.getpid()}-{id(self)}"
+        return CounterPusher(metrics_actor_name(host.model, host.region), replica, payload)
+
+    def _ensure_pusher(self) -> None:
+        if self._pusher is not None:
+            self._pusher.ensure_running()
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0})
+class SetInfo:
+    """The set app's ingress: tells routers the set's DAG, parts and per-deployment capacity."""
+
+    def __init__(self, args: SetAppArgs, parts: dict[str, DeploymentHandle]) -> None:
+        self._args = args
+        self._parts = parts  # bound so Serve deploys them with this app
+        self._config = SetIngressConfig()
+
+    def reconfigure(self, config: dict[str, Any]) -> None:
+        self._config = SetIngressConfig.model_validate(config)
+
+    def describe(self) -> SetDescription:
+        return self._args.describe(self._config.capacity)
+
+    async def __call__(self, request: Request) -> dict[str, Any]:
+        return self.describe().model_dump(mode="json")
+
+
+def set_app(args: dict[str, Any]) -> serve.Application:
+    """Builder Serve imports for a set app: a PartHost per (part, hardware) behind a `set` ingress.
+    The args are validated here, once; the deployments receive the parsed models."""
+    parsed = SetAppArgs.model_validate(args)
+    parts = {
+        name: PartHost.options(name=name).bind(parsed.parts[part])  # type: ignore[attr-defined]
+        for part, hardware in parsed.hardware.items()
+        for name in (part_deployment_name(part, hw) for hw in hardware)
+    }
+    return SetInfo.options(name=SET_DEPLOYMENT).bind(parsed, parts)  # type: ignore[attr-defined]
