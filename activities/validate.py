@@ -16,6 +16,7 @@ from ipnext.model import (
     SnapshotSetRequest,
     check_against_fleet,
 )
+from ipnext.registry import ValidateSpecInput
 from ipnext.validation import complete_set, validate_snapshot
 
 __all__ = [
@@ -25,11 +26,6 @@ __all__ = [
     "validate_model_spec",
     "validate_snapshot_set",
 ]
-
-
-class ValidateSpecInput(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    spec: ModelSpec
 
 
 class ValidateSetInput(BaseModel):

@@ -1,14 +1,16 @@
 """Inputs, results and state of the lifecycle workflows (ModelWorkflow, RolloutWorkflow, the watcher).
 
 Each workflow, update, signal and activity takes one of these and returns one, so
-fields can be added later without breaking callers or running histories.
+fields can be added later without breaking callers or running histories. Each long-lived
+workflow keeps its state in one mutable model (`ModelRecord`, `RolloutProgress`) that its
+input carries whole when it continues as new.
 """
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
-from ipnext.contracts import Frozen, model_workflow_id, rollout_workflow_id
+from ipnext.contracts import Frozen, ModelStatus, model_workflow_id, rollout_workflow_id
 from ipnext.model import ModelSpec, SnapshotSet, SnapshotSetRequest
 from ipnext.plan import Plan
 from ipnext.rollout import (
@@ -24,14 +26,16 @@ __all__ = [
     "ApplyPlanInput",
     "DeleteInput",
     "DeleteResult",
+    "ModelRecord",
     "ModelState",
     "ModelWorkflowInput",
     "ModelWorkflowResult",
     "PublishInput",
     "PublishResult",
-    "RolloutCheckpoint",
     "RolloutInput",
+    "RolloutProgress",
     "RolloutResult",
+    "ValidateSpecInput",
     "WatchInput",
     "WatchResult",
     "model_workflow_id",
@@ -39,10 +43,20 @@ __all__ = [
 ]
 
 
-class ModelWorkflowInput(Frozen):
-    """Start (or continue-as-new) a model's registry workflow; later fields carry state over."""
+class ApplyPlanInput(Frozen):
+    """A new placement for the model from a fleet replan (signal `apply_plan`)."""
 
-    spec: ModelSpec
+    plan: Plan
+    fleet_revision: int
+
+
+class ModelRecord(BaseModel):
+    """A ModelWorkflow's state, and whole its continue-as-new payload: the model's sets, what
+    serves, its placement, the queue. (What only a running handler holds, a delete or a
+    publish in flight, never crosses a continue-as-new: the run continues only when idle.)"""
+
+    model_config = ConfigDict(extra="forbid")
+
     sets: list[SnapshotSet] = Field(default_factory=list)
     serving_set: str | None = None
     serving_apps: dict[str, str] = Field(default_factory=dict)  # region -> set app
@@ -51,13 +65,14 @@ class ModelWorkflowInput(Frozen):
     next_number: int = 1
     pending_plan: ApplyPlanInput | None = None
     freeze_overrides: dict[str, FreezeOverride] = Field(default_factory=dict)  # queued set id -> override
+    rollout: RolloutStatus | None = None  # the latest rollout's summary
 
 
-class ApplyPlanInput(Frozen):
-    """A new placement for the model from a fleet replan (signal `apply_plan`)."""
+class ModelWorkflowInput(Frozen):
+    """Start a model's registry workflow (`record` empty) or continue it as new (its record)."""
 
-    plan: Plan
-    fleet_revision: int
+    spec: ModelSpec
+    record: ModelRecord = Field(default_factory=ModelRecord)
 
 
 class ModelWorkflowResult(Frozen):
@@ -86,11 +101,17 @@ class DeleteResult(Frozen):
     removed_apps: list[str]
 
 
+class ValidateSpecInput(Frozen):
+    """ValidateModelWorkflow's input: the spec the worker checks before the model is registered."""
+
+    spec: ModelSpec
+
+
 class ModelState(Frozen):
     """What `get` answers: the model's spec, its sets, what serves, the plan, the rollout."""
 
     spec: ModelSpec
-    state: str  # "empty", "rolling_out", "serving", "deleting"
+    state: ModelStatus
     sets: list[SnapshotSet]
     serving_set: str | None
     serving_apps: dict[str, str]
@@ -100,26 +121,32 @@ class ModelState(Frozen):
     pending_plan: int | None = None  # revision of a replanned placement waiting to be applied
 
 
-class RolloutCheckpoint(Frozen):
-    """Where a rollout was when it continued as new (a long bake or pause grows the history):
-    the step it was baking and everything already applied. The next run bakes that step again
-    from a fresh window and goes on."""
+class RolloutProgress(BaseModel):
+    """A RolloutWorkflow's state, and whole its continue-as-new payload: everything it has
+    applied and seen. The fields `RolloutStatus` shows have its names."""
 
-    index: int  # the step (over all the steps, per part with sync: independent) being baked
-    steps_done: int
-    step: str
-    paused: bool
-    freeze_hold: bool
-    new_apps: dict[str, str]
-    old_scales: dict[str, float]
-    percent: float
-    traffic: dict[str, float]
-    part_traffic: dict[str, float] = Field(default_factory=dict)
+    model_config = ConfigDict(extra="forbid")
+
+    state: RolloutState = RolloutState.PENDING
+    step: str = "pending"
+    traffic_percent: dict[str, float] = Field(default_factory=dict)  # set id -> percent
+    percent: float = 0.0  # the new set's share (sync: independent: the mean over the moving parts)
+    part: str | None = None  # sync: independent: the part moving now
+    part_traffic: dict[str, float] = Field(default_factory=dict)  # changed part -> percent on the new set
+    steps_done: int = 0
     generations: list[int] = Field(default_factory=list)
     gates: list[GateReading] = Field(default_factory=list)
     pauses: list[PauseRecord] = Field(default_factory=list)
-    abort: AbortInput | None = None
     detail: str = ""
+    freeze_override: FreezeOverride | None = None
+    freeze_hold: bool = False  # paused by a freeze window: only its end or an override ends it
+    abort: AbortInput | None = None
+    resumes: int = 0  # counts resumes: a bake restarts when it changes
+    new_apps: dict[str, str] = Field(default_factory=dict)  # region -> the new set's app
+    old_scales: dict[str, float] = Field(default_factory=dict)  # part -> the old set's share of its plan
+    # A continued run (a long bake or pause grows the history): the step it bakes again from a
+    # fresh window, its scaling and weights already applied.
+    continued_at: int | None = None
 
 
 class RolloutInput(Frozen):
@@ -134,7 +161,7 @@ class RolloutInput(Frozen):
     freeze_override: FreezeOverride | None = None
     # Continue as new once the history holds this many events (or the server suggests it).
     history_limit: int = Field(default=10_000, ge=100)
-    checkpoint: RolloutCheckpoint | None = None
+    progress: RolloutProgress | None = None  # where a continued run goes on from
 
 
 class RolloutResult(Frozen):
@@ -152,6 +179,3 @@ class WatchInput(Frozen):
 class WatchResult(Frozen):
     published: list[str]
     rejected: list[str] = Field(default_factory=list)  # why a found snapshot was refused
-
-
-ModelWorkflowInput.model_rebuild()

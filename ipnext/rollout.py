@@ -31,6 +31,7 @@ __all__ = [
     "RouterConfig",
     "active_freeze",
     "evaluate_gates",
+    "judge_window",
     "mix_weights",
     "scaled_replicas",
     "window_counters",
@@ -105,6 +106,12 @@ class GateReading(Frozen):
     judged: bool  # enough requests to decide
     breached: bool
 
+    def describe(self) -> str:
+        value = "n/a" if self.value is None else f"{self.value:.4g}"
+        limit = "n/a" if self.limit is None else f"{self.limit:.4g}"
+        mark = "BREACH" if self.breached else ("ok" if self.judged else "waiting")
+        return f"{self.region} {self.metric} {value} (limit {limit}, {self.requests} req) {mark}"
+
 
 def window_counters(before: dict[str, Any] | None, after: dict[str, Any], apps: set[str]) -> SetCounters:
     """Counters of `apps` between two metrics-actor snapshots (summed over the apps)."""
@@ -162,6 +169,27 @@ def evaluate_gates(
             )
         )
     return readings
+
+
+def judge_window(
+    gates: list[Any],
+    min_requests: int,
+    regions: list[str],
+    before: dict[str, dict[str, Any]],
+    after: dict[str, dict[str, Any]],
+    new_apps: set[str],
+    old_apps: set[str],
+) -> tuple[list[GateReading], int]:
+    """The gates of every region over the window between two metrics reads (region -> the
+    metrics actor's snapshot), and the requests the new set's apps served in it."""
+    readings: list[GateReading] = []
+    requests = 0
+    for region in regions:
+        new = window_counters(before.get(region), after.get(region, {}), new_apps)
+        old = window_counters(before.get(region), after.get(region, {}), old_apps)
+        readings += evaluate_gates(gates, region, new, old, min_requests)
+        requests += new.requests
+    return readings, requests
 
 
 # ---- steps --------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ with workflow.unsafe.imports_passed_through():
     from ipnext.activities.plan import PlanInput, plan_placement
     from ipnext.activities.serving import TeardownInput, teardown_model
     from ipnext.activities.validate import ValidateSetInput, validate_snapshot_set
+    from ipnext.contracts import MODEL_KEY, STATE_KEY, ModelStatus, ModelWorkflowNames, rollout_workflow_id
     from ipnext.model import SnapshotSet
     from ipnext.plan import Plan
     from ipnext.registry import (
@@ -32,10 +33,8 @@ with workflow.unsafe.imports_passed_through():
         PublishResult,
         RolloutInput,
         RolloutResult,
-        rollout_workflow_id,
     )
-    from ipnext.rollout import FreezeOverride, RolloutState, RolloutStatus
-    from ipnext.temporal import MODEL_KEY, STATE_KEY
+    from ipnext.rollout import RolloutState, RolloutStatus
     from ipnext.workflows.rollout_workflow import RolloutWorkflow
 
 
@@ -44,49 +43,44 @@ class ModelWorkflow:
     @workflow.init
     def __init__(self, input: ModelWorkflowInput) -> None:
         self._spec = input.spec
-        self._sets: list[SnapshotSet] = list(input.sets)
-        self._serving_set = input.serving_set
-        self._serving_apps = dict(input.serving_apps)
-        self._plan: Plan | None = input.plan
-        self._queue: list[str] = list(input.queued)
-        self._next_number = input.next_number
+        # The one state object, carried whole when the run continues as new.
+        self._record = input.record.model_copy(deep=True)
+        # What only this run's handlers and child hold: it continues as new only when none runs.
         self._rolling_out = False
-        self._last_rollout: RolloutStatus | None = None
         self._delete_by: str | None = None
         self._removed_apps: list[str] | None = None
         self._publishing = 0
-        self._pending_plan: ApplyPlanInput | None = input.pending_plan
-        self._overrides: dict[str, FreezeOverride] = dict(input.freeze_overrides)
 
     # ---- queries -------------------------------------------------------------------------
 
-    @workflow.query
+    @workflow.query(name=ModelWorkflowNames.GET)
     def get(self) -> ModelState:
+        r = self._record
         return ModelState(
             spec=self._spec,
             state=self._state(),
-            sets=list(self._sets),
-            serving_set=self._serving_set,
-            serving_apps=dict(self._serving_apps),
-            queued=list(self._queue),
-            plan=self._plan,
-            rollout=self._last_rollout,
-            pending_plan=self._pending_plan.plan.revision if self._pending_plan else None,
+            sets=list(r.sets),
+            serving_set=r.serving_set,
+            serving_apps=dict(r.serving_apps),
+            queued=list(r.queued),
+            plan=r.plan,
+            rollout=r.rollout,
+            pending_plan=r.pending_plan.plan.revision if r.pending_plan else None,
         )
 
     # ---- replanned placement -------------------------------------------------------------
 
-    @workflow.signal
+    @workflow.signal(name=ModelWorkflowNames.APPLY_PLAN)
     def apply_plan(self, input: ApplyPlanInput) -> None:
         """A fleet replan moved this model's capacity; the newest placement wins."""
         if self._delete_by is None:
-            self._pending_plan = input
+            self._record.pending_plan = input
 
     # ---- publish -------------------------------------------------------------------------
 
-    @workflow.update
+    @workflow.update(name=ModelWorkflowNames.PUBLISH)
     async def publish(self, input: PublishInput) -> PublishResult:
-        serving = self._find(self._serving_set)
+        serving = self._find(self._record.serving_set)
         self._publishing += 1
         try:
             validated = await workflow.execute_activity(
@@ -111,8 +105,8 @@ class ModelWorkflow:
                 type="ModelNotFoundError",
                 non_retryable=True,
             )
-        number = self._next_number
-        self._next_number += 1
+        number = self._record.next_number
+        self._record.next_number += 1
         snapshot_set = SnapshotSet(
             id=f"{self._spec.name}@{number}",
             number=number,
@@ -122,10 +116,10 @@ class ModelWorkflow:
             published_at=workflow.now(),
             detail=f"published by {input.who}",
         )
-        self._sets.append(snapshot_set)
-        self._queue.append(snapshot_set.id)
+        self._record.sets.append(snapshot_set)
+        self._record.queued.append(snapshot_set.id)
         if input.freeze_override is not None:
-            self._overrides[snapshot_set.id] = input.freeze_override
+            self._record.freeze_overrides[snapshot_set.id] = input.freeze_override
         workflow.logger.info("published %s (%s) by %s", snapshot_set.id, input.request.version, input.who)
         return PublishResult(set_id=snapshot_set.id, status="queued")
 
@@ -146,7 +140,7 @@ class ModelWorkflow:
                 f"parts: {unknown} are not parts of {self._spec.name} ({sorted(self._spec.parts)}).",
                 type="SnapshotError",
             )
-        for existing in self._sets:
+        for existing in self._record.sets:
             if existing.version == request.version:
                 raise ApplicationError(
                     f"version: {request.version!r} was already published as {existing.id}. "
@@ -156,7 +150,7 @@ class ModelWorkflow:
 
     # ---- delete --------------------------------------------------------------------------
 
-    @workflow.update
+    @workflow.update(name=ModelWorkflowNames.DELETE)
     async def delete(self, input: DeleteInput) -> DeleteResult:
         if self._delete_by is None:
             self._delete_by = input.who
@@ -167,9 +161,10 @@ class ModelWorkflow:
 
     @workflow.run
     async def run(self, input: ModelWorkflowInput) -> ModelWorkflowResult:
+        record = self._record
         self._upsert_state()
-        if self._plan is None:
-            self._plan = await workflow.execute_activity(
+        if record.plan is None:
+            record.plan = await workflow.execute_activity(
                 plan_placement,
                 PlanInput(spec=self._spec),
                 start_to_close_timeout=QUICK_TIMEOUT,
@@ -191,50 +186,57 @@ class ModelWorkflow:
             self._publish_details()
             await workflow.wait_condition(
                 lambda: (
-                    bool(self._queue)
-                    or self._pending_plan is not None
+                    bool(record.queued)
+                    or record.pending_plan is not None
                     or self._delete_by is not None
                     or workflow.info().is_continue_as_new_suggested()
                 )
             )
             if self._delete_by is not None:
                 break
-            if self._queue:
-                old_plan = self._plan
-                if self._pending_plan is not None:  # the new set comes up on the new placement
-                    self._plan, self._pending_plan = self._pending_plan.plan, None
+            if record.queued:
+                old_plan = record.plan
+                if record.pending_plan is not None:  # the new set comes up on the new placement
+                    record.plan, record.pending_plan = record.pending_plan.plan, None
                 await self._roll_out_newest(old_plan)
                 continue
-            if self._pending_plan is not None:
-                await self._move_capacity()
+            if record.pending_plan is not None:
+                pending, record.pending_plan = record.pending_plan, None
+                await self._move_capacity(pending)
                 continue
             await workflow.wait_condition(lambda: workflow.all_handlers_finished() and self._publishing == 0)
-            if not self._queue and self._pending_plan is None and self._delete_by is None:
-                workflow.continue_as_new(self._carry_over())
+            if not record.queued and record.pending_plan is None and self._delete_by is None:
+                workflow.continue_as_new(ModelWorkflowInput(spec=self._spec, record=record))
         return await self._delete()
 
     async def _roll_out_newest(self, old_plan: Plan | None) -> None:
-        newest_id = self._queue[-1]
-        for older in self._queue[:-1]:
+        record = self._record
+        newest_id = record.queued[-1]
+        for older in record.queued[:-1]:
             self._set_status(older, "superseded", f"superseded by {newest_id} before its rollout")
-        self._queue.clear()
+        record.queued.clear()
         new = self._find(newest_id)
-        old = self._find(self._serving_set)
-        if new is None or self._plan is None:
+        old = self._find(record.serving_set)
+        if new is None or record.plan is None:
+            known = [s.id for s in record.sets]
             raise ApplicationError(
-                f"internal: queued set {newest_id} or the plan is missing", non_retryable=True
+                f"model {self._spec.name}: queued set {newest_id} is not one of its sets {known}"
+                if new is None
+                else f"model {self._spec.name}: no placement plan to roll {newest_id} out on",
+                type="ModelRecordError",
+                non_retryable=True,
             )
         self._set_status(new.id, "rolling_out")
         result = await self._run_rollout(
             rollout_workflow_id(self._spec.name, new.id),
             RolloutInput(
                 spec=self._spec,
-                plan=self._plan,
+                plan=record.plan,
                 new_set=new,
                 old_set=old,
-                old_apps=self._serving_apps,
+                old_apps=record.serving_apps,
                 old_plan=old_plan,
-                freeze_override=self._overrides.pop(new.id, None),
+                freeze_override=record.freeze_overrides.pop(new.id, None),
             ),
             f"{self._spec.name}: {old.id if old else 'nothing'} -> {new.id} ({new.version})",
         )
@@ -242,22 +244,21 @@ class ModelWorkflow:
             if old is not None:
                 self._set_status(old.id, "retired", f"replaced by {new.id}")
             self._set_status(new.id, "serving")
-            self._serving_set = new.id
-            self._serving_apps = dict(result.apps)
+            record.serving_set = new.id
+            record.serving_apps = dict(result.apps)
         else:  # failed, rolled_back, aborted or refused: the old set serves as before
             self._set_status(new.id, result.state.value, result.detail)
-            if old_plan is not None and self._serving_apps:
-                self._plan = old_plan  # the old apps still run on the placement they had
+            if old_plan is not None and record.serving_apps:
+                record.plan = old_plan  # the old apps still run on the placement they had
         self._upsert_state()
 
-    async def _move_capacity(self) -> None:
+    async def _move_capacity(self, pending: ApplyPlanInput) -> None:
         """Move the serving set to the replanned placement: its apps for the new plan revision
         come up, traffic moves to them, the old apps go (the RolloutWorkflow's cutover)."""
-        assert self._pending_plan is not None
-        pending, self._pending_plan = self._pending_plan, None
-        serving = self._find(self._serving_set)
+        record = self._record
+        serving = self._find(record.serving_set)
         if serving is None:  # nothing serves yet: the next rollout uses the new placement
-            self._plan = pending.plan
+            record.plan = pending.plan
             self._upsert_state()
             return
         where = f"placement revision {pending.plan.revision} (fleet plan {pending.fleet_revision})"
@@ -268,16 +269,16 @@ class ModelWorkflow:
                 plan=pending.plan,
                 new_set=serving,
                 old_set=serving,
-                old_apps=self._serving_apps,
+                old_apps=record.serving_apps,
                 kind="capacity",
-                old_plan=self._plan,
+                old_plan=record.plan,
             ),
             f"{self._spec.name}: {serving.id} to {where}",
             detail=where,
         )
         if result.state == RolloutState.COMPLETED:
-            self._plan = pending.plan
-            self._serving_apps = dict(result.apps)
+            record.plan = pending.plan
+            record.serving_apps = dict(result.apps)
         self._upsert_state()
 
     async def _run_rollout(
@@ -285,7 +286,7 @@ class ModelWorkflow:
     ) -> RolloutResult:
         """Run the child RolloutWorkflow, keeping the model's state and rollout summary current."""
         old, new = input.old_set, input.new_set
-        self._last_rollout = self._rollout_status(child_id, RolloutState.RUNNING, [], "", old, new)
+        self._record.rollout = self._rollout_status(child_id, RolloutState.RUNNING, [], "", old, new)
         self._rolling_out = True
         self._upsert_state()
         try:
@@ -298,9 +299,9 @@ class ModelWorkflow:
         finally:
             self._rolling_out = False
         if result.status is not None:  # the rollout's own last word: steps, split, gates, pauses
-            self._last_rollout = result.status.model_copy(update={"detail": result.detail or detail})
+            self._record.rollout = result.status.model_copy(update={"detail": result.detail or detail})
         else:
-            self._last_rollout = self._rollout_status(
+            self._record.rollout = self._rollout_status(
                 child_id, result.state, result.generations, result.detail or detail, old, new
             )
         return result
@@ -350,61 +351,49 @@ class ModelWorkflow:
             retry_policy=RETRY,
             summary="remove watch schedule",
         )
-        self._serving_apps = {}
-        self._serving_set = None
+        self._record.serving_apps = {}
+        self._record.serving_set = None
         self._removed_apps = removed.removed
         await workflow.wait_condition(workflow.all_handlers_finished)
         return ModelWorkflowResult(
-            model=self._spec.name, deleted_by=self._delete_by or "", sets=len(self._sets)
+            model=self._spec.name, deleted_by=self._delete_by or "", sets=len(self._record.sets)
         )
 
     # ---- helpers -------------------------------------------------------------------------
 
     def _find(self, set_id: str | None) -> SnapshotSet | None:
-        return next((s for s in self._sets if s.id == set_id), None)
+        return next((s for s in self._record.sets if s.id == set_id), None)
 
     def _set_status(self, set_id: str, status: str, detail: str = "") -> None:
-        self._sets = [
+        self._record.sets = [
             s.model_copy(update={"status": status, "detail": detail or s.detail}) if s.id == set_id else s
-            for s in self._sets
+            for s in self._record.sets
         ]
 
-    def _state(self) -> str:
+    def _state(self) -> ModelStatus:
         if self._delete_by is not None:
-            return "deleting"
+            return ModelStatus.DELETING
         if self._rolling_out:
-            return "rolling_out"
-        return "serving" if self._serving_set else "empty"
+            return ModelStatus.ROLLING_OUT
+        return ModelStatus.SERVING if self._record.serving_set else ModelStatus.EMPTY
 
     def _upsert_state(self) -> None:
         workflow.upsert_search_attributes(
-            [MODEL_KEY.value_set(self._spec.name), STATE_KEY.value_set(self._state())]
+            [MODEL_KEY.value_set(self._spec.name), STATE_KEY.value_set(self._state().value)]
         )
         self._publish_details()
 
     def _publish_details(self) -> None:
+        record = self._record
         lines = [f"**{self._state()}**, owner {self._spec.owner}"]
-        lines.append(f"serving: {self._serving_set or 'nothing'}")
-        if self._queue:
-            lines.append(f"queued: {', '.join(self._queue)}")
-        if self._plan is not None:
-            lines.append(f"placement revision {self._plan.revision}: {', '.join(_regions(self._plan))}")
-        for s in self._sets[-5:]:
+        lines.append(f"serving: {record.serving_set or 'nothing'}")
+        if record.queued:
+            lines.append(f"queued: {', '.join(record.queued)}")
+        if record.plan is not None:
+            lines.append(f"placement revision {record.plan.revision}: {', '.join(_regions(record.plan))}")
+        for s in record.sets[-5:]:
             lines.append(f"- {s.id} ({s.version}): {s.status}")
         workflow.set_current_details("\n\n".join(lines))
-
-    def _carry_over(self) -> ModelWorkflowInput:
-        return ModelWorkflowInput(
-            spec=self._spec,
-            sets=self._sets,
-            serving_set=self._serving_set,
-            serving_apps=self._serving_apps,
-            plan=self._plan,
-            queued=self._queue,
-            next_number=self._next_number,
-            pending_plan=self._pending_plan,
-            freeze_overrides=self._overrides,
-        )
 
 
 def _as_update_error(err: ActivityError) -> ApplicationError:

@@ -11,7 +11,8 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from ipnext.activities import RETRY, VALIDATE_TIMEOUT
-    from ipnext.activities.validate import ValidateSpecInput, validate_model_spec
+    from ipnext.activities.validate import validate_model_spec
+    from ipnext.registry import ValidateSpecInput
 
 __all__ = ["ValidateModelWorkflow"]
 

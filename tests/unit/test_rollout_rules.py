@@ -17,6 +17,7 @@ from ipnext.rollout import (
     FreezeWindow,
     active_freeze,
     evaluate_gates,
+    judge_window,
     mix_weights,
     scaled_replicas,
     window_counters,
@@ -68,6 +69,24 @@ def test_window_counters_diff_two_snapshots_over_the_apps() -> None:
     assert (both.requests, both.errors) == (24, 2)
     assert sum(both.histograms["latency_ms"]) == 22
     assert window_counters(None, after, {"b"}).requests == 9
+
+
+def test_judge_window_reads_every_region_and_sums_the_new_sets_requests() -> None:
+    before = {"us-east": {"sets": {"new": counters(10).model_dump(), "old": counters(90).model_dump()}}}
+    after = {
+        "us-east": {"sets": {"new": counters(30).model_dump(), "old": counters(200).model_dump()}},
+        "eu-west": {"sets": {"new": counters(12, errors=6).model_dump()}},  # no read before: all counts
+    }
+    readings, requests = judge_window(GATES, 10, ["eu-west", "us-east"], before, after, {"new"}, {"old"})
+    assert requests == 20 + 12
+    assert [(r.region, r.metric, r.breached) for r in readings] == [
+        ("eu-west", "error_rate", True),
+        ("eu-west", "latency_p99_ms", False),
+        ("us-east", "error_rate", False),
+        ("us-east", "latency_p99_ms", False),
+    ]
+    assert readings[0].describe() == "eu-west error_rate 0.5 (limit 0.01, 12 req) BREACH"
+    assert readings[3].describe().endswith("(limit 20, 20 req) ok")
 
 
 def test_mix_weights_moves_each_router_part_way() -> None:

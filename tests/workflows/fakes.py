@@ -30,6 +30,7 @@ from ipnext.activities.serving import (
     TeardownResult,
 )
 from ipnext.activities.validate import ValidateSetInput, ValidateSetResult
+from ipnext.contracts import poll_until
 from ipnext.counters import SetCounters
 from ipnext.model import ModelSpec, SnapshotRef, SnapshotSetRequest
 from ipnext.plan import DeploymentPlacement, Plan
@@ -205,13 +206,12 @@ def plan_in(region: str, revision: int) -> Plan:
 async def until(
     handle: WorkflowHandle[Any, Any], check: Callable[[ModelState], bool], timeout: float = 30
 ) -> ModelState:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
+
+    async def read() -> ModelState:
         state: ModelState = await handle.query("get", result_type=ModelState)
-        if check(state):
-            return state
-        assert asyncio.get_running_loop().time() < deadline, f"condition never held: {state}"
-        await asyncio.sleep(0.1)
+        return state
+
+    return await poll_until(read, check, timeout_s=timeout, interval_s=0.1, what="the model's condition")
 
 
 async def until_rollout(
@@ -226,20 +226,27 @@ async def until_status(
     handle: WorkflowHandle[Any, Any], check: Callable[[RolloutStatus], bool], timeout: float = 30
 ) -> RolloutStatus:
     """A rollout workflow's `status` query, once `check` holds."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
+
+    async def read() -> RolloutStatus | None:
         try:
             # Before this test's rollout starts, the id names an earlier test's closed run, whose
             # worker is gone: its query would wait for a worker, so cut it short and ask again.
-            status: RolloutStatus | None = await handle.query(
+            status: RolloutStatus = await handle.query(
                 "status", result_type=RolloutStatus, rpc_timeout=timedelta(seconds=1)
             )
         except RPCError:  # not started yet, or that earlier run
-            status = None
-        if status is not None and check(status):
-            return status
-        assert asyncio.get_running_loop().time() < deadline, f"condition never held: {status}"
-        await asyncio.sleep(0.05)
+            return None
+        return status
+
+    found = await poll_until(
+        read,
+        lambda s: s is not None and check(s),
+        timeout_s=timeout,
+        interval_s=0.05,
+        what="the rollout's condition",
+    )
+    assert found is not None
+    return found
 
 
 async def start(

@@ -13,9 +13,10 @@ from temporalio.client import Client, WorkflowFailureError
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
-from ipnext.activities.validate import ValidateSpecInput, validate_model_spec
+from ipnext.activities.validate import validate_model_spec
 from ipnext.contracts import Workflows, validate_workflow_id
 from ipnext.model import ModelSpec, load_model_spec
+from ipnext.registry import ValidateSpecInput
 from ipnext.workflows.validate_model_workflow import ValidateModelWorkflow
 
 REPO = Path(__file__).resolve().parents[2]
