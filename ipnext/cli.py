@@ -113,8 +113,6 @@ def _rollout(args: argparse.Namespace, settings: Settings) -> None:
 
 async def _watch(ipn: Any, model: str, interval: float) -> None:
     """Redraw the rollout's view every `interval` seconds until it ends (Ctrl-C leaves)."""
-    from ipnext.rollout import RolloutState
-
     tty = sys.stdout.isatty()
     last = ""
     while True:
@@ -125,11 +123,7 @@ async def _watch(ipn: Any, model: str, interval: float) -> None:
                 print("\x1b[2J\x1b[H", end="")
             print(view + ("" if tty else "\n---"), flush=True)
             last = view
-        if status is None or status.state not in (
-            RolloutState.RUNNING,
-            RolloutState.PAUSED,
-            RolloutState.PENDING,
-        ):
+        if status is None or status.state.is_terminal:
             return
         await asyncio.sleep(interval)
 
@@ -173,12 +167,11 @@ def _predict(args: argparse.Namespace, settings: Settings) -> None:
             field="--inputs",
             fix='pass e.g. \'{"user": 1, "items": [1, 2]}\'',
         ) from None
-    reply = asyncio.run(
-        _with_client(
-            settings,
-            lambda c: c.predict(args.model, inputs, source=args.source, region=args.region, key=args.key),
-        )
-    )
+    from ipnext.sdk import PredictionClient
+
+    # The data plane only: the routing document and the model's router, no Temporal connection.
+    with PredictionClient(settings.serve_url) as serving:
+        reply = serving.predict(args.model, inputs, source=args.source, region=args.region, key=args.key)
     _print_json(reply)
 
 
@@ -429,12 +422,14 @@ def _parser() -> argparse.ArgumentParser:
             verb_parser.add_argument("--interval", type=float, default=1.0, help="seconds between redraws")
     roll.set_defaults(run=_rollout)
 
-    predict = sub.add_parser("predict", help="ask a model for a prediction over HTTP")
+    predict = sub.add_parser("predict", help="ask a model for a prediction over HTTP (no Temporal needed)")
     predict.add_argument("model")
     predict.add_argument("--inputs", required=True, help="the request inputs as JSON")
-    predict.add_argument("--source", help="the caller's region; the plan picks the serving region")
+    predict.add_argument(
+        "--source", help="the caller's region; the model's routing document picks the serving region"
+    )
     predict.add_argument("--region", help="the serving region to ask directly")
-    predict.add_argument("--key", help="sticky key: the same key lands on the same set")
+    predict.add_argument("--key", help="sticky key: the same key lands on the same region and set")
     predict.set_defaults(run=_predict)
 
     serve = sub.add_parser("serve", help="the Serve config")

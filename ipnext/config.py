@@ -38,6 +38,8 @@ class TemporalSettings(_Section):
 class ServeSettings(_Section):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, gt=0, lt=65536)
+    # How long a prediction client may use a model's routing document before fetching it again.
+    routing_ttl_seconds: float = Field(default=5.0, gt=0)
 
 
 class RaySettings(_Section):

@@ -8,6 +8,11 @@ IpnextError
 ├── ModelNotFoundError     no model of that name is registered
 ├── ModelExistsError       a model of that name is already registered
 ├── ServingError           Ray Serve could not deploy or answer
+│   └── PredictionError    a prediction (or routing document) request failed; `.status_code` (None: no answer)
+│       ├── PredictionBadRequestError   HTTP 400: the request's inputs are the caller's mistake (also a ValueError)
+│       ├── PredictionNotFoundError     HTTP 404: the model serves nowhere reachable (also a LookupError)
+│       ├── PredictionServerError       HTTP 5xx, or an error event in a stream: the model failed to answer
+│       └── PredictionTransportError    no HTTP answer: connection refused, timeout, broken stream
 ├── PartInputError         a request's inputs do not fit a part: the caller's mistake (HTTP 400; also a ValueError)
 ├── StackError             the dev stack could not start or stop
 ├── KernelInputError       a kernel got a tensor of the wrong shape, dtype, device or range (also a ValueError)
@@ -27,6 +32,11 @@ __all__ = [
     "ModelNotFoundError",
     "PartInputError",
     "PlanningTimeoutError",
+    "PredictionBadRequestError",
+    "PredictionError",
+    "PredictionNotFoundError",
+    "PredictionServerError",
+    "PredictionTransportError",
     "ServingError",
     "SnapshotError",
     "SpecError",
@@ -76,6 +86,47 @@ class ModelExistsError(IpnextError):
 
 class ServingError(IpnextError):
     """Ray Serve could not deploy an app or answer a request."""
+
+
+class PredictionError(ServingError):
+    """A prediction request, or the fetch of a routing document, failed. `status_code` is the HTTP
+    status of the answer (None when none came); `model` and `region` say where it was sent."""
+
+    status_code: int | None = None
+    model: str | None = None
+    region: str | None = None
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status_code: int | None = None,
+        model: str | None = None,
+        region: str | None = None,
+        fix: str | None = None,
+    ) -> None:
+        super().__init__(message, fix=fix)
+        self.status_code = status_code
+        self.model = model
+        self.region = region
+
+
+class PredictionBadRequestError(PredictionError, ValueError):
+    """HTTP 400: the request is malformed or a part refused its inputs (`PartInputError` in the
+    part); sending it again will not help."""
+
+
+class PredictionNotFoundError(PredictionError, LookupError):
+    """HTTP 404: no routing document for the model, or no router of it in the chosen region (the
+    model is not registered, serves nowhere yet, or was deleted)."""
+
+
+class PredictionServerError(PredictionError):
+    """HTTP 5xx, or an error event in a stream: the model, a part or Serve failed to answer."""
+
+
+class PredictionTransportError(PredictionError):
+    """No HTTP answer at all: the serving URL refused the connection, timed out, or a stream broke."""
 
 
 class PartInputError(IpnextError, ValueError):

@@ -1,24 +1,28 @@
-"""`ipnext.sdk.Client`: every lifecycle verb from Python, async and typed.
+"""The Python SDK: `Client` for the lifecycle (publish, rollouts, on-call), backed by Temporal,
+and `PredictionClient` / `AsyncPredictionClient` for predictions, which need only the serving URL.
 
     async with await Client.connect() as ipn:
         await ipn.publish_model(load_model_spec("model.yaml"))
         result = await ipn.publish_snapshot("feed-ranker", Path("snapshots/feed-ranker/v1"))
         await ipn.wait_until_serving("feed-ranker", result.set_id)
-        reply = await ipn.predict("feed-ranker", {"user": 3, "items": [1, 2]}, source="us-east")
 
+    with PredictionClient("http://127.0.0.1:8000") as serving:  # no Temporal
+        reply = serving.predict("feed-ranker", {"user": 3, "items": [1, 2]}, source="us-east")
+
+`Client.predict` / `predict_stream` still work: they go through its AsyncPredictionClient.
 Errors are ipnext errors (ipnext.errors), translated from Temporal and HTTP at this boundary.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
+import uuid
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import httpx
 from pydantic import BaseModel, ConfigDict
 from temporalio.client import (
     Client as TemporalClient,
@@ -39,6 +43,17 @@ from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from ipnext.config import Settings, load_settings
+from ipnext.contracts import (
+    MODEL_KEY,
+    STATE_KEY,
+    ModelWorkflowNames,
+    RolloutWorkflowNames,
+    Workflows,
+    model_name_of,
+    model_workflow_id,
+    validate_workflow_id,
+)
+from ipnext.entry.prediction import AsyncPredictionClient, Prediction, PredictionClient
 from ipnext.errors import (
     IpnextError,
     ModelExistsError,
@@ -46,7 +61,7 @@ from ipnext.errors import (
     ServingError,
     error_from_type,
 )
-from ipnext.model import ModelSpec, SnapshotSetRequest, check_against_fleet, check_factories
+from ipnext.model import ModelSpec, SnapshotSetRequest
 from ipnext.registry import (
     DeleteInput,
     DeleteResult,
@@ -54,20 +69,30 @@ from ipnext.registry import (
     ModelWorkflowInput,
     PublishInput,
     PublishResult,
-    model_workflow_id,
+    ValidateSpecInput,
 )
 from ipnext.rollout import (
     AbortInput,
     FreezeOverride,
     PauseInput,
     ResumeInput,
-    RolloutState,
     RolloutStatus,
 )
+from ipnext.routing import RoutingDocument
 from ipnext.snapshots import request_from_folder
-from ipnext.temporal import MODEL_KEY, STATE_KEY, connect_client
+from ipnext.temporal import connect_client
 
-__all__ = ["Client", "ModelSummary", "Prediction"]
+__all__ = [
+    "AsyncPredictionClient",
+    "Client",
+    "ModelSummary",
+    "Prediction",
+    "PredictionClient",
+    "RoutingDocument",
+]
+
+# How long publish waits for the worker to check a spec (its factory check alone may take 60 s).
+SPEC_CHECK_TIMEOUT = timedelta(minutes=3)
 
 
 class ModelSummary(BaseModel):
@@ -77,22 +102,14 @@ class ModelSummary(BaseModel):
     workflow_id: str
 
 
-class Prediction(BaseModel):
-    """The response envelope: outputs, the set that answered, each part's snapshot, the variant."""
-
-    model_config = ConfigDict(frozen=True)
-    outputs: Any
-    set: str
-    parts: dict[str, str]
-    variant: str | None = None
-    region: str
-
-
 class Client:
+    """The control client: models, snapshots, rollouts, over Temporal. Its `predict` and
+    `predict_stream` go through `predictions`, an AsyncPredictionClient (no Temporal call)."""
+
     def __init__(self, temporal: TemporalClient, settings: Settings) -> None:
         self.temporal = temporal
         self.settings = settings
-        self._http = httpx.AsyncClient(base_url=settings.serve_url, timeout=30.0)
+        self.predictions = AsyncPredictionClient(settings.serve_url)
 
     @classmethod
     async def connect(cls, settings: Settings | None = None) -> Client:
@@ -113,17 +130,18 @@ class Client:
         await self.close()
 
     async def close(self) -> None:
-        await self._http.aclose()
+        await self.predictions.aclose()
 
     # ---- models --------------------------------------------------------------------------
 
     async def publish_model(self, spec: ModelSpec) -> ModelState:
-        """Register a model: checks it against the fleet and its code first, so a bad spec creates nothing."""
-        check_against_fleet(spec, self.settings.fleet())
-        check_factories(spec)
+        """Register a model. The worker checks it first (against its fleet, and its factories
+        imported in a child process: this machine never imports the model's code), so a bad
+        spec creates nothing."""
+        await self._check_on_worker(spec)
         try:
             handle = await self.temporal.start_workflow(
-                "ModelWorkflow",
+                Workflows.MODEL,
                 ModelWorkflowInput(spec=spec),
                 id=model_workflow_id(spec.name),
                 task_queue=self.settings.temporal.task_queue,
@@ -144,21 +162,40 @@ class Client:
                 value=spec.name,
                 fix="publish snapshots to it, or delete it first to change its spec",
             ) from None
-        return await self._query_state(handle.id)
+        return await self._query_state(model_name_of(handle.id))
+
+    async def _check_on_worker(self, spec: ModelSpec) -> None:
+        try:
+            await self.temporal.execute_workflow(
+                Workflows.VALIDATE_MODEL,
+                ValidateSpecInput(spec=spec),
+                id=validate_workflow_id(spec.name, uuid.uuid4().hex),
+                task_queue=self.settings.temporal.task_queue,
+                execution_timeout=SPEC_CHECK_TIMEOUT,
+                static_summary=f"check model {spec.name}'s spec and factories",
+            )
+        except WorkflowFailureError as err:
+            if isinstance(err.cause, TimeoutError) or "timed out" in str(err.cause).lower():
+                raise IpnextError(
+                    f"model {spec.name}: no worker checked the spec within {SPEC_CHECK_TIMEOUT}.",
+                    fix=f"start the worker on task queue {self.settings.temporal.task_queue!r} "
+                    "(`ipnext dev up` does)",
+                ) from None
+            raise _translate(err) from None
 
     async def get_model(self, name: str) -> ModelState:
-        return await self._query_state(model_workflow_id(name))
+        return await self._query_state(name)
 
     async def list_models(self) -> list[ModelSummary]:
         """Running models, from Temporal visibility (which lags writes by a moment)."""
         found = []
         async for execution in self.temporal.list_workflows(
-            'WorkflowType = "ModelWorkflow" AND ExecutionStatus = "Running"'
+            f'WorkflowType = "{Workflows.MODEL}" AND ExecutionStatus = "Running"'
         ):
             attrs = execution.typed_search_attributes
             found.append(
                 ModelSummary(
-                    name=attrs.get(MODEL_KEY) or execution.id.removeprefix("model/"),
+                    name=attrs.get(MODEL_KEY) or model_name_of(execution.id),
                     state=attrs.get(STATE_KEY) or "unknown",
                     workflow_id=execution.id,
                 )
@@ -169,7 +206,7 @@ class Client:
         handle = await self._running_model(name)
         try:
             result: DeleteResult = await handle.execute_update(
-                "delete", DeleteInput(who=who), result_type=DeleteResult
+                ModelWorkflowNames.DELETE, DeleteInput(who=who), result_type=DeleteResult
             )
         except WorkflowUpdateFailedError as err:
             raise _translate(err) from None
@@ -194,7 +231,7 @@ class Client:
         handle = await self._running_model(name)
         try:
             return await handle.execute_update(
-                "publish",
+                ModelWorkflowNames.PUBLISH,
                 PublishInput(request=request, who=who, freeze_override=freeze_override),
                 result_type=PublishResult,
             )
@@ -229,7 +266,7 @@ class Client:
             return last
         try:
             live: RolloutStatus = await self.temporal.get_workflow_handle(last.workflow_id).query(
-                "status", result_type=RolloutStatus
+                RolloutWorkflowNames.STATUS, result_type=RolloutStatus
             )
         except (RPCError, WorkflowQueryFailedError):
             return last  # between the model's record and the child's first task
@@ -237,23 +274,29 @@ class Client:
 
     async def pause_rollout(self, name: str, reason: str, who: str = "sdk") -> RolloutStatus:
         """Hold the running rollout at its current split (gates still roll it back)."""
-        return await self._signal_rollout(name, "pause", PauseInput(reason=reason, who=who))
+        return await self._signal_rollout(
+            name, RolloutWorkflowNames.PAUSE, PauseInput(reason=reason, who=who)
+        )
 
     async def resume_rollout(self, name: str, who: str = "sdk") -> RolloutStatus:
         """Go on with a paused rollout; the bake of its current step starts again."""
-        return await self._signal_rollout(name, "resume", ResumeInput(who=who))
+        return await self._signal_rollout(name, RolloutWorkflowNames.RESUME, ResumeInput(who=who))
 
     async def abort_rollout(self, name: str, reason: str, who: str = "sdk") -> RolloutStatus:
         """Roll the running rollout back to the previous set; it ends `aborted`."""
-        return await self._signal_rollout(name, "abort", AbortInput(reason=reason, who=who))
+        return await self._signal_rollout(
+            name, RolloutWorkflowNames.ABORT, AbortInput(reason=reason, who=who)
+        )
 
     async def override_freeze(self, name: str, reason: str, who: str) -> RolloutStatus:
         """Let the running rollout go on through a freeze window (who and why stay in its history)."""
-        return await self._signal_rollout(name, "override_freeze", FreezeOverride(reason=reason, who=who))
+        return await self._signal_rollout(
+            name, RolloutWorkflowNames.OVERRIDE_FREEZE, FreezeOverride(reason=reason, who=who)
+        )
 
     async def _signal_rollout(self, name: str, signal: str, arg: BaseModel) -> RolloutStatus:
         status = await self.rollout_status(name)
-        if status is None or status.state not in (RolloutState.RUNNING, RolloutState.PAUSED):
+        if status is None or not status.state.is_live:
             raise ServingError(
                 f"model {name} has no rollout running"
                 + (f" (the last one, {status.workflow_id}, is {status.state.value})" if status else ""),
@@ -263,7 +306,7 @@ class Client:
         await handle.signal(signal, arg)
         return status
 
-    # ---- predictions ---------------------------------------------------------------------
+    # ---- predictions (no Temporal call: see AsyncPredictionClient) -----------------------
 
     async def predict(
         self,
@@ -275,16 +318,11 @@ class Client:
         key: str | None = None,
         state: ModelState | None = None,
     ) -> Prediction:
-        """POST to the serving region the plan routes `source` to (or `region`, if given)."""
-        region, body = await self._predict_request(name, inputs, source, region, key, state)
-        response = await self._http.post(f"/{region}/models/{name}/predict", json=body)
-        if response.status_code != 200:
-            raise ServingError(
-                f"predict {name} in {region}: HTTP {response.status_code}: {response.text[:500]}"
-            )
-        return Prediction(**response.json(), region=region)
+        """POST to the serving region the model's routing document picks for `source` (or
+        `region`, if given). `state` is accepted for older callers and not needed any more."""
+        return await self.predictions.predict(name, inputs, source=source, region=region, key=key)
 
-    async def predict_stream(
+    def predict_stream(
         self,
         name: str,
         inputs: Any,
@@ -296,38 +334,9 @@ class Client:
         """The answer piece by piece (server-sent events; a generative part streams its text,
         any other model answers in one piece). Leaving the loop early closes the connection,
         which cancels the request in the part."""
-        region, body = await self._predict_request(name, inputs, source, region, key)
-        body["stream"] = True
-        async with self._http.stream("POST", f"/{region}/models/{name}/predict", json=body) as response:
-            if response.status_code != 200:
-                text = (await response.aread()).decode(errors="replace")
-                raise ServingError(f"predict {name} in {region}: HTTP {response.status_code}: {text[:500]}")
-            async for line in response.aiter_lines():
-                if not line.startswith("data: "):
-                    continue
-                event = json.loads(line.removeprefix("data: "))
-                if "error" in event:
-                    raise ServingError(f"predict {name} in {region}: {event['error']}")
-                yield Prediction(**event, region=region)
+        return self.predictions.predict_stream(name, inputs, source=source, region=region, key=key)
 
     # ---- helpers -------------------------------------------------------------------------
-
-    async def _predict_request(
-        self,
-        name: str,
-        inputs: Any,
-        source: str | None,
-        region: str | None,
-        key: str | None,
-        state: ModelState | None = None,
-    ) -> tuple[str, dict[str, Any]]:
-        """The serving region (the plan's for `source`, unless given) and the request body."""
-        if region is None:
-            region = _serving_region(state or await self.get_model(name), source)
-        body: dict[str, Any] = {"inputs": inputs}
-        if key is not None:
-            body["key"] = key
-        return region, body
 
     async def _running_model(self, name: str) -> Any:
         handle = self.temporal.get_workflow_handle(model_workflow_id(name))
@@ -341,27 +350,12 @@ class Client:
             raise _not_found(name)
         return handle
 
-    async def _query_state(self, workflow_id: str) -> ModelState:
-        name = workflow_id.removeprefix("model/")
+    async def _query_state(self, name: str) -> ModelState:
         handle = await self._running_model(name)
         try:
-            return await handle.query("get", result_type=ModelState)
+            return await handle.query(ModelWorkflowNames.GET, result_type=ModelState)
         except WorkflowQueryFailedError as err:
             raise ServingError(f"model {name}: query failed: {err}") from None
-
-
-def _serving_region(state: ModelState, source: str | None) -> str:
-    if not state.serving_apps:
-        raise ServingError(
-            f"model {state.spec.name} serves nowhere yet (state {state.state}).",
-            fix="publish a snapshot set and wait until it serves",
-        )
-    if source is not None and state.plan is not None:
-        first = next(iter(state.plan.deployments.values()))
-        region = first.serving_region(source)
-        if region in state.serving_apps:
-            return region
-    return sorted(state.serving_apps)[0]
 
 
 def _not_found(name: str) -> ModelNotFoundError:

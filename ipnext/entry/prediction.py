@@ -1,0 +1,385 @@
+"""Predictions with nothing but the serving URL: `PredictionClient` (sync) and
+`AsyncPredictionClient` (async), both over httpx.
+
+    with PredictionClient("http://127.0.0.1:8000") as serving:
+        reply = serving.predict("feed-ranker", {"user": 3, "items": [1, 2]}, source="us-east")
+
+The serving region for a caller's source comes from the model's routing document
+(`GET /models/<name>/routing`, see ipnext.routing), cached for the document's TTL; a 404 from
+the chosen region fetches the document once more and tries again. No Temporal connection.
+Failures are `PredictionError`s carrying the HTTP status: 400 `PredictionBadRequestError`,
+404 `PredictionNotFoundError`, 5xx `PredictionServerError`, none `PredictionTransportError`.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from types import TracebackType
+from typing import Any
+
+import httpx
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from ipnext.config import Settings, load_settings
+from ipnext.errors import (
+    PredictionBadRequestError,
+    PredictionError,
+    PredictionNotFoundError,
+    PredictionServerError,
+    PredictionTransportError,
+)
+from ipnext.routing import RoutingDocument, pick_region, predict_path, routing_path
+
+__all__ = ["AsyncPredictionClient", "Prediction", "PredictionClient"]
+
+DEFAULT_TIMEOUT_S = 30.0
+
+
+class Prediction(BaseModel):
+    """The response envelope: outputs, the set that answered, each part's snapshot, the variant,
+    and the serving region the request went to."""
+
+    model_config = ConfigDict(frozen=True)
+    outputs: Any
+    set: str
+    parts: dict[str, str]
+    variant: str | None = None
+    region: str
+
+
+class _Core:
+    """What the sync and async clients share: the routing cache and the answer parsing."""
+
+    def __init__(self, url: str | None, clock: Callable[[], float]) -> None:
+        self.url = url or load_settings().serve_url
+        self._clock = clock
+        self._rng = random.Random()
+        self._documents: dict[str, tuple[RoutingDocument, float]] = {}  # model -> (document, fetched at)
+
+    def _cached(self, model: str) -> RoutingDocument | None:
+        entry = self._documents.get(model)
+        if entry is None:
+            return None
+        document, fetched = entry
+        return document if self._clock() - fetched < document.ttl_seconds else None
+
+    def _store(self, model: str, response: httpx.Response) -> RoutingDocument:
+        document = _document(response, model, self.url)
+        self._documents[model] = (document, self._clock())
+        return document
+
+    def _region(self, document: RoutingDocument, source: str | None, key: str | None) -> str:
+        region = pick_region(document, source, key, self._rng)
+        if region is None:
+            raise PredictionNotFoundError(
+                f"model {document.model!r} routes no traffic anywhere (routing generation {document.generation}).",
+                model=document.model,
+                fix="wait until a snapshot set serves (`ipnext model get " + document.model + "`)",
+            )
+        return region
+
+
+class PredictionClient(_Core):
+    """Synchronous predictions: `predict`, `predict_stream` and `routing`. Thread-safe as httpx is."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        transport: httpx.BaseTransport | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """`url`: the serving HTTP address (settings' `serve`, when None)."""
+        super().__init__(url, clock)
+        self._http = httpx.Client(base_url=self.url, timeout=timeout_s, transport=transport)
+
+    @classmethod
+    def from_settings(cls, settings: Settings | None = None, **options: Any) -> PredictionClient:
+        return cls((settings or load_settings()).serve_url, **options)
+
+    def __enter__(self) -> PredictionClient:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def routing(self, model: str, *, refresh: bool = False) -> RoutingDocument:
+        """The model's routing document: the cached one while its TTL runs, else fetched."""
+        cached = None if refresh else self._cached(model)
+        if cached is not None:
+            return cached
+        try:
+            response = self._http.get(routing_path(model))
+        except httpx.TransportError as err:
+            raise _transport_error(err, model, None, self.url) from None
+        return self._store(model, response)
+
+    def predict(
+        self,
+        model: str,
+        inputs: Any,
+        *,
+        source: str | None = None,
+        region: str | None = None,
+        key: str | None = None,
+    ) -> Prediction:
+        """POST to the region the routing document picks for `source` (or to `region`, if given).
+        `key` makes both the region and the set sticky for that key."""
+        body = _body(inputs, key)
+        target = region or self._region(self.routing(model), source, key)
+        response = self._post(model, target, body)
+        if response.status_code == 404 and region is None:
+            target = self._region(self.routing(model, refresh=True), source, key)
+            response = self._post(model, target, body)
+        return _prediction(response, model, target)
+
+    def predict_stream(
+        self,
+        model: str,
+        inputs: Any,
+        *,
+        source: str | None = None,
+        region: str | None = None,
+        key: str | None = None,
+    ) -> Iterator[Prediction]:
+        """The answer piece by piece (server-sent events). Leaving the loop early closes the
+        connection, which cancels the request in the part."""
+        body = {**_body(inputs, key), "stream": True}
+        target = region or self._region(self.routing(model), source, key)
+        for attempt in range(2):
+            try:
+                with self._http.stream("POST", predict_path(model, target), json=body) as response:
+                    if response.status_code == 404 and region is None and attempt == 0:
+                        target = self._region(self.routing(model, refresh=True), source, key)
+                        continue
+                    if response.status_code != 200:
+                        response.read()
+                        raise _status_error(response, model, target)
+                    for line in response.iter_lines():
+                        piece = _event(line, model, target)
+                        if piece is not None:
+                            yield piece
+                    return
+            except httpx.TransportError as err:
+                raise _transport_error(err, model, target, self.url) from None
+
+    def _post(self, model: str, region: str, body: dict[str, Any]) -> httpx.Response:
+        try:
+            return self._http.post(predict_path(model, region), json=body)
+        except httpx.TransportError as err:
+            raise _transport_error(err, model, region, self.url) from None
+
+
+class AsyncPredictionClient(_Core):
+    """Asynchronous predictions: `predict`, `predict_stream` and `routing`."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        transport: httpx.AsyncBaseTransport | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """`url`: the serving HTTP address (settings' `serve`, when None)."""
+        super().__init__(url, clock)
+        self._http = httpx.AsyncClient(base_url=self.url, timeout=timeout_s, transport=transport)
+
+    @classmethod
+    def from_settings(cls, settings: Settings | None = None, **options: Any) -> AsyncPredictionClient:
+        return cls((settings or load_settings()).serve_url, **options)
+
+    async def __aenter__(self) -> AsyncPredictionClient:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def routing(self, model: str, *, refresh: bool = False) -> RoutingDocument:
+        """The model's routing document: the cached one while its TTL runs, else fetched."""
+        cached = None if refresh else self._cached(model)
+        if cached is not None:
+            return cached
+        try:
+            response = await self._http.get(routing_path(model))
+        except httpx.TransportError as err:
+            raise _transport_error(err, model, None, self.url) from None
+        return self._store(model, response)
+
+    async def predict(
+        self,
+        model: str,
+        inputs: Any,
+        *,
+        source: str | None = None,
+        region: str | None = None,
+        key: str | None = None,
+    ) -> Prediction:
+        """POST to the region the routing document picks for `source` (or to `region`, if given).
+        `key` makes both the region and the set sticky for that key."""
+        body = _body(inputs, key)
+        target = region or self._region(await self.routing(model), source, key)
+        response = await self._post(model, target, body)
+        if response.status_code == 404 and region is None:
+            target = self._region(await self.routing(model, refresh=True), source, key)
+            response = await self._post(model, target, body)
+        return _prediction(response, model, target)
+
+    async def predict_stream(
+        self,
+        model: str,
+        inputs: Any,
+        *,
+        source: str | None = None,
+        region: str | None = None,
+        key: str | None = None,
+    ) -> AsyncIterator[Prediction]:
+        """The answer piece by piece (server-sent events; a generative part streams its text, any
+        other model answers in one piece). Leaving the loop early closes the connection, which
+        cancels the request in the part."""
+        body = {**_body(inputs, key), "stream": True}
+        target = region or self._region(await self.routing(model), source, key)
+        for attempt in range(2):
+            try:
+                async with self._http.stream("POST", predict_path(model, target), json=body) as response:
+                    if response.status_code == 404 and region is None and attempt == 0:
+                        target = self._region(await self.routing(model, refresh=True), source, key)
+                        continue
+                    if response.status_code != 200:
+                        await response.aread()
+                        raise _status_error(response, model, target)
+                    async for line in response.aiter_lines():
+                        piece = _event(line, model, target)
+                        if piece is not None:
+                            yield piece
+                    return
+            except httpx.TransportError as err:
+                raise _transport_error(err, model, target, self.url) from None
+
+    async def _post(self, model: str, region: str, body: dict[str, Any]) -> httpx.Response:
+        try:
+            return await self._http.post(predict_path(model, region), json=body)
+        except httpx.TransportError as err:
+            raise _transport_error(err, model, region, self.url) from None
+
+
+# ---- the wire, converted once -------------------------------------------------------------
+
+
+def _body(inputs: Any, key: str | None) -> dict[str, Any]:
+    body: dict[str, Any] = {"inputs": inputs}
+    if key is not None:
+        body["key"] = key
+    return body
+
+
+def _error_class(status: int) -> type[PredictionError]:
+    if status == 400:
+        return PredictionBadRequestError
+    if status == 404:
+        return PredictionNotFoundError
+    if status >= 500:
+        return PredictionServerError
+    return PredictionError
+
+
+def _reason(response: httpx.Response) -> str:
+    """The server's own words: the `error` of a JSON answer, else the start of its text."""
+    try:
+        answer = response.json()
+    except ValueError:
+        return response.text[:500]
+    if isinstance(answer, dict) and "error" in answer:
+        return str(answer["error"])
+    return response.text[:500]
+
+
+def _status_error(response: httpx.Response, model: str, region: str) -> PredictionError:
+    status = response.status_code
+    return _error_class(status)(
+        f"predict {model} in {region}: HTTP {status}: {_reason(response)}",
+        status_code=status,
+        model=model,
+        region=region,
+    )
+
+
+def _transport_error(err: httpx.TransportError, model: str, region: str | None, url: str) -> PredictionError:
+    where = f"predict {model} in {region}" if region else f"routing of {model}"
+    return PredictionTransportError(
+        f"{where}: no answer from {url}: {type(err).__name__}: {err}",
+        model=model,
+        region=region,
+        fix="check that Ray Serve is up at that address (`ipnext dev status`), or set IPNEXT_SERVE__PORT",
+    )
+
+
+def _prediction(response: httpx.Response, model: str, region: str) -> Prediction:
+    if response.status_code != 200:
+        raise _status_error(response, model, region)
+    try:
+        return Prediction(**response.json(), region=region)
+    except (ValueError, TypeError) as err:
+        raise PredictionError(
+            f"predict {model} in {region}: the answer is not a prediction envelope: {err}",
+            status_code=response.status_code,
+            model=model,
+            region=region,
+        ) from None
+
+
+def _event(line: str, model: str, region: str) -> Prediction | None:
+    """One server-sent event: a piece of the answer, None for a line that is not data, or the
+    error the stream ended with (its `status`, 400 for the caller's mistake, else 500)."""
+    if not line.startswith("data: "):
+        return None
+    try:
+        event = json.loads(line.removeprefix("data: "))
+    except ValueError as err:
+        raise PredictionError(
+            f"predict {model} in {region}: a stream event is not JSON: {err}",
+            status_code=200,
+            model=model,
+            region=region,
+        ) from None
+    if "error" in event:
+        status = int(event.get("status", 500))
+        raise _error_class(status)(
+            f"predict {model} in {region}: {event['error']}", status_code=status, model=model, region=region
+        )
+    return Prediction(**event, region=region)
+
+
+def _document(response: httpx.Response, model: str, url: str) -> RoutingDocument:
+    if response.status_code == 404:
+        raise PredictionNotFoundError(
+            f"model {model!r} has no routing document at {url}: it is not registered, or serves nowhere yet.",
+            status_code=404,
+            model=model,
+            fix=f"publish a snapshot set and wait until it serves (`ipnext model get {model}`)",
+        )
+    if response.status_code != 200:
+        status = response.status_code
+        raise _error_class(status)(
+            f"routing of {model}: HTTP {status}: {_reason(response)}", status_code=status, model=model
+        )
+    try:
+        return RoutingDocument.model_validate(response.json())
+    except (ValueError, ValidationError) as err:
+        raise PredictionError(
+            f"routing of {model}: the answer is not a routing document: {err}", status_code=200, model=model
+        ) from None

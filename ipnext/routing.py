@@ -1,0 +1,167 @@
+"""The routing document: which serving region answers a caller of each traffic source, per model.
+
+The serving layer publishes one per model at `GET /models/<name>/routing`, built from the
+fractions of the model's plan; prediction clients cache it for `ttl_seconds` and pick a region
+from it, so predicting needs the serving URL only. Pure code: built, compared and read here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from typing import Annotated
+
+from pydantic import Field
+
+from ipnext.contracts import Frozen
+from ipnext.plan import Plan
+
+__all__ = [
+    "ROUTING_PREFIX",
+    "Routes",
+    "RoutingDocument",
+    "RoutingTable",
+    "pick_region",
+    "predict_path",
+    "routes_from_plan",
+    "routing_document",
+    "routing_model_of",
+    "routing_path",
+    "succeed",
+]
+
+# The one global route of the routing documents: GET /models/<name>/routing.
+ROUTING_PREFIX = "/models"
+_ROUTING_LEAF = "routing"
+
+Fraction = Annotated[float, Field(gt=0)]
+Routes = dict[str, dict[str, float]]  # traffic source -> serving region -> fraction (a row sums to 1)
+
+
+class RoutingDocument(Frozen):
+    """Where a model's callers go. `generation` counts up on every change of the document;
+    a client may use it for `ttl_seconds` before fetching it again."""
+
+    model: str
+    generation: int = Field(ge=1)
+    ttl_seconds: float = Field(gt=0)
+    routes: dict[str, dict[str, Fraction]]
+    plan_revision: int = Field(default=1, ge=1)  # the placement revision the fractions come from
+
+    def same_routing(self, other: RoutingDocument) -> bool:
+        """True when the two say the same thing (whatever their generations)."""
+        return self.model_copy(update={"generation": other.generation}) == other
+
+
+class RoutingTable(Frozen):
+    """Every model's document: the routing app's `user_config`."""
+
+    documents: dict[str, RoutingDocument] = Field(default_factory=dict)
+
+    def with_document(self, document: RoutingDocument) -> RoutingTable:
+        return RoutingTable(documents={**self.documents, document.model: document})
+
+    def without(self, model: str) -> RoutingTable:
+        return RoutingTable(documents={m: d for m, d in self.documents.items() if m != model})
+
+
+def routing_path(model: str) -> str:
+    return f"{ROUTING_PREFIX}/{model}/{_ROUTING_LEAF}"
+
+
+def routing_model_of(path: str, root_path: str = "") -> str | None:
+    """The model a `/models/<name>/routing` request names (`path` may still carry the app's
+    route prefix as `root_path`); None for any other path."""
+    if root_path and path.startswith(root_path):
+        path = ROUTING_PREFIX + path[len(root_path) :]
+    parts = path.strip("/").split("/")
+    if len(parts) == 3 and f"/{parts[0]}" == ROUTING_PREFIX and parts[2] == _ROUTING_LEAF and parts[1]:
+        return parts[1]
+    return None
+
+
+def predict_path(model: str, region: str) -> str:
+    """The model's predict route in a serving region (its router app there)."""
+    return f"/{region}/models/{model}/predict"
+
+
+def routes_from_plan(model: str, plan: Plan) -> Routes:
+    """Each traffic source's serving regions and fractions, from the plan's routing.
+
+    A model's parts are placed as a group, with the same fractions, and a request runs its whole
+    DAG in one region; so a region counts only where every part of the model has replicas.
+    Each row is normalized to sum to 1; a source routed nowhere has no row."""
+    placements = [p for name, p in sorted(plan.deployments.items()) if name.startswith(f"{model}/")]
+    if not placements:
+        return {}
+    serving = set.intersection(*(set(p.regions()) for p in placements))
+    routes: Routes = {}
+    for source, row in sorted(placements[0].fractions.items()):
+        kept = {region: share for region, share in sorted(row.items()) if share > 0 and region in serving}
+        total = sum(kept.values())
+        if total > 0:
+            routes[source] = {region: share / total for region, share in kept.items()}
+    return routes
+
+
+def succeed(previous: RoutingDocument | None, draft: RoutingDocument) -> RoutingDocument:
+    """The document to publish after `previous`: `previous` itself when `draft` says the same,
+    else `draft` at the next generation (1 with no previous)."""
+    if previous is None:
+        return draft.model_copy(update={"generation": 1})
+    if previous.same_routing(draft):
+        return previous
+    return draft.model_copy(update={"generation": previous.generation + 1})
+
+
+def routing_document(
+    model: str, plan: Plan, ttl_seconds: float, previous: RoutingDocument | None = None
+) -> RoutingDocument:
+    """The model's document for `plan`, succeeding `previous` (see `succeed`)."""
+    draft = RoutingDocument(
+        model=model,
+        generation=1,
+        ttl_seconds=ttl_seconds,
+        routes=routes_from_plan(model, plan),
+        plan_revision=plan.revision,
+    )
+    return succeed(previous, draft)
+
+
+def pick_region(
+    document: RoutingDocument,
+    source: str | None,
+    key: str | None = None,
+    rng: random.Random | None = None,
+) -> str | None:
+    """A serving region for a caller from `source`, in proportion to the source's fractions.
+
+    With a `key`, the same key always gets the same region while the fractions stay put (the
+    draw is salted, so it does not line up with the router's sticky choice of set). A source
+    the document has no row for (or None) draws from every source's rows pooled. None when
+    the document routes nowhere."""
+    row = document.routes.get(source) if source is not None else None
+    if not row:
+        row = _pooled(document.routes)
+    regions = sorted(r for r, share in row.items() if share > 0)
+    if not regions:
+        return None
+    total = sum(row[r] for r in regions)
+    if key is None:
+        point = (rng or random).random() * total
+    else:
+        digest = hashlib.sha256(f"region\x00{document.model}\x00{key}".encode()).digest()
+        point = int.from_bytes(digest[:8], "big") / 2**64 * total
+    for region in regions:
+        point -= row[region]
+        if point < 0:
+            return region
+    return regions[-1]
+
+
+def _pooled(routes: Routes) -> dict[str, float]:
+    pooled: dict[str, float] = {}
+    for row in routes.values():
+        for region, share in row.items():
+            pooled[region] = pooled.get(region, 0.0) + share / len(routes)
+    return pooled

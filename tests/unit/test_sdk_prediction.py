@@ -1,0 +1,356 @@
+"""The prediction clients (sync and async) against an in-process fake of the serving layer
+(httpx.MockTransport): typed answers, HTTP status -> error type, the routing document's TTL, the
+one refetch after a 404, the source -> region choice, streams, and `Client.predict` without
+Temporal."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import pytest
+
+from ipnext.config import Settings
+from ipnext.errors import (
+    IpnextError,
+    PredictionBadRequestError,
+    PredictionError,
+    PredictionNotFoundError,
+    PredictionServerError,
+    PredictionTransportError,
+    ServingError,
+)
+from ipnext.routing import RoutingDocument, routing_model_of
+from ipnext.sdk import AsyncPredictionClient, Client, Prediction, PredictionClient
+
+MODEL = "feed-ranker"
+URL = "http://serving.test"
+TTL = 5.0
+
+Answer = tuple[int, Any]  # (status, JSON body) of a router
+Router = Callable[[dict[str, Any]], Answer]
+
+
+def envelope(region: str, set_id: str = f"{MODEL}@1") -> dict[str, Any]:
+    return {"outputs": [0.5], "set": set_id, "parts": {"dense": f"{MODEL}/dense@v1"}, "variant": None}
+
+
+def answers_ok(region: str) -> Router:
+    return lambda body: (200, {**envelope(region), "outputs": [region, body["inputs"]]})
+
+
+@dataclass
+class FakeServing:
+    """The routing app and the routers of each region, as the serving layer answers them."""
+
+    documents: dict[str, RoutingDocument] = field(default_factory=dict)
+    routers: dict[tuple[str, str], Router] = field(default_factory=dict)  # (region, model) -> router
+    streams: dict[tuple[str, str], list[dict[str, Any]]] = field(default_factory=dict)
+    fetches: int = 0
+    posts: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # (region, body)
+    down: bool = False
+
+    def route(self, routes: dict[str, dict[str, float]], generation: int = 1) -> None:
+        self.documents[MODEL] = RoutingDocument(
+            model=MODEL, generation=generation, ttl_seconds=TTL, routes=routes
+        )
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        if self.down:
+            raise httpx.ConnectError("connection refused", request=request)
+        path = request.url.path
+        model = routing_model_of(path)
+        if model is not None:
+            self.fetches += 1
+            doc = self.documents.get(model)
+            if doc is None:
+                return httpx.Response(404, json={"error": f"model {model!r} has no routing document"})
+            return httpx.Response(200, json=doc.model_dump(mode="json"))
+        region, _, model, _ = path.strip("/").split("/")
+        body = json.loads(request.content)
+        self.posts.append((region, body))
+        if body.get("stream"):
+            pieces = self.streams.get((region, model))
+            if pieces is None:
+                return httpx.Response(404, text=f"Path '{path}' not found.")
+            text = "".join(f"data: {json.dumps(p)}\n\n" for p in pieces)
+            return httpx.Response(200, text=text, headers={"content-type": "text/event-stream"})
+        router = self.routers.get((region, model))
+        if router is None:
+            return httpx.Response(404, text=f"Path '{path}' not found. Ping http://.../-/routes")
+        status, answer = router(body)
+        return httpx.Response(status, json=answer)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def serving() -> FakeServing:
+    fake = FakeServing()
+    fake.route({"us-east": {"us-east": 1.0}, "eu-west": {"eu-west": 1.0}})
+    fake.routers[("us-east", MODEL)] = answers_ok("us-east")
+    fake.routers[("eu-west", MODEL)] = answers_ok("eu-west")
+    return fake
+
+
+def sync_client(fake: FakeServing, clock: Clock | None = None) -> PredictionClient:
+    return PredictionClient(URL, transport=httpx.MockTransport(fake.handle), clock=clock or Clock())
+
+
+def async_client(fake: FakeServing, clock: Clock | None = None) -> AsyncPredictionClient:
+    return AsyncPredictionClient(URL, transport=httpx.MockTransport(fake.handle), clock=clock or Clock())
+
+
+# ---- answers and the region ---------------------------------------------------------------------
+
+
+def test_a_prediction_is_typed_and_names_the_region_the_source_is_routed_to(serving: FakeServing) -> None:
+    with sync_client(serving) as client:
+        reply = client.predict(MODEL, {"user": 1}, source="eu-west")
+        assert isinstance(reply, Prediction)
+        assert reply.region == "eu-west" and reply.outputs == ["eu-west", {"user": 1}]
+        assert reply.set == f"{MODEL}@1" and reply.parts == {"dense": f"{MODEL}/dense@v1"}
+        assert reply.variant is None
+        assert client.predict(MODEL, {"user": 1}, source="us-east").region == "us-east"
+    assert serving.fetches == 1  # one document serves both sources
+
+
+async def test_the_async_client_answers_the_same(serving: FakeServing) -> None:
+    async with async_client(serving) as client:
+        reply = await client.predict(MODEL, {"user": 1}, source="eu-west")
+        assert reply.region == "eu-west" and reply.outputs == ["eu-west", {"user": 1}]
+        assert (await client.routing(MODEL)).routes == serving.documents[MODEL].routes
+
+
+def test_a_key_is_sent_and_sticks_to_one_region(serving: FakeServing) -> None:
+    serving.route({"eu-west": {"eu-west": 0.5, "us-east": 0.5}})
+    with sync_client(serving) as client:
+        regions = {client.predict(MODEL, 1, source="eu-west", key="user-7").region for _ in range(20)}
+        assert len(regions) == 1
+        spread = {client.predict(MODEL, 1, source="eu-west", key=f"user-{i}").region for i in range(40)}
+        assert spread == {"eu-west", "us-east"}
+    assert all(body["key"].startswith("user-") for _, body in serving.posts)
+
+
+def test_an_explicit_region_needs_no_document(serving: FakeServing) -> None:
+    with sync_client(serving) as client:
+        assert client.predict(MODEL, 1, region="us-east").region == "us-east"
+    assert serving.fetches == 0 and "key" not in serving.posts[0][1]
+
+
+# ---- status -> error type -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("status", "kind"),
+    [
+        (400, PredictionBadRequestError),
+        (404, PredictionNotFoundError),
+        (405, PredictionError),
+        (422, PredictionError),
+        (500, PredictionServerError),
+        (503, PredictionServerError),
+    ],
+)
+async def test_each_status_raises_its_error_type_with_the_status(
+    serving: FakeServing, status: int, kind: type[PredictionError]
+) -> None:
+    serving.routers[("us-east", MODEL)] = lambda body: (status, {"error": f"refused with {status}"})
+    with sync_client(serving) as client, pytest.raises(kind) as sync_raised:
+        client.predict(MODEL, 1, source="us-east")
+    async with async_client(serving) as aclient:
+        with pytest.raises(kind) as async_raised:
+            await aclient.predict(MODEL, 1, source="us-east")
+    for err in (sync_raised.value, async_raised.value):
+        assert type(err) is kind and isinstance(err, ServingError) and isinstance(err, IpnextError)
+        assert err.status_code == status and err.model == MODEL and err.region == "us-east"
+        assert f"HTTP {status}: refused with {status}" in str(err)
+
+
+def test_a_400_is_also_a_value_error_and_a_404_a_lookup_error(serving: FakeServing) -> None:
+    serving.routers[("us-east", MODEL)] = lambda body: (400, {"error": "inputs.user: 9999 is unknown"})
+    with sync_client(serving) as client:
+        with pytest.raises(ValueError, match=r"inputs\.user: 9999"):
+            client.predict(MODEL, 1, source="us-east")
+        with pytest.raises(LookupError):
+            client.predict("absent", 1, source="us-east")
+
+
+async def test_no_answer_at_all_is_a_transport_error_without_a_status(serving: FakeServing) -> None:
+    serving.down = True
+    with sync_client(serving) as client, pytest.raises(PredictionTransportError) as raised:
+        client.predict(MODEL, 1, source="us-east")
+    assert raised.value.status_code is None and URL in str(raised.value)
+    async with async_client(serving) as aclient:
+        with pytest.raises(PredictionTransportError):
+            await aclient.predict(MODEL, 1, region="us-east")
+
+
+def test_an_answer_that_is_not_an_envelope_is_a_prediction_error(serving: FakeServing) -> None:
+    serving.routers[("us-east", MODEL)] = lambda body: (200, {"nope": 1})
+    with sync_client(serving) as client, pytest.raises(PredictionError, match="not a prediction envelope"):
+        client.predict(MODEL, 1, source="us-east")
+
+
+def test_an_unknown_model_is_a_404_naming_it(serving: FakeServing) -> None:
+    with sync_client(serving) as client, pytest.raises(PredictionNotFoundError) as raised:
+        client.predict("absent", 1)
+    assert raised.value.status_code == 404 and "'absent'" in str(raised.value)
+    assert serving.posts == []
+
+
+def test_a_document_that_routes_nowhere_is_not_found(serving: FakeServing) -> None:
+    serving.route({})
+    with sync_client(serving) as client, pytest.raises(PredictionNotFoundError, match="routes no traffic"):
+        client.predict(MODEL, 1, source="us-east")
+
+
+# ---- the document's TTL and the refetch after a 404 ----------------------------------------------
+
+
+async def test_the_document_is_cached_for_its_ttl_then_fetched_again(serving: FakeServing) -> None:
+    clock = Clock()
+    with sync_client(serving, clock) as client:
+        for _ in range(3):
+            client.predict(MODEL, 1, source="us-east")
+        assert serving.fetches == 1
+        clock.now += TTL - 0.01
+        client.predict(MODEL, 1, source="us-east")
+        assert serving.fetches == 1
+        serving.route({"us-east": {"eu-west": 1.0}}, generation=2)  # the model moved
+        clock.now += 0.02
+        assert client.predict(MODEL, 1, source="us-east").region == "eu-west"
+        assert serving.fetches == 2 and client.routing(MODEL).generation == 2
+    clock = Clock()
+    async with async_client(serving, clock) as aclient:
+        await aclient.predict(MODEL, 1, source="us-east")
+        await aclient.predict(MODEL, 1, source="us-east")
+        clock.now += TTL
+        await aclient.predict(MODEL, 1, source="us-east")
+    assert serving.fetches == 4
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_a_404_refetches_the_document_once_and_follows_it(
+    serving: FakeServing, use_async: bool
+) -> None:
+    def moved() -> None:  # the model left us-east before the cached document's TTL ran out
+        del serving.routers[("us-east", MODEL)]
+        serving.route({"us-east": {"eu-west": 1.0}}, generation=2)
+
+    if use_async:
+        async with async_client(serving) as aclient:
+            assert (await aclient.predict(MODEL, 1, source="us-east")).region == "us-east"
+            moved()
+            reply = await aclient.predict(MODEL, 1, source="us-east")
+    else:
+        with sync_client(serving) as client:
+            assert client.predict(MODEL, 1, source="us-east").region == "us-east"
+            moved()
+            reply = client.predict(MODEL, 1, source="us-east")
+    assert reply.region == "eu-west" and serving.fetches == 2
+    assert [region for region, _ in serving.posts] == ["us-east", "us-east", "eu-west"]
+
+
+def test_a_404_after_the_refetch_raises_without_a_loop(serving: FakeServing) -> None:
+    serving.routers.clear()
+    with sync_client(serving) as client, pytest.raises(PredictionNotFoundError) as raised:
+        client.predict(MODEL, 1, source="us-east")
+    assert raised.value.status_code == 404 and raised.value.region == "us-east"
+    assert serving.fetches == 2 and len(serving.posts) == 2
+
+
+def test_a_404_for_an_explicit_region_does_not_refetch(serving: FakeServing) -> None:
+    with sync_client(serving) as client, pytest.raises(PredictionNotFoundError):
+        client.predict(MODEL, 1, region="ap-south")
+    assert serving.fetches == 0 and len(serving.posts) == 1
+
+
+def test_a_model_deleted_under_a_cached_document_is_not_found_naming_it(serving: FakeServing) -> None:
+    with sync_client(serving) as client:
+        client.predict(MODEL, 1, source="us-east")
+        serving.routers.clear()
+        del serving.documents[MODEL]
+        with pytest.raises(PredictionNotFoundError, match=f"'{MODEL}' has no routing document"):
+            client.predict(MODEL, 1, source="us-east")
+
+
+# ---- streams ----------------------------------------------------------------------------------
+
+
+def pieces(*texts: str) -> list[dict[str, Any]]:
+    return [{**envelope("us-east"), "outputs": {"text": t}} for t in texts]
+
+
+async def test_a_stream_yields_typed_pieces_sync_and_async(serving: FakeServing) -> None:
+    serving.streams[("us-east", MODEL)] = pieces("two", " plus", " three")
+    with sync_client(serving) as client:
+        got = list(client.predict_stream(MODEL, {"prompt": "p"}, source="us-east"))
+    async with async_client(serving) as aclient:
+        agot = [p async for p in aclient.predict_stream(MODEL, {"prompt": "p"}, source="us-east")]
+    for replies in (got, agot):
+        assert [p.outputs["text"] for p in replies] == ["two", " plus", " three"]
+        assert all(isinstance(p, Prediction) and p.region == "us-east" for p in replies)
+    assert all(body["stream"] is True for _, body in serving.posts)
+
+
+@pytest.mark.parametrize(
+    ("event", "kind", "status"),
+    [
+        ({"error": "inputs.max_tokens: 0 is not >= 1", "status": 400}, PredictionBadRequestError, 400),
+        ({"error": "RuntimeError: the part died"}, PredictionServerError, 500),
+    ],
+)
+async def test_an_error_event_ends_a_stream_with_its_error_type(
+    serving: FakeServing, event: dict[str, Any], kind: type[PredictionError], status: int
+) -> None:
+    serving.streams[("us-east", MODEL)] = [*pieces("a"), event]
+    with sync_client(serving) as client, pytest.raises(kind) as raised:
+        list(client.predict_stream(MODEL, {}, source="us-east"))
+    assert raised.value.status_code == status and event["error"] in str(raised.value)
+    async with async_client(serving) as aclient:
+        with pytest.raises(kind):
+            async for _ in aclient.predict_stream(MODEL, {}, source="us-east"):
+                pass
+
+
+async def test_a_stream_refetches_once_after_a_404(serving: FakeServing) -> None:
+    serving.streams[("eu-west", MODEL)] = pieces("moved")
+    async with async_client(serving) as aclient:
+        await aclient.routing(MODEL)  # caches us-east for us-east
+        serving.route({"us-east": {"eu-west": 1.0}}, generation=2)
+        replies = [p async for p in aclient.predict_stream(MODEL, {}, source="us-east")]
+    assert [p.region for p in replies] == ["eu-west"] and serving.fetches == 2
+    with sync_client(serving) as client, pytest.raises(PredictionNotFoundError):
+        list(client.predict_stream(MODEL, {}, region="us-east"))
+
+
+# ---- the control client delegates, with no Temporal call ----------------------------------------
+
+
+async def test_client_predict_goes_through_the_prediction_client_without_temporal(
+    serving: FakeServing,
+) -> None:
+    class NoTemporal:
+        def __getattr__(self, name: str) -> Any:
+            raise AssertionError(f"predict must not touch Temporal (it called {name})")
+
+    client = Client(NoTemporal(), Settings())  # type: ignore[arg-type]
+    await client.predictions.aclose()
+    client.predictions = async_client(serving)
+    async with client:
+        reply = await client.predict(MODEL, {"user": 1}, source="eu-west")
+        assert reply.region == "eu-west"
+        serving.streams[("us-east", MODEL)] = pieces("x")
+        assert [p.outputs async for p in client.predict_stream(MODEL, {}, source="us-east")] == [
+            {"text": "x"}
+        ]
