@@ -3,10 +3,8 @@ the ipnext worker, on ports and in a state folder of its own, so a running demo 
 
 from __future__ import annotations
 
-import asyncio
 import os
 import tempfile
-import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -16,6 +14,7 @@ import pytest
 import pytest_asyncio
 
 from ipnext.config import Settings, load_settings
+from ipnext.contracts import ModelStatus, poll_until
 from ipnext.devstack import DevStack, scratch_config, stack_processes
 from ipnext.examples.click_ranker.train import train
 from ipnext.model import ModelSpec, load_model_spec
@@ -91,10 +90,10 @@ def train_version(settings: Settings, model: str, version: str, seed: int = 1) -
 
 async def until_rolled_back(client: Client, model: str, timeout_s: float = 180) -> ModelState:
     """Poll the model until its newest set ended rolled back and the model serves again."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        state = await client.get_model(model)
-        if state.sets[-1].status == "rolled_back" and state.state == "serving":
-            return state
-        assert time.monotonic() < deadline, state
-        await asyncio.sleep(0.2)
+    return await poll_until(
+        lambda: client.get_model(model),
+        lambda s: s.sets[-1].status == "rolled_back" and s.state == ModelStatus.SERVING,
+        timeout_s=timeout_s,
+        interval_s=0.2,
+        what=f"{model} rolled back and serving",
+    )

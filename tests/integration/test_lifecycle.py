@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import httpx
 import pytest
 import ray
 
 from ipnext.config import Settings
-from ipnext.errors import ModelNotFoundError
-from ipnext.sdk import Client
+from ipnext.contracts import poll_until
+from ipnext.errors import ModelNotFoundError, PredictionBadRequestError, PredictionNotFoundError
+from ipnext.sdk import AsyncPredictionClient, Client, PredictionClient
 from ipnext.serving.control import connect, get_writer
 from ipnext.serving.layout import metrics_actor_name
 
@@ -72,17 +74,53 @@ async def test_publish_serve_predict_then_second_set(
         # The router pushes its counters to the model's metrics actor every second.
         metrics = ray.get_actor(metrics_actor_name(model_name, "us-east"), namespace="ipnext")
         app = f"{model_name}.us-east.s1.r1"
-        deadline = time.monotonic() + 30
-        while True:
-            counted = ray.get(metrics.snapshot.remote())["sets"].get(app, {})
-            if counted.get("requests", 0) >= 1:
-                break
-            assert time.monotonic() < deadline, f"no metrics pushed: {counted}"
-            await asyncio.sleep(0.5)
+
+        async def counted_now() -> dict[str, Any]:
+            sets: dict[str, dict[str, Any]] = ray.get(metrics.snapshot.remote())["sets"]
+            return sets.get(app, {})
+
+        counted = await poll_until(
+            counted_now,
+            lambda c: c.get("requests", 0) >= 1,
+            timeout_s=30,
+            interval_s=0.5,
+            what="metrics pushed",
+        )
         assert counted["errors"] == 0 and sum(counted["histograms"]["latency_ms"]) >= 1
         router = (await http.get(f"/us-east/models/{model_name}")).json()
         assert router["weights"] == {f"{model_name}.us-east.s1.r1": 100.0}
         first_generation = router["generation"]
+        # The routing document, on its one global route: the plan's fractions per traffic source.
+        routing = await http.get(f"/models/{model_name}/routing")
+        assert routing.status_code == 200, routing.text
+        document = routing.json()
+        assert state.plan is not None
+        planned = {
+            source: {region: share for region, share in row.items() if share > 0}
+            for source, row in state.plan.deployments[f"{model_name}/dense"].fractions.items()
+        }
+        assert document["model"] == model_name and document["routes"] == planned == {
+            "us-east": {"us-east": 1.0}
+        }
+        assert document["ttl_seconds"] == stack.serve.routing_ttl_seconds and document["generation"] >= 1
+        unknown_model = await http.get(f"/models/{model_name}-absent/routing")
+        assert unknown_model.status_code == 404 and f"{model_name}-absent" in unknown_model.json()["error"]
+
+    # The data plane alone: no Temporal client, only the serving URL.
+    with PredictionClient(stack.serve_url) as serving:
+        reply = serving.predict(model_name, {"user": 3, "items": [1, 2, 3]}, source="us-east")
+        assert (reply.set, reply.region, reply.outputs) == (f"{model_name}@1", "us-east", envelope["outputs"])
+        assert serving.routing(model_name).generation == document["generation"]
+        with pytest.raises(PredictionBadRequestError) as bad_request:
+            serving.predict(model_name, {"user": 9999, "items": [1]}, source="us-east")
+        assert bad_request.value.status_code == 400 and "inputs.user: 9999" in str(bad_request.value)
+        with pytest.raises(PredictionNotFoundError, match=f"{model_name}-absent"):
+            serving.predict(f"{model_name}-absent", {"user": 3, "items": [1]})
+    async with AsyncPredictionClient(stack.serve_url) as aserving:
+        areply = await aserving.predict(model_name, {"user": 3, "items": [1, 2, 3]}, source="us-east")
+        assert areply == reply
+        with pytest.raises(PredictionBadRequestError):
+            await aserving.predict(model_name, {"nope": 1}, region="us-east")
 
     folder2, _ = train_version(stack, model_name, "v2", seed=2)
     # The second set rolls out step by step (the example's 10/50/100) under a closed-loop load.
@@ -113,6 +151,9 @@ async def test_publish_serve_predict_then_second_set(
     assert state.rollout.generations == [first_generation + 1, first_generation + 2, first_generation + 3]
     apps = serve_apps(stack)
     assert f"{model_name}.us-east.s2.r1" in apps and f"{model_name}.us-east.s1.r1" not in apps
+    # A new set on the same plan changes no routing: the document keeps its generation.
+    async with AsyncPredictionClient(stack.serve_url) as aserving:
+        assert (await aserving.routing(model_name)).generation == document["generation"]
 
 
 async def test_delete_removes_serving(stack: Settings, client: Client, model_name: str) -> None:
@@ -129,7 +170,15 @@ async def test_delete_removes_serving(stack: Settings, client: Client, model_nam
         gone = await http.post(
             f"/us-east/models/{model_name}/predict", json={"inputs": {"user": 1, "items": [4]}}
         )
-    assert gone.status_code == 404
+        assert gone.status_code == 404
+        # Teardown took the model's routing document out too.
+        await poll_until(
+            lambda: http.get(f"/models/{model_name}/routing"),
+            lambda r: r.status_code == 404,
+            timeout_s=30,
+            interval_s=0.2,
+            what="the routing document withdrawn",
+        )
     with pytest.raises(ModelNotFoundError):
         await client.get_model(model_name)
 
@@ -138,13 +187,13 @@ async def test_watcher_publishes_new_snapshots(stack: Settings, client: Client, 
     spec = one_region_spec(model_name, watch={"enabled": True, "interval_seconds": 2})
     await client.publish_model(spec)
     _, manifest = train_version(stack, model_name, "nightly-1")
-    deadline = time.monotonic() + 180
-    while True:
-        state = await client.get_model(model_name)
-        if state.serving_set is not None:
-            break
-        assert time.monotonic() < deadline, f"the watcher published nothing: {state}"
-        await asyncio.sleep(1)
+    state = await poll_until(
+        lambda: client.get_model(model_name),
+        lambda s: s.serving_set is not None,
+        timeout_s=180,
+        interval_s=1,
+        what="the watcher's first publish",
+    )
     served = next(s for s in state.sets if s.id == state.serving_set)
     assert served.version == manifest.version == "nightly-1"
     assert served.detail == "published by snapshot-watcher"

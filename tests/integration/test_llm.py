@@ -17,6 +17,7 @@ import pytest
 from ray import ObjectRef, serve
 
 from ipnext.config import Settings
+from ipnext.contracts import poll_until
 from ipnext.errors import ServingError
 from ipnext.examples.llm.train import PART, train
 from ipnext.model import load_model_spec
@@ -154,13 +155,13 @@ async def test_llm_streams_frees_cancelled_blocks_and_rolls_out_under_streaming_
                     break
             busy = await describe(host)
             assert busy["running"] == 1 and busy["kv_cache_used_blocks"] > 0
-        deadline = time.monotonic() + 30
-        while True:
-            status = await describe(host)
-            if status["running"] == 0 and status["kv_cache_used_blocks"] == 0:
-                break
-            assert time.monotonic() < deadline, f"the cancelled stream kept its blocks: {status}"
-            await asyncio.sleep(0.2)
+        status = await poll_until(
+            lambda: describe(host),
+            lambda s: s["running"] == 0 and s["kv_cache_used_blocks"] == 0,
+            timeout_s=30,
+            interval_s=0.2,
+            what="the cancelled stream's blocks freed",
+        )
         assert status["cancelled"] >= 1
 
     # 3. v2 rolls out under streaming load: no stream fails, and the TTFT gate judged it.

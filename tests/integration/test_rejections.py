@@ -82,6 +82,19 @@ async def test_unknown_hardware_creates_nothing(stack: Settings, client: Client)
         await client.temporal.get_workflow_handle(model_workflow_id(name)).describe()
 
 
+async def test_a_factory_the_worker_cannot_import_creates_nothing(stack: Settings, client: Client) -> None:
+    """The worker imports the factories (in a child process), not this test's process."""
+    name = f"f{uuid.uuid4().hex[:6]}"
+    data = one_region_spec(name).model_dump(mode="json")
+    data["parts"]["dense"]["factory"] = "ipnext_missing_module_q7:DensePart"
+    with pytest.raises(
+        SpecError, match=r"parts\.dense\.factory: .*'ipnext_missing_module_q7' does not import"
+    ):
+        await client.publish_model(ModelSpec.model_validate(data))
+    with pytest.raises(RPCError):
+        await client.temporal.get_workflow_handle(model_workflow_id(name)).describe()
+
+
 def _bad_requests(stack: Settings, model: str, tmp: Path) -> dict[str, tuple[SnapshotSetRequest, str]]:
     root = stack.snapshot_roots[0]
     good_folder, _ = train_version(stack, model, f"good-{uuid.uuid4().hex[:6]}")

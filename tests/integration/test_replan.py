@@ -4,7 +4,6 @@ model whose pools got expensive to another region, make before break, while it s
 
 from __future__ import annotations
 
-import asyncio
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -14,7 +13,7 @@ import pytest
 import yaml
 
 from ipnext.config import Settings
-from ipnext.contracts import REPLAN_SCHEDULE_ID
+from ipnext.contracts import REPLAN_SCHEDULE_ID, ModelStatus, poll_until
 from ipnext.entry.schedules import ensure_replan_schedule, trigger_and_wait
 from ipnext.registry import ModelState
 from ipnext.replan import FleetReplanInput
@@ -31,14 +30,19 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
 async def moved(client: Client, model_name: str, revision: int, started: float) -> ModelState:
     """The model's state once it serves on plan `revision`; fails fast if the move stalls."""
-    while True:
-        state = await client.get_model(model_name)
-        if state.plan is not None and state.plan.revision == revision and state.state == "serving":
-            return state
+
+    async def read() -> ModelState:
         live = await client.rollout_status(model_name)
-        assert live is None or live.state.value not in ("paused", "rolled_back"), live
-        assert time.perf_counter() - started < 240, state
-        await asyncio.sleep(0.5)
+        assert live is None or live.state.value not in ("paused", "rolled_back"), live  # fail fast
+        return await client.get_model(model_name)
+
+    return await poll_until(
+        read,
+        lambda s: s.plan is not None and s.plan.revision == revision and s.state == ModelStatus.SERVING,
+        timeout_s=max(1.0, 240 - (time.perf_counter() - started)),
+        interval_s=0.5,
+        what=f"{model_name} serving on plan revision {revision}",
+    )
 
 
 async def test_scheduled_replan_moves_capacity_and_shows_the_plan(

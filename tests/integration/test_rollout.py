@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from ipnext.config import Settings
+from ipnext.contracts import poll_until
 from ipnext.devstack import DevStack
 from ipnext.examples.click_ranker.train import poisoned_copy
 from ipnext.model import GateSpec
@@ -77,13 +78,13 @@ async def test_on_call_pauses_and_resumes_with_the_cli(
     v2, _ = train_version(stack, model_name, "v2", seed=2)
     async with Load(stack.serve_url, f"/us-east/models/{model_name}/predict") as load:
         published = await client.publish_snapshot(model_name, v2)
-        deadline = time.monotonic() + 120
-        while True:
-            status = await client.rollout_status(model_name)
-            if status is not None and status.set_id == published.set_id and "baking" in status.step:
-                break
-            assert time.monotonic() < deadline, status
-            await asyncio.sleep(0.2)
+        await poll_until(
+            lambda: client.rollout_status(model_name),
+            lambda s: s is not None and s.set_id == published.set_id and "baking" in s.step,
+            timeout_s=120,
+            interval_s=0.2,
+            what=f"{published.set_id} baking",
+        )
         out = ipnext(
             stack_config, "rollout", "pause", model_name, "--reason", "looking at a dashboard", "--who", "ann"
         )

@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import load_file
 
 from ipnext.config import Settings
+from ipnext.contracts import poll_until
 from ipnext.examples.click_ranker.train import train
 from ipnext.model import ModelSpec, load_model_spec
 from ipnext.sdk import Client
@@ -219,11 +220,12 @@ async def until_counted(stack: Settings, app: str, served: int, errors: int) -> 
     """Wait until the metrics actor counted `served` requests of `app`, `errors` of them errors."""
     connect(stack.ray_address())
     metrics = ray.get_actor(metrics_actor_name(app.split(".")[0], "us-east"), namespace="ipnext")
-    deadline = time.monotonic() + 15
-    while True:
-        counted = ray.get(metrics.snapshot.remote())["sets"].get(app, {})
-        if counted.get("requests", 0) >= served:
-            break
-        assert time.monotonic() < deadline, f"not every request was counted: {counted}, {served} served"
-        await asyncio.sleep(0.5)
+
+    async def read() -> dict[str, Any]:
+        sets: dict[str, dict[str, Any]] = ray.get(metrics.snapshot.remote())["sets"]
+        return sets.get(app, {})
+
+    counted = await poll_until(
+        read, lambda c: c.get("requests", 0) >= served, timeout_s=15, interval_s=0.5, what=f"{served} counted"
+    )
     assert counted["errors"] == errors, counted

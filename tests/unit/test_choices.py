@@ -1,5 +1,8 @@
 """Choice nodes (adaptive routing between variants): the spec's checks, DAG order through choice
-nodes, rule matching per request context, fallback decisions, and the DAG one request runs."""
+nodes, rule matching per request context, fallback decisions, and the DAG one request runs.
+
+One file over 600 lines on purpose: these cases share one spec builder and read as one story
+from the spec to the request; split, each half would need the other's fixtures."""
 
 from __future__ import annotations
 
