@@ -72,7 +72,7 @@ async def run_scenario(
             )
             replies = []
             for request in REQUESTS:
-                reply = await ipn.predict(spec.name, request, source="us-east", state=state)
+                reply = await ipn.predict(spec.name, request, source="us-east")
                 if reply.set != published.set_id:
                     raise RuntimeError(f"expected an answer from {published.set_id}, got {reply.set}")
                 replies.append(reply)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+from collections.abc import Mapping
 from typing import Annotated
 
 from pydantic import Field
@@ -28,6 +29,7 @@ __all__ = [
     "routing_model_of",
     "routing_path",
     "succeed",
+    "weighted_draw",
 ]
 
 # The one global route of the routing documents: GET /models/<name>/routing.
@@ -143,20 +145,31 @@ def pick_region(
     row = document.routes.get(source) if source is not None else None
     if not row:
         row = _pooled(document.routes)
-    regions = sorted(r for r, share in row.items() if share > 0)
-    if not regions:
+    salted = None if key is None else f"region\x00{document.model}\x00{key}"
+    return weighted_draw(row, salted, rng)
+
+
+def weighted_draw(
+    weights: Mapping[str, float], key: str | None, rng: random.Random | None = None
+) -> str | None:
+    """One of the names with a positive weight, in proportion to it (None when there is none).
+    With a `key` the draw is a hash of the key, so the same key gets the same name while the
+    weights stay put; the router's sticky set choice and the client's region choice share it
+    (each salting its keys its own way)."""
+    names = sorted(n for n, w in weights.items() if w > 0)
+    if not names:
         return None
-    total = sum(row[r] for r in regions)
+    total = sum(weights[n] for n in names)
     if key is None:
-        point = (rng or random).random() * total
+        point = (rng.random() if rng is not None else random.random()) * total
     else:
-        digest = hashlib.sha256(f"region\x00{document.model}\x00{key}".encode()).digest()
+        digest = hashlib.sha256(key.encode()).digest()
         point = int.from_bytes(digest[:8], "big") / 2**64 * total
-    for region in regions:
-        point -= row[region]
+    for name in names:
+        point -= weights[name]
         if point < 0:
-            return region
-    return regions[-1]
+            return name
+    return names[-1]
 
 
 def _pooled(routes: Routes) -> dict[str, float]:

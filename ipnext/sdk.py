@@ -308,33 +308,14 @@ class Client:
 
     # ---- predictions (no Temporal call: see AsyncPredictionClient) -----------------------
 
-    async def predict(
-        self,
-        name: str,
-        inputs: Any,
-        *,
-        source: str | None = None,
-        region: str | None = None,
-        key: str | None = None,
-        state: ModelState | None = None,
-    ) -> Prediction:
-        """POST to the serving region the model's routing document picks for `source` (or
-        `region`, if given). `state` is accepted for older callers and not needed any more."""
-        return await self.predictions.predict(name, inputs, source=source, region=region, key=key)
+    async def predict(self, name: str, inputs: Any, **where: str | None) -> Prediction:
+        """`AsyncPredictionClient.predict` (keywords `source`, `region`, `key`): POST to the
+        serving region the model's routing document picks for `source`."""
+        return await self.predictions.predict(name, inputs, **where)
 
-    def predict_stream(
-        self,
-        name: str,
-        inputs: Any,
-        *,
-        source: str | None = None,
-        region: str | None = None,
-        key: str | None = None,
-    ) -> AsyncIterator[Prediction]:
-        """The answer piece by piece (server-sent events; a generative part streams its text,
-        any other model answers in one piece). Leaving the loop early closes the connection,
-        which cancels the request in the part."""
-        return self.predictions.predict_stream(name, inputs, source=source, region=region, key=key)
+    def predict_stream(self, name: str, inputs: Any, **where: str | None) -> AsyncIterator[Prediction]:
+        """`AsyncPredictionClient.predict_stream` (same keywords): the answer piece by piece."""
+        return self.predictions.predict_stream(name, inputs, **where)
 
     # ---- helpers -------------------------------------------------------------------------
 

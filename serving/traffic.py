@@ -4,13 +4,13 @@ the final answer. No Ray: unit tests import it alone."""
 
 from __future__ import annotations
 
-import hashlib
 import math
 import random
 from typing import Any, NamedTuple
 
 from ipnext.model import DAG_INPUT
 from ipnext.rollout import RouterConfig
+from ipnext.routing import weighted_draw
 from ipnext.serving.choices import RequestPlan
 from ipnext.sharding import gather_shards
 
@@ -28,20 +28,7 @@ class PickedApps(NamedTuple):
 def pick_set(weights: dict[str, float], key: str | None, rng: random.Random) -> str | None:
     """Choose a set app in proportion to its weight; with a key, the same key always picks the
     same app while the weights stay put (sticky sessions, A/B-stable users)."""
-    apps = sorted(a for a, w in weights.items() if w > 0)
-    if not apps:
-        return None
-    total = sum(weights[a] for a in apps)
-    if key is None:
-        point = rng.random() * total
-    else:
-        digest = hashlib.sha256(key.encode()).digest()
-        point = int.from_bytes(digest[:8], "big") / 2**64 * total
-    for app in apps:
-        point -= weights[app]
-        if point < 0:
-            return app
-    return apps[-1]
+    return weighted_draw(weights, key, rng)
 
 
 def pick_apps(

@@ -35,6 +35,7 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
+    from ipnext import rollout_steps as steps
     from ipnext.activities import DEPLOY_TIMEOUT, HEARTBEAT_TIMEOUT, QUICK_TIMEOUT, RETRY
     from ipnext.activities.freeze import FreezeWindowsResult, freeze_windows
     from ipnext.activities.serving import (
@@ -64,21 +65,7 @@ with workflow.unsafe.imports_passed_through():
         active_freeze,
         judge_window,
     )
-    from ipnext.rollout_steps import (
-        PartWeights,
-        Weights,
-        cutover_weights,
-        deploy_scale,
-        initial_traffic,
-        new_set_scales,
-        old_set_scales,
-        rollback_percent,
-        rolling_parts,
-        rollout_steps,
-        start_weights,
-        step_routes,
-        traffic_split,
-    )
+    from ipnext.rollout_steps import PartWeights, Weights
 
 BAKE_EXTENSION = 3  # too few requests: the bake may last up to this many times its length
 INSUFFICIENT_TRAFFIC = "insufficient_traffic"
@@ -109,15 +96,15 @@ class RolloutWorkflow:
         self._input = input
         # Derived from the input alone, so never carried over: the steps (with sync: independent,
         # every step of each changed part in turn), those parts, and the routers' weights before.
-        self._steps = rollout_steps(input)
-        self._rolling = rolling_parts(input)
-        self._start: Weights = start_weights(input)
+        self._steps = steps.rollout_steps(input)
+        self._rolling = steps.rolling_parts(input)
+        self._start: Weights = steps.start_weights(input)
         # Everything else is the one state object, carried whole when the run continues as new.
         self._progress = (
             input.progress.model_copy(deep=True)
             if input.progress is not None
             else RolloutProgress(
-                traffic_percent=initial_traffic(input),
+                traffic_percent=steps.initial_traffic(input),
                 part_traffic=dict.fromkeys(self._rolling, 0.0),
                 old_scales=dict.fromkeys(input.spec.parts, 1.0),
                 freeze_override=input.freeze_override,
@@ -257,15 +244,17 @@ class RolloutWorkflow:
                     # Paused between steps: hold this split, gates still judged, until resumed.
                     await self._bake(step.index - 1)
                 self._enter(self._running_or_paused(), f"{step.label}: scaling the new {what} up")
-                p.new_apps = await self._deploy(input.new_set, input.plan, new_set_scales(step, parts))
+                p.new_apps = await self._deploy(input.new_set, input.plan, steps.new_set_scales(step, parts))
                 shifting = f"shifting {step.part}'s traffic" if step.part else "shifting traffic"
                 self._enter(self._running_or_paused(), f"{step.label}: {shifting}")
-                await self._shift(step.percent, cutover_weights(input, p.new_apps), step.part, step.done)
+                await self._shift(
+                    step.percent, steps.cutover_weights(input, p.new_apps), step.part, step.done
+                )
             if start:  # a first rollout has no old set to judge against
                 self._enter(self._running_or_paused(), f"{step.label}: baking")
                 await self._bake(step.index)
             p.steps_done = step.index + 1
-            scales = old_set_scales(step, p.old_scales)
+            scales = steps.old_set_scales(step, p.old_scales)
             if start and scales is not None:
                 self._enter(self._running_or_paused(), f"{step.label}: scaling the old {what} down")
                 p.old_scales = scales
@@ -275,7 +264,7 @@ class RolloutWorkflow:
             unchanged = [part for part in parts if part not in self._rolling]
             self._enter(RolloutState.RUNNING, f"handing over {', '.join(unchanged) or 'the set'}")
             p.new_apps = await self._deploy(input.new_set, input.plan, dict.fromkeys(parts, 1.0))
-            await self._route(cutover_weights(input, p.new_apps))
+            await self._route(steps.cutover_weights(input, p.new_apps))
 
     async def _bake(self, index: int) -> None:
         """Hold the step for its bake, judging the gates every check interval; raise _Stop on a
@@ -285,7 +274,7 @@ class RolloutWorkflow:
         rollout = input.spec.rollout
         # Every router that sends the model traffic counts requests, including a region whose
         # router hands over to another region's apps (the metrics actors are per router region).
-        routers = set(self._start) | set(cutover_weights(input, p.new_apps))
+        routers = set(self._start) | set(steps.cutover_weights(input, p.new_apps))
         regions = sorted(routers | set(input.old_apps) | set(p.new_apps))
         new_apps = set(p.new_apps.values())
         old_apps = set(input.old_apps.values()) - new_apps
@@ -363,14 +352,14 @@ class RolloutWorkflow:
             return
         self._enter(RolloutState.RUNNING, "rolling back")
         old_plan = self._old_plan()
-        end = cutover_weights(input, p.new_apps) if p.new_apps else start
+        end = steps.cutover_weights(input, p.new_apps) if p.new_apps else start
         # The moving part (or the whole set) first, as far as its old replicas carry it; parts
         # already at 100% (sync: independent) wait for their old replicas to scale back up.
         part = p.part
         moving = p.part_traffic.get(part, 0.0) if part is not None else 0.0 if self._rolling else p.percent
         if moving > 0:
             only = {f"{input.spec.name}/{part}"} if part is not None else None
-            back = rollback_percent(old_plan, input.spec.availability.headroom, p.old_scales, only)
+            back = steps.rollback_percent(old_plan, input.spec.availability.headroom, p.old_scales, only)
             if back < moving:
                 done = self._rolling[: self._rolling.index(part)] if part is not None else []
                 await self._shift(back, end, part, done)
@@ -441,7 +430,7 @@ class RolloutWorkflow:
         self, snapshot_set: SnapshotSet, plan: Plan, scales: dict[str, float]
     ) -> dict[str, str]:
         """The set's apps at `scales` (part -> share of the plan's replicas)."""
-        scale, shares = deploy_scale(scales, list(self._input.spec.parts))
+        scale, shares = steps.deploy_scale(scales, list(self._input.spec.parts))
         sizes = ", ".join(f"{p} {v:.0%}" for p, v in sorted(shares.items())) or f"{scale:.0%}"
         deployed = await workflow.execute_activity(
             deploy_set_apps,
@@ -480,7 +469,7 @@ class RolloutWorkflow:
         self, percent: float, end: Weights, part: str | None = None, done: list[str] | None = None
     ) -> None:
         """`percent` of the traffic (with sync: independent, of `part`'s calls) to the new set."""
-        await self._route(*step_routes(self._start, end, percent, part, done))
+        await self._route(*steps.step_routes(self._start, end, percent, part, done))
         self._set_traffic(percent, part)
 
     async def _read_metrics(self, regions: list[str]) -> ReadMetricsResult:
@@ -526,7 +515,7 @@ class RolloutWorkflow:
             p.part_traffic[part] = percent
             percent = sum(p.part_traffic.values()) / len(p.part_traffic)
         p.percent = percent
-        p.traffic_percent = traffic_split(self._input, percent)
+        p.traffic_percent = steps.traffic_split(self._input, percent)
         workflow.upsert_search_attributes([TRAFFIC_KEY.value_set(round(percent))])
         self._publish_details()
 

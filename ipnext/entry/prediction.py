@@ -13,12 +13,14 @@ Failures are `PredictionError`s carrying the HTTP status: 400 `PredictionBadRequ
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
+import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -36,6 +38,7 @@ from ipnext.routing import RoutingDocument, pick_region, predict_path, routing_p
 __all__ = ["AsyncPredictionClient", "Prediction", "PredictionClient"]
 
 DEFAULT_TIMEOUT_S = 30.0
+T = TypeVar("T")
 
 
 class Prediction(BaseModel):
@@ -50,137 +53,9 @@ class Prediction(BaseModel):
     region: str
 
 
-class _Core:
-    """What the sync and async clients share: the routing cache and the answer parsing."""
-
-    def __init__(self, url: str | None, clock: Callable[[], float]) -> None:
-        self.url = url or load_settings().serve_url
-        self._clock = clock
-        self._rng = random.Random()
-        self._documents: dict[str, tuple[RoutingDocument, float]] = {}  # model -> (document, fetched at)
-
-    def _cached(self, model: str) -> RoutingDocument | None:
-        entry = self._documents.get(model)
-        if entry is None:
-            return None
-        document, fetched = entry
-        return document if self._clock() - fetched < document.ttl_seconds else None
-
-    def _store(self, model: str, response: httpx.Response) -> RoutingDocument:
-        document = _document(response, model, self.url)
-        self._documents[model] = (document, self._clock())
-        return document
-
-    def _region(self, document: RoutingDocument, source: str | None, key: str | None) -> str:
-        region = pick_region(document, source, key, self._rng)
-        if region is None:
-            raise PredictionNotFoundError(
-                f"model {document.model!r} routes no traffic anywhere (routing generation {document.generation}).",
-                model=document.model,
-                fix="wait until a snapshot set serves (`ipnext model get " + document.model + "`)",
-            )
-        return region
-
-
-class PredictionClient(_Core):
-    """Synchronous predictions: `predict`, `predict_stream` and `routing`. Thread-safe as httpx is."""
-
-    def __init__(
-        self,
-        url: str | None = None,
-        *,
-        timeout_s: float = DEFAULT_TIMEOUT_S,
-        transport: httpx.BaseTransport | None = None,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        """`url`: the serving HTTP address (settings' `serve`, when None)."""
-        super().__init__(url, clock)
-        self._http = httpx.Client(base_url=self.url, timeout=timeout_s, transport=transport)
-
-    @classmethod
-    def from_settings(cls, settings: Settings | None = None, **options: Any) -> PredictionClient:
-        return cls((settings or load_settings()).serve_url, **options)
-
-    def __enter__(self) -> PredictionClient:
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
-    ) -> None:
-        self.close()
-
-    def close(self) -> None:
-        self._http.close()
-
-    def routing(self, model: str, *, refresh: bool = False) -> RoutingDocument:
-        """The model's routing document: the cached one while its TTL runs, else fetched."""
-        cached = None if refresh else self._cached(model)
-        if cached is not None:
-            return cached
-        try:
-            response = self._http.get(routing_path(model))
-        except httpx.TransportError as err:
-            raise _transport_error(err, model, None, self.url) from None
-        return self._store(model, response)
-
-    def predict(
-        self,
-        model: str,
-        inputs: Any,
-        *,
-        source: str | None = None,
-        region: str | None = None,
-        key: str | None = None,
-    ) -> Prediction:
-        """POST to the region the routing document picks for `source` (or to `region`, if given).
-        `key` makes both the region and the set sticky for that key."""
-        body = _body(inputs, key)
-        target = region or self._region(self.routing(model), source, key)
-        response = self._post(model, target, body)
-        if response.status_code == 404 and region is None:
-            target = self._region(self.routing(model, refresh=True), source, key)
-            response = self._post(model, target, body)
-        return _prediction(response, model, target)
-
-    def predict_stream(
-        self,
-        model: str,
-        inputs: Any,
-        *,
-        source: str | None = None,
-        region: str | None = None,
-        key: str | None = None,
-    ) -> Iterator[Prediction]:
-        """The answer piece by piece (server-sent events). Leaving the loop early closes the
-        connection, which cancels the request in the part."""
-        body = {**_body(inputs, key), "stream": True}
-        target = region or self._region(self.routing(model), source, key)
-        for attempt in range(2):
-            try:
-                with self._http.stream("POST", predict_path(model, target), json=body) as response:
-                    if response.status_code == 404 and region is None and attempt == 0:
-                        target = self._region(self.routing(model, refresh=True), source, key)
-                        continue
-                    if response.status_code != 200:
-                        response.read()
-                        raise _status_error(response, model, target)
-                    for line in response.iter_lines():
-                        piece = _event(line, model, target)
-                        if piece is not None:
-                            yield piece
-                    return
-            except httpx.TransportError as err:
-                raise _transport_error(err, model, target, self.url) from None
-
-    def _post(self, model: str, region: str, body: dict[str, Any]) -> httpx.Response:
-        try:
-            return self._http.post(predict_path(model, region), json=body)
-        except httpx.TransportError as err:
-            raise _transport_error(err, model, region, self.url) from None
-
-
-class AsyncPredictionClient(_Core):
-    """Asynchronous predictions: `predict`, `predict_stream` and `routing`."""
+class AsyncPredictionClient:
+    """Asynchronous predictions: `predict`, `predict_stream` and `routing`, with the routing
+    documents cached for their TTL. The one implementation: `PredictionClient` runs it."""
 
     def __init__(
         self,
@@ -191,7 +66,10 @@ class AsyncPredictionClient(_Core):
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """`url`: the serving HTTP address (settings' `serve`, when None)."""
-        super().__init__(url, clock)
+        self.url = url or load_settings().serve_url
+        self._clock = clock
+        self._rng = random.Random()
+        self._documents: dict[str, tuple[RoutingDocument, float]] = {}  # model -> (document, fetched at)
         self._http = httpx.AsyncClient(base_url=self.url, timeout=timeout_s, transport=transport)
 
     @classmethod
@@ -247,7 +125,7 @@ class AsyncPredictionClient(_Core):
         source: str | None = None,
         region: str | None = None,
         key: str | None = None,
-    ) -> AsyncIterator[Prediction]:
+    ) -> AsyncGenerator[Prediction, None]:
         """The answer piece by piece (server-sent events; a generative part streams its text, any
         other model answers in one piece). Leaving the loop early closes the connection, which
         cancels the request in the part."""
@@ -275,6 +153,94 @@ class AsyncPredictionClient(_Core):
             return await self._http.post(predict_path(model, region), json=body)
         except httpx.TransportError as err:
             raise _transport_error(err, model, region, self.url) from None
+
+    def _cached(self, model: str) -> RoutingDocument | None:
+        entry = self._documents.get(model)
+        if entry is None:
+            return None
+        document, fetched = entry
+        return document if self._clock() - fetched < document.ttl_seconds else None
+
+    def _store(self, model: str, response: httpx.Response) -> RoutingDocument:
+        document = _document(response, model, self.url)
+        self._documents[model] = (document, self._clock())
+        return document
+
+    def _region(self, document: RoutingDocument, source: str | None, key: str | None) -> str:
+        region = pick_region(document, source, key, self._rng)
+        if region is None:
+            raise PredictionNotFoundError(
+                f"model {document.model!r} routes no traffic anywhere (routing generation {document.generation}).",
+                model=document.model,
+                fix="wait until a snapshot set serves (`ipnext model get " + document.model + "`)",
+            )
+        return region
+
+
+class PredictionClient:
+    """Synchronous predictions: `predict`, `predict_stream` and `routing`, for code without an
+    event loop. It runs an `AsyncPredictionClient` on a private event loop in a daemon thread,
+    so both clients are one implementation and behave alike; calls from several threads are
+    served in turn by that loop. Close it (or use `with`) to stop the thread."""
+
+    def __init__(self, url: str | None = None, **options: Any) -> None:
+        """`url` and `options` (`timeout_s`, `transport`, `clock`) as `AsyncPredictionClient`
+        takes them; a `transport` is an async one (`httpx.MockTransport` serves both kinds)."""
+        self._client = AsyncPredictionClient(url, **options)
+        self.url = self._client.url
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="ipnext-predictions", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_settings(cls, settings: Settings | None = None, **options: Any) -> PredictionClient:
+        return cls((settings or load_settings()).serve_url, **options)
+
+    def __enter__(self) -> PredictionClient:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._loop.is_closed():
+            return
+        self._run(self._client.aclose())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+    def routing(self, model: str, *, refresh: bool = False) -> RoutingDocument:
+        """The model's routing document: the cached one while its TTL runs, else fetched."""
+        return self._run(self._client.routing(model, refresh=refresh))
+
+    def predict(self, model: str, inputs: Any, **where: str | None) -> Prediction:
+        """As `AsyncPredictionClient.predict` (keywords `source`, `region`, `key`): POST to the
+        region the routing document picks for `source` (or to `region`, if given)."""
+        return self._run(self._client.predict(model, inputs, **where))
+
+    def predict_stream(self, model: str, inputs: Any, **where: str | None) -> Iterator[Prediction]:
+        """The answer piece by piece, as `AsyncPredictionClient.predict_stream` (same keywords:
+        source, region, key). Leaving the loop early closes the connection, which cancels the
+        request in the part."""
+        pieces = self._client.predict_stream(model, inputs, **where)
+
+        async def next_piece() -> Prediction | None:
+            return await anext(pieces, None)
+
+        try:
+            while (piece := self._run(next_piece())) is not None:
+                yield piece
+        finally:
+            self._run(pieces.aclose())
+
+    def _run(self, call: Coroutine[Any, Any, T]) -> T:
+        if self._loop.is_closed():
+            call.close()
+            raise PredictionError("this PredictionClient is closed; make a new one")
+        return asyncio.run_coroutine_threadsafe(call, self._loop).result()
 
 
 # ---- the wire, converted once -------------------------------------------------------------

@@ -303,6 +303,22 @@ async def test_a_stream_yields_typed_pieces_sync_and_async(serving: FakeServing)
     assert all(body["stream"] is True for _, body in serving.posts)
 
 
+def test_the_sync_client_runs_the_async_one_on_its_own_thread_until_closed(serving: FakeServing) -> None:
+    """One implementation: the sync client drives an AsyncPredictionClient on a private loop;
+    leaving a stream early closes it there, and a closed client says so instead of hanging."""
+    serving.streams[("us-east", MODEL)] = pieces("a", "b", "c")
+    client = sync_client(serving)
+    for piece in client.predict_stream(MODEL, {}, source="us-east"):
+        assert piece.outputs["text"] == "a"
+        break
+    assert client.predict(MODEL, {"user": 1}, source="us-east").region == "us-east"
+    client.close()
+    client.close()  # twice is fine
+    assert not client._thread.is_alive()
+    with pytest.raises(PredictionError, match="closed"):
+        client.predict(MODEL, {"user": 1}, source="us-east")
+
+
 @pytest.mark.parametrize(
     ("event", "kind", "status"),
     [
