@@ -29,12 +29,14 @@ __all__ = [
     "PollTimeoutError",
     "RolloutState",
     "RolloutWorkflowNames",
+    "SetStatus",
     "Workflows",
     "model_name_of",
     "model_workflow_id",
     "poll_until",
     "rollout_workflow_id",
     "validate_workflow_id",
+    "wait_until",
     "watch_schedule_id",
 ]
 
@@ -142,6 +144,30 @@ class RolloutState(StrEnum):
 _LIVE_ROLLOUT = frozenset({RolloutState.PENDING, RolloutState.RUNNING, RolloutState.PAUSED})
 
 
+class SetStatus(StrEnum):
+    """`SnapshotSet.status`: where a published set is in its life."""
+
+    VALIDATED = "validated"  # queued behind a running rollout
+    ROLLING_OUT = "rolling_out"
+    SERVING = "serving"
+    RETIRED = "retired"  # served, then replaced by a newer set
+    SUPERSEDED = "superseded"  # queued, then a newer set went first
+    ROLLED_BACK = "rolled_back"
+    ABORTED = "aborted"
+    REFUSED = "refused"  # a freeze window was in force
+    FAILED = "failed"
+
+    @property
+    def never_serves(self) -> bool:
+        """The set's rollout ended without it serving: waiting for it is pointless."""
+        return self in _NEVER_SERVES
+
+
+_NEVER_SERVES = frozenset(
+    {SetStatus.SUPERSEDED, SetStatus.ROLLED_BACK, SetStatus.ABORTED, SetStatus.REFUSED, SetStatus.FAILED}
+)
+
+
 class ModelStatus(StrEnum):
     """`ModelState.state`: what a model's registry workflow is doing."""
 
@@ -188,3 +214,21 @@ async def poll_until(
         if time.monotonic() >= deadline:
             raise PollTimeoutError(what, timeout_s, last)
         await asyncio.sleep(interval_s)
+
+
+def wait_until(
+    read: Callable[[], T],
+    done: Callable[[T], bool],
+    *,
+    timeout_s: float,
+    interval_s: float = 0.25,
+    what: str = "condition",
+) -> T:
+    """The blocking twin of `poll_until`, for code without an event loop (Ray calls in
+    activities, the dev stack). Same contract: the value once `done`, else PollTimeoutError."""
+    deadline = time.monotonic() + timeout_s
+    while not done(value := read()):
+        if time.monotonic() >= deadline:
+            raise PollTimeoutError(what, timeout_s, value)
+        time.sleep(interval_s)
+    return value

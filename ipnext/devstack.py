@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ipnext.config import Settings, load_settings
+from ipnext.contracts import PollTimeoutError, wait_until
 from ipnext.errors import StackError
 
 __all__ = ["DevStack", "stack_processes"]
@@ -249,19 +250,22 @@ class DevStack:
         ready: Callable[[], bool],
         record: dict[str, Any],
     ) -> None:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not ready():
+
+        def ready_or_dead() -> bool:
             if proc.poll() is not None:
                 log = Path(record["processes"][name]["log"])
                 tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
                 raise StackError(
                     f"{name} exited with code {proc.returncode} while starting. Log tail:\n{tail}"
                 )
-            if time.monotonic() > deadline:
-                raise StackError(
-                    f"{name} did not become ready in {START_TIMEOUT_S:.0f}s; see {record['processes'][name]['log']}"
-                )
-            time.sleep(0.2)
+            return ready()
+
+        try:
+            wait_until(ready_or_dead, bool, timeout_s=START_TIMEOUT_S, interval_s=0.2, what=name)
+        except PollTimeoutError:
+            raise StackError(
+                f"{name} did not become ready in {START_TIMEOUT_S:.0f}s; see {record['processes'][name]['log']}"
+            ) from None
 
     def _start_temporal(self, env: dict[str, str], record: dict[str, Any]) -> None:
         dev = self.settings.temporal_dev()

@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
+from ipnext.contracts import SetStatus
 from ipnext.dag import DAG_INPUT, DAG_OUTPUT, RESERVED_NODES, check_graph, node_order
 from ipnext.dag import upstream as upstream_of
 from ipnext.errors import SpecError
@@ -443,19 +444,6 @@ class SnapshotSetRequest(_Spec):
     model: Name
     version: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
     parts: dict[Name, SnapshotRef] = Field(min_length=1)
-
-
-SetStatus = Literal[
-    "validated",
-    "rolling_out",
-    "serving",
-    "retired",
-    "superseded",
-    "rolled_back",
-    "aborted",
-    "refused",
-    "failed",
-]
 
 
 class SnapshotSet(_Spec):

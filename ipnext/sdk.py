@@ -15,8 +15,6 @@ Errors are ipnext errors (ipnext.errors), translated from Temporal and HTTP at t
 
 from __future__ import annotations
 
-import asyncio
-import time
 import uuid
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -46,11 +44,14 @@ from ipnext.config import Settings, load_settings
 from ipnext.contracts import (
     MODEL_KEY,
     STATE_KEY,
+    ModelStatus,
     ModelWorkflowNames,
+    PollTimeoutError,
     RolloutWorkflowNames,
     Workflows,
     model_name_of,
     model_workflow_id,
+    poll_until,
     validate_workflow_id,
 )
 from ipnext.entry.prediction import AsyncPredictionClient, Prediction, PredictionClient
@@ -240,23 +241,21 @@ class Client:
 
     async def wait_until_serving(self, name: str, set_id: str, timeout_s: float = 300.0) -> ModelState:
         """Wait until `set_id` serves; raise if its rollout failed or time runs out."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            state = await self.get_model(name)
-            if state.serving_set == set_id and state.state == "serving":
-                return state
+
+        def serves(state: ModelState) -> bool:
             mine = next((s for s in state.sets if s.id == set_id), None)
-            if mine is not None and mine.status in (
-                "failed",
-                "superseded",
-                "rolled_back",
-                "aborted",
-                "refused",
-            ):
+            if mine is not None and mine.status.never_serves:
                 raise ServingError(f"{set_id} will not serve: {mine.status}: {mine.detail}")
-            if time.monotonic() > deadline:
-                raise ServingError(f"{set_id} not serving after {timeout_s:.0f}s (model is {state.state})")
-            await asyncio.sleep(0.5)
+            return state.serving_set == set_id and state.state == ModelStatus.SERVING
+
+        try:
+            return await poll_until(
+                lambda: self.get_model(name), serves, timeout_s=timeout_s, interval_s=0.5, what=set_id
+            )
+        except PollTimeoutError as err:
+            state = err.last
+            model_is = state.state if isinstance(state, ModelState) else "unknown"
+            raise ServingError(f"{set_id} not serving after {timeout_s:.0f}s (model is {model_is})") from None
 
     async def rollout_status(self, name: str) -> RolloutStatus | None:
         """The model's latest rollout: live from the RolloutWorkflow while it runs."""

@@ -9,12 +9,12 @@ the whole declarative config and applies it.
 from __future__ import annotations
 
 import copy
-import time
 from collections.abc import Callable
 from typing import Any
 
 import ray
 
+from ipnext.contracts import PollTimeoutError, wait_until
 from ipnext.errors import ServingError
 from ipnext.routing import RoutingDocument, succeed
 from ipnext.serving.layout import (
@@ -139,11 +139,10 @@ def get_writer(host: str, port: int) -> Any:
 def _wait(check: Callable[[], str | None], timeout_s: float, interval_s: float) -> None:
     """Call `check` until it answers None (done); when it still answers after `timeout_s`,
     raise ServingError with its last answer, which says what is not done yet."""
-    deadline = time.monotonic() + timeout_s
-    while (waiting := check()) is not None:
-        if time.monotonic() > deadline:
-            raise ServingError(waiting)
-        time.sleep(interval_s)
+    try:
+        wait_until(check, lambda waiting: waiting is None, timeout_s=timeout_s, interval_s=interval_s)
+    except PollTimeoutError as err:
+        raise ServingError(str(err.last)) from None
 
 
 def wait_apps_running(

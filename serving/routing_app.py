@@ -6,14 +6,13 @@ a change is applied in place by `reconfigure`.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from ray import serve
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from ipnext.contracts import Frozen
+from ipnext.contracts import Frozen, PollTimeoutError, wait_until
 from ipnext.errors import ServingError
 from ipnext.routing import RoutingTable, routing_model_of
 from ipnext.serving.layout import ROUTING_APP, ROUTING_DEPLOYMENT
@@ -66,11 +65,16 @@ def wait_routing_generation(model: str, generation: int, timeout_s: float) -> No
     """Block until the routing app serves the model's document at `generation` or later (for
     0: serves none for it)."""
     handle = serve.get_deployment_handle(ROUTING_DEPLOYMENT, app_name=ROUTING_APP)
-    deadline = time.monotonic() + timeout_s
-    while True:
-        current = handle.generation.remote(model).result(timeout_s=timeout_s)
-        if current >= generation if generation else current == 0:
-            return
-        if time.monotonic() > deadline:
-            raise ServingError(f"routing app still at generation {current} of {model}, not {generation}")
-        time.sleep(0.1)
+
+    def current() -> int:
+        answer: int = handle.generation.remote(model).result(timeout_s=timeout_s)
+        return answer
+
+    try:
+        wait_until(
+            current, lambda g: g >= generation if generation else g == 0, timeout_s=timeout_s, interval_s=0.1
+        )
+    except PollTimeoutError as err:
+        raise ServingError(
+            f"routing app still at generation {err.last} of {model}, not {generation}"
+        ) from None

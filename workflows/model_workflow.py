@@ -19,7 +19,14 @@ with workflow.unsafe.imports_passed_through():
     from ipnext.activities.plan import PlanInput, plan_placement
     from ipnext.activities.serving import TeardownInput, teardown_model
     from ipnext.activities.validate import ValidateSetInput, validate_snapshot_set
-    from ipnext.contracts import MODEL_KEY, STATE_KEY, ModelStatus, ModelWorkflowNames, rollout_workflow_id
+    from ipnext.contracts import (
+        MODEL_KEY,
+        STATE_KEY,
+        ModelStatus,
+        ModelWorkflowNames,
+        SetStatus,
+        rollout_workflow_id,
+    )
     from ipnext.model import SnapshotSet
     from ipnext.plan import Plan
     from ipnext.registry import (
@@ -112,7 +119,7 @@ class ModelWorkflow:
             number=number,
             version=input.request.version,
             parts=validated.parts,
-            status="validated",
+            status=SetStatus.VALIDATED,
             published_at=workflow.now(),
             detail=f"published by {input.who}",
         )
@@ -213,7 +220,7 @@ class ModelWorkflow:
         record = self._record
         newest_id = record.queued[-1]
         for older in record.queued[:-1]:
-            self._set_status(older, "superseded", f"superseded by {newest_id} before its rollout")
+            self._set_status(older, SetStatus.SUPERSEDED, f"superseded by {newest_id} before its rollout")
         record.queued.clear()
         new = self._find(newest_id)
         old = self._find(record.serving_set)
@@ -226,7 +233,7 @@ class ModelWorkflow:
                 type="ModelRecordError",
                 non_retryable=True,
             )
-        self._set_status(new.id, "rolling_out")
+        self._set_status(new.id, SetStatus.ROLLING_OUT)
         result = await self._run_rollout(
             rollout_workflow_id(self._spec.name, new.id),
             RolloutInput(
@@ -242,12 +249,12 @@ class ModelWorkflow:
         )
         if result.state == RolloutState.COMPLETED:
             if old is not None:
-                self._set_status(old.id, "retired", f"replaced by {new.id}")
-            self._set_status(new.id, "serving")
+                self._set_status(old.id, SetStatus.RETIRED, f"replaced by {new.id}")
+            self._set_status(new.id, SetStatus.SERVING)
             record.serving_set = new.id
             record.serving_apps = dict(result.apps)
         else:  # failed, rolled_back, aborted or refused: the old set serves as before
-            self._set_status(new.id, result.state.value, result.detail)
+            self._set_status(new.id, SetStatus(result.state.value), result.detail)
             if old_plan is not None and record.serving_apps:
                 record.plan = old_plan  # the old apps still run on the placement they had
         self._upsert_state()
@@ -364,7 +371,7 @@ class ModelWorkflow:
     def _find(self, set_id: str | None) -> SnapshotSet | None:
         return next((s for s in self._record.sets if s.id == set_id), None)
 
-    def _set_status(self, set_id: str, status: str, detail: str = "") -> None:
+    def _set_status(self, set_id: str, status: SetStatus, detail: str = "") -> None:
         self._record.sets = [
             s.model_copy(update={"status": status, "detail": detail or s.detail}) if s.id == set_id else s
             for s in self._record.sets

@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ import yaml
 from ray.serve.schema import ServeDeploySchema
 
 from ipnext.config import Settings
+from ipnext.contracts import wait_until
 
 from .conftest import EXAMPLE_MODEL, train_version
 
@@ -57,10 +57,13 @@ def test_cli_verbs(stack: Settings, stack_config: Path, tmp_path: Path, model_na
     got = json.loads(ipnext(stack_config, "model", "get", model_name).stdout)
     assert got["serving_set"] == f"{model_name}@1" and got["state"] == "serving"
 
-    deadline = time.monotonic() + 30
-    while model_name not in ipnext(stack_config, "model", "list").stdout:  # visibility lags writes
-        assert time.monotonic() < deadline, "model never listed"
-        time.sleep(1)
+    wait_until(  # visibility lags writes
+        lambda: ipnext(stack_config, "model", "list").stdout,
+        lambda listed: model_name in listed,
+        timeout_s=30,
+        interval_s=1,
+        what=f"{model_name} listed",
+    )
 
     exported = tmp_path / "serve.yaml"
     out = ipnext(stack_config, "serve", "export", "-o", str(exported))
