@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
 from temporalio import activity
 
 from ipnext.activities import _context
 from ipnext.activities.validate import as_application_error
+from ipnext.contracts import Frozen
 from ipnext.errors import IpnextError
 from ipnext.rollout import FreezeCalendar, FreezeWindow
 from ipnext.specio import load_yaml, parse_spec
@@ -17,8 +17,7 @@ from ipnext.specio import load_yaml, parse_spec
 __all__ = ["FreezeWindowsResult", "freeze_windows", "load_freeze_calendar"]
 
 
-class FreezeWindowsResult(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class FreezeWindowsResult(Frozen):
     windows: list[FreezeWindow]
 
 

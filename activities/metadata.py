@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from pydantic import BaseModel, ConfigDict
 from temporalio import activity
 from temporalio.client import (
     Client,
@@ -21,7 +20,7 @@ from temporalio.client import (
 from temporalio.service import RPCError, RPCStatusCode
 
 from ipnext.activities import _context
-from ipnext.contracts import ModelWorkflowNames, Workflows, model_workflow_id, watch_schedule_id
+from ipnext.contracts import Frozen, ModelWorkflowNames, Workflows, model_workflow_id, watch_schedule_id
 from ipnext.model import SnapshotSetRequest
 from ipnext.registry import (
     ModelState,
@@ -41,19 +40,16 @@ __all__ = [
 ]
 
 
-class DiscoverInput(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class DiscoverInput(Frozen):
     model: str
     known_versions: list[str] = []
 
 
-class DiscoverResult(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class DiscoverResult(Frozen):
     requests: list[SnapshotSetRequest]  # oldest first
 
 
-class WatchScheduleInput(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class WatchScheduleInput(Frozen):
     model: str
     interval_seconds: float
     enabled: bool

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
 from temporalio import activity
 
 from ipnext.activities import _context
 from ipnext.activities.validate import as_application_error
+from ipnext.contracts import Frozen
 from ipnext.errors import IpnextError
 from ipnext.model import ModelSpec
 from ipnext.plan import Plan, PlanningProblem, demand_from_model
@@ -15,8 +15,7 @@ from ipnext.planner import solve
 __all__ = ["PlanInput", "plan_placement"]
 
 
-class PlanInput(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class PlanInput(Frozen):
     spec: ModelSpec
     current: Plan | None = None
 

@@ -3,12 +3,12 @@ snapshot set against its parts."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from ipnext.activities import _context
 from ipnext.activities.spec_check import check_factories_in_child
+from ipnext.contracts import Frozen
 from ipnext.errors import IpnextError
 from ipnext.model import (
     ModelSpec,
@@ -28,15 +28,13 @@ __all__ = [
 ]
 
 
-class ValidateSetInput(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class ValidateSetInput(Frozen):
     spec: ModelSpec
     request: SnapshotSetRequest
     serving_parts: dict[str, SnapshotRef] | None = None
 
 
-class ValidateSetResult(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class ValidateSetResult(Frozen):
     parts: dict[str, SnapshotRef]
 
 

@@ -8,9 +8,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import Field, StringConstraints, model_validator
 
-from ipnext.contracts import SetStatus
+from ipnext.contracts import Frozen, SetStatus
 from ipnext.dag import DAG_INPUT, DAG_OUTPUT, RESERVED_NODES, check_graph, node_order
 from ipnext.dag import upstream as upstream_of
 from ipnext.errors import SpecError
@@ -52,8 +52,8 @@ Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
 DottedPath = Annotated[str, StringConstraints(pattern=r"^[^.\s]+(\.[^.\s]+)*$")]
 
 
-class _Spec(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class _Spec(Frozen):
+    """What people write: immutable once read, unknown fields refused."""
 
 
 class HardwareOption(_Spec):

@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from ipnext.contracts import Frozen
 from ipnext.errors import IpnextError
@@ -54,10 +54,9 @@ class FleetReplanResult(Frozen):
     plan_file: str = ""
 
 
-class StoredPlan(BaseModel):
+class StoredPlan(Frozen):
     """A fleet plan as kept on disk: the plan itself and how it came to be."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
     revision: int
     created_at: datetime
     made_by: str  # the workflow run that solved it

@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import unquote, urlparse
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
+from ipnext.contracts import Frozen
 from ipnext.errors import SnapshotError
 from ipnext.model import SnapshotRef, SnapshotSetRequest
 from ipnext.specio import format_validation_error
@@ -64,14 +65,12 @@ _DTYPES = {
 }
 
 
-class ManifestPart(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class ManifestPart(Frozen):
     file: str = Field(pattern=r"^[^/\\]+$")  # a file beside the manifest, never a path
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
 
 
-class Manifest(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class Manifest(Frozen):
     format: Literal["ipnext.snapshot/v1"] = "ipnext.snapshot/v1"
     model: str
     version: str

@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from ipnext.contracts import Frozen
 from ipnext.serving.llm.cache import KVCache, block_hashes
 from ipnext.serving.llm.model import DecoderConfig
 from ipnext.serving.llm.runner import Chunk, ModelRunner
@@ -34,9 +35,7 @@ from ipnext.serving.llm.runner import Chunk, ModelRunner
 __all__ = ["EngineConfig", "EngineStats", "LLMEngine", "SamplingParams", "Sequence", "StepResult"]
 
 
-class SamplingParams(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class SamplingParams(Frozen):
     max_tokens: int = Field(default=64, ge=1)
     temperature: float = Field(default=0.0, ge=0)  # 0: greedy
     top_p: float = Field(default=1.0, gt=0, le=1)
@@ -45,9 +44,7 @@ class SamplingParams(BaseModel):
     ignore_eos: bool = False  # generate max_tokens whatever comes (benchmarks, drills)
 
 
-class EngineConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class EngineConfig(Frozen):
     block_size: int = Field(default=16, ge=1)
     kv_cache_bytes: int = Field(default=64 << 20, ge=1)
     max_num_seqs: int = Field(default=16, ge=1)  # sequences in one batch

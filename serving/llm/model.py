@@ -13,8 +13,10 @@ from __future__ import annotations
 import math
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 from torch import nn
+
+from ipnext.contracts import Frozen
 
 __all__ = [
     "Decoder",
@@ -27,10 +29,8 @@ __all__ = [
 ]
 
 
-class DecoderConfig(BaseModel):
+class DecoderConfig(Frozen):
     """The shape of one model of the family (the `config` of its part in model.yaml)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     vocab_size: int = Field(gt=0)
     dim: int = Field(gt=0)

@@ -24,8 +24,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
+from ipnext.contracts import Frozen
 from ipnext.counters import SetCounters
 from ipnext.errors import PartInputError
 from ipnext.serving.llm.engine import EngineConfig, LLMEngine, SamplingParams
@@ -37,9 +38,7 @@ from ipnext.serving.llm.text import TOKENIZER_TENSOR, TextCodec
 __all__ = ["LLMDecodePart", "LLMPart", "LLMPartConfig", "LLMPrefillPart", "LLMRequest", "Pinned"]
 
 
-class LLMPartConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class LLMPartConfig(Frozen):
     model: DecoderConfig
     engine: EngineConfig = Field(default_factory=EngineConfig)
     # Disaggregated serving: how long a prefill part keeps the keys and values it handed on in

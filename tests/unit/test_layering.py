@@ -140,7 +140,7 @@ def check_source(file: str, source: str) -> list[Violation]:
     module = module_name(path)
     tier = tier_of(module)
     violations = []
-    for line, imported in imports_of(source, module, path.name == "__init__.py"):
+    for line, imported in sorted(set(imports_of(source, module, path.name == "__init__.py"))):
         top = imported.split(".")[0]
         if top == "ipnext" and imported != "ipnext":
             if not _target_allowed(tier, imported):
