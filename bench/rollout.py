@@ -29,10 +29,10 @@ from typing import Any
 import httpx
 
 from ipnext.config import Settings, load_settings
+from ipnext.contracts import rollout_workflow_id
 from ipnext.devstack import DevStack, scratch_config
 from ipnext.examples.click_ranker.train import poisoned_copy, train
 from ipnext.model import ModelSpec, load_model_spec
-from ipnext.registry import rollout_workflow_id
 from ipnext.rollout import PauseInput, ResumeInput, RolloutState, RolloutStatus
 from ipnext.sdk import Client
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ipnext.contracts import Frozen, ModelStatus, model_workflow_id, rollout_workflow_id
+from ipnext.contracts import Frozen, ModelStatus
 from ipnext.model import ModelSpec, SnapshotSet, SnapshotSetRequest
 from ipnext.plan import Plan
 from ipnext.rollout import (
@@ -38,8 +38,6 @@ __all__ = [
     "ValidateSpecInput",
     "WatchInput",
     "WatchResult",
-    "model_workflow_id",
-    "rollout_workflow_id",
 ]
 
 

@@ -6,9 +6,8 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from ipnext.config import Settings
-from ipnext.contracts import MODEL_KEY, STATE_KEY, TRAFFIC_KEY
 
-__all__ = ["MODEL_KEY", "STATE_KEY", "TRAFFIC_KEY", "connect_client"]
+__all__ = ["connect_client"]
 
 
 async def connect_client(settings: Settings) -> Client:

@@ -17,7 +17,8 @@ from temporalio.exceptions import FailureError
 with workflow.unsafe.imports_passed_through():
     from ipnext.activities import QUICK_TIMEOUT, RETRY
     from ipnext.activities.fleet import FleetActivities, SolveFleetInput, solve_fleet_plan
-    from ipnext.registry import ApplyPlanInput, model_workflow_id
+    from ipnext.contracts import model_workflow_id
+    from ipnext.registry import ApplyPlanInput
     from ipnext.replan import FleetReplanInput, FleetReplanResult
     from ipnext.workflows.model_workflow import ModelWorkflow
 

@@ -17,10 +17,10 @@ import torch
 from temporalio.service import RPCError
 
 from ipnext.config import Settings
+from ipnext.contracts import model_workflow_id
 from ipnext.errors import SnapshotError, SpecError
 from ipnext.examples.click_ranker.train import train
 from ipnext.model import ModelSpec, SnapshotRef, SnapshotSetRequest
-from ipnext.registry import model_workflow_id
 from ipnext.sdk import Client
 from ipnext.snapshots import request_from_folder
 

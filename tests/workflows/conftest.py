@@ -12,7 +12,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
-from ipnext.temporal import MODEL_KEY, STATE_KEY, TRAFFIC_KEY
+from ipnext.contracts import MODEL_KEY, STATE_KEY, TRAFFIC_KEY
 
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")

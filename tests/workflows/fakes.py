@@ -30,11 +30,11 @@ from ipnext.activities.serving import (
     TeardownResult,
 )
 from ipnext.activities.validate import ValidateSetInput, ValidateSetResult
-from ipnext.contracts import poll_until
+from ipnext.contracts import poll_until, rollout_workflow_id
 from ipnext.counters import SetCounters
 from ipnext.model import ModelSpec, SnapshotRef, SnapshotSetRequest
 from ipnext.plan import DeploymentPlacement, Plan
-from ipnext.registry import ModelState, ModelWorkflowInput, PublishInput, rollout_workflow_id
+from ipnext.registry import ModelState, ModelWorkflowInput, PublishInput
 from ipnext.rollout import FreezeOverride, FreezeWindow, RolloutStatus
 from ipnext.worker import WORKFLOWS
 

@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 from temporalio.client import Client, WorkflowHandle
 
+from ipnext.contracts import rollout_workflow_id
 from ipnext.model import RouterSpec
-from ipnext.registry import PublishResult, rollout_workflow_id
+from ipnext.registry import PublishResult
 from ipnext.rollout import FreezeOverride, FreezeWindow, RolloutState
 
 from .fakes import FakeServing, request, start, until, until_rollout, with_rollout
