@@ -138,9 +138,11 @@ def _publish_routing(writer: Any, model: str, plan: Plan, ttl_seconds: float) ->
     from ipnext.serving.control import wait_apps_running
     from ipnext.serving.routing_app import wait_routing_generation
 
+    existed = ROUTING_APP in _ray_get(writer.app_names.remote())
     draft = routing_document(model, plan, ttl_seconds)
     generation = _ray_get(writer.publish_routing.remote(draft.model_dump(mode="json")))
-    wait_apps_running([ROUTING_APP], APPS_RUNNING_TIMEOUT_S, _heartbeat)
+    if not existed:  # the first document of the stack starts the app; later ones reconfigure it
+        wait_apps_running([ROUTING_APP], APPS_RUNNING_TIMEOUT_S, _heartbeat)
     wait_routing_generation(model, generation, 60)
 
 
@@ -151,12 +153,15 @@ def route_traffic(input: RouteInput) -> RouteResult:
 
     writer: Any = _context.writer()
     generations: dict[str, int] = {}
+    started: list[str] = []  # routers that did not exist: Serve starts them
     upserts = []
     for region, weights in sorted(input.weights.items()):
         name = router_app_name(input.model, region)
         current: DeployedRouter | None = _ray_get(writer.deployed_router.remote(name))
         parts = input.parts.get(region, {})
         generation = current.config.generation if current is not None else 0
+        if current is None:
+            started.append(name)
         wanted = DeployedRouter(
             config=RouterConfig(
                 generation=generation,
@@ -174,9 +179,11 @@ def route_traffic(input: RouteInput) -> RouteResult:
         upserts.append(render_router_app(input.model, region, config, input.router_max_ongoing_requests))
     if upserts:
         _ray_get(writer.apply.remote(upserts, []))
-    names = [router_app_name(input.model, r) for r in sorted(input.weights)]
     try:
-        wait_apps_running(names, APPS_RUNNING_TIMEOUT_S, _heartbeat)
+        # A running router takes new weights by `reconfigure`, in place: its generation says
+        # when. Only a router Serve starts now is waited for as an app first.
+        if started:
+            wait_apps_running(started, APPS_RUNNING_TIMEOUT_S, _heartbeat)
         for region, generation in generations.items():
             wait_router_generation(router_app_name(input.model, region), generation, 60)
     except ServingError as err:

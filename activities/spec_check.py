@@ -1,78 +1,308 @@
-"""A model spec's factory check, run in a child process of the worker.
+"""A model spec's factory check, run in a process forked for it from a warm checker.
 
-Importing a model's factories runs the model owner's code. Doing it in a fresh child process
-keeps that code out of the worker (a module that hangs, crashes, leaks or changes global
-state at import harms only the child, which is killed after `SPEC_CHECK_TIMEOUT_S`), and
-is the seam a later sandbox (limits, no network) hardens. The caller's machine never
-imports the model's code at all: the SDK asks the worker to check.
+Importing a model's factories runs the model owner's code. It never runs in the worker: each
+check runs in a fresh process (a module that hangs, crashes, leaks or changes global state at
+import harms only that process, which is killed after its timeout), and the caller's machine
+never imports the model's code at all (the SDK asks the worker to check). This is the seam a
+later sandbox (limits, no network) hardens.
 
-Protocol: the parent writes the spec as JSON on the child's stdin; the child writes one JSON
-object on its real stdout, `{"error": null}` or `{"error": {"type", "message"}}` (what the
-model's modules print at import goes to stderr).
+Starting a Python process that imports torch costs a second or more on a small machine, and
+every model registration pays for a check. So the worker keeps one warm *checker*: a child
+process that has imported torch and ipnext's model code once and then only forks. Three
+processes take part in a check:
+
+    worker ──control socket──> checker ──fork──> supervisor ──fork──> check
+      └──────────── its own socket pair, one per check ──────────────┘
+
+- The worker makes a socket pair per check and hands one end to the checker over the control
+  socket (SCM_RIGHTS), then writes the request (`{"spec", "timeout_s"}`, one JSON line) on
+  the other and reads one JSON line back.
+- The checker forks a supervisor per handed socket and goes back to waiting. It imports no
+  owner code, so every check sees the owner's modules as they are on disk now.
+- The supervisor forks the check, which imports the factories with its output going to a
+  file, and writes its answer (`{"error": null}` or `{"error": {"type", "message"}}`) to
+  another. The supervisor kills the check at its timeout, or when the worker hangs up, and
+  answers for it: the check's answer, `{"timeout": true}`, or `{"exit": code, "tail": ...}`
+  when it ended without one (owner code that calls `os._exit`, or crashes the interpreter).
+
+Faults: the checker ends when the control socket closes (the worker exited or was killed),
+so it never outlives the worker. If the checker has died, or was started with an environment
+that has since changed (the check must see the worker's current `PYTHONPATH` and working
+folder: tests change them), the next check starts a new one. A checker that cannot start, or a supervisor that
+does not answer, is the worker's fault, not the spec's: those raise `CheckerError`, which the
+activity lets Temporal retry; a bad spec raises `SpecError`, which it does not.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import json
+import os
+import signal
+import socket
 import subprocess
 import sys
+import tempfile
+import threading
+import time
+from typing import IO, Any
 
 from ipnext.errors import IpnextError, SpecError, error_from_type
 from ipnext.model import ModelSpec, check_factories
 
-__all__ = ["SPEC_CHECK_TIMEOUT_S", "check_factories_in_child"]
+__all__ = [
+    "SPEC_CHECK_TIMEOUT_S",
+    "CheckerError",
+    "check_factories_in_child",
+    "start_checker",
+    "stop_checker",
+]
 
 SPEC_CHECK_TIMEOUT_S = 60.0
+# Imported once by the checker, before it forks: what nearly every factory module imports.
+PRELOAD = ("torch",)
+CHECKER_START_TIMEOUT_S = 120.0  # a torch import on a busy two-core machine
+ANSWER_GRACE_S = 10.0  # beyond a check's timeout, how long the supervisor has to answer
+_POLL_S = 0.01  # how often the supervisor looks at its check and its caller
+
+
+class CheckerError(RuntimeError):
+    """The checker machinery failed (not the spec): retrying on a fresh checker may succeed."""
+
+
+# ---- the worker's side ---------------------------------------------------------------------
 
 
 def check_factories_in_child(spec: ModelSpec, timeout_s: float = SPEC_CHECK_TIMEOUT_S) -> None:
-    """Import every part's factory in a child process; raise the child's error as an IpnextError."""
-    try:
-        done = subprocess.run(
-            [sys.executable, "-m", "ipnext.activities.spec_check"],
-            input=spec.model_dump_json(),
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
+    """Import every part's factory in a forked process; raise its error as an IpnextError.
+
+    Raises SpecError for the spec's faults (a factory that does not import, is not callable,
+    hangs past `timeout_s` or exits the process) and CheckerError for the checker's own."""
+    answer = _checker().check(spec.model_dump_json(), timeout_s)
+    if answer.get("timeout"):
         raise SpecError(
             f"model {spec.name}: importing its factories did not finish within {timeout_s:g} s.",
             field="parts.*.factory",
             fix="make the factory modules import quickly, with no work at import time",
-        ) from None
-    lines = done.stdout.strip().splitlines()
-    try:
-        answer = json.loads(lines[-1]) if lines else None
-    except json.JSONDecodeError:
-        answer = None
-    if not isinstance(answer, dict) or "error" not in answer:
-        tail = done.stderr.strip().splitlines()[-3:]
+        )
+    if "exit" in answer:
         raise SpecError(
-            f"model {spec.name}: the factory check process ended with code {done.returncode} "
-            f"and no answer ({' | '.join(tail) or 'no output'}).",
+            f"model {spec.name}: the factory check process ended with code {answer['exit']} "
+            f"and no answer ({answer.get('tail') or 'no output'}).",
             field="parts.*.factory",
             fix="check that the factory modules import on the worker without exiting the process",
         )
-    if answer["error"] is not None:
+    if answer.get("error") is not None:
         raise error_from_type(str(answer["error"]["type"]), str(answer["error"]["message"]))
 
 
-def _main() -> None:
-    """The child's side: check the spec read from stdin, answer on the real stdout."""
-    answer_to = sys.stdout
-    sys.stdout = sys.stderr  # a model module's prints must not corrupt the answer
+def start_checker() -> None:
+    """Start the warm checker now (the worker does, at start), so no registration waits for it."""
+    _checker()
+
+
+def stop_checker() -> None:
+    """End the checker (it exits when its control socket closes)."""
+    global _current
+    with _lock:
+        if _current is not None:
+            _current.close()
+            _current = None
+
+
+def _environment() -> tuple[str, ...]:
+    """Where a check finds modules, which it must see as the worker does now."""
+    return (sys.executable, os.getcwd(), os.environ.get("PYTHONPATH", ""))
+
+
+class _Checker:
+    """The worker's handle on one checker process."""
+
+    def __init__(self) -> None:
+        self.environment = _environment()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "ipnext.activities.spec_check", str(theirs.fileno())],
+                pass_fds=[theirs.fileno()],
+                stdin=subprocess.DEVNULL,
+                stdout=2,  # the owner's prints go to the worker's log, never into an answer
+            )
+        except OSError:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self.control = ours
+        self.send_lock = threading.Lock()
+        ours.settimeout(CHECKER_START_TIMEOUT_S)
+        try:
+            ready = ours.recv(16)
+        except OSError as err:
+            self.close()
+            raise CheckerError(
+                f"the factory checker did not start within {CHECKER_START_TIMEOUT_S:g} s: {err}"
+            ) from None
+        if ready != b"ready\n":
+            code = self.process.wait(timeout=10)
+            self.close()
+            raise CheckerError(f"the factory checker exited with code {code} before it was ready")
+        ours.settimeout(None)
+
+    def alive(self) -> bool:
+        return self.process.poll() is None and self.environment == _environment()
+
+    def check(self, spec_json: str, timeout_s: float) -> dict[str, Any]:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        with ours:
+            try:
+                with self.send_lock:
+                    socket.send_fds(self.control, [b"c"], [theirs.fileno()])
+            except OSError as err:
+                raise CheckerError(f"the factory checker is gone: {err}") from None
+            finally:
+                theirs.close()
+            ours.settimeout(timeout_s + ANSWER_GRACE_S)
+            try:
+                ours.sendall((json.dumps({"spec": spec_json, "timeout_s": timeout_s}) + "\n").encode())
+                with ours.makefile("rb") as reader:
+                    line = reader.readline()
+            except OSError as err:
+                raise CheckerError(f"the factory check's supervisor did not answer: {err}") from None
+        try:
+            answer = json.loads(line)
+        except json.JSONDecodeError:
+            answer = None
+        if not isinstance(answer, dict):
+            raise CheckerError(f"the factory check's supervisor ended without an answer ({line[:200]!r})")
+        return answer
+
+    def close(self) -> None:
+        self.control.close()  # the checker reads EOF and exits
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+_lock = threading.Lock()
+_current: _Checker | None = None
+
+
+def _checker() -> _Checker:
+    """The live checker for the worker's current environment, started if need be."""
+    global _current
+    with _lock:
+        if _current is not None and not _current.alive():
+            _current.close()
+            _current = None
+        if _current is None:
+            _current = _Checker()
+        return _current
+
+
+# ---- the checker's side --------------------------------------------------------------------
+
+
+def _serve(control: socket.socket) -> None:
+    """Preload, say ready, then fork a supervisor per socket handed over, until EOF."""
+    for module in PRELOAD:
+        with contextlib.suppress(ImportError):  # a worker without torch still checks
+            importlib.import_module(module)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # supervisors are reaped by the kernel
+    control.sendall(b"ready\n")
+    while True:
+        try:
+            message, fds, _flags, _addr = socket.recv_fds(control, 16, 4)
+        except (ConnectionError, OSError):
+            return
+        if not message:
+            return  # the worker is gone: so are we
+        for fd in fds:
+            if os.fork() == 0:
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the supervisor waits for its check
+                control.close()
+                try:
+                    _supervise(socket.socket(fileno=fd))
+                finally:
+                    os._exit(0)
+            os.close(fd)
+
+
+def _supervise(conn: socket.socket) -> None:
+    """Run one check in a forked process and answer for it on `conn`."""
+    with conn.makefile("rb") as reader:  # closed, so the check's `conn.close()` frees the socket
+        request = json.loads(reader.readline())
+    timeout_s = float(request["timeout_s"])
+    answer_file = tempfile.TemporaryFile()
+    output_file = tempfile.TemporaryFile()
+    pid = os.fork()
+    if pid == 0:
+        conn.close()
+        _check(str(request["spec"]), answer_file, output_file)
+    deadline = time.monotonic() + timeout_s
+    status: int | None = None
+    caller_gone = False
+    while status is None:
+        done, wait_status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            status = wait_status
+            break
+        conn.settimeout(_POLL_S)
+        try:
+            caller_gone = conn.recv(1) == b""  # the worker hung up (or died): stop the check
+        except TimeoutError:
+            pass
+        if caller_gone or time.monotonic() >= deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            break
+    output = _read(output_file)
+    if output:
+        sys.stderr.write(output)  # the owner's prints, into the worker's log
+        sys.stderr.flush()
+    if caller_gone:
+        return
+    answer: dict[str, Any]
+    if status is None:
+        answer = {"timeout": True}
+    else:
+        try:
+            answer = json.loads(_read(answer_file))
+        except json.JSONDecodeError:
+            tail = " | ".join(output.strip().splitlines()[-3:])
+            answer = {"exit": os.waitstatus_to_exitcode(status), "tail": tail}
+    conn.settimeout(ANSWER_GRACE_S)
+    conn.sendall((json.dumps(answer) + "\n").encode())
+
+
+def _check(spec_json: str, answer_file: IO[bytes], output_file: IO[bytes]) -> None:
+    """The check itself: import the factories, write the answer, exit. Never returns."""
+    os.dup2(output_file.fileno(), 1)
+    os.dup2(output_file.fileno(), 2)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    importlib.invalidate_caches()  # modules written since the checker started must be found
     error: dict[str, str] | None = None
     try:
-        check_factories(ModelSpec.model_validate_json(sys.stdin.read()))
+        check_factories(ModelSpec.model_validate_json(spec_json))
     except IpnextError as err:
         error = {"type": type(err).__name__, "message": str(err)}
     except BaseException as err:  # the owner's code may raise anything, SystemExit included
         error = {"type": "SpecError", "message": f"factory check failed: {type(err).__name__}: {err}"}
-    answer_to.write(json.dumps({"error": error}) + "\n")
-    answer_to.flush()
+    with contextlib.suppress(BaseException):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    answer_file.write((json.dumps({"error": error}) + "\n").encode())
+    answer_file.flush()
+    os._exit(0)
+
+
+def _read(file: IO[bytes]) -> str:
+    file.seek(0)
+    return file.read().decode(errors="replace")
 
 
 if __name__ == "__main__":
-    _main()
+    _serve(socket.socket(fileno=int(sys.argv[1])))

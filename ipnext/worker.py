@@ -9,11 +9,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from temporalio.worker import Worker
 
+from ipnext.activities import spec_check
 from ipnext.activities.fleet import FleetActivities, solve_fleet_plan
 from ipnext.activities.freeze import freeze_windows
 from ipnext.activities.metadata import WatchActivities, discover_snapshots
@@ -54,33 +56,46 @@ async def run_worker(
     watch = WatchActivities(client)
     fleet = FleetActivities(client)
     stop = stop or asyncio.Event()
-    with ThreadPoolExecutor(max_workers=ACTIVITY_THREADS) as executor:
-        worker = Worker(
-            client,
-            task_queue=settings.temporal.task_queue,
-            workflows=WORKFLOWS,
-            activities=[
-                validate_model_spec,
-                validate_snapshot_set,
-                plan_placement,
-                discover_snapshots,
-                deploy_set_apps,
-                route_traffic,
-                read_metrics,
-                freeze_windows,
-                remove_apps,
-                teardown_model,
-                watch.ensure_watch_schedule,
-                watch.publish_new_snapshots,
-                fleet.collect_models,
-                solve_fleet_plan,
-            ],
-            activity_executor=executor,
-        )
-        async with worker:
-            if ready_file is not None:
-                ready_file.write_text("ready\n")
-            await stop.wait()
+    # The factory checker starts beside the worker's own start; a check waits for it if need be.
+    threading.Thread(target=_warm_checker, name="factory-checker", daemon=True).start()
+    try:
+        with ThreadPoolExecutor(max_workers=ACTIVITY_THREADS) as executor:
+            worker = Worker(
+                client,
+                task_queue=settings.temporal.task_queue,
+                workflows=WORKFLOWS,
+                activities=[
+                    validate_model_spec,
+                    validate_snapshot_set,
+                    plan_placement,
+                    discover_snapshots,
+                    deploy_set_apps,
+                    route_traffic,
+                    read_metrics,
+                    freeze_windows,
+                    remove_apps,
+                    teardown_model,
+                    watch.ensure_watch_schedule,
+                    watch.publish_new_snapshots,
+                    fleet.collect_models,
+                    solve_fleet_plan,
+                ],
+                activity_executor=executor,
+            )
+            async with worker:
+                if ready_file is not None:
+                    ready_file.write_text("ready\n")
+                await stop.wait()
+
+    finally:
+        spec_check.stop_checker()
+
+
+def _warm_checker() -> None:
+    try:
+        spec_check.start_checker()
+    except Exception:  # the first check tries again, and fails its activity retryably
+        logging.getLogger(__name__).exception("the factory checker did not start")
 
 
 def main() -> None:

@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse
 from ipnext.contracts import Frozen, PollTimeoutError, wait_until
 from ipnext.errors import ServingError
 from ipnext.routing import RoutingTable, routing_model_of
+from ipnext.serving.control import wait_generation
 from ipnext.serving.layout import ROUTING_APP, ROUTING_DEPLOYMENT
 
 __all__ = ["RoutingAppArgs", "RoutingService", "routing_app", "wait_routing_generation"]
@@ -70,11 +71,10 @@ def wait_routing_generation(model: str, generation: int, timeout_s: float) -> No
         answer: int = handle.generation.remote(model).result(timeout_s=timeout_s)
         return answer
 
-    try:
-        wait_until(
-            current, lambda g: g >= generation if generation else g == 0, timeout_s=timeout_s, interval_s=0.1
-        )
+    if generation:
+        wait_generation(ROUTING_APP, current, generation, timeout_s)
+        return
+    try:  # a withdrawn document: its generation goes back to 0
+        wait_until(current, lambda g: g == 0, timeout_s=timeout_s, interval_s=0.1)
     except PollTimeoutError as err:
-        raise ServingError(
-            f"routing app still at generation {err.last} of {model}, not {generation}"
-        ) from None
+        raise ServingError(f"routing app still at generation {err.last} of {model}, not 0") from None

@@ -1,13 +1,21 @@
-"""The factory check in a child process: the real child, with real modules on its path."""
+"""The factory check in a forked process of the warm checker: the real processes, with real
+modules on their path."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from ipnext.activities.spec_check import check_factories_in_child
+from ipnext.activities import spec_check
+from ipnext.activities.spec_check import CheckerError, check_factories_in_child
+from ipnext.contracts import wait_until
 from ipnext.errors import SpecError
 from ipnext.model import ModelSpec
 
@@ -18,11 +26,14 @@ def with_factory(spec: ModelSpec, factory: str) -> ModelSpec:
     return ModelSpec.model_validate(data)
 
 
-@pytest.fixture
-def owner_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A folder on the child's import path (the child inherits the environment), not on ours."""
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
-    return tmp_path
+@pytest.fixture(scope="module")
+def owner_code(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A folder on the checks' import path (the checker inherits the environment), not on
+    ours; one per module, so its tests share one warm checker. Module names differ per test."""
+    folder = tmp_path_factory.mktemp("owner_code")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PYTHONPATH", str(folder))
+        yield folder
 
 
 def test_the_example_factories_pass(example_spec: ModelSpec) -> None:
@@ -54,3 +65,93 @@ def test_a_factory_that_is_not_callable_is_refused(example_spec: ModelSpec, owne
     (owner_code / "plain.py").write_text("Part = 3\n")
     with pytest.raises(SpecError, match=r"parts\.embed\.factory: .*has no callable 'Part'"):
         check_factories_in_child(with_factory(example_spec, "plain:Part"))
+
+
+def checker_pid() -> int:
+    current = spec_check._current
+    assert current is not None, "no checker running"
+    return current.process.pid
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan's reaper may take a moment)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+def test_checks_share_one_warm_checker_and_see_the_owners_code_as_it_is_now(
+    example_spec: ModelSpec, owner_code: Path
+) -> None:
+    (owner_code / "changing.py").write_text("Part = object\n")
+    check_factories_in_child(with_factory(example_spec, "changing:Part"))
+    first = checker_pid()
+    (owner_code / "changing.py").write_text("Part = 3\n")  # the checker never imported it
+    with pytest.raises(SpecError, match="has no callable 'Part'"):
+        check_factories_in_child(with_factory(example_spec, "changing:Part"))
+    (owner_code / "added_later.py").write_text("Part = object\n")  # written after the checker started
+    check_factories_in_child(with_factory(example_spec, "added_later:Part"))
+    assert checker_pid() == first  # one process did all three
+
+
+def test_a_changed_import_path_or_a_dead_checker_gets_a_new_checker(
+    example_spec: ModelSpec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    check_factories_in_child(example_spec)
+    first = checker_pid()
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # the worker's path changed: so does the check's
+    (tmp_path / "only_here.py").write_text("Part = object\n")
+    check_factories_in_child(with_factory(example_spec, "only_here:Part"))
+    second = checker_pid()
+    assert second != first
+    wait_until(lambda: running(first), lambda alive: not alive, timeout_s=10, interval_s=0.05)
+    os.kill(second, signal.SIGKILL)
+    wait_until(lambda: running(second), lambda alive: not alive, timeout_s=10, interval_s=0.05)
+    check_factories_in_child(with_factory(example_spec, "only_here:Part"))
+    assert checker_pid() not in (first, second)
+
+
+def test_a_hanging_check_does_not_hold_up_another(example_spec: ModelSpec, owner_code: Path) -> None:
+    (owner_code / "slow.py").write_text("import time\ntime.sleep(600)\n")
+    errors: list[BaseException] = []
+
+    def slow() -> None:
+        try:
+            check_factories_in_child(with_factory(example_spec, "slow:Part"), timeout_s=3)
+        except BaseException as err:
+            errors.append(err)
+
+    waiting = threading.Thread(target=slow)
+    waiting.start()
+    check_factories_in_child(example_spec)
+    assert waiting.is_alive(), "the quick check waited for the hanging one"
+    waiting.join()
+    assert len(errors) == 1 and "did not finish within 3 s" in str(errors[0])
+
+
+def test_a_supervisor_killed_mid_check_is_a_checker_error_not_a_spec_error(
+    example_spec: ModelSpec, owner_code: Path
+) -> None:
+    (owner_code / "kills_parent.py").write_text(
+        "import os, signal, time\nos.kill(os.getppid(), signal.SIGKILL)\ntime.sleep(3)\n"
+    )
+    with pytest.raises(CheckerError, match="ended without an answer"):
+        check_factories_in_child(with_factory(example_spec, "kills_parent:Part"))
+
+
+def test_the_checker_never_outlives_its_worker(tmp_path: Path) -> None:
+    pid_file = tmp_path / "checker.pid"
+    worker = (
+        "import os, signal, sys\n"
+        "from ipnext.activities import spec_check\n"
+        "spec_check.start_checker()\n"
+        f"open({str(pid_file)!r}, 'w').write(str(spec_check._current.process.pid))\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", worker], timeout=120, check=False)
+    assert done.returncode == -signal.SIGKILL
+    orphan = int(pid_file.read_text())
+    wait_until(lambda: running(orphan), lambda alive: not alive, timeout_s=10, interval_s=0.05)
+    spec_check.stop_checker()  # and ours ends when asked
