@@ -111,10 +111,10 @@ def deploy_set_apps(input: DeploySetInput) -> DeploySetResult:
     from ipnext.serving.control import wait_apps_running
 
     current = _context.settings()
-    roots = [str(r) for r in current.snapshot_roots]
+    store = str(current.pinned_store())
     regions = sorted({r for p in input.plan.deployments.values() for r in p.regions()})
     plans = {
-        r: set_app_plan(input.spec, input.snapshot_set, input.plan, r, roots, input.scale, input.part_scales)
+        r: set_app_plan(input.spec, input.snapshot_set, input.plan, r, store, input.scale, input.part_scales)
         for r in regions
     }
     writer: Any = _context.writer()

@@ -55,12 +55,13 @@ def validate_model_spec(input: ValidateSpecInput) -> None:
 
 @activity.defn
 def validate_snapshot_set(input: ValidateSetInput) -> ValidateSetResult:
-    roots = _context.settings().snapshot_roots
+    current = _context.settings()
+    roots, store = current.snapshot_roots, current.pinned_store()
     try:
         parts = complete_set(input.spec, input.request, input.serving_parts)
         for part in sorted(input.request.parts):
             activity.heartbeat(part)
-            validate_snapshot(input.spec, part, parts[part], roots)
+            validate_snapshot(input.spec, part, parts[part], roots, store)
     except IpnextError as err:
         raise as_application_error(err) from None
     return ValidateSetResult(parts=parts)

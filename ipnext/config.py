@@ -73,6 +73,9 @@ class Settings(BaseSettings):
     snapshot_roots: list[Path] = Field(default_factory=lambda: [Path(".ipnext/snapshots")])
     freeze_calendar: Path | None = None
     state_dir: Path = Path(".ipnext")
+    # Validated snapshot files, copied out of training's reach (ipnext/pinned.py); by default
+    # `<state_dir>/pinned`. On a multi-node cluster: a folder every node reads.
+    pinned_dir: Path | None = None
     temporal_dev_file: Path | None = None
     temporal: TemporalSettings = Field(default_factory=TemporalSettings)
     serve: ServeSettings = Field(default_factory=ServeSettings)
@@ -122,6 +125,10 @@ class Settings(BaseSettings):
     def fleet(self) -> Fleet:
         return load_fleet(self.fleet_file)
 
+    def pinned_store(self) -> Path:
+        """The pinned store's folder, absolute (replicas run in other folders)."""
+        return (self.pinned_dir or self.state_dir / "pinned").resolve()
+
     @property
     def ray_address_file(self) -> Path:
         return self.state_dir / "ray-address"
@@ -140,7 +147,7 @@ class Settings(BaseSettings):
             ) from None
 
 
-_PATH_FIELDS = ("fleet_file", "freeze_calendar", "state_dir", "temporal_dev_file")
+_PATH_FIELDS = ("fleet_file", "freeze_calendar", "state_dir", "temporal_dev_file", "pinned_dir")
 
 
 def load_settings(path: str | Path | None = None) -> Settings:

@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from ipnext.contracts import Frozen, RolloutState
-from ipnext.counters import SetCounters, percentile
+from ipnext.counters import MetricsSnapshot, SetCounters, percentile
 
 __all__ = [
     "GATE_MIN_SAMPLES",
@@ -114,16 +114,24 @@ class GateReading(Frozen):
 
 
 def window_counters(before: dict[str, Any] | None, after: dict[str, Any], apps: set[str]) -> SetCounters:
-    """Counters of `apps` between two metrics-actor snapshots (summed over the apps)."""
+    """Counters of `apps` between two metrics-actor snapshots (summed over the apps).
+
+    Snapshots with per-replica counters are diffed replica by replica (see
+    `MetricsSnapshot.minus`): a metrics actor that restarted, or a replica that did, starts
+    nothing over and breaches nothing. Snapshots recorded before replicas were kept carry sums
+    only, and are diffed as sums (a workflow replaying its history reads the same window)."""
+    earlier = MetricsSnapshot.model_validate(before or {})
+    later = MetricsSnapshot.model_validate(after)
+    if later.replicas or earlier.replicas:
+        window = later.minus(earlier)
+        total = SetCounters()
+        for app in apps:
+            total = total.plus(window.get(app, SetCounters()))
+        return total
     total = SetCounters()
     for app in apps:
-        now = SetCounters.model_validate(after.get("sets", {}).get(app, {}))
-        then = SetCounters.model_validate((before or {}).get("sets", {}).get(app, {}))
-        diff = SetCounters(requests=now.requests - then.requests, errors=now.errors - then.errors)
-        for metric, buckets in now.histograms.items():
-            old = then.histograms.get(metric, [0] * len(buckets))
-            diff.histograms[metric] = [a - b for a, b in zip(buckets, old, strict=True)]
-        total = total.plus(diff)
+        now = later.sets.get(app, SetCounters())
+        total = total.plus(now.minus(earlier.sets.get(app, SetCounters())))
     return total
 
 

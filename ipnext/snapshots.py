@@ -17,11 +17,12 @@ is ignored. Weights are only ever read as safetensors: nothing here unpickles.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import struct
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, BinaryIO, Literal
 from urllib.parse import unquote, urlparse
 
 from pydantic import Field, ValidationError
@@ -117,15 +118,23 @@ def inspect_safetensors(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
 
     Anything else (a pickle, a zip from torch.save, random bytes) is refused here.
     """
-    size = path.stat().st_size
     with path.open("rb") as f:
-        head = f.read(8)
-        if len(head) < 8:
-            raise _not_safetensors(path, "file is shorter than a safetensors header")
-        (header_len,) = struct.unpack("<Q", head)
-        if header_len > min(size - 8, _MAX_HEADER):
-            raise _not_safetensors(path, "its first 8 bytes are not a safetensors header length")
-        raw = f.read(header_len)
+        return _read_header(f, path.stat().st_size, path)
+
+
+def parse_safetensors_header(data: bytes, path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
+    """`inspect_safetensors` for a file already read into memory (`path` names it in errors)."""
+    return _read_header(io.BytesIO(data), len(data), path)
+
+
+def _read_header(f: BinaryIO, size: int, path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
+    head = f.read(8)
+    if len(head) < 8:
+        raise _not_safetensors(path, "file is shorter than a safetensors header")
+    (header_len,) = struct.unpack("<Q", head)
+    if header_len > min(size - 8, _MAX_HEADER):
+        raise _not_safetensors(path, "its first 8 bytes are not a safetensors header length")
+    raw = f.read(header_len)
     try:
         header = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError):

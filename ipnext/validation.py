@@ -1,5 +1,5 @@
-"""Checks a snapshot passes before anything serves it: confined path, file, checksum,
-safetensors format (never unpickled), and tensors that fit the part."""
+"""Checks a snapshot passes before anything serves it: confined path, file, checksum (of the
+copy pinned for serving), safetensors format (never unpickled), and tensors that fit the part."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from pathlib import Path
 
 from ipnext.errors import SnapshotError, SpecError
 from ipnext.model import ModelSpec, SnapshotRef, SnapshotSetRequest, import_factory
-from ipnext.snapshots import inspect_safetensors, load_weights, resolve_in_roots, sha256_file
+from ipnext.pinned import pin
+from ipnext.snapshots import inspect_safetensors, load_weights, resolve_in_roots
 
 __all__ = ["complete_set", "validate_snapshot"]
 
@@ -42,28 +43,26 @@ def complete_set(
     return {**{p: serving[p] for p in missing}, **request.parts}
 
 
-def validate_snapshot(spec: ModelSpec, part: str, ref: SnapshotRef, roots: list[Path]) -> None:
-    """Raise a SnapshotError naming the part, the snapshot and what is wrong; return if it fits."""
+def validate_snapshot(spec: ModelSpec, part: str, ref: SnapshotRef, roots: list[Path], store: Path) -> None:
+    """Pin the part's file into `store` (ipnext/pinned.py) and check the pinned copy: raise a
+    SnapshotError naming the part, the snapshot and what is wrong; return if it fits. What is
+    checked is what replicas will load, whatever happens to the training file afterwards."""
     where = f"parts.{part} ({ref.snapshot_id})"
     try:
-        path = resolve_in_roots(ref.uri, roots)
+        source = resolve_in_roots(ref.uri, roots)
     except SnapshotError as err:
         raise SnapshotError(f"{where}: {err}", field=f"parts.{part}.uri", value=ref.uri) from None
-    if not path.is_file():
+    if not source.is_file():
         raise SnapshotError(
-            f"{where}: file {path} does not exist.",
+            f"{where}: file {source} does not exist.",
             field=f"parts.{part}.uri",
             value=ref.uri,
             fix="check that training finished writing the snapshot",
         )
-    digest = sha256_file(path)
-    if digest != ref.sha256:
-        raise SnapshotError(
-            f"{where}: checksum mismatch: the file's sha256 is {digest}, the manifest says {ref.sha256}.",
-            field=f"parts.{part}.sha256",
-            value=ref.sha256,
-            fix="the file changed or is corrupt: write the snapshot again",
-        )
+    try:
+        path = pin(source, ref.sha256, store)
+    except SnapshotError as err:
+        raise SnapshotError(f"{where}: {err}", field=f"parts.{part}.sha256", value=ref.sha256) from None
     try:
         header = inspect_safetensors(path)
     except SnapshotError as err:

@@ -24,11 +24,21 @@ _BOUNDARIES = list(LATENCY_BUCKETS_MS)
 
 async def push_forever(actor_name: str, replica: str, payload: Callable[[], dict[str, Any]]) -> None:
     """Push this replica's cumulative counters (set app -> SetCounters) to a model's metrics
-    actor every second, until the actor is gone (the model was deleted)."""
+    actor every second, until the actor is gone.
+
+    The actor restarts when its process dies (`max_restarts`), empty: every replica's next push
+    refills it, since each push carries the replica's whole cumulative counters. If it was
+    killed for good (a deleted model, or by hand), the push fails, this task ends, and the
+    replica's next request or reconfigure starts a new one, which creates a new actor."""
     actor = (
         ray.remote(MetricsStore)
         .options(
-            name=actor_name, namespace=RAY_NAMESPACE, lifetime="detached", get_if_exists=True, num_cpus=0
+            name=actor_name,
+            namespace=RAY_NAMESPACE,
+            lifetime="detached",
+            get_if_exists=True,
+            num_cpus=0,
+            max_restarts=-1,
         )
         .remote()
     )

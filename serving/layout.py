@@ -85,7 +85,7 @@ class PartHostArgs(Frozen):
     uri: str
     sha256: str
     snapshot_id: str
-    snapshot_roots: list[str]
+    pinned_store: str  # the replica loads `<pinned_store>/<sha256 path>` (ipnext/pinned.py), never `uri`
     # Where a part that measures itself (a generative part's TTFT and ITL) pushes its
     # histograms: the model's metrics actor of this region, under this set app's name.
     region: str = ""
@@ -172,7 +172,7 @@ def set_app_plan(
     snapshot_set: SnapshotSet,
     plan: Plan,
     region: str,
-    snapshot_roots: list[str],
+    pinned_store: str,
     scale: float = 1.0,
     part_scales: dict[str, float] | None = None,
 ) -> SetAppPlan:
@@ -202,7 +202,7 @@ def set_app_plan(
                 uri=snapshot_set.parts[part].uri,
                 sha256=snapshot_set.parts[part].sha256,
                 snapshot_id=snapshot_set.parts[part].snapshot_id,
-                snapshot_roots=snapshot_roots,
+                pinned_store=pinned_store,
                 region=region,
                 app=name,
                 batching=part_spec.batching,

@@ -28,8 +28,11 @@ class MetricsStore:
         self._by_replica[replica] = counters
 
     def snapshot(self) -> dict[str, Any]:
+        """Every replica's latest counters, and their sum per set app."""
         total: dict[str, SetCounters] = {}
-        for counters in self._by_replica.values():
-            for app, raw in counters.items():
-                total[app] = total.get(app, SetCounters()).plus(SetCounters.model_validate(raw))
-        return MetricsSnapshot(sets=total).model_dump()
+        replicas: dict[str, dict[str, SetCounters]] = {}
+        for replica, counters in self._by_replica.items():
+            replicas[replica] = {app: SetCounters.model_validate(raw) for app, raw in counters.items()}
+            for app, parsed in replicas[replica].items():
+                total[app] = total.get(app, SetCounters()).plus(parsed)
+        return MetricsSnapshot(sets=total, replicas=replicas).model_dump()

@@ -163,6 +163,7 @@ class Router:
 
     def _count(self, app: str, latency_ms: float | None) -> None:
         """One request against set app `app`: its latency, or None for a failed one."""
+        self._pusher.ensure_running()  # a metrics actor that went away: push to its successor
         counters = self._counters.setdefault(app, SetCounters())
         counters.requests += 1
         if latency_ms is None:

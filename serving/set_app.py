@@ -15,6 +15,7 @@ from ray.serve.handle import DeploymentHandle
 from starlette.requests import Request
 
 from ipnext.model import import_factory
+from ipnext.pinned import load_verified, pinned_path
 from ipnext.serving.export import CounterPusher, PartPrometheus
 from ipnext.serving.layout import (
     SET_DEPLOYMENT,
@@ -25,7 +26,6 @@ from ipnext.serving.layout import (
     metrics_actor_name,
     part_deployment_name,
 )
-from ipnext.snapshots import load_weights, resolve_in_roots, sha256_file
 
 __all__ = ["PartHost", "SetInfo", "set_app"]
 
@@ -38,12 +38,11 @@ class PartHost:
         import torch
 
         torch.set_num_threads(1)  # many replicas share few cores; torch would take them all
-        path = resolve_in_roots(host.uri, [Path(r) for r in host.snapshot_roots])
-        digest = sha256_file(path)
-        if digest != host.sha256:
-            raise ValueError(f"{host.uri}: sha256 {digest} != {host.sha256} that was validated")
+        # The pinned copy made at validation, checked against its sha256 on the bytes it loads:
+        # the training job's own file may have moved or changed since (ipnext/pinned.py).
+        weights = load_verified(pinned_path(Path(host.pinned_store), host.sha256), host.sha256)
         factory = import_factory(host.factory)
-        self._part = factory(load_weights(path), dict(host.config))
+        self._part = factory(weights, dict(host.config))
         self._snapshot_id = host.snapshot_id
         self._host = host
         self._pusher = self._counter_pusher()

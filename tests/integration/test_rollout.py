@@ -1,5 +1,5 @@
 """Gradual rollouts on the real dev stack under a closed-loop load: a bad snapshot is rolled
-back by the gates, on-call pauses and resumes through the `ipnext rollout` CLI, and a rollout
+back by the gates (with the Serve writer and the metrics actor killed in its bake), on-call pauses and resumes through the `ipnext rollout` CLI, and a rollout
 goes on where it was after its worker is killed and after the Temporal server restarts."""
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+import ray
+import torch
 
 from ipnext.config import Settings
 from ipnext.contracts import poll_until
@@ -20,6 +22,8 @@ from ipnext.examples.click_ranker.train import poisoned_copy
 from ipnext.model import GateSpec
 from ipnext.rollout import RolloutState
 from ipnext.sdk import Client
+from ipnext.serving.control import connect
+from ipnext.serving.layout import RAY_NAMESPACE, SET_DEPLOYMENT, WRITER_ACTOR, metrics_actor_name
 
 from .conftest import one_region_spec, train_version, until_rolled_back
 from .load import Load
@@ -29,40 +33,119 @@ from .test_lifecycle import serve_apps
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
 
-async def test_bad_snapshot_is_rolled_back_by_the_gates(
+async def test_bad_snapshot_is_rolled_back_by_the_gates_with_the_writer_and_metrics_killed_mid_bake(
     stack: Settings, stack_config: Path, client: Client, model_name: str
 ) -> None:
-    await client.publish_model(one_region_spec(model_name))
+    """The canary answers 500s. In its bake, the Serve writer and the model's metrics actor are
+    killed for good (not restarted by Ray): the gates must still see the 500s and roll back."""
+    spec = one_region_spec(model_name)
+    # Enough requests per window that the first judgement comes well after the kills.
+    spec = spec.model_copy(update={"rollout": spec.rollout.model_copy(update={"min_requests": 60})})
+    await client.publish_model(spec)
     good, _ = train_version(stack, model_name, "v1")
     first = await client.publish_snapshot(model_name, good)
     await client.wait_until_serving(model_name, first.set_id)
     bad = poisoned_copy(stack.snapshot_roots[0], model_name, "v2-bad", good)
+    connect(stack.ray_address())
     async with Load(stack.serve_url, f"/us-east/models/{model_name}/predict") as load:
         published = await client.publish_snapshot(model_name, bad)
+        await poll_until(
+            lambda: client.rollout_status(model_name),
+            lambda s: s is not None and s.set_id == published.set_id and "baking" in s.step,
+            timeout_s=120,
+            interval_s=0.1,
+            what="the canary's first bake",
+        )
+        bad_before_kill = sum(1 for a in load.answers if a.set == published.set_id)
+        for name in (WRITER_ACTOR, metrics_actor_name(model_name, "us-east")):
+            ray.kill(ray.get_actor(name, namespace=RAY_NAMESPACE), no_restart=True)
+        killed_at = load.elapsed()
+        # Training takes v1 back: its embed file rewritten in place with NaN weights (the same
+        # path and inode), the rest of its folder deleted. Then v1's part replicas die, and
+        # Serve restarts them: they can only answer from the bytes pinned at validation.
+        old_app = f"{model_name}.us-east.s1.r1"
+        full = running_part_replicas(old_app)
+        poison_in_place(good / "embed.safetensors")
+        for name in ("dense.safetensors", "manifest.json"):
+            (good / name).unlink()
+        replicas_killed = kill_part_replicas(old_app)
+        replicas_killed_at = load.elapsed()
         state = await until_rolled_back(client, model_name)
+        await poll_until(
+            lambda: asyncio.to_thread(running_part_replicas, old_app),
+            lambda now: now == full,
+            timeout_s=120,
+            interval_s=0.2,
+            what=f"{old_app} back to {full}",
+        )
         rolled_back_at = load.elapsed()
         await asyncio.sleep(3.0)  # keep the load on: nothing may fail from here
     assert state.serving_set == first.set_id
     status = state.rollout
     assert status is not None and status.state == RolloutState.ROLLED_BACK
     assert "error_rate" in status.detail, status.detail
+    assert bad_before_kill < spec.rollout.min_requests, "judged before the kills: the drill proves nothing"
     bad_answers = [a for a in load.answers if a.set == published.set_id]
     assert bad_answers and all(a.status == 500 for a in bad_answers if "not finite" in a.error)
-    assert load.failed(since=rolled_back_at) == []
+    assert replicas_killed, "no part replica of v1 was found to kill"
+    assert load.failed(since=rolled_back_at) == []  # v1 answers, finite: from its pinned bytes
     after = [a for a in load.answers if a.at >= rolled_back_at]
     assert len(after) > 20 and all(a.set == first.set_id for a in after)
+    old_failed = [a for a in load.failed() if a.set != published.set_id and a.at >= replicas_killed_at]
     assert status.generations and len(status.generations) == 2  # the 10% step, then all back at once
     async with httpx.AsyncClient(base_url=stack.serve_url, timeout=30) as http:
         router = (await http.get(f"/us-east/models/{model_name}")).json()
     assert router["weights"] == {f"{model_name}.us-east.s1.r1": 100.0}
-    assert f"{model_name}.us-east.s2.r1" not in serve_apps(stack)
+    assert f"{model_name}.us-east.s2.r1" not in serve_apps(stack)  # a new writer, adopted from Serve
+    ray.get_actor(metrics_actor_name(model_name, "us-east"), namespace=RAY_NAMESPACE)  # and a new store
     shown = ipnext(stack_config, "rollout", "status", model_name)
     assert shown.returncode == 0 and "ROLLED_BACK" in shown.stdout and "BREACH" in shown.stdout, shown
     print(
-        f"rolled back {published.set_id}: {len(load.answers)} requests, "
-        f"{len(load.failed())} failed before the rollback completed, none after"
+        f"rolled back {published.set_id}: writer and metrics actor killed {killed_at:.1f} s into the load "
+        f"({bad_before_kill} canary answers before); v1's files rewritten and deleted and its "
+        f"{len(replicas_killed)} part replicas killed at {replicas_killed_at:.1f} s ({len(old_failed)} "
+        f"requests to v1 failed while they restarted); rolled back with v1 at full replicas at "
+        f"{rolled_back_at:.1f} s; {len(load.answers)} requests, {len(load.failed())} failed before, none after"
     )
     await client.delete_model(model_name)
+
+
+def running_part_replicas(app: str) -> dict[str, int]:
+    """Serve's RUNNING replicas per part deployment of a set app (not its SetInfo ingress)."""
+    from ray import serve
+
+    status = serve.status().applications.get(app)
+    if status is None:
+        return {}
+    return {
+        name: sum(n for state, n in deployment.replica_states.items() if str(state).endswith("RUNNING"))
+        for name, deployment in status.deployments.items()
+        if name != SET_DEPLOYMENT
+    }
+
+
+def kill_part_replicas(app: str) -> list[str]:
+    """Kill every part replica of a set app, as a crashed process would die; Serve replaces them."""
+    names = [
+        actor["name"]
+        for actor in ray.util.list_named_actors(all_namespaces=True)
+        if actor["name"].startswith(f"SERVE_REPLICA::{app}#") and f"#{SET_DEPLOYMENT}#" not in actor["name"]
+    ]
+    for name in names:
+        ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
+    return names
+
+
+def poison_in_place(path: Path) -> None:
+    """Rewrite a weights file where it is (same path, same inode) with NaN weights."""
+    from safetensors.torch import load_file, save
+
+    tensors = {name: torch.full_like(t, float("nan")) for name, t in load_file(str(path)).items()}
+    inode = path.stat().st_ino
+    with path.open("r+b") as f:  # not save_file: it writes a new file and renames it over
+        f.truncate(0)
+        f.write(save(tensors))
+    assert path.stat().st_ino == inode
 
 
 async def test_on_call_pauses_and_resumes_with_the_cli(

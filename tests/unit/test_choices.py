@@ -638,7 +638,7 @@ def test_set_app_carries_the_choices_and_a_model_without_renders_as_before(
         status="validated",
         published_at=datetime.now(UTC),
     )
-    app = set_app_plan(spec, snapshot_set, plan, "us-east", ["/srv"])
+    app = set_app_plan(spec, snapshot_set, plan, "us-east", "/srv/pinned")
     assert app.args.choices == spec.choices
     assert app.args.order == ["embed", "small", "large"]
     rendered = render_set_app(app, 0)
@@ -652,5 +652,5 @@ def test_set_app_carries_the_choices_and_a_model_without_renders_as_before(
     plain_plan = solve(PlanningProblem(fleet=dev_fleet, deployments=demand_from_model(example_spec)))
     plain_refs = {p: refs["embed"] for p in example_spec.parts}
     plain_set = snapshot_set.model_copy(update={"parts": plain_refs})
-    plain = render_set_app(set_app_plan(example_spec, plain_set, plain_plan, "us-east", ["/srv"]), 0)
+    plain = render_set_app(set_app_plan(example_spec, plain_set, plain_plan, "us-east", "/srv/pinned"), 0)
     assert "choices" not in plain["args"]

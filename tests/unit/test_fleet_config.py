@@ -184,6 +184,7 @@ def test_relative_paths_resolve_against_the_files_folder(
             "freeze_calendar": "freeze.yaml",
             "state_dir": "../state",
             "temporal_dev_file": "dev/temporal.yaml",
+            "pinned_dir": "../pins",
         },
     )
     settings = load_settings(path)
@@ -193,6 +194,7 @@ def test_relative_paths_resolve_against_the_files_folder(
     assert settings.state_dir == (tmp_path / "state").resolve()
     assert settings.temporal_dev_file == (conf / "dev" / "temporal.yaml").resolve()
     assert settings.ray_address_file == (tmp_path / "state" / "ray-address").resolve()
+    assert settings.pinned_store() == (tmp_path / "pins").resolve()
 
 
 def test_absolute_paths_are_kept(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -213,6 +215,7 @@ def test_defaults_without_any_file(clean_env: pytest.MonkeyPatch) -> None:
     assert settings.serve.host == "127.0.0.1"
     assert settings.temporal_address == "127.0.0.1:7233"
     assert settings.serve_url == "http://127.0.0.1:8000"
+    assert settings.pinned_store() == (Path(".ipnext") / "pinned").resolve()  # under the state folder
 
 
 def test_repo_config_loads(clean_env: pytest.MonkeyPatch) -> None:

@@ -71,6 +71,41 @@ def test_window_counters_diff_two_snapshots_over_the_apps() -> None:
     assert window_counters(None, after, {"b"}).requests == 9
 
 
+def by_replica(**replicas: dict[str, SetCounters]) -> dict[str, object]:
+    """A metrics actor's snapshot: each replica's counters per set app (and their sums)."""
+    sets: dict[str, SetCounters] = {}
+    for apps in replicas.values():
+        for app, c in apps.items():
+            sets[app] = sets.get(app, SetCounters()).plus(c)
+    return {
+        "sets": {a: c.model_dump() for a, c in sets.items()},
+        "replicas": {r: {a: c.model_dump() for a, c in apps.items()} for r, apps in replicas.items()},
+    }
+
+
+def test_a_restarted_metrics_actor_neither_loses_nor_invents_requests() -> None:
+    before = by_replica(r1={"new": counters(10)}, r2={"new": counters(100, errors=1)})
+    # The actor restarted empty; r1 has pushed again, r2 not yet: r2 counts nothing this time.
+    refilling = by_replica(r1={"new": counters(15)})
+    assert window_counters(before, refilling, {"new"}).requests == 5
+    assert window_counters(before, by_replica(), {"new"}).requests == 0  # nobody pushed yet
+    # r2 is back with its whole cumulative count: only what it served since `before` counts.
+    after = by_replica(r1={"new": counters(20)}, r2={"new": counters(130, errors=1)})
+    window = window_counters(before, after, {"new"})
+    assert (window.requests, window.errors) == (10 + 30, 0)
+    assert sum(window.histograms["latency_ms"]) == 40
+
+
+def test_a_new_or_restarted_replica_counts_from_zero() -> None:
+    before = by_replica(r1={"new": counters(50)})
+    after = by_replica(r1={"new": counters(4, errors=2)}, r2={"new": counters(6)})  # r1 restarted
+    window = window_counters(before, after, {"new"})
+    assert (window.requests, window.errors) == (10, 2)
+    assert all(n >= 0 for n in window.histograms["latency_ms"])
+    readings, requests = judge_window(GATES, 5, ["r"], {"r": before}, {"r": after}, {"new"}, set())
+    assert requests == 10 and readings[0].breached  # 2 of 10 failed: a real breach, from real requests
+
+
 def test_judge_window_reads_every_region_and_sums_the_new_sets_requests() -> None:
     before = {"us-east": {"sets": {"new": counters(10).model_dump(), "old": counters(90).model_dump()}}}
     after = {

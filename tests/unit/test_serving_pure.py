@@ -38,7 +38,7 @@ from ipnext.serving.metrics import LATENCY_BUCKETS_MS, MetricsStore, SetCounters
 from ipnext.serving.traffic import PickedApps, all_finite, join_shards, pick_apps, pick_set
 
 MODEL = "feed-ranker"
-ROOTS = ["/srv/snapshots"]
+PINNED = "/srv/ipnext/pinned"
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +86,7 @@ def test_names() -> None:
 
 
 def test_set_app_plan(example_spec: ModelSpec, snapshot_set: SnapshotSet, plan: Plan) -> None:
-    app = set_app_plan(example_spec, snapshot_set, plan, "us-east", ROOTS)
+    app = set_app_plan(example_spec, snapshot_set, plan, "us-east", PINNED)
     assert app.name == "feed-ranker.us-east.s7.r4"
     assert app.replicas == {"embed": {"cpu-highmem": 3}, "dense": {"cpu-std": 1}}
     assert app.units == {"embed": {"cpu-highmem": 2}, "dense": {"cpu-std": 1}}
@@ -100,12 +100,12 @@ def test_set_app_plan(example_spec: ModelSpec, snapshot_set: SnapshotSet, plan: 
     assert embed.uri == snapshot_set.parts["embed"].uri
     assert embed.sha256 == "a" * 64
     assert embed.snapshot_id == f"{MODEL}/embed@v2"
-    assert embed.snapshot_roots == ROOTS
+    assert embed.pinned_store == PINNED
     assert embed.config == example_spec.parts["embed"].config
 
 
 def test_render_set_app(example_spec: ModelSpec, snapshot_set: SnapshotSet, plan: Plan) -> None:
-    app = set_app_plan(example_spec, snapshot_set, plan, "us-east", ROOTS)
+    app = set_app_plan(example_spec, snapshot_set, plan, "us-east", PINNED)
     rendered = render_set_app(app, replica_num_cpus=0.25)
     assert rendered["name"] == "feed-ranker.us-east.s7.r4"
     assert rendered["route_prefix"] is None
@@ -136,7 +136,7 @@ def test_render_set_app(example_spec: ModelSpec, snapshot_set: SnapshotSet, plan
 def test_render_set_app_in_the_other_region(
     example_spec: ModelSpec, snapshot_set: SnapshotSet, plan: Plan
 ) -> None:
-    rendered = render_set_app(set_app_plan(example_spec, snapshot_set, plan, "eu-west", ROOTS), 0)
+    rendered = render_set_app(set_app_plan(example_spec, snapshot_set, plan, "eu-west", PINNED), 0)
     assert rendered["name"] == "feed-ranker.eu-west.s7.r4"
     by_name = {d["name"]: d for d in rendered["deployments"]}
     assert by_name["embed-cpu-highmem"]["num_replicas"] == 1
@@ -169,7 +169,7 @@ def test_render_serve_config_is_a_valid_serve_deploy_schema(
 ) -> None:
     apps = {}
     for region in ("us-east", "eu-west"):
-        set_app = render_set_app(set_app_plan(example_spec, snapshot_set, plan, region, ROOTS), 0)
+        set_app = render_set_app(set_app_plan(example_spec, snapshot_set, plan, region, PINNED), 0)
         router = render_router_app(MODEL, region, RouterConfig(generation=1, weights={set_app["name"]: 100}))
         apps[set_app["name"]] = set_app
         apps[router["name"]] = router
@@ -189,7 +189,7 @@ def test_render_serve_config_is_a_valid_serve_deploy_schema(
 def test_set_description_is_what_routers_read_of_the_rendered_app(
     example_spec: ModelSpec, snapshot_set: SnapshotSet, plan: Plan
 ) -> None:
-    app = set_app_plan(example_spec, snapshot_set, plan, "us-east", ROOTS)
+    app = set_app_plan(example_spec, snapshot_set, plan, "us-east", PINNED)
     rendered = render_set_app(app, 0)
     by_name = {d["name"]: d for d in rendered["deployments"]}
     # The ingress's user_config as Serve hands it over, parsed once, gives the description.
@@ -320,10 +320,13 @@ def test_metrics_store_replaces_a_replicas_counters_and_sums_replicas() -> None:
     assert s1["histograms"]["latency_ms"][LATENCY_BUCKETS_MS.index(7)] == 2
     assert s1["histograms"]["latency_ms"][LATENCY_BUCKETS_MS.index(150)] == 1
     assert snapshot["sets"]["app.s2"] == {"requests": 3, "errors": 0, "histograms": {}}
+    # Each replica's own latest counters ride along, for gates that diff replica by replica.
+    assert snapshot["replicas"]["replica-a"]["app.s1"]["requests"] == 25
+    assert sorted(snapshot["replicas"]["replica-b"]) == ["app.s1", "app.s2"]
 
 
 def test_empty_metrics_store() -> None:
-    assert MetricsStore().snapshot() == {"sets": {}}
+    assert MetricsStore().snapshot() == {"sets": {}, "replicas": {}}
 
 
 # --- pick_set ---------------------------------------------------------------------------------

@@ -118,7 +118,7 @@ def test_each_shard_is_planned_and_deployed_and_the_router_learns_the_groups(dev
         status="validated",
         published_at=datetime(2026, 1, 1, tzinfo=UTC),
     )
-    app = set_app_plan(spec, snapshot_set, plan, "us-east", ["/srv/s"])
+    app = set_app_plan(spec, snapshot_set, plan, "us-east", "/srv/pinned")
     assert app.args.shard_groups == {"embed": shards}
     assert [app.args.parts[s].config["shard"] for s in shards] == [0, 1, 2]
     rendered = render_set_app(app, replica_num_cpus=0)
@@ -144,7 +144,7 @@ def test_a_model_without_shards_renders_no_shard_groups(dev_fleet: Fleet) -> Non
         status="validated",
         published_at=datetime(2026, 1, 1, tzinfo=UTC),
     )
-    rendered = render_set_app(set_app_plan(spec, snapshot_set, plan, "us-east", ["/srv/s"]), 0)
+    rendered = render_set_app(set_app_plan(spec, snapshot_set, plan, "us-east", "/srv/pinned"), 0)
     assert "shard_groups" not in rendered["args"] and "choices" not in rendered["args"]
 
 

@@ -322,7 +322,7 @@ def test_a_pickle_is_never_unpickled(tmp_path: Path, example_spec: ModelSpec, pr
         load_weights(path)
     ref = SnapshotRef(uri=path.as_uri(), sha256=sha256_file(path), snapshot_id="feed-ranker/embed@evil")
     with pytest.raises(SnapshotError) as info:
-        validate_snapshot(example_spec, "embed", ref, [root])
+        validate_snapshot(example_spec, "embed", ref, [root], tmp_path / "pinned")
     assert "not a safetensors file" in str(info.value)
     assert "parts.embed" in str(info.value)
     assert not marker.exists()

@@ -24,13 +24,21 @@ def narrow(tmp_path_factory: pytest.TempPathFactory) -> Trained:
     return Trained(root=root, folder=report.folder, request=request_from_folder(report.folder))
 
 
+@pytest.fixture
+def store(tmp_path: Path) -> Path:
+    """The pinned store validation copies into (ipnext/pinned.py)."""
+    return tmp_path / "pinned"
+
+
 def ref(trained: Trained, part: str) -> SnapshotRef:
     return trained.request.parts[part]
 
 
-def validation_error(spec: ModelSpec, part: str, snapshot: SnapshotRef, roots: list[Path]) -> SnapshotError:
+def validation_error(
+    spec: ModelSpec, part: str, snapshot: SnapshotRef, roots: list[Path], store: Path
+) -> SnapshotError:
     with pytest.raises(SnapshotError) as info:
-        validate_snapshot(spec, part, snapshot, roots)
+        validate_snapshot(spec, part, snapshot, roots, store)
     assert f"parts.{part} ({snapshot.snapshot_id})" in str(info.value)
     return info.value
 
@@ -39,50 +47,62 @@ def validation_error(spec: ModelSpec, part: str, snapshot: SnapshotRef, roots: l
 
 
 @pytest.mark.parametrize("part", ["embed", "dense"])
-def test_trained_snapshot_validates(example_spec: ModelSpec, trained: Trained, part: str) -> None:
-    validate_snapshot(example_spec, part, ref(trained, part), [trained.root])  # raises if it does not fit
+def test_trained_snapshot_validates(
+    example_spec: ModelSpec, trained: Trained, part: str, store: Path
+) -> None:
+    validate_snapshot(
+        example_spec, part, ref(trained, part), [trained.root], store
+    )  # raises if it does not fit
 
 
-def test_a_second_root_is_enough(example_spec: ModelSpec, trained: Trained, tmp_path: Path) -> None:
-    validate_snapshot(example_spec, "embed", ref(trained, "embed"), [tmp_path, trained.root])
+def test_a_second_root_is_enough(
+    example_spec: ModelSpec, trained: Trained, tmp_path: Path, store: Path
+) -> None:
+    validate_snapshot(example_spec, "embed", ref(trained, "embed"), [tmp_path, trained.root], store)
 
 
-def test_missing_file(example_spec: ModelSpec, trained: Trained) -> None:
+def test_missing_file(example_spec: ModelSpec, trained: Trained, store: Path) -> None:
     missing = trained.folder / "gone.safetensors"
     snapshot = ref(trained, "embed").model_copy(update={"uri": missing.as_uri()})
-    err = validation_error(example_spec, "embed", snapshot, [trained.root])
+    err = validation_error(example_spec, "embed", snapshot, [trained.root], store)
     assert "does not exist" in str(err)
     assert str(missing) in str(err)
     assert err.field == "parts.embed.uri"
 
 
-def test_wrong_checksum(example_spec: ModelSpec, trained: Trained) -> None:
+def test_wrong_checksum(example_spec: ModelSpec, trained: Trained, store: Path) -> None:
     snapshot = ref(trained, "dense").model_copy(update={"sha256": "0" * 64})
-    err = validation_error(example_spec, "dense", snapshot, [trained.root])
+    err = validation_error(example_spec, "dense", snapshot, [trained.root], store)
     assert "checksum" in str(err)
     assert "0" * 64 in str(err)
     assert sha256_file(trained.folder / "dense.safetensors") in str(err)
     assert err.field == "parts.dense.sha256"
 
 
-def test_changed_file_fails_its_checksum(example_spec: ModelSpec, trained: Trained, tmp_path: Path) -> None:
+def test_changed_file_fails_its_checksum(
+    example_spec: ModelSpec, trained: Trained, tmp_path: Path, store: Path
+) -> None:
     copy = tmp_path / "embed.safetensors"
     shutil.copy(trained.folder / "embed.safetensors", copy)
     with copy.open("ab") as f:
         f.write(b"\0")
     snapshot = ref(trained, "embed").model_copy(update={"uri": copy.as_uri()})
-    assert "checksum mismatch" in str(validation_error(example_spec, "embed", snapshot, [tmp_path]))
+    assert "checksum mismatch" in str(validation_error(example_spec, "embed", snapshot, [tmp_path], store))
 
 
-def test_path_outside_the_roots(example_spec: ModelSpec, trained: Trained, tmp_path: Path) -> None:
+def test_path_outside_the_roots(
+    example_spec: ModelSpec, trained: Trained, tmp_path: Path, store: Path
+) -> None:
     with pytest.raises(SnapshotError) as info:
-        validate_snapshot(example_spec, "embed", ref(trained, "embed"), [tmp_path])
+        validate_snapshot(example_spec, "embed", ref(trained, "embed"), [tmp_path], store)
     assert "outside" in str(info.value)
     assert ref(trained, "embed").uri in str(info.value)
 
 
-def test_tensors_that_do_not_fit_the_embed_part(example_spec: ModelSpec, narrow: Trained) -> None:
-    err = validation_error(example_spec, "embed", ref(narrow, "embed"), [narrow.root])
+def test_tensors_that_do_not_fit_the_embed_part(
+    example_spec: ModelSpec, narrow: Trained, store: Path
+) -> None:
+    err = validation_error(example_spec, "embed", ref(narrow, "embed"), [narrow.root], store)
     message = str(err)
     assert "do not fit" in message
     assert "user.weight" in message
@@ -90,24 +110,26 @@ def test_tensors_that_do_not_fit_the_embed_part(example_spec: ModelSpec, narrow:
     assert err.field == "parts.embed"
 
 
-def test_tensors_that_do_not_fit_the_dense_part(example_spec: ModelSpec, narrow: Trained) -> None:
-    message = str(validation_error(example_spec, "dense", ref(narrow, "dense"), [narrow.root]))
+def test_tensors_that_do_not_fit_the_dense_part(
+    example_spec: ModelSpec, narrow: Trained, store: Path
+) -> None:
+    message = str(validation_error(example_spec, "dense", ref(narrow, "dense"), [narrow.root], store))
     assert "do not fit" in message
     assert "mlp.0.weight" in message
 
 
-def test_the_narrow_snapshot_fits_a_narrow_spec(narrow: Trained) -> None:
+def test_the_narrow_snapshot_fits_a_narrow_spec(narrow: Trained, store: Path) -> None:
     data = spec_dict()
     for part in data["parts"].values():
         part["config"]["dim"] = 8
     spec = parse_spec(ModelSpec, data)
     for part in ("embed", "dense"):
-        validate_snapshot(spec, part, ref(narrow, part), [narrow.root])
+        validate_snapshot(spec, part, ref(narrow, part), [narrow.root], store)
 
 
-def test_weights_of_the_other_part_do_not_fit(example_spec: ModelSpec, trained: Trained) -> None:
+def test_weights_of_the_other_part_do_not_fit(example_spec: ModelSpec, trained: Trained, store: Path) -> None:
     swapped = ref(trained, "dense").model_copy(update={"snapshot_id": "feed-ranker/embed@swapped"})
-    message = str(validation_error(example_spec, "embed", swapped, [trained.root]))
+    message = str(validation_error(example_spec, "embed", swapped, [trained.root], store))
     assert "do not fit" in message
     assert "user.weight" in message
 
