@@ -19,9 +19,13 @@ QUICK_TIMEOUT = timedelta(seconds=30)
 VALIDATE_TIMEOUT = timedelta(minutes=2)
 DEPLOY_TIMEOUT = timedelta(minutes=5)
 HEARTBEAT_TIMEOUT = timedelta(seconds=30)
-# Input errors are raised non-retryable; anything else (a worker restart, Ray busy) retries.
+# Input errors are raised non-retryable (an ApplicationError from an IpnextError: a bad spec or
+# snapshot, a Serve deploy that failed). Anything else is the world, not the input: a worker
+# restart, Ray busy or down, the writer gone. Those retry with backoff for as long as it lasts
+# (no attempt cap, as Temporal's own default), so an outage makes a rollout wait, not fail; the
+# attempt count and the last error are on the activity in the Temporal UI.
 RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1),
     maximum_interval=timedelta(seconds=10),
-    maximum_attempts=5,
+    maximum_attempts=0,
 )

@@ -11,7 +11,14 @@ recorded as superseded.
 from __future__ import annotations
 
 from temporalio import workflow
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import (
+    ActivityError,
+    ApplicationError,
+    CancelledError,
+    ChildWorkflowError,
+    TerminatedError,
+)
+from temporalio.exceptions import TimeoutError as WorkflowTimeoutError
 
 with workflow.unsafe.imports_passed_through():
     from ipnext.activities import DEPLOY_TIMEOUT, QUICK_TIMEOUT, RETRY, VALIDATE_TIMEOUT
@@ -303,6 +310,16 @@ class ModelWorkflow:
                 id=child_id,
                 static_summary=summary,
             )
+        except ChildWorkflowError as err:
+            # The rollout did not end by its own rules: it failed, or someone terminated or
+            # cancelled it (the Temporal UI's buttons). The model outlives it and says so.
+            result = RolloutResult(
+                state=RolloutState.FAILED,
+                apps=dict(self._record.serving_apps),
+                generations=[],
+                detail=f"{_ended_outside(child_id, err)}; needs attention: traffic may still be split "
+                "between the sets (`ipnext rollout status`), the new set's apps may still run",
+            )
         finally:
             self._rolling_out = False
         if result.status is not None:  # the rollout's own last word: steps, split, gates, pauses
@@ -401,6 +418,18 @@ class ModelWorkflow:
         for s in record.sets[-5:]:
             lines.append(f"- {s.id} ({s.version}): {s.status}")
         workflow.set_current_details("\n\n".join(lines))
+
+
+def _ended_outside(child_id: str, err: ChildWorkflowError) -> str:
+    """How a rollout child ended without a result, in words for the model's record."""
+    cause = err.cause
+    if isinstance(cause, TerminatedError):
+        return f"rollout {child_id} was terminated"
+    if isinstance(cause, CancelledError):
+        return f"rollout {child_id} was cancelled"
+    if isinstance(cause, WorkflowTimeoutError):
+        return f"rollout {child_id} timed out"
+    return f"rollout {child_id} failed: {cause if cause is not None else err.message}"
 
 
 def _as_update_error(err: ActivityError) -> ApplicationError:

@@ -10,17 +10,17 @@ from datetime import datetime, timedelta
 
 import pytest
 from temporalio import activity
-from temporalio.client import Client, WorkflowUpdateFailedError
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowUpdateFailedError
 from temporalio.worker import Worker
 
 from ipnext.activities.fleet import CollectResult, ModelEntry, SolveFleetInput, SolveFleetResult
-from ipnext.contracts import REPLAN_SCHEDULE_ID
+from ipnext.contracts import REPLAN_SCHEDULE_ID, RolloutState, rollout_workflow_id
 from ipnext.entry.schedules import ensure_replan_schedule, trigger_and_wait
 from ipnext.registry import ApplyPlanInput, ModelState, ModelWorkflowInput, PublishResult
 from ipnext.replan import FleetReplanInput, FleetReplanResult
 from ipnext.worker import WORKFLOWS
 
-from .fakes import SPEC, FakeServing, plan_in, request, start, until
+from .fakes import SPEC, FakeServing, plan_in, request, start, until, until_rollout
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -61,6 +61,46 @@ async def test_publishes_during_a_rollout_queue_and_the_newest_wins(temporal: Cl
     ]
     assert fake.removed == ["app-1"]
     assert state.rollout is not None and state.rollout.generations == [2, 3]
+
+
+async def test_a_rollout_terminated_or_cancelled_from_outside_never_fails_the_model(temporal: Client) -> None:
+    """The Temporal UI's Terminate and Request Cancellation on a running rollout: the model
+    workflow records the rollout as failed, needing attention, keeps the last good set, and
+    goes on to roll out the next publish."""
+    fake = FakeServing()
+    fake.release["wf-model@2"] = asyncio.Event()  # both rollouts hang in their first deploy
+    fake.release["wf-model@3"] = asyncio.Event()
+    worker, handle = await start(temporal, fake)
+    async with worker:
+        await handle.execute_update("publish", request("v1"), result_type=PublishResult)
+        await until(handle, lambda s: s.serving_set == "wf-model@1")
+        for set_id, how in (("wf-model@2", "terminated"), ("wf-model@3", "cancelled")):
+            await handle.execute_update("publish", request(f"v{set_id[-1]}"), result_type=PublishResult)
+            await until(handle, lambda s, x=set_id: s.rollout is not None and s.rollout.set_id == x)
+            await until_rollout(temporal, set_id, lambda status: status.state == RolloutState.RUNNING)
+            child = temporal.get_workflow_handle(rollout_workflow_id("wf-model", set_id))
+            if how == "terminated":
+                await child.terminate(reason="from the UI")
+            else:
+                await child.cancel()
+            state = await until(
+                handle, lambda s, x=set_id: s.sets[-1].id == x and s.sets[-1].status == "failed"
+            )
+            detail = state.sets[-1].detail
+            if how == "terminated":  # ended with no word of its own: the model says what it knows
+                assert "was terminated" in detail and "needs attention" in detail, detail
+            else:  # a cancelled rollout sees its step cancelled, fails it and rolls back itself
+                assert "Cancelled" in detail or "was cancelled" in detail, detail
+            assert state.serving_set == "wf-model@1" and state.serving_apps == {"us-east": "app-1"}
+        await handle.execute_update("publish", request("v4"), result_type=PublishResult)
+        state = await until(handle, lambda s: s.serving_set == "wf-model@4")
+        assert (await handle.describe()).status == WorkflowExecutionStatus.RUNNING
+    assert [(s.id, s.status) for s in state.sets] == [
+        ("wf-model@1", "retired"),
+        ("wf-model@2", "failed"),
+        ("wf-model@3", "failed"),
+        ("wf-model@4", "serving"),
+    ]
 
 
 async def test_failed_rollout_leaves_traffic_on_the_last_good_set(temporal: Client) -> None:
