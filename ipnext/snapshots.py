@@ -40,6 +40,7 @@ __all__ = [
     "Manifest",
     "ManifestPart",
     "discover",
+    "folder_fingerprint",
     "inspect_safetensors",
     "load_weights",
     "read_manifest",
@@ -185,7 +186,7 @@ def read_manifest(folder: Path) -> Manifest:
             value=str(folder),
             fix="point at a snapshot folder that training finished writing",
         ) from None
-    except json.JSONDecodeError as err:
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise SnapshotError(f"{file}: not JSON: {err}", field=MANIFEST, value=str(file)) from None
     try:
         return Manifest.model_validate(data)
@@ -213,20 +214,44 @@ def request_from_folder(folder: Path) -> SnapshotSetRequest:
     )
 
 
-def discover(roots: list[Path], model: str) -> list[tuple[Path, Manifest]]:
-    """Finished snapshot folders of a model under every root, oldest first."""
+def discover(
+    roots: list[Path], model: str, unreadable: list[tuple[Path, str]] | None = None
+) -> list[tuple[Path, Manifest]]:
+    """Finished snapshot folders of a model under every root, oldest first.
+
+    A folder whose manifest does not read (malformed JSON, a missing field) is skipped, and
+    added with the reason to `unreadable` when given: one bad folder never hides the others."""
     found: list[tuple[Path, Manifest]] = []
     for root in roots:
         model_dir = root / model
         if not model_dir.is_dir():
             continue
         for folder in sorted(model_dir.iterdir()):
-            if (folder / MANIFEST).is_file():
+            if not (folder / MANIFEST).is_file():
+                continue
+            try:
                 manifest = read_manifest(folder)
-                if manifest.model == model:
-                    found.append((folder, manifest))
+            except SnapshotError as err:
+                if unreadable is not None:
+                    unreadable.append((folder, str(err)))
+                continue
+            if manifest.model == model:
+                found.append((folder, manifest))
     found.sort(key=lambda item: (item[1].created_at, item[1].version))
     return found
+
+
+def folder_fingerprint(folder: Path) -> str:
+    """What changes when training writes a snapshot folder again: its manifest's bytes and
+    each file's name, size and modification time (no file is read beyond the manifest)."""
+    digest = hashlib.sha256()
+    digest.update((folder / MANIFEST).read_bytes())
+    for path in sorted(folder.iterdir()):
+        if path.name == MANIFEST or not path.is_file():
+            continue
+        stat = path.stat()
+        digest.update(f"\0{path.name}\0{stat.st_size}\0{stat.st_mtime_ns}".encode())
+    return digest.hexdigest()
 
 
 def write_snapshot(

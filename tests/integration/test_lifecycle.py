@@ -12,8 +12,9 @@ import pytest
 import ray
 
 from ipnext.config import Settings
-from ipnext.contracts import poll_until
+from ipnext.contracts import model_workflow_id, poll_until
 from ipnext.errors import ModelNotFoundError, PredictionBadRequestError, PredictionNotFoundError
+from ipnext.examples.click_ranker.train import train
 from ipnext.sdk import AsyncPredictionClient, Client, PredictionClient
 from ipnext.serving.control import connect, get_writer
 from ipnext.serving.layout import metrics_actor_name
@@ -200,9 +201,38 @@ async def test_watcher_publishes_new_snapshots(stack: Settings, client: Client, 
     assert (await client.predict(model_name, {"user": 2, "items": [7, 8]})).parts["dense"] == (
         f"{model_name}/dense@nightly-1"
     )
-    # The schedule keeps ticking but finds nothing new: still one set.
-    await asyncio.sleep(5)
-    assert len((await client.get_model(model_name)).sets) == 1
+    # Training then writes a folder whose manifest does not read, and a snapshot whose file is
+    # corrupt after its manifest was written: the first is skipped (it hides nothing), the
+    # second refused once and not offered again on the following ticks.
+    broken = stack.snapshot_roots[0] / model_name / "nightly-1b"
+    broken.mkdir()
+    (broken / "manifest.json").write_text("{torn")
+    staging = stack.snapshot_roots[0].parent / "staging"  # the trainer's own folder: unwatched
+    corrupt = train(staging, model_name, "nightly-2", steps=5).folder
+    with (corrupt / "dense.safetensors").open("ab") as f:
+        f.write(b"\0")
+    corrupt.rename(stack.snapshot_roots[0] / model_name / "nightly-2")  # appears whole, corrupt
+    refusals = stack.state_dir / "watch" / f"{model_name}.json"
+    await poll_until(
+        lambda: asyncio.to_thread(refusals.exists),
+        bool,
+        timeout_s=60,
+        interval_s=0.5,
+        what="the watcher's refusal of nightly-2",
+    )
+    await asyncio.sleep(6)  # three more ticks of the 2 s schedule
+    state = await client.get_model(model_name)
+    assert [s.version for s in state.sets] == ["nightly-1"]  # a refused publish changes nothing
+    validations = 0  # across every run of model/<name> (it continues as new when idle)
+    async for run in client.temporal.list_workflows(f'WorkflowId = "{model_workflow_id(model_name)}"'):
+        history = await client.temporal.get_workflow_handle(run.id, run_id=run.run_id).fetch_history()
+        validations += sum(
+            1
+            for e in history.events
+            if e.activity_task_scheduled_event_attributes.activity_type.name == "validate_snapshot_set"
+        )
+    assert validations == 2, validations  # nightly-1, and nightly-2 once
+    assert "nightly-2" in refusals.read_text() and "checksum" in refusals.read_text()
     await client.delete_model(model_name, who="test")
     schedules = [s.id async for s in await client.temporal.list_schedules()]
     assert f"watch/{model_name}" not in schedules

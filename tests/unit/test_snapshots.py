@@ -20,6 +20,7 @@ from ipnext.model import ModelSpec, SnapshotRef
 from ipnext.snapshots import (
     MANIFEST,
     discover,
+    folder_fingerprint,
     inspect_safetensors,
     load_weights,
     read_manifest,
@@ -153,6 +154,35 @@ def test_discover_across_roots_and_models(tmp_path: Path) -> None:
     found = discover([second, first, tmp_path / "missing"], "feed-ranker")
     assert [(folder.parent.parent.name, m.version) for folder, m in found] == [("one", "v1"), ("two", "v2")]
     assert discover([first], "nobody") == []
+
+
+def test_one_unreadable_manifest_hides_no_other_version(tmp_path: Path) -> None:
+    snapshot(tmp_path, "v1")
+    for name, text in (("broken", "{not json"), ("binary", None), ("incomplete", '{"format": "x"}')):
+        folder = tmp_path / "feed-ranker" / name
+        folder.mkdir()
+        if text is None:
+            (folder / "manifest.json").write_bytes(b"\xff\xfe\x00garbage")
+        else:
+            (folder / "manifest.json").write_text(text)
+    time.sleep(0.002)
+    snapshot(tmp_path, "v2")
+    unreadable: list[tuple[Path, str]] = []
+    found = discover([tmp_path], "feed-ranker", unreadable)
+    assert [m.version for _, m in found] == ["v1", "v2"]
+    assert sorted(folder.name for folder, _ in unreadable) == ["binary", "broken", "incomplete"]
+    assert all("manifest.json" in why for _, why in unreadable)
+    assert [m.version for _, m in discover([tmp_path], "feed-ranker")] == ["v1", "v2"]  # no list: skipped
+
+
+def test_a_folders_fingerprint_changes_only_when_training_writes_it_again(tmp_path: Path) -> None:
+    folder = snapshot(tmp_path, "v1")
+    first = folder_fingerprint(folder)
+    assert folder_fingerprint(folder) == first
+    weights = folder / "embed.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data + b"\0")  # rewritten (here: longer)
+    assert folder_fingerprint(folder) != first
 
 
 # --- resolve_in_roots -------------------------------------------------------------------------
