@@ -255,7 +255,11 @@ class Client:
         except PollTimeoutError as err:
             state = err.last
             model_is = state.state if isinstance(state, ModelState) else "unknown"
-            raise ServingError(f"{set_id} not serving after {timeout_s:.0f}s (model is {model_is})") from None
+            live = await self.rollout_status(name) if model_is == ModelStatus.ROLLING_OUT else None
+            where = f"; its rollout is {live.state} at {live.step or 'start'}: {live.detail}" if live else ""
+            raise ServingError(
+                f"{set_id} not serving after {timeout_s:.0f}s (model is {model_is}{where})"
+            ) from None
 
     async def rollout_status(self, name: str) -> RolloutStatus | None:
         """The model's latest rollout: live from the RolloutWorkflow while it runs."""

@@ -9,6 +9,8 @@ Per step (the model's `rollout.steps`, default 1, 5, 25, 50, 100 percent), in lo
 3. bake on a durable timer, reading the metrics actors every `check_interval_seconds` and
    judging the gates on the window since the shift (ipnext.rollout.evaluate_gates). Too few
    requests by the end of the bake extend it up to 3x, then pause with `insufficient_traffic`;
+   that pause is ipnext's own, so ipnext ends it once the window holds `min_requests` (a quiet
+   night does not need on-call; an on-call `pause` during it takes it over and waits for `resume`);
 4. scale the old set down to what its remaining share needs.
 
 Every region moves at once; a breach in any region rolls all of them back. Rollback (breach,
@@ -69,6 +71,7 @@ with workflow.unsafe.imports_passed_through():
 
 BAKE_EXTENSION = 3  # too few requests: the bake may last up to this many times its length
 INSUFFICIENT_TRAFFIC = "insufficient_traffic"
+IPNEXT = "ipnext"  # who, on the record, for what ipnext itself decided
 FREEZE_CALENDAR = "freeze calendar"
 
 
@@ -122,8 +125,16 @@ class RolloutWorkflow:
 
     @workflow.signal(name=RolloutWorkflowNames.PAUSE)
     def pause(self, input: PauseInput) -> None:
-        if self._progress.state.is_terminal or self._paused():
+        if self._progress.state.is_terminal:
             return
+        if self._paused():
+            if not self._waiting_for_traffic():
+                return
+            # On-call takes over ipnext's own pause: it no longer ends when traffic comes.
+            p = self._progress
+            p.pauses[-1] = p.pauses[-1].model_copy(
+                update={"resumed_by": input.who, "resumed_at": workflow.now()}
+            )
         self._progress.pauses.append(PauseRecord(reason=input.reason, who=input.who, at=workflow.now()))
         workflow.logger.info("rollout paused by %s: %s", input.who, input.reason)
         self._enter(RolloutState.PAUSED, self._progress.step)
@@ -319,7 +330,11 @@ class RolloutWorkflow:
                 self._close_pause(FREEZE_CALENDAR if p.freeze_override is None else p.freeze_override.who)
                 continue  # the close counts as a resume: the bake restarts
             if self._paused():
-                continue
+                if not (self._waiting_for_traffic() and requests >= rollout.min_requests):
+                    continue
+                self._close_pause(IPNEXT)  # the traffic came: the window since the shift is judged
+                resumes = p.resumes
+                workflow.logger.info("rollout resumed by ipnext: %d requests on the new set", requests)
             elapsed = workflow.now() - started
             if elapsed < bake:
                 continue
@@ -396,7 +411,7 @@ class RolloutWorkflow:
             raise _Stop(RolloutState.ABORTED, f"aborted by {p.abort.who}: {p.abort.reason}")
 
     def _pause_by_ipnext(self, reason: str, detail: str) -> None:
-        self._progress.pauses.append(PauseRecord(reason=reason, who="ipnext", at=workflow.now()))
+        self._progress.pauses.append(PauseRecord(reason=reason, who=IPNEXT, at=workflow.now()))
         self._progress.detail = f"paused: {reason} ({detail})"
         workflow.logger.warning("rollout paused: %s (%s)", reason, detail)
         self._enter(RolloutState.PAUSED, self._progress.step)
@@ -410,6 +425,14 @@ class RolloutWorkflow:
 
     def _paused(self) -> bool:
         return self._progress.state == RolloutState.PAUSED
+
+    def _waiting_for_traffic(self) -> bool:
+        """Paused by ipnext itself for too few requests (a pause ipnext may end)."""
+        p = self._progress
+        if not self._paused() or not p.pauses:
+            return False
+        last = p.pauses[-1]
+        return last.who == IPNEXT and last.reason == INSUFFICIENT_TRAFFIC and last.resumed_at is None
 
     def _running_or_paused(self) -> RolloutState:
         return RolloutState.PAUSED if self._paused() else RolloutState.RUNNING

@@ -139,22 +139,29 @@ async def test_llm_streams_frees_cancelled_blocks_and_rolls_out_under_streaming_
         # 2. A client that goes away mid-stream: its sequence stops and its blocks come back.
         connect(stack.ray_address())
         host = serve.get_deployment_handle("lm-cpu-std", app_name=f"{model_name}.us-east.s1.r1")
+        # The handle's first call waits for Serve to list the replicas: make it before the
+        # stream, so the look while the sequence runs is quick. The model is tiny: the whole
+        # answer takes a few seconds, and the socket's buffers take it all without the reader.
+        idle = await describe(host)
+        assert idle["running"] == 0, idle
         async with http.stream(
             "POST",
             path,
             json={
-                "inputs": {"prompt": "ada is a red", "max_tokens": 900, "ignore_eos": True},
+                "inputs": {"prompt": "ada is a red", "max_tokens": 1000, "ignore_eos": True},
                 "stream": True,
             },
         ) as reply:
             lines = reply.aiter_lines()
-            seen = 0
+            pieces: list[dict[str, Any]] = []
             async for line in lines:
-                seen += line.startswith("data: ")
-                if seen == 3:
+                if line.startswith("data: "):
+                    pieces.append(json.loads(line.removeprefix("data: ")))
+                if len(pieces) == 3:
                     break
+            assert len(pieces) == 3 and not any("error" in p for p in pieces), pieces
             busy = await describe(host)
-            assert busy["running"] == 1 and busy["kv_cache_used_blocks"] > 0
+            assert busy["running"] == 1 and busy["kv_cache_used_blocks"] > 0, busy
         status = await poll_until(
             lambda: describe(host),
             lambda s: s["running"] == 0 and s["kv_cache_used_blocks"] == 0,

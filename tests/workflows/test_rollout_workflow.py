@@ -174,7 +174,7 @@ async def test_abort_rolls_back_and_ends_aborted(temporal: Client) -> None:
     assert fake.routes[-1] == {"us-east": {"app-1": 100.0}} and fake.removed == ["app-2"]
 
 
-async def test_too_little_traffic_extends_the_bake_then_pauses(temporal: Client) -> None:
+async def test_too_little_traffic_extends_the_bake_then_pauses_until_traffic_comes(temporal: Client) -> None:
     fake = FakeServing()
     fake.rate = 0
     worker, handle = await start(temporal, fake, with_rollout(steps=[50, 100], bake_seconds=0.3))
@@ -183,10 +183,29 @@ async def test_too_little_traffic_extends_the_bake_then_pauses(temporal: Client)
         status = await until_rollout(temporal, "wf-model@2", lambda s: s.state == RolloutState.PAUSED)
         assert status.pauses[0].reason == "insufficient_traffic" and status.pauses[0].who == "ipnext"
         assert status.steps_done == 0
-        fake.rate = 100
-        await signal(temporal, "wf-model@2", "resume", '{"who": "oncall-a"}')
+        fake.rate = 100  # traffic comes: ipnext ends its own pause, no one has to resume
         done = await until_rollout(temporal, "wf-model@2", lambda s: s.state == RolloutState.COMPLETED)
     assert done.generations == [2, 3]
+    assert done.pauses[0].resumed_by == "ipnext"
+
+
+async def test_an_oncall_pause_takes_over_a_pause_for_traffic(temporal: Client) -> None:
+    fake = FakeServing()
+    fake.rate = 0
+    worker, handle = await start(temporal, fake, with_rollout(steps=[50, 100], bake_seconds=0.3))
+    async with worker:
+        await roll_out_v2(temporal, handle)
+        await until_rollout(temporal, "wf-model@2", lambda s: s.state == RolloutState.PAUSED)
+        await signal(temporal, "wf-model@2", "pause", '{"reason": "hold for the launch", "who": "oncall-a"}')
+        held = await until_rollout(temporal, "wf-model@2", lambda s: len(s.pauses) == 2)
+        fake.rate = 100
+        await asyncio.sleep(1.5)  # five checks with traffic: on-call's pause holds
+        still = await until_rollout(temporal, "wf-model@2", lambda s: True)
+        assert still.state == RolloutState.PAUSED and still.steps_done == 0, still
+        await signal(temporal, "wf-model@2", "resume", '{"who": "oncall-a"}')
+        done = await until_rollout(temporal, "wf-model@2", lambda s: s.state == RolloutState.COMPLETED)
+    assert held.pauses[0].resumed_by == "oncall-a" and held.pauses[1].who == "oncall-a"
+    assert done.pauses[1].resumed_by == "oncall-a"
 
 
 def _window(reason: str, seconds: float) -> FreezeWindow:
