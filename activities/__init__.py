@@ -10,7 +10,9 @@ from temporalio.common import RetryPolicy
 
 __all__ = [
     "DEPLOY_TIMEOUT",
+    "HEARTBEAT_TIMEOUT",
     "QUICK_TIMEOUT",
+    "RECONCILE_RETRY",
     "RETRY",
     "VALIDATE_TIMEOUT",
 ]
@@ -28,4 +30,11 @@ RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1),
     maximum_interval=timedelta(seconds=10),
     maximum_attempts=0,
+)
+# A serving check runs again every interval anyway: a few tries, then it is recorded as failed
+# and the model goes on (a publish or a delete never waits behind an outage).
+RECONCILE_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    maximum_interval=timedelta(seconds=5),
+    maximum_attempts=3,
 )

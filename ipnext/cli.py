@@ -53,11 +53,20 @@ def _model(args: argparse.Namespace, settings: Settings) -> None:
     elif args.verb == "get":
         _print_json(asyncio.run(_with_client(settings, lambda c: c.get_model(args.name))))
     elif args.verb == "list":
-        models = asyncio.run(_with_client(settings, lambda c: c.list_models()))
+
+        async def both(c: Any) -> tuple[list[Any], list[Any]]:
+            return await c.list_models(), await c.list_orphans()
+
+        models, orphans = asyncio.run(_with_client(settings, both))
         for m in models:
             print(f"{m.name:30} {m.state}")
-        if not models:
+        for m in orphans:
+            print(f"{m.name:30} {m.state}: its apps keep serving, unmanaged; `ipnext model adopt {m.name}`")
+        if not models and not orphans:
             print("no models")
+    elif args.verb == "adopt":
+        state = asyncio.run(_with_client(settings, lambda c: c.adopt_model(args.name)))
+        print(f"model {args.name} adopted: {state.state}, serving {state.serving_set or 'nothing'}")
     elif args.verb == "delete":
         result = asyncio.run(_with_client(settings, lambda c: c.delete_model(args.name, who="cli")))
         print(f"model {args.name} deleted; removed apps {result.removed_apps}")
@@ -390,6 +399,9 @@ def _parser() -> argparse.ArgumentParser:
     msub.add_parser("get", help="a model's state as JSON").add_argument("name")
     msub.add_parser("list", help="registered models")
     msub.add_parser("delete", help="tear down serving and delete the model").add_argument("name")
+    msub.add_parser(
+        "adopt", help="register again a model whose workflow was terminated (its apps kept serving)"
+    ).add_argument("name")
     model.set_defaults(run=_model)
 
     snap = sub.add_parser("snapshot", help="publish snapshot sets")

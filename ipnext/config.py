@@ -40,6 +40,8 @@ class ServeSettings(_Section):
     port: int = Field(default=8000, gt=0, lt=65536)
     # How long a prediction client may use a model's routing document before fetching it again.
     routing_ttl_seconds: float = Field(default=5.0, gt=0)
+    # How often a serving model checks that Serve serves what its record says (and repairs it).
+    reconcile_seconds: float = Field(default=30.0, ge=1)
 
 
 class RaySettings(_Section):

@@ -8,6 +8,8 @@ input carries whole when it continues as new.
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from ipnext.contracts import Frozen, ModelStatus
@@ -32,6 +34,7 @@ __all__ = [
     "ModelWorkflowResult",
     "PublishInput",
     "PublishResult",
+    "ReconcileRecord",
     "RolloutInput",
     "RolloutProgress",
     "RolloutResult",
@@ -46,6 +49,21 @@ class ApplyPlanInput(Frozen):
 
     plan: Plan
     fleet_revision: int
+
+
+class ReconcileRecord(Frozen):
+    """What the model's serving checks found: Serve made to serve what the record says
+    (activities/reconcile.py). A repair is a check that found Serve differing and pushed the
+    record's state again; a failure is a check that could not run (Ray or the writer down)."""
+
+    checks: int = 0
+    repairs: int = 0
+    failures: int = 0
+    last_repair: str = ""  # what the latest repair pushed again, and why
+    last_repair_at: datetime | None = None
+    last_failure: str = ""
+    interval_seconds: float = 30.0  # the worker's `serve.reconcile_seconds`, learned at each check
+    generation_floor: int = 0  # the highest router generation applied that the record saw
 
 
 class ModelRecord(BaseModel):
@@ -64,6 +82,7 @@ class ModelRecord(BaseModel):
     pending_plan: ApplyPlanInput | None = None
     freeze_overrides: dict[str, FreezeOverride] = Field(default_factory=dict)  # queued set id -> override
     rollout: RolloutStatus | None = None  # the latest rollout's summary
+    reconcile: ReconcileRecord = Field(default_factory=ReconcileRecord)
 
 
 class ModelWorkflowInput(Frozen):
@@ -117,6 +136,7 @@ class ModelState(Frozen):
     plan: Plan | None
     rollout: RolloutStatus | None
     pending_plan: int | None = None  # revision of a replanned placement waiting to be applied
+    reconcile: ReconcileRecord | None = None  # the serving checks: repairs and failures
 
 
 class RolloutProgress(BaseModel):

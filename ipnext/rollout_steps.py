@@ -7,6 +7,8 @@ deterministically and the unit tests check it alone.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from pydantic import Field
 
 from ipnext.contracts import Frozen
@@ -128,14 +130,19 @@ def cutover_weights(input: RolloutInput, new_apps: dict[str, str]) -> Weights:
     router to its new app, and the router of every other region the model's traffic comes from
     (or that served before) to the app of the region that takes its traffic, so callers of its
     URL keep getting answers."""
-    weights = {region: {app: 100.0} for region, app in new_apps.items()}
-    sources = {s for p in input.plan.deployments.values() for s in p.fractions}
-    for region in sorted((sources | set(input.old_apps)) - set(new_apps)):
-        targets = sorted(
-            t for p in input.plan.deployments.values() if (t := p.serving_region(region)) in new_apps
-        )
+    return serving_weights(input.plan, new_apps, input.old_apps)
+
+
+def serving_weights(plan: Plan, apps: dict[str, str], also: Iterable[str] = ()) -> Weights:
+    """Router weights while `apps` (region -> set app on `plan`) serve all traffic: each of
+    their regions to its own app; every other region the plan takes traffic from, and every
+    region in `also` (routers that exist), to the app of the region serving its traffic."""
+    weights = {region: {app: 100.0} for region, app in apps.items()}
+    sources = {s for p in plan.deployments.values() for s in p.fractions}
+    for region in sorted((sources | set(also)) - set(apps)):
+        targets = sorted(t for p in plan.deployments.values() if (t := p.serving_region(region)) in apps)
         if targets:
-            weights[region] = {new_apps[targets[0]]: 100.0}
+            weights[region] = {apps[targets[0]]: 100.0}
     return weights
 
 

@@ -48,6 +48,7 @@ from ipnext.contracts import (
     ModelWorkflowNames,
     PollTimeoutError,
     RolloutWorkflowNames,
+    SetStatus,
     Workflows,
     model_name_of,
     model_workflow_id,
@@ -66,10 +67,12 @@ from ipnext.model import ModelSpec, SnapshotSetRequest
 from ipnext.registry import (
     DeleteInput,
     DeleteResult,
+    ModelRecord,
     ModelState,
     ModelWorkflowInput,
     PublishInput,
     PublishResult,
+    ReconcileRecord,
     ValidateSpecInput,
 )
 from ipnext.rollout import (
@@ -202,6 +205,92 @@ class Client:
                 )
             )
         return sorted(found, key=lambda m: m.name)
+
+    async def list_orphans(self) -> list[ModelSummary]:
+        """Models whose workflow ended without a delete (terminated or cancelled from the
+        Temporal UI, failed, timed out): nothing tore their apps down, so they keep serving,
+        but nothing manages them. `adopt_model` registers one again. `state` says how it ended."""
+        ended = " OR ".join(f'ExecutionStatus = "{s}"' for s in _ORPHANING)
+        orphans: dict[str, ModelSummary] = {}
+        async for execution in self.temporal.list_workflows(
+            f'WorkflowType = "{Workflows.MODEL}" AND ({ended})'
+        ):
+            if execution.id in orphans:
+                continue
+            latest = await self.temporal.get_workflow_handle(execution.id).describe()
+            if latest.status is not None and latest.status.name.lower() in _ORPHANING_NAMES:
+                name = model_name_of(execution.id)
+                orphans[execution.id] = ModelSummary(
+                    name=name, state=f"orphan ({latest.status.name.lower()})", workflow_id=execution.id
+                )
+        return sorted(orphans.values(), key=lambda m: m.name)
+
+    async def adopt_model(self, name: str) -> ModelState:
+        """Register again a model whose workflow ended without a delete: the ended run's last
+        record (read by a query, which replays its history) becomes a new run's, so its sets,
+        what serves, its placement and its router generations carry on; the new run's serving
+        check then makes Serve match it (a split left by a rollout cut short goes back to the
+        serving set). A set whose rollout the end cut short is recorded failed."""
+        handle = self.temporal.get_workflow_handle(model_workflow_id(name))
+        try:
+            described = await handle.describe()
+        except RPCError as err:
+            if err.status == RPCStatusCode.NOT_FOUND:
+                raise _not_found(name) from None
+            raise
+        status = described.status
+        if status == WorkflowExecutionStatus.RUNNING:
+            raise ModelExistsError(
+                f"model {name!r} is registered (its workflow runs): nothing to adopt.",
+                field="name",
+                value=name,
+                fix="`ipnext model get` shows it",
+            )
+        if status == WorkflowExecutionStatus.COMPLETED:
+            raise ModelNotFoundError(
+                f"model {name!r} was deleted (its apps were torn down): nothing to adopt.",
+                field="name",
+                value=name,
+                fix="publish it again with `ipnext model publish`",
+            )
+        try:
+            last = await handle.query(ModelWorkflowNames.GET, result_type=ModelState)
+        except WorkflowQueryFailedError as err:
+            raise ServingError(f"model {name}: its ended run could not be read: {err}") from None
+        ended = status.name.lower() if status is not None else "ended"
+        sets = [
+            s.model_copy(
+                update={"status": SetStatus.FAILED, "detail": f"its rollout ended when model/{name} {ended}"}
+            )
+            if s.status in (SetStatus.ROLLING_OUT, SetStatus.VALIDATED)
+            else s
+            for s in last.sets
+        ]
+        record = ModelRecord(
+            sets=sets,
+            serving_set=last.serving_set,
+            serving_apps=dict(last.serving_apps),
+            plan=last.plan,
+            next_number=max((s.number for s in sets), default=0) + 1,
+            rollout=last.rollout,
+            reconcile=last.reconcile or ReconcileRecord(),
+        )
+        await self.temporal.start_workflow(
+            Workflows.MODEL,
+            ModelWorkflowInput(spec=last.spec, record=record),
+            id=model_workflow_id(name),
+            task_queue=self.settings.temporal.task_queue,
+            id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+            id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
+            search_attributes=TypedSearchAttributes(
+                [
+                    SearchAttributePair(MODEL_KEY, name),
+                    SearchAttributePair(STATE_KEY, "serving" if last.serving_set else "empty"),
+                ]
+            ),
+            static_summary=f"model {name} (owner {last.spec.owner}), adopted after its workflow {ended}",
+        )
+        return await self.get_model(name)
 
     async def delete_model(self, name: str, who: str = "sdk") -> DeleteResult:
         handle = await self._running_model(name)
@@ -340,6 +429,11 @@ class Client:
             return await handle.query(ModelWorkflowNames.GET, result_type=ModelState)
         except WorkflowQueryFailedError as err:
             raise ServingError(f"model {name}: query failed: {err}") from None
+
+
+# How a model workflow may end without a delete (its apps then keep serving, unmanaged).
+_ORPHANING = ("Terminated", "Canceled", "Failed", "TimedOut")
+_ORPHANING_NAMES = {"terminated", "canceled", "failed", "timed_out"}
 
 
 def _not_found(name: str) -> ModelNotFoundError:

@@ -20,6 +20,7 @@ from ipnext.activities.fleet import FleetActivities, solve_fleet_plan
 from ipnext.activities.freeze import freeze_windows
 from ipnext.activities.metadata import WatchActivities, discover_snapshots
 from ipnext.activities.plan import plan_placement
+from ipnext.activities.reconcile import reconcile_serving
 from ipnext.activities.serving import (
     deploy_set_apps,
     read_metrics,
@@ -75,6 +76,7 @@ async def run_worker(
                     freeze_windows,
                     remove_apps,
                     teardown_model,
+                    reconcile_serving,
                     watch.ensure_watch_schedule,
                     watch.publish_new_snapshots,
                     fleet.collect_models,

@@ -84,6 +84,24 @@ class ServeConfigWriter:
         self._applies += 1
         return self._applies
 
+    def redeploy(self) -> int:
+        """Apply the whole desired config again, unchanged: Serve lost apps the writer holds."""
+        from ray.serve.schema import ServeDeploySchema
+
+        config = render_serve_config(self._apps, self._host, self._port)
+        self._client().deploy_apps(ServeDeploySchema.model_validate(config))
+        self._applies += 1
+        return self._applies
+
+    def app_configs(self, names: list[str]) -> dict[str, dict[str, Any] | None]:
+        """The named apps' configs as last applied (None for an app the writer does not hold)."""
+        return {name: self._apps.get(name) for name in names}
+
+    def routing_generation(self, model: str) -> int | None:
+        """The generation of the model's published routing document (None: none published)."""
+        document = deployed_routing(self._apps.get(ROUTING_APP)).documents.get(model)
+        return document.generation if document is not None else None
+
     def deployed_router(self, name: str) -> DeployedRouter | None:
         """The routing and cap of router app `name` as last applied (None if it has none)."""
         app = self._apps.get(name)

@@ -15,3 +15,5 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         folder = item.path.parent.name
         if folder in _SHARED_SESSIONS:
             item.add_marker(pytest.mark.xdist_group(folder))
+    # Drills that restart the shared dev stack run after every test that uses it.
+    items.sort(key=lambda item: item.get_closest_marker("destructive") is not None)

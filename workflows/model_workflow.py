@@ -10,6 +10,8 @@ recorded as superseded.
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from temporalio import workflow
 from temporalio.exceptions import (
     ActivityError,
@@ -21,9 +23,17 @@ from temporalio.exceptions import (
 from temporalio.exceptions import TimeoutError as WorkflowTimeoutError
 
 with workflow.unsafe.imports_passed_through():
-    from ipnext.activities import DEPLOY_TIMEOUT, QUICK_TIMEOUT, RETRY, VALIDATE_TIMEOUT
+    from ipnext.activities import (
+        DEPLOY_TIMEOUT,
+        HEARTBEAT_TIMEOUT,
+        QUICK_TIMEOUT,
+        RECONCILE_RETRY,
+        RETRY,
+        VALIDATE_TIMEOUT,
+    )
     from ipnext.activities.metadata import WatchActivities, WatchScheduleInput
     from ipnext.activities.plan import PlanInput, plan_placement
+    from ipnext.activities.reconcile import ReconcileInput, reconcile_serving
     from ipnext.activities.serving import TeardownInput, teardown_model
     from ipnext.activities.validate import ValidateSetInput, validate_snapshot_set
     from ipnext.contracts import (
@@ -52,6 +62,10 @@ with workflow.unsafe.imports_passed_through():
     from ipnext.workflows.rollout_workflow import RolloutWorkflow
 
 
+# The serving checks came after models that still run: their histories replay without them.
+RECONCILE_PATCH = "serving-reconcile"
+
+
 @workflow.defn
 class ModelWorkflow:
     @workflow.init
@@ -64,6 +78,9 @@ class ModelWorkflow:
         self._delete_by: str | None = None
         self._removed_apps: list[str] | None = None
         self._publishing = 0
+        # A serving model checks Serve against its record at the start of each run and after
+        # each rollout, then every `reconcile.interval_seconds` while idle.
+        self._reconcile_due = self._record.serving_set is not None
 
     # ---- queries -------------------------------------------------------------------------
 
@@ -80,6 +97,7 @@ class ModelWorkflow:
             plan=r.plan,
             rollout=r.rollout,
             pending_plan=r.pending_plan.plan.revision if r.pending_plan else None,
+            reconcile=r.reconcile,
         )
 
     # ---- replanned placement -------------------------------------------------------------
@@ -198,14 +216,17 @@ class ModelWorkflow:
             )
         while True:
             self._publish_details()
-            await workflow.wait_condition(
-                lambda: (
-                    bool(record.queued)
-                    or record.pending_plan is not None
-                    or self._delete_by is not None
-                    or workflow.info().is_continue_as_new_suggested()
+            if self._reconcile_due and not self._has_work():
+                await self._reconcile()
+                continue
+            try:
+                await workflow.wait_condition(
+                    lambda: self._has_work() or workflow.info().is_continue_as_new_suggested(),
+                    timeout=self._reconcile_every(),
                 )
-            )
+            except TimeoutError:  # idle for an interval: check that Serve serves the record
+                self._reconcile_due = True
+                continue
             if self._delete_by is not None:
                 break
             if record.queued:
@@ -222,6 +243,68 @@ class ModelWorkflow:
             if not record.queued and record.pending_plan is None and self._delete_by is None:
                 workflow.continue_as_new(ModelWorkflowInput(spec=self._spec, record=record))
         return await self._delete()
+
+    def _has_work(self) -> bool:
+        r = self._record
+        return bool(r.queued) or r.pending_plan is not None or self._delete_by is not None
+
+    # ---- reconcile: Serve serves what the record says --------------------------------------
+
+    def _reconcile_every(self) -> timedelta | None:
+        """How long to wait idle before the next serving check (None: nothing serves). Models
+        whose history predates the checks keep waiting as they did (a replay must match)."""
+        r = self._record
+        if r.serving_set is None or r.plan is None or not r.serving_apps:
+            return None
+        if not workflow.patched(RECONCILE_PATCH):
+            return None
+        return timedelta(seconds=r.reconcile.interval_seconds)
+
+    async def _reconcile(self) -> None:
+        """Check Serve against the record and push what it lost (activities/reconcile.py). A
+        check that cannot run (Ray or the writer down through its few attempts) is recorded and
+        tried again next interval; it never fails the model."""
+        self._reconcile_due = False
+        r = self._record
+        serving = self._find(r.serving_set)
+        if serving is None or r.plan is None or not r.serving_apps or not workflow.patched(RECONCILE_PATCH):
+            return
+        done = r.reconcile
+        try:
+            result = await workflow.execute_activity(
+                reconcile_serving,
+                ReconcileInput(
+                    spec=self._spec,
+                    serving_set=serving,
+                    plan=r.plan,
+                    apps=dict(r.serving_apps),
+                    generation_floor=done.generation_floor,
+                ),
+                start_to_close_timeout=DEPLOY_TIMEOUT,
+                heartbeat_timeout=HEARTBEAT_TIMEOUT,
+                retry_policy=RECONCILE_RETRY,
+                summary="check that Serve serves the record",
+            )
+        except ActivityError as err:
+            why = str(err.cause or err)
+            workflow.logger.warning("serving check of %s failed: %s", self._spec.name, why)
+            r.reconcile = done.model_copy(
+                update={"checks": done.checks + 1, "failures": done.failures + 1, "last_failure": why}
+            )
+            return
+        update: dict[str, object] = {
+            "checks": done.checks + 1,
+            "interval_seconds": result.interval_seconds,
+            "generation_floor": max([done.generation_floor, *result.generations.values()]),
+        }
+        if result.repaired:
+            workflow.logger.warning("serving of %s repaired: %s", self._spec.name, "; ".join(result.repaired))
+            update |= {
+                "repairs": done.repairs + 1,
+                "last_repair": "; ".join(result.repaired),
+                "last_repair_at": workflow.now(),
+            }
+        r.reconcile = done.model_copy(update=update)
 
     async def _roll_out_newest(self, old_plan: Plan | None) -> None:
         record = self._record
@@ -322,6 +405,12 @@ class ModelWorkflow:
             )
         finally:
             self._rolling_out = False
+            self._reconcile_due = True
+        floor = self._record.reconcile.generation_floor
+        if result.generations and max(result.generations) > floor:
+            self._record.reconcile = self._record.reconcile.model_copy(
+                update={"generation_floor": max(result.generations)}
+            )
         if result.status is not None:  # the rollout's own last word: steps, split, gates, pauses
             self._record.rollout = result.status.model_copy(update={"detail": result.detail or detail})
         else:
@@ -417,6 +506,12 @@ class ModelWorkflow:
             lines.append(f"placement revision {record.plan.revision}: {', '.join(_regions(record.plan))}")
         for s in record.sets[-5:]:
             lines.append(f"- {s.id} ({s.version}): {s.status}")
+        checks = record.reconcile
+        if checks.repairs or checks.failures:
+            lines.append(
+                f"serving checks: {checks.checks}, {checks.repairs} repaired Serve "
+                f"(last: {checks.last_repair or 'none'}), {checks.failures} could not run"
+            )
         workflow.set_current_details("\n\n".join(lines))
 
 

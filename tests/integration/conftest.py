@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+import yaml
 
 from ipnext.config import Settings, load_settings
 from ipnext.contracts import ModelStatus, poll_until
@@ -24,13 +25,20 @@ from ipnext.snapshots import Manifest
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE_MODEL = REPO / "examples" / "click_ranker" / "model.yaml"
+# A serving model checks Serve against its record this often (30 s by default): the restart
+# drill is repaired within seconds.
+RECONCILE_SECONDS = 5.0
 
 
 @pytest.fixture(scope="session")
 def stack_config() -> Iterator[Path]:
     # Short path: Ray's unix sockets live under the state folder and must stay under 107 bytes.
     base = Path(tempfile.mkdtemp(prefix="ipn-", dir="/tmp"))
-    yield scratch_config(base, REPO / "config")
+    path = scratch_config(base, REPO / "config")
+    config = yaml.safe_load(path.read_text())
+    config["serve"]["reconcile_seconds"] = RECONCILE_SECONDS
+    path.write_text(yaml.safe_dump(config))
+    yield path
 
 
 @pytest.fixture(scope="session")

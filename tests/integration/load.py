@@ -75,3 +75,4 @@ class Load:
                     )
                 except (httpx.HTTPError, ValueError) as err:
                     self.answers.append(Answer(at, 0, None, {}, f"{type(err).__name__}: {err}"))
+                    await asyncio.sleep(0.05)  # nothing listens (a restart): do not spin on the cores

@@ -18,6 +18,7 @@ from temporalio.worker import Worker
 from ipnext.activities.freeze import FreezeWindowsResult
 from ipnext.activities.metadata import WatchScheduleInput
 from ipnext.activities.plan import PlanInput
+from ipnext.activities.reconcile import ReconcileInput, ReconcileResult
 from ipnext.activities.serving import (
     DeploySetInput,
     DeploySetResult,
@@ -85,6 +86,12 @@ class FakeServing:
         self.replicas = 1  # of the first placement
         self.weights: dict[str, dict[str, float]] = {}
         self.counters: dict[str, dict[str, SetCounters]] = {}  # region -> app -> cumulative
+        # Serving checks: each input seen; `drift` is what the next check repairs (then clean);
+        # while `reconcile_error` is set every check fails with it.
+        self.reconciled: list[ReconcileInput] = []
+        self.drift: list[str] = []
+        self.reconcile_error: str | None = None
+        self.reconcile_interval = 0.5
 
     @activity.defn(name="freeze_windows")
     async def freeze(self) -> FreezeWindowsResult:
@@ -165,8 +172,22 @@ class FakeServing:
     async def teardown(self, input: TeardownInput) -> TeardownResult:
         return TeardownResult(removed=["app-x"])
 
+    @activity.defn(name="reconcile_serving")
+    async def reconcile(self, input: ReconcileInput) -> ReconcileResult:
+        self.reconciled.append(input)
+        if self.reconcile_error is not None:
+            raise ApplicationError(self.reconcile_error, non_retryable=True)
+        repaired, self.drift = self.drift, []
+        generation = max(input.generation_floor, self.generation)
+        return ReconcileResult(
+            repaired=repaired,
+            generations=dict.fromkeys(input.apps, generation),
+            interval_seconds=self.reconcile_interval,
+        )
+
     def activities(self) -> list[Callable[..., Any]]:
         return [
+            self.reconcile,
             self.validate,
             self.plan,
             self.watch,

@@ -119,6 +119,36 @@ async def test_failed_rollout_leaves_traffic_on_the_last_good_set(temporal: Clie
     assert fake.removed == []
 
 
+async def test_a_serving_model_checks_serve_against_its_record_and_records_repairs(temporal: Client) -> None:
+    fake = FakeServing()
+    worker, handle = await start(temporal, fake)
+    async with worker:
+        await handle.execute_update("publish", request("v1"), result_type=PublishResult)
+        state = await until(handle, lambda s: s.reconcile is not None and s.reconcile.checks >= 1)
+        # Right after its rollout: the serving set, its plan and apps, the generation it applied.
+        first = fake.reconciled[0]
+        assert first.serving_set.id == "wf-model@1" and first.apps == {"us-east": "app-1"}
+        assert first.generation_floor == 1 and state.reconcile is not None
+        assert state.reconcile.interval_seconds == fake.reconcile_interval and state.reconcile.repairs == 0
+        # Serve lost something (a restart): the next check repairs it, and the record says so.
+        fake.drift = ["wf-model.us-east.s1.r1: lost (the writer holds none)"]
+        state = await until(handle, lambda s: s.reconcile is not None and s.reconcile.repairs == 1)
+        assert state.reconcile is not None and "lost" in state.reconcile.last_repair
+        # A check that cannot run (Ray down) is recorded; the model stays up and takes a publish.
+        fake.reconcile_error = "Ray is unreachable"
+        state = await until(handle, lambda s: s.reconcile is not None and s.reconcile.failures >= 1)
+        assert state.reconcile is not None and "unreachable" in state.reconcile.last_failure
+        await handle.execute_update("publish", request("v2"), result_type=PublishResult)
+        state = await until(handle, lambda s: s.serving_set == "wf-model@2")
+        fake.reconcile_error = None
+        checks = len(fake.reconciled)
+        state = await until(handle, lambda s: len(fake.reconciled) > checks + 1)
+    assert fake.reconciled[-1].serving_set.id == "wf-model@2"
+    assert fake.reconciled[-1].generation_floor == fake.generation  # the rollout's generations count
+    desc = await handle.describe()
+    assert desc.status is not None and desc.status.name == "RUNNING"
+
+
 async def test_rejected_publish_changes_nothing(temporal: Client) -> None:
     fake = FakeServing()
     worker, handle = await start(temporal, fake)
@@ -132,7 +162,8 @@ async def test_rejected_publish_changes_nothing(temporal: Client) -> None:
             await handle.execute_update("publish", request("v1"), result_type=PublishResult)
         assert "already published" in str(dup.value.cause)
         after: ModelState = await handle.query("get", result_type=ModelState)
-        assert after == before
+        unchecked = {"reconcile": None}  # the serving checks go on meanwhile
+        assert after.model_copy(update=unchecked) == before.model_copy(update=unchecked)
         # The next good publish still gets the next number: nothing was consumed by the rejects.
         result = await handle.execute_update("publish", request("v2"), result_type=PublishResult)
         assert result.set_id == "wf-model@2"

@@ -1,0 +1,186 @@
+"""Reconcile: Serve serves what the model's record says, whatever restarted in between.
+
+`ModelWorkflow` (the system of record) runs `reconcile_serving` whenever it is idle with a
+serving set: once right after each rollout, then every `serve.reconcile_seconds`. The activity
+derives the model's whole desired serving state from the record (the serving set's apps on the
+plan at full size, each router's weights, the routing document), compares it with what the
+writer holds and what Serve lists, and pushes only what differs, through the one writer (which
+stays Temporal-agnostic). So `ipnext dev down && ipnext dev up` on the same state, a Ray
+restart or a lost writer is repaired within one interval, with no command from anyone.
+
+Fencing: the workflow never runs this while a rollout of the model runs (it runs one thing at
+a time), so it never races a rollout's weights. A router is never given a generation below the
+one it has or below the highest the record saw applied; an unchanged router keeps its number
+(so "each step applied once" still counts generations); a changed or lost one is applied at
+the next number above both.
+
+Faults: Ray or the writer unreachable raises (the workflow retries a few times, records the
+failed check and tries again next interval); a set app Serve cannot deploy raises with Serve's
+message. Nothing is ever removed here: an app the record does not know is left alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from temporalio import activity
+
+from ipnext.activities import _context
+from ipnext.activities.serving import publish_routing
+from ipnext.activities.validate import as_application_error
+from ipnext.contracts import Frozen
+from ipnext.errors import ServingError
+from ipnext.model import ModelSpec, SnapshotSet
+from ipnext.plan import Plan
+from ipnext.rollout import RouterConfig
+from ipnext.rollout_steps import serving_weights
+from ipnext.serving.layout import (
+    ROUTING_APP,
+    DeployedRouter,
+    deployed_router,
+    render_router_app,
+    render_set_app,
+    router_app_name,
+    set_app_plan,
+)
+
+__all__ = ["ReconcileInput", "ReconcileResult", "reconcile_serving"]
+
+APPS_RUNNING_TIMEOUT_S = 240.0
+
+
+class ReconcileInput(Frozen):
+    spec: ModelSpec
+    serving_set: SnapshotSet
+    plan: Plan
+    apps: dict[str, str]  # region -> set app serving (the record's serving_apps)
+    generation_floor: int = 0  # the highest router generation the record saw applied
+
+
+class ReconcileResult(Frozen):
+    repaired: list[str]  # one line per app (or document) pushed again: what was wrong
+    generations: dict[str, int]  # region -> the router's generation now
+    interval_seconds: float  # the worker's setting: when to check again
+
+
+@activity.defn
+def reconcile_serving(input: ReconcileInput) -> ReconcileResult:
+    from ray import serve
+
+    from ipnext.serving.control import raise_if_failed, wait_apps_running
+
+    current = _context.settings()
+    writer: Any = _context.writer()
+    model = input.spec.name
+    store = str(current.pinned_store())
+    known = _ray_get(writer.app_names.remote())
+    listed = serve.status().applications
+    repaired: list[str] = []
+    upserts: list[dict[str, Any]] = []
+
+    # The serving set's apps, at the plan's full size.
+    wanted_sets = {}
+    for region, name in sorted(input.apps.items()):
+        app = render_set_app(
+            set_app_plan(input.spec, input.serving_set, input.plan, region, store),
+            current.ray.replica_num_cpus,
+        )
+        if app["name"] != name:
+            raise as_application_error(
+                ServingError(
+                    f"model {model}: the record says {name} serves {region}, but its set and plan "
+                    f"render {app['name']}; the record and the plan disagree"
+                ),
+            )
+        wanted_sets[name] = app
+    held = _ray_get(writer.app_configs.remote(sorted(wanted_sets)))
+    for name, app in wanted_sets.items():
+        why = _drift(name, app, held[name], listed)
+        if why:
+            repaired.append(why)
+            upserts.append(app)
+
+    # Every router: its weights to the serving apps, at a generation never below what it had.
+    router_regions = {n.split(".", 1)[1] for n in known if n.startswith(f"{model}.") and n.count(".") == 1}
+    weights = serving_weights(input.plan, input.apps, router_regions)
+    routers = _ray_get(writer.app_configs.remote([router_app_name(model, r) for r in weights]))
+    generations: dict[str, int] = {}
+    for region, region_weights in sorted(weights.items()):
+        name = router_app_name(model, region)
+        held_app = routers[name]
+        had: DeployedRouter | None = deployed_router(held_app) if held_app is not None else None
+        wanted = DeployedRouter(
+            config=RouterConfig(generation=0, weights=region_weights),
+            max_ongoing_requests=input.spec.router.max_ongoing_requests,
+        )
+        generation = max(had.config.generation if had else 0, input.generation_floor)
+        same = (
+            had is not None
+            and had.model_copy(update={"config": had.config.model_copy(update={"generation": 0})}) == wanted
+        )
+        if same and name in listed:
+            generations[region] = generation
+            continue
+        if had is None:
+            why = f"{name}: router lost (the writer holds none); applied at generation {generation}"
+        elif not same:
+            generation += 1
+            why = f"{name}: router weights {had.config.weights} differ from {region_weights}"
+        else:
+            why = f"{name}: router missing in Serve"
+        config = wanted.config.model_copy(update={"generation": generation})
+        upserts.append(render_router_app(model, region, config, input.spec.router.max_ongoing_requests))
+        generations[region] = generation
+        repaired.append(why)
+
+    names = [app["name"] for app in upserts]
+    if upserts:
+        missing_only = all(_held_equal(app, held, routers) for app in upserts)
+        if missing_only:  # the writer holds them all: Serve lost them
+            _ray_get(writer.redeploy.remote())
+        else:
+            _ray_get(writer.apply.remote(upserts, []))
+    try:
+        if names:
+            activity.logger.warning("reconcile %s: repairing %s", model, "; ".join(repaired))
+            wait_apps_running(names, APPS_RUNNING_TIMEOUT_S, activity.heartbeat)
+        raise_if_failed(sorted(set(wanted_sets) | {router_app_name(model, r) for r in weights}))
+        # The routing document: published again when the writer holds none for the model (a new
+        # writer after a Ray restart); the app deployed again when Serve lost it.
+        before = _ray_get(writer.routing_generation.remote(model))
+        if before is None:
+            publish_routing(writer, model, input.plan, current.serve.routing_ttl_seconds)
+            repaired.append(f"routing document of {model}: lost (the writer holds none)")
+        elif ROUTING_APP not in serve.status().applications:
+            _ray_get(writer.redeploy.remote())
+            wait_apps_running([ROUTING_APP], APPS_RUNNING_TIMEOUT_S, activity.heartbeat)
+            repaired.append(f"{ROUTING_APP}: missing in Serve")
+    except ServingError as err:
+        raise as_application_error(err) from None
+    return ReconcileResult(
+        repaired=repaired, generations=generations, interval_seconds=current.serve.reconcile_seconds
+    )
+
+
+def _drift(name: str, wanted: dict[str, Any], held: dict[str, Any] | None, listed: dict[str, Any]) -> str:
+    """Why app `name` must be pushed again ('' when the writer holds it as wanted and Serve
+    lists it)."""
+    if held is None:
+        return f"{name}: lost (the writer holds none)"
+    if held != wanted:
+        return f"{name}: its config differs from the record's"
+    if name not in listed:
+        return f"{name}: missing in Serve"
+    return ""
+
+
+def _held_equal(
+    app: dict[str, Any], sets: dict[str, dict[str, Any] | None], routers: dict[str, dict[str, Any] | None]
+) -> bool:
+    return (sets.get(app["name"]) or routers.get(app["name"])) == app
+
+
+def _ray_get(ref: Any) -> Any:
+    import ray
+
+    return ray.get(ref, timeout=120)

@@ -1,0 +1,147 @@
+"""Drills that restart the whole shared dev stack (marked `destructive`: they run after every
+other test of the stack). Timings are printed, never asserted."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import ray
+
+from ipnext.config import Settings
+from ipnext.contracts import ModelStatus, model_workflow_id, poll_until
+from ipnext.devstack import DevStack
+from ipnext.errors import ModelExistsError, ModelNotFoundError
+from ipnext.sdk import Client
+
+from .conftest import one_region_spec, train_version
+from .load import Load
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+
+async def test_a_model_terminated_from_the_ui_keeps_serving_and_is_adopted(
+    stack: Settings, client: Client, model_name: str
+) -> None:
+    """`model/<name>` terminated (the Temporal UI's button): its apps keep serving, `model list`
+    reports it as an orphan, and `adopt` registers it again with its sets, serving set and
+    generations; the adopted model then deletes as usual."""
+    await client.publish_model(one_region_spec(model_name))
+    v1, _ = train_version(stack, model_name, "v1")
+    first = await client.publish_snapshot(model_name, v1)
+    before = await client.wait_until_serving(model_name, first.set_id)
+    await client.temporal.get_workflow_handle(model_workflow_id(model_name)).terminate(reason="drill")
+    path = f"/us-east/models/{model_name}/predict"
+    async with Load(stack.serve_url, path) as load:
+        orphans = await poll_until(
+            client.list_orphans,
+            lambda found: any(m.name == model_name for m in found),
+            timeout_s=30,
+            interval_s=0.5,
+            what=f"{model_name} listed as an orphan",
+        )
+        with pytest.raises(ModelNotFoundError):
+            await client.get_model(model_name)
+        await poll_until(lambda: _ok(load), lambda n: n >= 20, timeout_s=60, interval_s=0.2, what="answers")
+        adopted = await client.adopt_model(model_name)
+        with pytest.raises(ModelExistsError):
+            await client.adopt_model(model_name)
+        state = await poll_until(
+            lambda: client.get_model(model_name),
+            lambda s: s.reconcile is not None and s.reconcile.checks > before.reconcile.checks,  # type: ignore[union-attr]
+            timeout_s=60,
+            interval_s=0.5,
+            what=f"{model_name}'s first check after adoption",
+        )
+    assert [m.state for m in orphans if m.name == model_name] == ["orphan (terminated)"]
+    assert adopted.serving_set == first.set_id and adopted.sets == before.sets
+    assert state.reconcile is not None and state.reconcile.repairs == 0  # Serve never stopped
+    assert load.failed() == [] and len(load.answers) > 0, load.failed()[:3]
+    assert model_name not in [m.name for m in await client.list_orphans()]
+    print(f"orphan adopted: {len(load.answers)} answers meanwhile, none failed")
+    await client.delete_model(model_name)
+
+
+@pytest.mark.destructive
+async def test_a_full_restart_serves_again_with_no_command(
+    stack: Settings, stack_config: Path, client: Client, model_name: str
+) -> None:
+    """`dev down` and `dev up` on the same state: Ray comes back empty, and the model's own
+    serving check (no command from anyone) pushes its record to Serve again."""
+    await client.publish_model(one_region_spec(model_name))
+    v1, _ = train_version(stack, model_name, "v1")
+    first = await client.publish_snapshot(model_name, v1)
+    before = await client.wait_until_serving(model_name, first.set_id)
+    assert before.rollout is not None
+    applied = max(before.rollout.generations)
+    path = f"/us-east/models/{model_name}/predict"
+    dev = DevStack(config_path=stack_config, log=lambda line: print(f"    {line}"))
+
+    async with Load(stack.serve_url, path) as load:
+        await poll_until(lambda: _ok(load), lambda n: n >= 20, timeout_s=60, interval_s=0.2, what="answers")
+        if ray.is_initialized():  # this process's Ray driver must not outlive its cluster
+            ray.shutdown()
+        down_at = load.elapsed()
+        dev.down()
+        started = time.monotonic()
+        dev.up()
+        up_s = time.monotonic() - started
+        up_at = load.elapsed()
+        await poll_until(
+            lambda: _ok(load, since=up_at),
+            lambda n: n >= 20,
+            timeout_s=240,
+            interval_s=0.5,
+            what=f"{model_name} answering again after the restart",
+        )
+    back_at = min(a.at for a in load.answers if a.at >= up_at and a.status == 200)
+    # The check records its repair once Serve reports the apps running (just after they answer).
+    state = await poll_until(
+        lambda: client.get_model(model_name),
+        lambda s: s.reconcile is not None and s.reconcile.repairs >= 1,
+        timeout_s=60,
+        interval_s=0.5,
+        what=f"{model_name}'s repair recorded",
+    )
+    assert state.state == ModelStatus.SERVING and state.serving_set == first.set_id
+    assert state.reconcile is not None and state.reconcile.failures == 0, state.reconcile
+    assert "lost" in state.reconcile.last_repair, state.reconcile
+    # The router came back at the generation it had: nothing was applied twice or went back.
+    router = await _router_state(stack, model_name)
+    assert router["generation"] == applied, router
+    described = await client.temporal.get_workflow_handle(model_workflow_id(model_name)).describe()
+    assert described.status is not None and described.status.name == "RUNNING"
+    after = [a for a in load.answers if a.at >= back_at]
+    assert all(a.status == 200 and a.set == first.set_id for a in after), [
+        a for a in after if a.status != 200
+    ][:3]
+    print(
+        f"full restart: stack down at {down_at:.1f}s, dev up took {up_s:.1f}s, first answer "
+        f"{back_at - up_at:.1f}s after the stack was up ({back_at - down_at:.1f}s after down); "
+        f"{len(after)} answers since, none failed; repaired: {state.reconcile.last_repair}"
+    )
+
+    # A new snapshot then rolls out as usual, its generations above the restored one.
+    v2, _ = train_version(stack, model_name, "v2", seed=2)
+    async with Load(stack.serve_url, path) as load:
+        second = await client.publish_snapshot(model_name, v2)
+        state = await client.wait_until_serving(model_name, second.set_id, timeout_s=240)
+    assert load.failed() == [], load.failed()[:3]
+    assert state.rollout is not None and min(state.rollout.generations) == applied + 1, state.rollout
+    print(f"after the restart: {second.set_id} rolled out under {len(load.answers)} requests, none failed")
+    await client.delete_model(model_name)
+
+
+async def _ok(load: Load, since: float = 0.0) -> int:
+    return sum(1 for a in load.answers if a.status == 200 and a.at >= since)
+
+
+async def _router_state(stack: Settings, model: str) -> dict[str, object]:
+    import httpx
+
+    async with httpx.AsyncClient(base_url=stack.serve_url, timeout=30) as http:
+        reply = await http.get(f"/us-east/models/{model}")
+        reply.raise_for_status()
+        body: dict[str, object] = reply.json()
+        return body
