@@ -67,6 +67,7 @@ class ModelWorkflowNames:
     PUBLISH = "publish"  # update PublishInput -> PublishResult
     DELETE = "delete"  # update DeleteInput -> DeleteResult
     APPLY_PLAN = "apply_plan"  # signal ApplyPlanInput
+    ROLLOUT_ENDED = "rollout_ended"  # signal RolloutEnded, from the rollout child at its end
 
 
 class RolloutWorkflowNames:

@@ -25,6 +25,7 @@ from ipnext.rollout import (
 )
 
 __all__ = [
+    "ActiveRollout",
     "ApplyPlanInput",
     "DeleteInput",
     "DeleteResult",
@@ -35,6 +36,7 @@ __all__ = [
     "PublishInput",
     "PublishResult",
     "ReconcileRecord",
+    "RolloutEnded",
     "RolloutInput",
     "RolloutProgress",
     "RolloutResult",
@@ -66,6 +68,20 @@ class ReconcileRecord(Frozen):
     generation_floor: int = 0  # the highest router generation applied that the record saw
 
 
+class ActiveRollout(Frozen):
+    """A rollout child the model started and has not seen end: what the model needs to record
+    its outcome, carried across the model's continue-as-new (the child outlives the run that
+    started it: ParentClosePolicy.ABANDON)."""
+
+    workflow_id: str
+    kind: str = "snapshots"  # "snapshots": a new set; "capacity": the serving set to `new_plan`
+    new_set: str
+    old_set: str | None = None
+    old_plan: Plan | None = None  # snapshots: the placement the old apps run on
+    new_plan: Plan | None = None  # capacity: the placement moved to
+    detail: str = ""
+
+
 class ModelRecord(BaseModel):
     """A ModelWorkflow's state, and whole its continue-as-new payload: the model's sets, what
     serves, its placement, the queue. (What only a running handler holds, a delete or a
@@ -83,6 +99,7 @@ class ModelRecord(BaseModel):
     freeze_overrides: dict[str, FreezeOverride] = Field(default_factory=dict)  # queued set id -> override
     rollout: RolloutStatus | None = None  # the latest rollout's summary
     reconcile: ReconcileRecord = Field(default_factory=ReconcileRecord)
+    active_rollout: ActiveRollout | None = None
 
 
 class ModelWorkflowInput(Frozen):
@@ -90,6 +107,12 @@ class ModelWorkflowInput(Frozen):
 
     spec: ModelSpec
     record: ModelRecord = Field(default_factory=ModelRecord)
+    # Continue as new once the history holds this many events (or the server suggests it),
+    # also while a rollout runs.
+    history_limit: int = Field(default=10_000, ge=20)
+    # After continuing as new during a rollout, how often to ask Temporal whether the rollout
+    # ended without its end signal (terminated or cancelled from the Temporal UI).
+    rollout_check_seconds: float = Field(default=30.0, gt=0)
 
 
 class ModelWorkflowResult(Frozen):
@@ -137,6 +160,7 @@ class ModelState(Frozen):
     rollout: RolloutStatus | None
     pending_plan: int | None = None  # revision of a replanned placement waiting to be applied
     reconcile: ReconcileRecord | None = None  # the serving checks: repairs and failures
+    active_rollout: ActiveRollout | None = None  # the rollout child the model waits on
 
 
 class RolloutProgress(BaseModel):
@@ -188,6 +212,14 @@ class RolloutResult(Frozen):
     generations: list[int]
     detail: str = ""
     status: RolloutStatus | None = None  # the rollout's `status` as it ended (gates, pauses, steps)
+
+
+class RolloutEnded(Frozen):
+    """Signal `rollout_ended`: a rollout child tells its model how it ended. It goes to the
+    model's workflow id, so it reaches the model's latest run."""
+
+    workflow_id: str
+    result: RolloutResult
 
 
 class WatchInput(Frozen):

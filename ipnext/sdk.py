@@ -48,7 +48,6 @@ from ipnext.contracts import (
     ModelWorkflowNames,
     PollTimeoutError,
     RolloutWorkflowNames,
-    SetStatus,
     Workflows,
     model_name_of,
     model_workflow_id,
@@ -228,9 +227,10 @@ class Client:
     async def adopt_model(self, name: str) -> ModelState:
         """Register again a model whose workflow ended without a delete: the ended run's last
         record (read by a query, which replays its history) becomes a new run's, so its sets,
-        what serves, its placement and its router generations carry on; the new run's serving
-        check then makes Serve match it (a split left by a rollout cut short goes back to the
-        serving set). A set whose rollout the end cut short is recorded failed."""
+        queue, what serves, its placement and its router generations carry on, and a rollout it
+        had started is waited for and recorded; the new run's serving check then makes Serve
+        match the record. (A replanned placement not yet applied is dropped: the next replan
+        sends it again.)"""
         handle = self.temporal.get_workflow_handle(model_workflow_id(name))
         try:
             described = await handle.describe()
@@ -258,22 +258,18 @@ class Client:
         except WorkflowQueryFailedError as err:
             raise ServingError(f"model {name}: its ended run could not be read: {err}") from None
         ended = status.name.lower() if status is not None else "ended"
-        sets = [
-            s.model_copy(
-                update={"status": SetStatus.FAILED, "detail": f"its rollout ended when model/{name} {ended}"}
-            )
-            if s.status in (SetStatus.ROLLING_OUT, SetStatus.VALIDATED)
-            else s
-            for s in last.sets
-        ]
         record = ModelRecord(
-            sets=sets,
+            sets=list(last.sets),
             serving_set=last.serving_set,
             serving_apps=dict(last.serving_apps),
             plan=last.plan,
-            next_number=max((s.number for s in sets), default=0) + 1,
+            queued=list(last.queued),
+            next_number=max((s.number for s in last.sets), default=0) + 1,
             rollout=last.rollout,
             reconcile=last.reconcile or ReconcileRecord(),
+            # A rollout the ended run had started runs on (it was abandoned, not terminated): the
+            # new run waits for it as any continued run does, and records how it ends.
+            active_rollout=last.active_rollout,
         )
         await self.temporal.start_workflow(
             Workflows.MODEL,

@@ -21,6 +21,7 @@ from ipnext.activities.freeze import freeze_windows
 from ipnext.activities.metadata import WatchActivities, discover_snapshots
 from ipnext.activities.plan import plan_placement
 from ipnext.activities.reconcile import reconcile_serving
+from ipnext.activities.rollouts import RolloutActivities
 from ipnext.activities.serving import (
     deploy_set_apps,
     read_metrics,
@@ -56,6 +57,7 @@ async def run_worker(
     client = await connect_client(settings)
     watch = WatchActivities(client)
     fleet = FleetActivities(client)
+    rollouts = RolloutActivities(client)
     stop = stop or asyncio.Event()
     # The factory checker starts beside the worker's own start; a check waits for it if need be.
     threading.Thread(target=_warm_checker, name="factory-checker", daemon=True).start()
@@ -77,6 +79,7 @@ async def run_worker(
                     remove_apps,
                     teardown_model,
                     reconcile_serving,
+                    rollouts.rollout_outcome,
                     watch.ensure_watch_schedule,
                     watch.publish_new_snapshots,
                     fleet.collect_models,

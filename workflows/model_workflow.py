@@ -11,6 +11,7 @@ recorded as superseded.
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 from temporalio import workflow
 from temporalio.exceptions import (
@@ -21,6 +22,7 @@ from temporalio.exceptions import (
     TerminatedError,
 )
 from temporalio.exceptions import TimeoutError as WorkflowTimeoutError
+from temporalio.workflow import ChildWorkflowHandle, ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
     from ipnext.activities import (
@@ -34,6 +36,7 @@ with workflow.unsafe.imports_passed_through():
     from ipnext.activities.metadata import WatchActivities, WatchScheduleInput
     from ipnext.activities.plan import PlanInput, plan_placement
     from ipnext.activities.reconcile import ReconcileInput, reconcile_serving
+    from ipnext.activities.rollouts import RolloutActivities, RolloutOutcomeInput
     from ipnext.activities.serving import TeardownInput, teardown_model
     from ipnext.activities.validate import ValidateSetInput, validate_snapshot_set
     from ipnext.contracts import (
@@ -47,6 +50,7 @@ with workflow.unsafe.imports_passed_through():
     from ipnext.model import SnapshotSet
     from ipnext.plan import Plan
     from ipnext.registry import (
+        ActiveRollout,
         ApplyPlanInput,
         DeleteInput,
         DeleteResult,
@@ -55,6 +59,7 @@ with workflow.unsafe.imports_passed_through():
         ModelWorkflowResult,
         PublishInput,
         PublishResult,
+        RolloutEnded,
         RolloutInput,
         RolloutResult,
     )
@@ -74,7 +79,9 @@ class ModelWorkflow:
         # The one state object, carried whole when the run continues as new.
         self._record = input.record.model_copy(deep=True)
         # What only this run's handlers and child hold: it continues as new only when none runs.
-        self._rolling_out = False
+        self._input = input
+        self._child: ChildWorkflowHandle[Any, RolloutResult] | None = None  # started by this run
+        self._ended: RolloutResult | None = None  # how the active rollout ended, once known
         self._delete_by: str | None = None
         self._removed_apps: list[str] | None = None
         self._publishing = 0
@@ -98,6 +105,7 @@ class ModelWorkflow:
             rollout=r.rollout,
             pending_plan=r.pending_plan.plan.revision if r.pending_plan else None,
             reconcile=r.reconcile,
+            active_rollout=r.active_rollout,
         )
 
     # ---- replanned placement -------------------------------------------------------------
@@ -107,6 +115,13 @@ class ModelWorkflow:
         """A fleet replan moved this model's capacity; the newest placement wins."""
         if self._delete_by is None:
             self._record.pending_plan = input
+
+    @workflow.signal(name=ModelWorkflowNames.ROLLOUT_ENDED)
+    def rollout_ended(self, input: RolloutEnded) -> None:
+        """The active rollout's own report of its end (any other is stale: ignored)."""
+        active = self._record.active_rollout
+        if active is not None and input.workflow_id == active.workflow_id and self._ended is None:
+            self._ended = input.result
 
     # ---- publish -------------------------------------------------------------------------
 
@@ -195,6 +210,8 @@ class ModelWorkflow:
     async def run(self, input: ModelWorkflowInput) -> ModelWorkflowResult:
         record = self._record
         self._upsert_state()
+        if record.active_rollout is not None:  # a run continued as new while its rollout ran
+            await self._await_rollout()
         if record.plan is None:
             record.plan = await workflow.execute_activity(
                 plan_placement,
@@ -221,7 +238,7 @@ class ModelWorkflow:
                 continue
             try:
                 await workflow.wait_condition(
-                    lambda: self._has_work() or workflow.info().is_continue_as_new_suggested(),
+                    lambda: self._has_work() or self._history_full(),
                     timeout=self._reconcile_every(),
                 )
             except TimeoutError:  # idle for an interval: check that Serve serves the record
@@ -241,7 +258,7 @@ class ModelWorkflow:
                 continue
             await workflow.wait_condition(lambda: workflow.all_handlers_finished() and self._publishing == 0)
             if not record.queued and record.pending_plan is None and self._delete_by is None:
-                workflow.continue_as_new(ModelWorkflowInput(spec=self._spec, record=record))
+                workflow.continue_as_new(self._input.model_copy(update={"record": record}))
         return await self._delete()
 
     def _has_work(self) -> bool:
@@ -324,8 +341,8 @@ class ModelWorkflow:
                 non_retryable=True,
             )
         self._set_status(new.id, SetStatus.ROLLING_OUT)
-        result = await self._run_rollout(
-            rollout_workflow_id(self._spec.name, new.id),
+        child_id = rollout_workflow_id(self._spec.name, new.id)
+        await self._run_rollout(
             RolloutInput(
                 spec=self._spec,
                 plan=record.plan,
@@ -335,19 +352,11 @@ class ModelWorkflow:
                 old_plan=old_plan,
                 freeze_override=record.freeze_overrides.pop(new.id, None),
             ),
+            ActiveRollout(
+                workflow_id=child_id, new_set=new.id, old_set=old.id if old else None, old_plan=old_plan
+            ),
             f"{self._spec.name}: {old.id if old else 'nothing'} -> {new.id} ({new.version})",
         )
-        if result.state == RolloutState.COMPLETED:
-            if old is not None:
-                self._set_status(old.id, SetStatus.RETIRED, f"replaced by {new.id}")
-            self._set_status(new.id, SetStatus.SERVING)
-            record.serving_set = new.id
-            record.serving_apps = dict(result.apps)
-        else:  # failed, rolled_back, aborted or refused: the old set serves as before
-            self._set_status(new.id, SetStatus(result.state.value), result.detail)
-            if old_plan is not None and record.serving_apps:
-                record.plan = old_plan  # the old apps still run on the placement they had
-        self._upsert_state()
 
     async def _move_capacity(self, pending: ApplyPlanInput) -> None:
         """Move the serving set to the replanned placement: its apps for the new plan revision
@@ -359,8 +368,8 @@ class ModelWorkflow:
             self._upsert_state()
             return
         where = f"placement revision {pending.plan.revision} (fleet plan {pending.fleet_revision})"
-        result = await self._run_rollout(
-            f"{rollout_workflow_id(self._spec.name, serving.id)}/plan-r{pending.plan.revision}",
+        child_id = f"{rollout_workflow_id(self._spec.name, serving.id)}/plan-r{pending.plan.revision}"
+        await self._run_rollout(
             RolloutInput(
                 spec=self._spec,
                 plan=pending.plan,
@@ -370,54 +379,145 @@ class ModelWorkflow:
                 kind="capacity",
                 old_plan=record.plan,
             ),
+            ActiveRollout(
+                workflow_id=child_id,
+                kind="capacity",
+                new_set=serving.id,
+                old_set=serving.id,
+                new_plan=pending.plan,
+                detail=where,
+            ),
             f"{self._spec.name}: {serving.id} to {where}",
-            detail=where,
         )
-        if result.state == RolloutState.COMPLETED:
-            record.plan = pending.plan
-            record.serving_apps = dict(result.apps)
-        self._upsert_state()
 
-    async def _run_rollout(
-        self, child_id: str, input: RolloutInput, summary: str, detail: str = ""
-    ) -> RolloutResult:
-        """Run the child RolloutWorkflow, keeping the model's state and rollout summary current."""
+    # ---- a rollout child: started, awaited (across continue-as-new), recorded -----------------
+
+    async def _run_rollout(self, input: RolloutInput, active: ActiveRollout, summary: str) -> None:
+        """Start the child RolloutWorkflow and wait for its end. The child is abandoned, not
+        terminated, when this run closes: the model may continue as new while it runs."""
         old, new = input.old_set, input.new_set
-        self._record.rollout = self._rollout_status(child_id, RolloutState.RUNNING, [], "", old, new)
-        self._rolling_out = True
+        self._record.rollout = self._rollout_status(
+            active.workflow_id, RolloutState.RUNNING, [], "", old, new
+        )
+        self._record.active_rollout = active
+        self._ended = None
         self._upsert_state()
-        try:
-            result: RolloutResult = await workflow.execute_child_workflow(
-                RolloutWorkflow.run,
-                input,
-                id=child_id,
-                static_summary=summary,
-            )
-        except ChildWorkflowError as err:
-            # The rollout did not end by its own rules: it failed, or someone terminated or
-            # cancelled it (the Temporal UI's buttons). The model outlives it and says so.
-            result = RolloutResult(
-                state=RolloutState.FAILED,
-                apps=dict(self._record.serving_apps),
-                generations=[],
-                detail=f"{_ended_outside(child_id, err)}; needs attention: traffic may still be split "
-                "between the sets (`ipnext rollout status`), the new set's apps may still run",
-            )
-        finally:
-            self._rolling_out = False
-            self._reconcile_due = True
-        floor = self._record.reconcile.generation_floor
-        if result.generations and max(result.generations) > floor:
-            self._record.reconcile = self._record.reconcile.model_copy(
+        self._child = await workflow.start_child_workflow(
+            RolloutWorkflow.run,
+            input,
+            id=active.workflow_id,
+            static_summary=summary,
+            parent_close_policy=ParentClosePolicy.ABANDON,
+        )
+        await self._await_rollout()
+
+    async def _await_rollout(self) -> None:
+        """Wait for the active rollout to end, then record how. The end comes from the child's
+        handle (this run started it), its `rollout_ended` signal, or, after a continue-as-new,
+        from asking Temporal every `rollout_check_seconds` (a rollout terminated or cancelled
+        from the Temporal UI sends no signal). A history grown past its limit continues as new
+        on the way, the rollout still running."""
+        active = self._record.active_rollout
+        if active is None:
+            return
+        every = None if self._child is not None else timedelta(seconds=self._input.rollout_check_seconds)
+        while self._ended is None:
+            try:
+                await workflow.wait_condition(
+                    lambda: self._ended is not None or self._child_done() or self._may_continue(),
+                    timeout=every,
+                )
+            except TimeoutError:  # no signal yet: ask Temporal how the rollout is
+                outcome = await workflow.execute_activity_method(
+                    RolloutActivities.rollout_outcome,
+                    RolloutOutcomeInput(workflow_id=active.workflow_id),
+                    start_to_close_timeout=QUICK_TIMEOUT,
+                    retry_policy=RETRY,
+                    summary=f"is {active.workflow_id} still running?",
+                )
+                if not outcome.running and self._ended is None:
+                    self._ended = outcome.result or self._ended_without_result(active, outcome.how)
+                continue
+            if self._ended is None and self._child is not None and self._child_done():
+                try:
+                    self._ended = self._child.result()
+                except ChildWorkflowError as err:
+                    self._ended = self._ended_without_result(active, _ended_outside(active.workflow_id, err))
+                continue
+            if self._ended is None and self._may_continue():
+                await workflow.wait_condition(
+                    lambda: workflow.all_handlers_finished() and self._publishing == 0
+                )
+                if self._ended is None and self._delete_by is None:
+                    workflow.logger.info("model continues as new while %s runs", active.workflow_id)
+                    workflow.continue_as_new(self._input.model_copy(update={"record": self._record}))
+                every = every or timedelta(seconds=self._input.rollout_check_seconds)
+        self._finish_rollout(active, self._ended)
+
+    def _ended_without_result(self, active: ActiveRollout, how: str) -> RolloutResult:
+        """The rollout did not end by its own rules (failed, terminated or cancelled from the
+        Temporal UI): the model outlives it and says so."""
+        return RolloutResult(
+            state=RolloutState.FAILED,
+            apps=dict(self._record.serving_apps),
+            generations=[],
+            detail=f"{how}; needs attention: traffic may still be split between the sets "
+            "(`ipnext rollout status`), the new set's apps may still run",
+        )
+
+    def _finish_rollout(self, active: ActiveRollout, result: RolloutResult) -> None:
+        record = self._record
+        record.active_rollout = None
+        self._child, self._ended = None, None
+        self._reconcile_due = True
+        if result.generations and max(result.generations) > record.reconcile.generation_floor:
+            record.reconcile = record.reconcile.model_copy(
                 update={"generation_floor": max(result.generations)}
             )
-        if result.status is not None:  # the rollout's own last word: steps, split, gates, pauses
-            self._record.rollout = result.status.model_copy(update={"detail": result.detail or detail})
-        else:
-            self._record.rollout = self._rollout_status(
-                child_id, result.state, result.generations, result.detail or detail, old, new
+        old, new = self._find(active.old_set), self._find(active.new_set)
+        if new is None:
+            raise ApplicationError(
+                f"model {self._spec.name}: rollout {active.workflow_id} ended for {active.new_set}, "
+                f"which is not one of its sets {[s.id for s in record.sets]}",
+                type="ModelRecordError",
+                non_retryable=True,
             )
-        return result
+        if result.status is not None:  # the rollout's own last word: steps, split, gates, pauses
+            record.rollout = result.status.model_copy(update={"detail": result.detail or active.detail})
+        else:
+            record.rollout = self._rollout_status(
+                active.workflow_id, result.state, result.generations, result.detail or active.detail, old, new
+            )
+        done = result.state == RolloutState.COMPLETED
+        if active.kind == "capacity":
+            if done and active.new_plan is not None:
+                record.plan = active.new_plan
+                record.serving_apps = dict(result.apps)
+        elif done:
+            if old is not None:
+                self._set_status(old.id, SetStatus.RETIRED, f"replaced by {new.id}")
+            self._set_status(new.id, SetStatus.SERVING)
+            record.serving_set = new.id
+            record.serving_apps = dict(result.apps)
+        else:  # failed, rolled_back, aborted or refused: the old set serves as before
+            self._set_status(new.id, SetStatus(result.state.value), result.detail)
+            if active.old_plan is not None and record.serving_apps:
+                record.plan = active.old_plan  # the old apps still run on the placement they had
+        self._upsert_state()
+
+    def _may_continue(self) -> bool:
+        """The history is full and nothing holds this run (a delete waits for the rollout)."""
+        return self._delete_by is None and self._history_full()
+
+    def _child_done(self) -> bool:
+        return self._child is not None and self._child.done()
+
+    def _history_full(self) -> bool:
+        info = workflow.info()
+        return (
+            info.is_continue_as_new_suggested()
+            or info.get_current_history_length() >= self._input.history_limit
+        )
 
     def _rollout_status(
         self,
@@ -486,7 +586,7 @@ class ModelWorkflow:
     def _state(self) -> ModelStatus:
         if self._delete_by is not None:
             return ModelStatus.DELETING
-        if self._rolling_out:
+        if self._record.active_rollout is not None:
             return ModelStatus.ROLLING_OUT
         return ModelStatus.SERVING if self._record.serving_set else ModelStatus.EMPTY
 

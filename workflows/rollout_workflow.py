@@ -34,7 +34,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError, FailureError
 
 with workflow.unsafe.imports_passed_through():
     from ipnext import rollout_steps as steps
@@ -51,10 +51,16 @@ with workflow.unsafe.imports_passed_through():
         remove_apps,
         route_traffic,
     )
-    from ipnext.contracts import MODEL_KEY, STATE_KEY, TRAFFIC_KEY, RolloutWorkflowNames
+    from ipnext.contracts import (
+        MODEL_KEY,
+        STATE_KEY,
+        TRAFFIC_KEY,
+        ModelWorkflowNames,
+        RolloutWorkflowNames,
+    )
     from ipnext.model import SnapshotSet
     from ipnext.plan import Plan
-    from ipnext.registry import RolloutInput, RolloutProgress, RolloutResult
+    from ipnext.registry import RolloutEnded, RolloutInput, RolloutProgress, RolloutResult
     from ipnext.rollout import (
         AbortInput,
         FreezeOverride,
@@ -194,6 +200,24 @@ class RolloutWorkflow:
 
     @workflow.run
     async def run(self, input: RolloutInput) -> RolloutResult:
+        result = await self._run(input)
+        await self._report(result)
+        return result
+
+    async def _report(self, result: RolloutResult) -> None:
+        """Tell the model how this rollout ended, by a signal to its workflow id: that reaches
+        the model's latest run, which may have continued as new since it started this one."""
+        parent = workflow.info().parent
+        if parent is None:  # started by hand, not by a model: no one to tell
+            return
+        model = parent.workflow_id  # no run id: the model's latest run
+        ended = RolloutEnded(workflow_id=workflow.info().workflow_id, result=result)
+        try:
+            await workflow.get_external_workflow_handle(model).signal(ModelWorkflowNames.ROLLOUT_ENDED, ended)
+        except FailureError as err:  # the model's workflow is gone (terminated): nothing to tell
+            workflow.logger.warning("could not report the rollout's end to %s: %s", model, err)
+
+    async def _run(self, input: RolloutInput) -> RolloutResult:
         p = self._progress
         try:
             if p.continued_at is None:

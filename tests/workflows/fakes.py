@@ -19,6 +19,7 @@ from ipnext.activities.freeze import FreezeWindowsResult
 from ipnext.activities.metadata import WatchScheduleInput
 from ipnext.activities.plan import PlanInput
 from ipnext.activities.reconcile import ReconcileInput, ReconcileResult
+from ipnext.activities.rollouts import RolloutActivities
 from ipnext.activities.serving import (
     DeploySetInput,
     DeploySetResult,
@@ -271,13 +272,16 @@ async def until_status(
 
 
 async def start(
-    client: Client, fake: FakeServing, spec: ModelSpec = SPEC
+    client: Client, fake: FakeServing, spec: ModelSpec = SPEC, **input: Any
 ) -> tuple[Worker, WorkflowHandle[Any, Any]]:
+    """A worker of the real workflows with `fake`'s activities (and the real `rollout_outcome`,
+    which only asks Temporal), and a ModelWorkflow of `spec` (`input`: more of its input)."""
     queue = f"wf-{uuid.uuid4().hex[:8]}"
-    worker = Worker(client, task_queue=queue, workflows=WORKFLOWS, activities=fake.activities())
+    activities = [*fake.activities(), RolloutActivities(client).rollout_outcome]
+    worker = Worker(client, task_queue=queue, workflows=WORKFLOWS, activities=activities)
     handle = await client.start_workflow(
         "ModelWorkflow",
-        ModelWorkflowInput(spec=spec),
+        ModelWorkflowInput(spec=spec, **input),
         id=f"model/wf-{uuid.uuid4().hex[:8]}",
         task_queue=queue,
     )

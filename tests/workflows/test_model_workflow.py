@@ -14,13 +14,14 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowUpdateFai
 from temporalio.worker import Worker
 
 from ipnext.activities.fleet import CollectResult, ModelEntry, SolveFleetInput, SolveFleetResult
-from ipnext.contracts import REPLAN_SCHEDULE_ID, RolloutState, rollout_workflow_id
+from ipnext.contracts import REPLAN_SCHEDULE_ID, RolloutState, poll_until, rollout_workflow_id
 from ipnext.entry.schedules import ensure_replan_schedule, trigger_and_wait
 from ipnext.registry import ApplyPlanInput, ModelState, ModelWorkflowInput, PublishResult
 from ipnext.replan import FleetReplanInput, FleetReplanResult
+from ipnext.rollout import AbortInput
 from ipnext.worker import WORKFLOWS
 
-from .fakes import SPEC, FakeServing, plan_in, request, start, until, until_rollout
+from .fakes import SPEC, FakeServing, plan_in, request, start, until, until_rollout, with_rollout
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -101,6 +102,67 @@ async def test_a_rollout_terminated_or_cancelled_from_outside_never_fails_the_mo
         ("wf-model@3", "failed"),
         ("wf-model@4", "serving"),
     ]
+
+
+# Events a run may add past its history limit before it continues as new: what is in flight
+# when it is reached must end first (a publish's validation, a serving check, a child's start,
+# each with its workflow tasks), then the continue-as-new itself.
+HISTORY_SLACK = 25
+
+
+@pytest.mark.parametrize("ending", ["completed", "rolled_back", "aborted", "cancelled", "terminated"])
+async def test_the_model_continues_as_new_mid_rollout_and_records_how_it_ended(
+    temporal: Client, ending: str
+) -> None:
+    """With a history limit this low the model continues as new while its rollout bakes (the
+    rollout is abandoned, not terminated, by the run that started it). The latest run learns
+    the end from the rollout's signal, or, for a rollout terminated from the Temporal UI, from
+    asking Temporal, and records the right outcome and serving set."""
+    fake = FakeServing()
+    spec = with_rollout(steps=[50, 100], bake_seconds=4.0, min_requests=5)
+    worker, handle = await start(temporal, fake, spec, history_limit=20, rollout_check_seconds=0.3)
+    async with worker:
+        await handle.execute_update("publish", request("v1"), result_type=PublishResult)
+        await until(handle, lambda s: s.serving_set == "wf-model@1")
+        if ending == "rolled_back":
+            fake.bad_apps.add("app-2")
+        await handle.execute_update("publish", request("v2"), result_type=PublishResult)
+        await until_rollout(temporal, "wf-model@2", lambda s: "baking" in s.step)
+        child = temporal.get_workflow_handle(rollout_workflow_id("wf-model", "wf-model@2"))
+        started_by = (await child.describe()).raw_description.workflow_execution_info.parent_execution.run_id
+
+        async def model_run() -> str:
+            run_id: str = (await handle.describe()).run_id
+            return run_id
+
+        await poll_until(model_run, lambda run: run != started_by, timeout_s=30, what="a continue-as-new")
+        if ending == "aborted":
+            await child.signal("abort", AbortInput(reason="drill", who="oncall-a"))
+        elif ending == "cancelled":
+            await child.cancel()
+        elif ending == "terminated":
+            await child.terminate(reason="drill")
+        state = await until(handle, lambda s: s.sets[-1].status != "rolling_out", timeout=60)
+        assert (await handle.describe()).status == WorkflowExecutionStatus.RUNNING
+        still = await model_run()
+    expected = {
+        "completed": ("serving", "wf-model@2"),
+        "rolled_back": ("rolled_back", "wf-model@1"),
+        "aborted": ("aborted", "wf-model@1"),
+        "cancelled": ("failed", "wf-model@1"),
+        "terminated": ("failed", "wf-model@1"),
+    }[ending]
+    assert (state.sets[-1].status, state.serving_set) == expected, state.sets[-1]
+    assert state.state == "serving" and still != started_by
+    assert state.rollout is not None and state.rollout.set_id == "wf-model@2"
+    if ending == "terminated":
+        assert "terminated" in state.sets[-1].detail and "needs attention" in state.sets[-1].detail
+    if ending == "completed":
+        assert state.serving_apps == {"us-east": "app-2"} and state.rollout.generations == [2, 3]
+    # Every run stayed near the limit: it continues once past it, with what is in flight done.
+    lengths = [e.history_length async for e in temporal.list_workflows(f'WorkflowId = "{handle.id}"')]
+    print(f"{ending}: {len(lengths)} runs of the model, history lengths {sorted(lengths)}")
+    assert len(lengths) >= 2 and max(lengths) <= 20 + HISTORY_SLACK, lengths
 
 
 async def test_failed_rollout_leaves_traffic_on_the_last_good_set(temporal: Client) -> None:

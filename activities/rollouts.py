@@ -1,0 +1,53 @@
+"""How a rollout child ended, asked of Temporal: the backstop of its `rollout_ended` signal.
+
+A model workflow that continued as new while its rollout ran no longer holds the child's
+handle (Temporal lets a workflow await only children it started itself). The rollout signals
+its end to the model's latest run; one that was terminated, or cancelled into a failure, from
+the Temporal UI never does, so the model asks here every `rollout_check_seconds`.
+"""
+
+from __future__ import annotations
+
+from temporalio import activity
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
+from temporalio.service import RPCError, RPCStatusCode
+
+from ipnext.contracts import Frozen
+from ipnext.registry import RolloutResult
+
+__all__ = ["RolloutActivities", "RolloutOutcome", "RolloutOutcomeInput"]
+
+
+class RolloutOutcomeInput(Frozen):
+    workflow_id: str
+
+
+class RolloutOutcome(Frozen):
+    running: bool
+    result: RolloutResult | None = None  # the rollout's own result, when it completed
+    how: str = ""  # how it ended without a result: "terminated", "canceled", "failed", ...
+
+
+class RolloutActivities:
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    @activity.defn
+    async def rollout_outcome(self, input: RolloutOutcomeInput) -> RolloutOutcome:
+        handle = self._client.get_workflow_handle(input.workflow_id, result_type=RolloutResult)  # latest run
+        try:
+            described = await handle.describe()
+        except RPCError as err:
+            if err.status == RPCStatusCode.NOT_FOUND:  # past retention: it ended long ago
+                return RolloutOutcome(running=False, how="not found")
+            raise
+        status = described.status
+        if status in (None, WorkflowExecutionStatus.RUNNING, WorkflowExecutionStatus.CONTINUED_AS_NEW):
+            return RolloutOutcome(running=True)
+        if status == WorkflowExecutionStatus.COMPLETED:
+            try:
+                result = await handle.result()
+            except WorkflowFailureError as err:  # pragma: no cover - completed runs have a result
+                return RolloutOutcome(running=False, how=f"completed without a result: {err}")
+            return RolloutOutcome(running=False, result=result)
+        return RolloutOutcome(running=False, how=status.name.lower())

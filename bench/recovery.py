@@ -1,0 +1,212 @@
+"""Recovery times on a dev stack of its own, beside the time the stack itself takes to start,
+measured in the same run.
+
+    .venv/bin/python bench/recovery.py [--repeats 3] [--reconcile-seconds 30]
+
+Baseline: `ipnext dev up` from nothing to ready (Temporal dev server, Ray head with Serve, the
+worker), each time the bench starts the stack.
+
+1. Full restart: a model serves under a closed-loop load; `dev down`, then `dev up` on the same
+   state. Measured: from `dev up` returning to the first answer of the model again (its serving
+   check pushes the record to Serve, with no command), and from `dev down` to that answer.
+   With the default `serve.reconcile_seconds` (30) the check can wait up to that long.
+2. Replica killed: every part replica of the serving set app is killed (as a crashed process
+   dies) under load. Measured: from the kill to Serve running the set's full replicas again,
+   and the requests that failed meanwhile.
+
+Not measured yet: Ray lost mid-rollout (the worker does not yet reconnect to a Ray cluster
+that restarted under it; see issue 16's notes).
+
+Prints one line per measurement and writes bench/results/recovery.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import ray
+import yaml
+from ray import serve
+
+from ipnext.config import Settings, load_settings
+from ipnext.devstack import DevStack, scratch_config
+from ipnext.examples.click_ranker.train import train
+from ipnext.model import ModelSpec, load_model_spec
+from ipnext.sdk import Client
+from ipnext.serving.control import connect
+from ipnext.serving.layout import SET_DEPLOYMENT
+
+REPO = Path(__file__).resolve().parents[1]
+MODEL = "bench-recovery"
+
+
+class Load:
+    """Closed-loop callers on the us-east router; records (time, status) per answer."""
+
+    def __init__(self, settings: Settings, workers: int = 3) -> None:
+        self.url = f"{settings.serve_url}/us-east/models/{MODEL}/predict"
+        self.answers: list[tuple[float, int]] = []
+        self._stop = asyncio.Event()
+        self._tasks = [asyncio.create_task(self._call(i)) for i in range(workers)]
+
+    async def _call(self, user: int) -> None:
+        async with httpx.AsyncClient(timeout=30) as http:
+            while not self._stop.is_set():
+                try:
+                    reply = await http.post(self.url, json={"inputs": {"user": user, "items": [1, 2, 3]}})
+                    self.answers.append((time.perf_counter(), reply.status_code))
+                except httpx.HTTPError:
+                    self.answers.append((time.perf_counter(), 0))
+                    await asyncio.sleep(0.05)  # nothing listens: do not spin
+                user = (user + 1) % 200
+
+    def first_ok_after(self, t: float) -> float | None:
+        return min((at for at, code in self.answers if at >= t and code == 200), default=None)
+
+    def failed_between(self, t0: float, t1: float) -> int:
+        return sum(1 for at, code in self.answers if t0 <= at <= t1 and code != 200)
+
+    async def stop(self) -> None:
+        self._stop.set()
+        await asyncio.gather(*self._tasks)
+
+
+def spec() -> ModelSpec:
+    data = load_model_spec(REPO / "examples" / "click_ranker" / "model.yaml").model_dump(mode="json")
+    data.update(name=MODEL, traffic={"peak_qps": {"us-east": 50}})
+    return ModelSpec.model_validate(data)
+
+
+def part_replicas(app: str) -> tuple[int, int]:
+    """(running, target) part replicas of a set app, from Serve's status."""
+    status = serve.status().applications.get(app)
+    if status is None:
+        return 0, 0
+    running = target = 0
+    for name, deployment in status.deployments.items():
+        if name == SET_DEPLOYMENT:
+            continue
+        running += sum(n for s, n in deployment.replica_states.items() if str(s).endswith("RUNNING"))
+        target += sum(deployment.replica_states.values())
+    return running, target
+
+
+async def wait_for(check: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what}: not within {timeout:.0f} s")
+        await asyncio.sleep(0.05)
+
+
+async def measure(config: Path, dev: DevStack, repeats: int, up_s: list[float]) -> dict[str, Any]:
+    settings = load_settings(config)
+    out: dict[str, Any] = {"restart": [], "replica_kill": []}
+    async with await Client.connect(settings) as ipn:
+        await ipn.publish_model(spec())
+        v1 = train(settings.snapshot_roots[0], MODEL, "v1", seed=1, steps=60).folder
+        first = await ipn.publish_snapshot(MODEL, v1, who="bench")
+        state = await ipn.wait_until_serving(MODEL, first.set_id)
+        app = state.serving_apps["us-east"]
+        load = Load(settings)
+        try:
+            await wait_for(lambda: load.first_ok_after(0) is not None, 60, "first answer")
+            # 1. full restart
+            for i in range(repeats):
+                if ray.is_initialized():
+                    ray.shutdown()
+                down_at = time.perf_counter()
+                dev.down()
+                started = time.perf_counter()
+                dev.up()
+                up_s.append(time.perf_counter() - started)
+                up_at = time.perf_counter()
+                await wait_for(
+                    lambda t=up_at: load.first_ok_after(t) is not None, 600, "answer after restart"
+                )
+                back = load.first_ok_after(up_at) or up_at
+                out["restart"].append({"up_to_answer_s": back - up_at, "down_to_answer_s": back - down_at})
+                print(
+                    f"restart {i}: dev up {up_s[-1]:.1f} s, then first answer after {back - up_at:.1f} s "
+                    f"({back - down_at:.1f} s after down)"
+                )
+            # 2. replica killed
+            connect(settings.ray_address())
+            for i in range(repeats):
+                await wait_for(lambda: (r := part_replicas(app))[0] == r[1] > 0, 120, "full replicas")
+                names = [
+                    a["name"]
+                    for a in ray.util.list_named_actors(all_namespaces=True)
+                    if a["name"].startswith(f"SERVE_REPLICA::{app}#")
+                    and f"#{SET_DEPLOYMENT}#" not in a["name"]
+                ]
+                killed_at = time.perf_counter()
+                for name in names:
+                    ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
+                await asyncio.sleep(0.5)  # let Serve see them gone
+                await wait_for(lambda: (r := part_replicas(app))[0] == r[1] > 0, 300, "replicas back")
+                full_at = time.perf_counter()
+                failed = load.failed_between(killed_at, full_at)
+                out["replica_kill"].append(
+                    {"to_full_s": full_at - killed_at, "failed": failed, "killed": len(names)}
+                )
+                print(
+                    f"replica kill {i}: {len(names)} killed, full again after {full_at - killed_at:.1f} s, {failed} failed"
+                )
+        finally:
+            await load.stop()
+        out["requests"] = len(load.answers)
+        await ipn.delete_model(MODEL, who="bench")
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--reconcile-seconds", type=float, default=30.0)
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "recovery.json")
+    args = parser.parse_args()
+    config = scratch_config(Path(tempfile.mkdtemp(prefix="ipn-bench-", dir="/tmp")), REPO / "config")
+    data = yaml.safe_load(config.read_text())
+    data["serve"]["reconcile_seconds"] = args.reconcile_seconds
+    config.write_text(yaml.safe_dump(data))
+    dev = DevStack(config_path=config, log=lambda line: None)
+    started = time.perf_counter()
+    dev.up()
+    up_s = [time.perf_counter() - started]
+    print(f"stack up from nothing: {up_s[0]:.1f} s")
+    try:
+        result = asyncio.run(measure(config, dev, args.repeats, up_s))
+    finally:
+        dev.down()
+    restart = statistics.median(r["up_to_answer_s"] for r in result["restart"])
+    up = statistics.median(up_s)
+    result["summary"] = {
+        "reconcile_seconds": args.reconcile_seconds,
+        "stack_up_median_s": round(up, 2),
+        "restart_up_to_answer_median_s": round(restart, 2),
+        "restart_down_to_answer_median_s": round(
+            statistics.median(r["down_to_answer_s"] for r in result["restart"]), 2
+        ),
+        "answer_after_up_over_stack_up": round(restart / up, 2),
+        "replica_kill_to_full_median_s": round(
+            statistics.median(r["to_full_s"] for r in result["replica_kill"]), 2
+        ),
+        "replica_kill_failed_requests": [r["failed"] for r in result["replica_kill"]],
+    }
+    result["stack_up_s"] = [round(x, 2) for x in up_s]
+    print(json.dumps(result["summary"], indent=2))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
