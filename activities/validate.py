@@ -13,6 +13,7 @@ from ipnext.errors import IpnextError
 from ipnext.model import (
     ModelSpec,
     SnapshotRef,
+    SnapshotSet,
     SnapshotSetRequest,
     check_against_fleet,
 )
@@ -23,8 +24,11 @@ __all__ = [
     "ValidateSetInput",
     "ValidateSetResult",
     "ValidateSpecInput",
+    "VerifyPinnedInput",
+    "VerifyPinnedResult",
     "validate_model_spec",
     "validate_snapshot_set",
+    "verify_pinned_set",
 ]
 
 
@@ -51,6 +55,29 @@ def validate_model_spec(input: ValidateSpecInput) -> None:
         check_factories_in_child(input.spec)
     except IpnextError as err:
         raise as_application_error(err) from None
+
+
+class VerifyPinnedInput(Frozen):
+    snapshot_set: SnapshotSet
+
+
+class VerifyPinnedResult(Frozen):
+    problems: list[str]  # one per part whose pinned copy is missing or changed; empty: whole
+
+
+@activity.defn
+def verify_pinned_set(input: VerifyPinnedInput) -> VerifyPinnedResult:
+    """Hash every pinned file of a set again: may it still be served (a rollback target)?"""
+    from ipnext.pinned import verify
+
+    store = _context.settings().pinned_store()
+    problems = []
+    for part, ref in sorted(input.snapshot_set.parts.items()):
+        activity.heartbeat(part)
+        why = verify(store, ref.sha256)
+        if why is not None:
+            problems.append(f"{part}: {why}")
+    return VerifyPinnedResult(problems=problems)
 
 
 @activity.defn

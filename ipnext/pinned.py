@@ -39,7 +39,7 @@ from ipnext.snapshots import parse_safetensors_header
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["load_verified", "pin", "pinned_path"]
+__all__ = ["load_verified", "pin", "pinned_path", "verify"]
 
 _CHUNK = 1 << 20
 _FICLONE = 0x40049409  # Linux ioctl: share the source's blocks copy-on-write (btrfs, xfs)
@@ -81,6 +81,25 @@ def pin(source: Path, sha256: str, store: Path) -> Path:
             partial.unlink()
     _fsync_dir(target.parent)
     return target
+
+
+def verify(store: Path, sha256: str) -> str | None:
+    """Why the pinned copy of `sha256` cannot be served (missing, or its bytes changed), or
+    None when it is whole. Reads the whole file: call it where a set is about to be relied on
+    (a rollback target), not per request."""
+    path = pinned_path(store, sha256)
+    digest = hashlib.sha256()
+    try:
+        with path.open("rb") as f:
+            while chunk := f.read(_CHUNK):
+                digest.update(chunk)
+    except FileNotFoundError:
+        return f"{path.name} is missing from the pinned store"
+    except OSError as err:
+        return f"{path.name} cannot be read: {err}"
+    if digest.hexdigest() != sha256:
+        return f"{path.name} hashes to {digest.hexdigest()}: its bytes changed"
+    return None
 
 
 def load_verified(path: Path, sha256: str) -> dict[str, torch.Tensor]:

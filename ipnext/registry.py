@@ -33,6 +33,7 @@ __all__ = [
     "ModelState",
     "ModelWorkflowInput",
     "ModelWorkflowResult",
+    "OlderSets",
     "PublishInput",
     "PublishResult",
     "ReconcileRecord",
@@ -82,6 +83,15 @@ class ActiveRollout(Frozen):
     detail: str = ""
 
 
+class OlderSets(Frozen):
+    """The sets a model no longer keeps whole (past `sets_kept`, none serving or in flight):
+    how many, by how they ended, and their versions (a version is never published twice)."""
+
+    count: int = 0
+    by_status: dict[str, int] = Field(default_factory=dict)
+    versions: list[str] = Field(default_factory=list)
+
+
 class ModelRecord(BaseModel):
     """A ModelWorkflow's state, and whole its continue-as-new payload: the model's sets, what
     serves, its placement, the queue. (What only a running handler holds, a delete or a
@@ -100,6 +110,7 @@ class ModelRecord(BaseModel):
     rollout: RolloutStatus | None = None  # the latest rollout's summary
     reconcile: ReconcileRecord = Field(default_factory=ReconcileRecord)
     active_rollout: ActiveRollout | None = None
+    older_sets: OlderSets = Field(default_factory=OlderSets)
 
 
 class ModelWorkflowInput(Frozen):
@@ -113,6 +124,9 @@ class ModelWorkflowInput(Frozen):
     # After continuing as new during a rollout, how often to ask Temporal whether the rollout
     # ended without its end signal (terminated or cancelled from the Temporal UI).
     rollout_check_seconds: float = Field(default=30.0, gt=0)
+    # Sets kept whole in the record (and so in every continue-as-new payload); older ones are
+    # summarized in `ModelRecord.older_sets`.
+    sets_kept: int = Field(default=100, ge=2)
 
 
 class ModelWorkflowResult(Frozen):
@@ -161,6 +175,7 @@ class ModelState(Frozen):
     pending_plan: int | None = None  # revision of a replanned placement waiting to be applied
     reconcile: ReconcileRecord | None = None  # the serving checks: repairs and failures
     active_rollout: ActiveRollout | None = None  # the rollout child the model waits on
+    older_sets: OlderSets | None = None  # sets no longer kept whole, summarized
 
 
 class RolloutProgress(BaseModel):

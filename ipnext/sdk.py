@@ -69,6 +69,7 @@ from ipnext.registry import (
     ModelRecord,
     ModelState,
     ModelWorkflowInput,
+    OlderSets,
     PublishInput,
     PublishResult,
     ReconcileRecord,
@@ -270,6 +271,7 @@ class Client:
             # A rollout the ended run had started runs on (it was abandoned, not terminated): the
             # new run waits for it as any continued run does, and records how it ends.
             active_rollout=last.active_rollout,
+            older_sets=last.older_sets or OlderSets(),
         )
         await self.temporal.start_workflow(
             Workflows.MODEL,

@@ -29,7 +29,7 @@ from ipnext.activities.serving import (
     route_traffic,
     teardown_model,
 )
-from ipnext.activities.validate import validate_model_spec, validate_snapshot_set
+from ipnext.activities.validate import validate_model_spec, validate_snapshot_set, verify_pinned_set
 from ipnext.config import Settings, load_settings
 from ipnext.temporal import connect_client
 from ipnext.workflows.fleet_replan_workflow import FleetReplanWorkflow
@@ -70,6 +70,7 @@ async def run_worker(
                 activities=[
                     validate_model_spec,
                     validate_snapshot_set,
+                    verify_pinned_set,
                     plan_placement,
                     discover_snapshots,
                     deploy_set_apps,

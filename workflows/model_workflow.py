@@ -57,6 +57,7 @@ with workflow.unsafe.imports_passed_through():
         ModelState,
         ModelWorkflowInput,
         ModelWorkflowResult,
+        OlderSets,
         PublishInput,
         PublishResult,
         RolloutEnded,
@@ -106,6 +107,7 @@ class ModelWorkflow:
             pending_plan=r.pending_plan.plan.revision if r.pending_plan else None,
             reconcile=r.reconcile,
             active_rollout=r.active_rollout,
+            older_sets=r.older_sets,
         )
 
     # ---- replanned placement -------------------------------------------------------------
@@ -165,6 +167,7 @@ class ModelWorkflow:
         )
         self._record.sets.append(snapshot_set)
         self._record.queued.append(snapshot_set.id)
+        self._trim_sets()
         if input.freeze_override is not None:
             self._record.freeze_overrides[snapshot_set.id] = input.freeze_override
         workflow.logger.info("published %s (%s) by %s", snapshot_set.id, input.request.version, input.who)
@@ -185,6 +188,12 @@ class ModelWorkflow:
         if unknown:
             raise ApplicationError(
                 f"parts: {unknown} are not parts of {self._spec.name} ({sorted(self._spec.parts)}).",
+                type="SnapshotError",
+            )
+        if request.version in self._record.older_sets.versions:
+            raise ApplicationError(
+                f"version: {request.version!r} was already published (an older set). "
+                "Fix: give every snapshot set a new version label.",
                 type="SnapshotError",
             )
         for existing in self._record.sets:
@@ -503,6 +512,7 @@ class ModelWorkflow:
             self._set_status(new.id, SetStatus(result.state.value), result.detail)
             if active.old_plan is not None and record.serving_apps:
                 record.plan = active.old_plan  # the old apps still run on the placement they had
+        self._trim_sets()
         self._upsert_state()
 
     def _may_continue(self) -> bool:
@@ -511,6 +521,30 @@ class ModelWorkflow:
 
     def _child_done(self) -> bool:
         return self._child is not None and self._child.done()
+
+    def _trim_sets(self) -> None:
+        """Keep at most `sets_kept` sets whole: the oldest ones that neither serve, wait in the
+        queue nor take part in a rollout are summarized in `older_sets`."""
+        r = self._record
+        excess = len(r.sets) - self._input.sets_kept
+        if excess <= 0:
+            return
+        active = r.active_rollout
+        busy = {r.serving_set, *r.queued, *((active.new_set, active.old_set) if active else ())}
+        dropped = [s for s in r.sets if s.id not in busy][:excess]
+        if not dropped:
+            return
+        older = r.older_sets
+        by_status = dict(older.by_status)
+        for s in dropped:
+            by_status[s.status] = by_status.get(s.status, 0) + 1
+        r.older_sets = OlderSets(
+            count=older.count + len(dropped),
+            by_status=by_status,
+            versions=[*older.versions, *(s.version for s in dropped)],
+        )
+        gone = {s.id for s in dropped}
+        r.sets = [s for s in r.sets if s.id not in gone]
 
     def _history_full(self) -> bool:
         info = workflow.info()
@@ -569,7 +603,9 @@ class ModelWorkflow:
         self._removed_apps = removed.removed
         await workflow.wait_condition(workflow.all_handlers_finished)
         return ModelWorkflowResult(
-            model=self._spec.name, deleted_by=self._delete_by or "", sets=len(self._record.sets)
+            model=self._spec.name,
+            deleted_by=self._delete_by or "",
+            sets=len(self._record.sets) + self._record.older_sets.count,
         )
 
     # ---- helpers -------------------------------------------------------------------------

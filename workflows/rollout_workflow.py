@@ -38,7 +38,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, FailureError
 
 with workflow.unsafe.imports_passed_through():
     from ipnext import rollout_steps as steps
-    from ipnext.activities import DEPLOY_TIMEOUT, HEARTBEAT_TIMEOUT, QUICK_TIMEOUT, RETRY
+    from ipnext.activities import DEPLOY_TIMEOUT, HEARTBEAT_TIMEOUT, QUICK_TIMEOUT, RETRY, VALIDATE_TIMEOUT
     from ipnext.activities.freeze import FreezeWindowsResult, freeze_windows
     from ipnext.activities.serving import (
         DeploySetInput,
@@ -51,6 +51,7 @@ with workflow.unsafe.imports_passed_through():
         remove_apps,
         route_traffic,
     )
+    from ipnext.activities.validate import VerifyPinnedInput, verify_pinned_set
     from ipnext.contracts import (
         MODEL_KEY,
         STATE_KEY,
@@ -77,6 +78,7 @@ with workflow.unsafe.imports_passed_through():
 
 BAKE_EXTENSION = 3  # too few requests: the bake may last up to this many times its length
 INSUFFICIENT_TRAFFIC = "insufficient_traffic"
+NEEDS_ATTENTION = "needs_attention"  # a rollback that cannot complete: on-call must act
 IPNEXT = "ipnext"  # who, on the record, for what ipnext itself decided
 FREEZE_CALENDAR = "freeze calendar"
 
@@ -248,14 +250,14 @@ class RolloutWorkflow:
             workflow.continue_as_new(input.model_copy(update={"progress": p}))
         except _Stop as stop:
             p.detail = stop.detail
-            await self._roll_back()
+            await self._roll_back_or_hold()
             self._enter(stop.state, "traffic back on the previous set")
             return self._result(dict(input.old_apps))
         except ActivityError as err:
             cause = err.cause
             p.detail = cause.message if isinstance(cause, ApplicationError) else str(cause or err)
             workflow.logger.warning("rollout of %s failed: %s", input.new_set.id, p.detail)
-            await self._roll_back()
+            await self._roll_back_or_hold()
             self._enter(RolloutState.FAILED, "failed; traffic stays on the previous set")
             return self._result(dict(input.old_apps))
 
@@ -379,6 +381,53 @@ class RolloutWorkflow:
                     self._pause_by_ipnext(f"freeze: {window.reason}", f"until {window.end.isoformat()}")
                     continue
             return
+
+    async def _roll_back_or_hold(self) -> None:
+        """Roll back; when that cannot complete, hold where the traffic is, paused by ipnext with
+        `needs_attention` and why, until on-call resumes, which tries the rollback again. It
+        cannot complete when its target (the old set) fails its checksum in the pinned store
+        (scaled back up, it would serve other bytes than were validated, or nothing), or when an
+        activity of it fails for good (Serve refuses the old set). Never a failed rollout: the
+        model keeps waiting on it, and on-call sees why in its status."""
+        p = self._progress
+        while True:
+            problem = await self._rollback_blocker()
+            if problem is None:
+                try:
+                    await self._roll_back()
+                    return
+                except ActivityError as err:
+                    cause = err.cause
+                    problem = "the rollback failed: " + (
+                        cause.message if isinstance(cause, ApplicationError) else str(cause or err)
+                    )
+            why = p.detail  # the breach, abort or failure that called for the rollback
+            self._pause_by_ipnext(
+                NEEDS_ATTENTION,
+                f"{problem}; traffic held where it is: fix it, then `resume` retries the rollback",
+            )
+            await self._until_resumed(p.resumes)
+            p.detail = why
+
+    async def _until_resumed(self, resumes: int) -> None:
+        await workflow.wait_condition(lambda: self._progress.resumes != resumes)
+
+    async def _rollback_blocker(self) -> str | None:
+        """Why the old set may not take the traffic back (None: it may)."""
+        old = self._input.old_set
+        if old is None or not self._start:  # a first rollout: nothing to return to
+            return None
+        checked = await workflow.execute_activity(
+            verify_pinned_set,
+            VerifyPinnedInput(snapshot_set=old),
+            start_to_close_timeout=VALIDATE_TIMEOUT,
+            heartbeat_timeout=VALIDATE_TIMEOUT,
+            retry_policy=RETRY,
+            summary=f"may {old.id} take the traffic back?",
+        )
+        if not checked.problems:
+            return None
+        return f"the rollback target {old.id} fails its checksum ({'; '.join(checked.problems)})"
 
     async def _roll_back(self) -> None:
         """Traffic back to the old set as fast as its capacity allows, the old set back to its

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import save_file
 
 from ipnext.errors import SnapshotError
-from ipnext.pinned import load_verified, pin, pinned_path
+from ipnext.pinned import load_verified, pin, pinned_path, verify
 from ipnext.snapshots import sha256_file
 
 
@@ -65,6 +65,18 @@ def test_a_changed_pinned_copy_is_refused_on_load(weights: Path, tmp_path: Path)
     copy.write_bytes(copy.read_bytes()[:-1] + b"\0")
     with pytest.raises(SnapshotError, match="the pinned copy was changed"):
         load_verified(copy, digest)
+
+
+def test_verify_says_whether_a_pinned_copy_may_still_be_served(weights: Path, tmp_path: Path) -> None:
+    store = tmp_path / "pinned"
+    digest = sha256_file(weights)
+    copy = pin(weights, digest, store)
+    assert verify(store, digest) is None
+    copy.chmod(0o644)
+    copy.write_bytes(copy.read_bytes()[:-1] + b"\0")
+    assert "its bytes changed" in (verify(store, digest) or "")
+    copy.unlink()
+    assert "missing from the pinned store" in (verify(store, digest) or "")
 
 
 def test_a_pickle_with_the_right_hash_is_still_never_unpickled(tmp_path: Path) -> None:

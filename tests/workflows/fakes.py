@@ -31,7 +31,12 @@ from ipnext.activities.serving import (
     TeardownInput,
     TeardownResult,
 )
-from ipnext.activities.validate import ValidateSetInput, ValidateSetResult
+from ipnext.activities.validate import (
+    ValidateSetInput,
+    ValidateSetResult,
+    VerifyPinnedInput,
+    VerifyPinnedResult,
+)
 from ipnext.contracts import poll_until, rollout_workflow_id
 from ipnext.counters import SetCounters
 from ipnext.model import ModelSpec, SnapshotRef, SnapshotSetRequest
@@ -93,6 +98,8 @@ class FakeServing:
         self.drift: list[str] = []
         self.reconcile_error: str | None = None
         self.reconcile_interval = 0.5
+        self.corrupt: set[str] = set()  # sets whose pinned files fail their checksum
+        self.verified: list[str] = []
 
     @activity.defn(name="freeze_windows")
     async def freeze(self) -> FreezeWindowsResult:
@@ -186,9 +193,16 @@ class FakeServing:
             interval_seconds=self.reconcile_interval,
         )
 
+    @activity.defn(name="verify_pinned_set")
+    async def verify_pinned(self, input: VerifyPinnedInput) -> VerifyPinnedResult:
+        self.verified.append(input.snapshot_set.id)
+        bad = input.snapshot_set.id in self.corrupt
+        return VerifyPinnedResult(problems=["embed: ab12.safetensors: its bytes changed"] if bad else [])
+
     def activities(self) -> list[Callable[..., Any]]:
         return [
             self.reconcile,
+            self.verify_pinned,
             self.validate,
             self.plan,
             self.watch,

@@ -165,6 +165,25 @@ async def test_the_model_continues_as_new_mid_rollout_and_records_how_it_ended(
     assert len(lengths) >= 2 and max(lengths) <= 20 + HISTORY_SLACK, lengths
 
 
+async def test_the_record_keeps_the_newest_sets_whole_and_summarizes_the_rest(temporal: Client) -> None:
+    fake = FakeServing()
+    worker, handle = await start(temporal, fake, with_rollout(steps=[100], bake_seconds=0.1), sets_kept=2)
+    async with worker:
+        for n in range(1, 5):
+            await handle.execute_update("publish", request(f"v{n}"), result_type=PublishResult)
+            state = await until(handle, lambda s, n=n: s.serving_set == f"wf-model@{n}")
+        with pytest.raises(WorkflowUpdateFailedError) as again:
+            await handle.execute_update("publish", request("v1"), result_type=PublishResult)
+    assert "already published" in str(again.value.cause)
+    assert [s.id for s in state.sets] == ["wf-model@3", "wf-model@4"]
+    assert state.older_sets is not None
+    assert (state.older_sets.count, state.older_sets.by_status, state.older_sets.versions) == (
+        2,
+        {"retired": 2},
+        ["v1", "v2"],
+    )
+
+
 async def test_failed_rollout_leaves_traffic_on_the_last_good_set(temporal: Client) -> None:
     fake = FakeServing()
     fake.fail.add("wf-model@2")

@@ -120,6 +120,34 @@ async def test_a_breached_gate_rolls_back_in_one_weight_change(temporal: Client)
     assert status.traffic_percent == {"wf-model@2": 0.0, "wf-model@1": 100.0}
 
 
+async def test_a_rollback_to_a_set_that_fails_its_checksum_holds_for_on_call(temporal: Client) -> None:
+    """The gates breach, but the old set's pinned files no longer hash right: the rollout does
+    not send traffic back to it (nor fail its model); it holds the split, paused with
+    needs_attention and why. Once the files are whole again, on-call's resume rolls back."""
+    fake = FakeServing()
+    fake.bad_apps.add("app-2")
+    fake.corrupt.add("wf-model@1")
+    worker, handle = await start(temporal, fake, with_rollout(steps=[25, 50, 100]))
+    async with worker:
+        await roll_out_v2(temporal, handle)
+        held = await until_rollout(
+            temporal, "wf-model@2", lambda s: s.state == RolloutState.PAUSED and bool(s.pauses)
+        )
+        assert held.pauses[-1].reason == "needs_attention" and held.pauses[-1].who == "ipnext"
+        assert "wf-model@1 fails its checksum" in held.detail and "error_rate" not in held.detail, held.detail
+        await asyncio.sleep(1.0)  # ten check intervals: nothing moves while it is held
+        assert [r["us-east"] for r in fake.routes[1:]] == [{"app-1": 75.0, "app-2": 25.0}]
+        state = await until(handle, lambda s: True)
+        assert state.state == "rolling_out" and state.sets[-1].status == "rolling_out"
+        fake.corrupt.clear()  # the operator restored the pinned files
+        await signal(temporal, "wf-model@2", "resume", '{"who": "oncall-a"}')
+        status = await until_rollout(temporal, "wf-model@2", lambda s: s.state == RolloutState.ROLLED_BACK)
+        state = await until(handle, lambda s: s.sets[-1].status == "rolled_back")
+    assert fake.verified == ["wf-model@1", "wf-model@1"]
+    assert [r["us-east"] for r in fake.routes[1:]] == [{"app-1": 75.0, "app-2": 25.0}, {"app-1": 100.0}]
+    assert "error_rate" in status.detail and state.serving_set == "wf-model@1"
+
+
 async def test_rollback_from_a_late_step_scales_the_old_set_up_before_the_rest_moves(
     temporal: Client,
 ) -> None:
