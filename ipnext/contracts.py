@@ -68,6 +68,7 @@ class ModelWorkflowNames:
     DELETE = "delete"  # update DeleteInput -> DeleteResult
     APPLY_PLAN = "apply_plan"  # signal ApplyPlanInput
     ROLLOUT_ENDED = "rollout_ended"  # signal RolloutEnded, from the rollout child at its end
+    RECONCILE = "reconcile"  # signal, no input: check Serve against the record now (worker start)
 
 
 class RolloutWorkflowNames:

@@ -7,12 +7,15 @@ SIGTERM or SIGINT, finishing the activities it is running.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from temporalio.client import Client
+from temporalio.service import RPCError
 from temporalio.worker import Worker
 
 from ipnext.activities import spec_check
@@ -31,6 +34,7 @@ from ipnext.activities.serving import (
 )
 from ipnext.activities.validate import validate_model_spec, validate_snapshot_set, verify_pinned_set
 from ipnext.config import Settings, load_settings
+from ipnext.contracts import ModelWorkflowNames, Workflows
 from ipnext.temporal import connect_client
 from ipnext.workflows.fleet_replan_workflow import FleetReplanWorkflow
 from ipnext.workflows.model_workflow import ModelWorkflow
@@ -91,10 +95,27 @@ async def run_worker(
             async with worker:
                 if ready_file is not None:
                     ready_file.write_text("ready\n")
+                # This worker may start because the stack restarted: Serve may have lost every
+                # app. Each model checks now rather than at its next interval.
+                nudge = asyncio.create_task(_ask_models_to_reconcile(client))
                 await stop.wait()
+                nudge.cancel()
 
     finally:
         spec_check.stop_checker()
+
+
+async def _ask_models_to_reconcile(client: Client) -> None:
+    """Signal `reconcile` to every running model workflow (best effort: a model this misses
+    still checks at its next interval)."""
+    log = logging.getLogger(__name__)
+    try:
+        query = f'WorkflowType = "{Workflows.MODEL}" AND ExecutionStatus = "Running"'
+        async for execution in client.list_workflows(query):
+            with contextlib.suppress(RPCError):
+                await client.get_workflow_handle(execution.id).signal(ModelWorkflowNames.RECONCILE)
+    except RPCError as err:
+        log.warning("could not ask the models to check their serving: %s", err)
 
 
 def _warm_checker() -> None:

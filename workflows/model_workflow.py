@@ -118,6 +118,12 @@ class ModelWorkflow:
         if self._delete_by is None:
             self._record.pending_plan = input
 
+    @workflow.signal(name=ModelWorkflowNames.RECONCILE)
+    def reconcile(self) -> None:
+        """Check Serve against the record now, not at the next interval (a worker that starts
+        sends this to every model: it may start because the stack restarted)."""
+        self._reconcile_due = True
+
     @workflow.signal(name=ModelWorkflowNames.ROLLOUT_ENDED)
     def rollout_ended(self, input: RolloutEnded) -> None:
         """The active rollout's own report of its end (any other is stale: ignored)."""
@@ -247,7 +253,7 @@ class ModelWorkflow:
                 continue
             try:
                 await workflow.wait_condition(
-                    lambda: self._has_work() or self._history_full(),
+                    lambda: self._has_work() or self._reconcile_due or self._history_full(),
                     timeout=self._reconcile_every(),
                 )
             except TimeoutError:  # idle for an interval: check that Serve serves the record

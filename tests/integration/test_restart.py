@@ -3,6 +3,7 @@ other test of the stack). Timings are printed, never asserted."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 
@@ -83,42 +84,44 @@ async def test_a_full_restart_serves_again_with_no_command(
         if ray.is_initialized():  # this process's Ray driver must not outlive its cluster
             ray.shutdown()
         down_at = load.elapsed()
-        dev.down()
+        await asyncio.to_thread(dev.down)  # the load goes on meanwhile: every call fails
+        up_started = load.elapsed()
         started = time.monotonic()
-        dev.up()
+        await asyncio.to_thread(dev.up)
         up_s = time.monotonic() - started
-        up_at = load.elapsed()
-        await poll_until(
-            lambda: _ok(load, since=up_at),
-            lambda n: n >= 20,
+        # The check records its repair once Serve reports the apps running.
+        state = await poll_until(
+            lambda: client.get_model(model_name),
+            lambda s: s.reconcile is not None and s.reconcile.repairs >= 1,
             timeout_s=240,
             interval_s=0.5,
-            what=f"{model_name} answering again after the restart",
+            what=f"{model_name}'s repair recorded",
         )
-    back_at = min(a.at for a in load.answers if a.at >= up_at and a.status == 200)
-    # The check records its repair once Serve reports the apps running (just after they answer).
-    state = await poll_until(
-        lambda: client.get_model(model_name),
-        lambda s: s.reconcile is not None and s.reconcile.repairs >= 1,
-        timeout_s=60,
-        interval_s=0.5,
-        what=f"{model_name}'s repair recorded",
-    )
+        settled_at = load.elapsed()
+        await poll_until(
+            lambda: _ok(load, since=settled_at),
+            lambda n: n >= 20,
+            timeout_s=60,
+            interval_s=0.2,
+            what=f"{model_name} answering after its repair",
+        )
+    back_at = min(a.at for a in load.answers if a.at >= up_started and a.status == 200)
+    settling = [a for a in load.answers if back_at <= a.at < settled_at and a.status != 200]
     assert state.state == ModelStatus.SERVING and state.serving_set == first.set_id
-    assert state.reconcile is not None and state.reconcile.failures == 0, state.reconcile
-    assert "lost" in state.reconcile.last_repair, state.reconcile
+    assert state.reconcile is not None and "lost" in state.reconcile.last_repair, state.reconcile
     # The router came back at the generation it had: nothing was applied twice or went back.
     router = await _router_state(stack, model_name)
     assert router["generation"] == applied, router
     described = await client.temporal.get_workflow_handle(model_workflow_id(model_name)).describe()
     assert described.status is not None and described.status.name == "RUNNING"
-    after = [a for a in load.answers if a.at >= back_at]
+    after = [a for a in load.answers if a.at >= settled_at]
     assert all(a.status == 200 and a.set == first.set_id for a in after), [
         a for a in after if a.status != 200
     ][:3]
     print(
-        f"full restart: stack down at {down_at:.1f}s, dev up took {up_s:.1f}s, first answer "
-        f"{back_at - up_at:.1f}s after the stack was up ({back_at - down_at:.1f}s after down); "
+        f"full restart: dev down took {up_started - down_at:.1f}s, dev up {up_s:.1f}s; the model "
+        f"answered {back_at - up_started:.1f}s after dev up started ({back_at - down_at:.1f}s after "
+        f"dev down started), {len(settling)} failed calls until its repair was recorded, "
         f"{len(after)} answers since, none failed; repaired: {state.reconcile.last_repair}"
     )
 
