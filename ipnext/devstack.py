@@ -32,6 +32,7 @@ __all__ = ["DevStack", "stack_processes"]
 STACK_ID_ENV = "IPNEXT_STACK_ID"
 START_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 30.0
+WORKER_GCS_PATIENCE_S = 7 * 24 * 3600  # how long the worker's Ray driver waits for a lost cluster
 
 
 def _temporal_binary() -> str:
@@ -196,8 +197,10 @@ class DevStack:
     # ---- crash drills ----------------------------------------------------------------------
 
     def crash(self, name: str) -> None:
-        """Kill one component (`worker` or `temporal`) at once, as a crash would: SIGKILL, no
-        shutdown. Its state stays: the Temporal db file, the workflows' histories."""
+        """Kill one component (`worker`, `temporal` or `ray`) at once, as a crash would: SIGKILL,
+        no shutdown. Its state stays: the Temporal db file, the workflows' histories. `ray`
+        takes the whole cluster down: the head and every Ray process of the stack (raylet, GCS,
+        Serve's controller, proxy and replicas), as a lost machine would."""
         record = self.read_record()
         if record is None or name not in record["processes"]:
             raise StackError(f"no {name} in this dev stack to crash")
@@ -208,6 +211,17 @@ class DevStack:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)
             time.sleep(0.05)
+        if name == "ray":  # Ray's own processes run in sessions of their own
+            others = {
+                os.getpgid(p["pid"])
+                for n, p in record["processes"].items()
+                if n != "ray" and _alive(p["pid"])
+            }
+            for stray in stack_processes(record["stack_id"]):
+                with contextlib.suppress(ProcessLookupError):
+                    if os.getpgid(stray) not in others:
+                        os.kill(stray, signal.SIGKILL)
+            self.settings.ray_address_file.unlink(missing_ok=True)
         self.log(f"  crashed {name} (pid {pid})")
 
     def start(self, name: str) -> None:
@@ -216,7 +230,7 @@ class DevStack:
         if record is None:
             raise StackError("the dev stack is not up")
         env = self._env(record["stack_id"])
-        starts = {"worker": self._start_worker, "temporal": self._start_temporal}
+        starts = {"worker": self._start_worker, "temporal": self._start_temporal, "ray": self._start_ray}
         if name not in starts:
             raise StackError(f"{name}: only {sorted(starts)} can be started alone")
         starts[name](env, record)
@@ -311,6 +325,9 @@ class DevStack:
     def _start_worker(self, env: dict[str, str], record: dict[str, Any]) -> None:
         ready = self.state_dir / "worker.ready"
         ready.unlink(missing_ok=True)
+        # Ray ends a driver whose GCS stays unreachable (60 s by default): the worker must outlive
+        # a lost cluster, and attaches to the new one once it is back (serving.control.connect).
+        env = {**env, "RAY_gcs_rpc_server_reconnect_timeout_s": str(WORKER_GCS_PATIENCE_S)}
         proc = self._spawn("worker", [sys.executable, "-m", "ipnext.worker"], env, record)
         self._wait("worker", proc, ready.exists, record)
         self.log(f"  ipnext worker up (pid {proc.pid})")

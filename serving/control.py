@@ -9,6 +9,7 @@ the whole declarative config and applies it.
 from __future__ import annotations
 
 import copy
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -134,10 +135,29 @@ class ServeConfigWriter:
         return render_serve_config(self._apps, self._host, self._port)
 
 
+_connected: str | None = None  # the cluster address this process attached to
+_connect_lock = threading.Lock()
+
+
 def connect(address: str) -> None:
-    """Attach this process to the Ray cluster (once)."""
-    if not ray.is_initialized():
+    """Attach this process to the Ray cluster at `address`, once. A process still attached to
+    another address (the dev stack's Ray head restarted: it comes back at a new one) detaches
+    first, so the worker follows a restarted cluster instead of calling a dead one; Serve's
+    cached controller handle is dropped with it. A cluster restarted at the same address is not
+    detected here (the calls fail and their activities retry)."""
+    global _connected
+    with _connect_lock:
+        if ray.is_initialized():
+            if _connected is None or _connected == address:
+                return
+            ray.shutdown()
+            # Serve caches its controller's handle per process, and a new session of the same
+            # job id does not invalidate it: forget it, so the next Serve call finds the new one.
+            from ray.serve.context import _set_global_client
+
+            _set_global_client(None)
         ray.init(address=address, namespace=RAY_NAMESPACE, log_to_driver=False)
+        _connected = address
 
 
 def get_writer(host: str, port: int) -> Any:

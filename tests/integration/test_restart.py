@@ -20,6 +20,8 @@ from .conftest import one_region_spec, train_version
 from .load import Load
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+# How long the Ray drill keeps the cluster down (bench/recovery.py would run it at full length).
+RAY_OUTAGE_S = 5.0
 
 
 async def test_a_model_terminated_from_the_ui_keeps_serving_and_is_adopted(
@@ -148,3 +150,59 @@ async def _router_state(stack: Settings, model: str) -> dict[str, object]:
         reply.raise_for_status()
         body: dict[str, object] = reply.json()
         return body
+
+
+@pytest.mark.destructive
+async def test_a_lost_ray_cluster_is_served_again_once_it_is_back(
+    stack: Settings, stack_config: Path, client: Client, model_name: str
+) -> None:
+    """The Ray cluster dies (head, GCS, Serve and every replica) and comes back empty after
+    RAY_OUTAGE_S, at a new address: the worker attaches to it, and the model's next serving
+    check pushes its record again; the model's workflow never noticed."""
+    await client.publish_model(one_region_spec(model_name))
+    v1, _ = train_version(stack, model_name, "v1")
+    first = await client.publish_snapshot(model_name, v1)
+    before = await client.wait_until_serving(model_name, first.set_id)
+    assert before.rollout is not None and before.reconcile is not None
+    applied, repairs = max(before.rollout.generations), before.reconcile.repairs
+    dev = DevStack(config_path=stack_config, log=lambda line: print(f"    {line}"))
+    path = f"/us-east/models/{model_name}/predict"
+    async with Load(stack.serve_url, path) as load:
+        await poll_until(lambda: _ok(load), lambda n: n >= 20, timeout_s=60, interval_s=0.2, what="answers")
+        if ray.is_initialized():
+            ray.shutdown()
+        lost_at = load.elapsed()
+        await asyncio.to_thread(dev.crash, "ray")
+        await asyncio.sleep(RAY_OUTAGE_S)
+        back_started = load.elapsed()
+        await asyncio.to_thread(dev.start, "ray")
+        state = await poll_until(
+            lambda: client.get_model(model_name),
+            lambda s: s.reconcile is not None and s.reconcile.repairs > repairs,
+            timeout_s=180,
+            interval_s=0.5,
+            what=f"{model_name} repaired after the Ray restart",
+        )
+        settled_at = load.elapsed()
+        await poll_until(
+            lambda: _ok(load, since=settled_at),
+            lambda n: n >= 20,
+            timeout_s=60,
+            interval_s=0.2,
+            what="answers",
+        )
+    back_at = min(a.at for a in load.answers if a.at >= back_started and a.status == 200)
+    after = [a for a in load.answers if a.at >= settled_at]
+    assert all(a.status == 200 and a.set == first.set_id for a in after), [
+        a for a in after if a.status != 200
+    ][:3]
+    assert state.state == ModelStatus.SERVING and state.serving_set == first.set_id
+    assert state.reconcile is not None and "lost" in state.reconcile.last_repair, state.reconcile
+    router = await _router_state(stack, model_name)
+    assert router["generation"] == applied, router
+    print(
+        f"Ray lost for {back_started - lost_at:.1f}s: answered again {back_at - back_started:.1f}s after "
+        f"Ray started again; {state.reconcile.failures} checks could not run meanwhile; "
+        f"{len(after)} answers since the repair, none failed"
+    )
+    await client.delete_model(model_name)
