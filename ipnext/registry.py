@@ -80,6 +80,9 @@ class ActiveRollout(Frozen):
     old_set: str | None = None
     old_plan: Plan | None = None  # snapshots: the placement the old apps run on
     new_plan: Plan | None = None  # capacity: the placement moved to
+    # snapshots: the fleet replan the new set came up on; if the set does not serve, the
+    # serving set moves to it instead (a replan is never lost with a failed rollout)
+    replanned: ApplyPlanInput | None = None
     detail: str = ""
 
 

@@ -262,10 +262,10 @@ class ModelWorkflow:
             if self._delete_by is not None:
                 break
             if record.queued:
-                old_plan = record.plan
-                if record.pending_plan is not None:  # the new set comes up on the new placement
-                    record.plan, record.pending_plan = record.pending_plan.plan, None
-                await self._roll_out_newest(old_plan)
+                old_plan, replanned = record.plan, record.pending_plan
+                if replanned is not None:  # the new set comes up on the new placement
+                    record.plan, record.pending_plan = replanned.plan, None
+                await self._roll_out_newest(old_plan, replanned)
                 continue
             if record.pending_plan is not None:
                 pending, record.pending_plan = record.pending_plan, None
@@ -338,7 +338,7 @@ class ModelWorkflow:
             }
         r.reconcile = done.model_copy(update=update)
 
-    async def _roll_out_newest(self, old_plan: Plan | None) -> None:
+    async def _roll_out_newest(self, old_plan: Plan | None, replanned: ApplyPlanInput | None) -> None:
         record = self._record
         newest_id = record.queued[-1]
         for older in record.queued[:-1]:
@@ -368,7 +368,11 @@ class ModelWorkflow:
                 freeze_override=record.freeze_overrides.pop(new.id, None),
             ),
             ActiveRollout(
-                workflow_id=child_id, new_set=new.id, old_set=old.id if old else None, old_plan=old_plan
+                workflow_id=child_id,
+                new_set=new.id,
+                old_set=old.id if old else None,
+                old_plan=old_plan,
+                replanned=replanned,
             ),
             f"{self._spec.name}: {old.id if old else 'nothing'} -> {new.id} ({new.version})",
         )
@@ -518,6 +522,8 @@ class ModelWorkflow:
             self._set_status(new.id, SetStatus(result.state.value), result.detail)
             if active.old_plan is not None and record.serving_apps:
                 record.plan = active.old_plan  # the old apps still run on the placement they had
+            if active.replanned is not None and record.pending_plan is None and record.serving_apps:
+                record.pending_plan = active.replanned  # the serving set moves to it next
         self._trim_sets()
         self._upsert_state()
 

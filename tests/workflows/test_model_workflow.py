@@ -297,6 +297,32 @@ async def test_placement_replanned_before_anything_serves_is_used_by_the_first_r
     assert state.serving_apps == {"eu-west": "app-1-r2"}
 
 
+async def test_a_replan_outlives_the_failed_rollout_that_was_to_carry_it(temporal: Client) -> None:
+    """A replanned placement arrives while a rollout runs; the next set was to come up on it,
+    but its rollout fails: the replan is not dropped, the serving set moves to it."""
+    fake = FakeServing()
+    fake.release["wf-model@2"] = asyncio.Event()  # v2's rollout holds in its deploy
+    fake.fail.add("wf-model@3")
+    worker, handle = await start(temporal, fake, with_rollout(steps=[100], bake_seconds=0.1))
+    async with worker:
+        await handle.execute_update("publish", request("v1"), result_type=PublishResult)
+        await until(handle, lambda s: s.serving_set == "wf-model@1")
+        await handle.execute_update("publish", request("v2"), result_type=PublishResult)
+        await until_rollout(temporal, "wf-model@2", lambda s: s.state == RolloutState.RUNNING)
+        await handle.signal("apply_plan", ApplyPlanInput(plan=plan_in("eu-west", 2), fleet_revision=1))
+        await handle.execute_update("publish", request("v3"), result_type=PublishResult)
+        await until(handle, lambda s: s.pending_plan == 2 and s.queued == ["wf-model@3"])
+        fake.release["wf-model@2"].set()
+        state = await until(
+            handle,
+            lambda s: s.sets[-1].status == "failed" and s.plan is not None and s.plan.revision == 2,
+            timeout=60,
+        )
+    assert state.serving_set == "wf-model@2" and state.serving_apps == {"eu-west": "app-2-r2"}
+    assert state.pending_plan is None
+    assert fake.deployed[-1] == "wf-model@2" and fake.deploy_plans[-1] == 2  # moved to the replan
+
+
 class FakeFleet:
     """The replan activities at their seam: the registry read is real (the running model
     workflow's state), the solve returns a fixed new placement for `wf-model` and one for a
