@@ -67,7 +67,7 @@ async def test_a_model_terminated_from_the_ui_keeps_serving_and_is_adopted(
 
 
 @pytest.mark.destructive
-async def test_a_full_restart_serves_again_with_no_command(
+async def test_a_full_restart_and_a_lost_ray_cluster_serve_again_with_no_command(
     stack: Settings, stack_config: Path, client: Client, model_name: str
 ) -> None:
     """`dev down` and `dev up` on the same state: Ray comes back empty, and the model's own
@@ -135,6 +135,9 @@ async def test_a_full_restart_serves_again_with_no_command(
     assert load.failed() == [], load.failed()[:3]
     assert state.rollout is not None and min(state.rollout.generations) == applied + 1, state.rollout
     print(f"after the restart: {second.set_id} rolled out under {len(load.answers)} requests, none failed")
+
+    # The same model (one publish for both drills): the Ray cluster alone is lost, then back.
+    await _ray_lost_and_back(stack, dev, client, model_name)
     await client.delete_model(model_name)
 
 
@@ -152,20 +155,13 @@ async def _router_state(stack: Settings, model: str) -> dict[str, object]:
         return body
 
 
-@pytest.mark.destructive
-async def test_a_lost_ray_cluster_is_served_again_once_it_is_back(
-    stack: Settings, stack_config: Path, client: Client, model_name: str
-) -> None:
+async def _ray_lost_and_back(stack: Settings, dev: DevStack, client: Client, model_name: str) -> None:
     """The Ray cluster dies (head, GCS, Serve and every replica) and comes back empty after
     RAY_OUTAGE_S, at a new address: the worker attaches to it, and the model's next serving
     check pushes its record again; the model's workflow never noticed."""
-    await client.publish_model(one_region_spec(model_name))
-    v1, _ = train_version(stack, model_name, "v1")
-    first = await client.publish_snapshot(model_name, v1)
-    before = await client.wait_until_serving(model_name, first.set_id)
-    assert before.rollout is not None and before.reconcile is not None
+    before = await client.get_model(model_name)
+    assert before.rollout is not None and before.reconcile is not None and before.serving_set
     applied, repairs = max(before.rollout.generations), before.reconcile.repairs
-    dev = DevStack(config_path=stack_config, log=lambda line: print(f"    {line}"))
     path = f"/us-east/models/{model_name}/predict"
     async with Load(stack.serve_url, path) as load:
         await poll_until(lambda: _ok(load), lambda n: n >= 20, timeout_s=60, interval_s=0.2, what="answers")
@@ -193,10 +189,10 @@ async def test_a_lost_ray_cluster_is_served_again_once_it_is_back(
         )
     back_at = min(a.at for a in load.answers if a.at >= back_started and a.status == 200)
     after = [a for a in load.answers if a.at >= settled_at]
-    assert all(a.status == 200 and a.set == first.set_id for a in after), [
+    assert all(a.status == 200 and a.set == before.serving_set for a in after), [
         a for a in after if a.status != 200
     ][:3]
-    assert state.state == ModelStatus.SERVING and state.serving_set == first.set_id
+    assert state.state == ModelStatus.SERVING and state.serving_set == before.serving_set
     assert state.reconcile is not None and "lost" in state.reconcile.last_repair, state.reconcile
     router = await _router_state(stack, model_name)
     assert router["generation"] == applied, router
@@ -205,4 +201,3 @@ async def test_a_lost_ray_cluster_is_served_again_once_it_is_back(
         f"Ray started again; {state.reconcile.failures} checks could not run meanwhile; "
         f"{len(after)} answers since the repair, none failed"
     )
-    await client.delete_model(model_name)
