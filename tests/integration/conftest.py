@@ -12,11 +12,12 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+import ray
 import yaml
 
 from ipnext.config import Settings, load_settings
 from ipnext.contracts import ModelStatus, poll_until
-from ipnext.devstack import DevStack, scratch_config, stack_processes
+from ipnext.devstack import WORKER_GCS_PATIENCE_S, DevStack, scratch_config, stack_processes
 from ipnext.examples.click_ranker.train import train
 from ipnext.model import ModelSpec, load_model_spec
 from ipnext.registry import ModelState
@@ -45,11 +46,16 @@ def stack_config() -> Iterator[Path]:
 def stack(stack_config: Path) -> Iterator[Settings]:
     for var in ("TEMPORAL_ADDRESS", "RAY_ADDRESS", "IPNEXT_CONFIG"):
         os.environ.pop(var, None)
+    # This process attaches to the stack's Ray as a driver (tests that look inside Serve). The
+    # drills restart that cluster: Ray must not end this process 60 s after its GCS went away.
+    os.environ["RAY_gcs_rpc_server_reconnect_timeout_s"] = str(WORKER_GCS_PATIENCE_S)
     dev = DevStack(config_path=stack_config)
     record = dev.up()
     try:
         yield load_settings(stack_config)
     finally:
+        if ray.is_initialized():  # detach before the cluster goes
+            ray.shutdown()
         dev.down()
         assert stack_processes(record["stack_id"]) == [], "dev down left processes behind"
 
