@@ -26,7 +26,7 @@ from typing import Any
 from temporalio import activity
 
 from ipnext.activities import _context
-from ipnext.activities.serving import publish_routing
+from ipnext.activities.serving import APPS_RUNNING_TIMEOUT_S, publish_routing
 from ipnext.activities.validate import as_application_error
 from ipnext.contracts import Frozen
 from ipnext.errors import ServingError
@@ -45,8 +45,6 @@ from ipnext.serving.layout import (
 )
 
 __all__ = ["ReconcileInput", "ReconcileResult", "reconcile_serving"]
-
-APPS_RUNNING_TIMEOUT_S = 240.0
 
 
 class ReconcileInput(Frozen):

@@ -144,20 +144,8 @@ class Client:
         spec creates nothing."""
         await self._check_on_worker(spec)
         try:
-            handle = await self.temporal.start_workflow(
-                Workflows.MODEL,
-                ModelWorkflowInput(spec=spec),
-                id=model_workflow_id(spec.name),
-                task_queue=self.settings.temporal.task_queue,
-                id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
-                id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
-                search_attributes=TypedSearchAttributes(
-                    [
-                        SearchAttributePair(MODEL_KEY, spec.name),
-                        SearchAttributePair(STATE_KEY, "empty"),
-                    ]
-                ),
-                static_summary=f"model {spec.name} (owner {spec.owner})",
+            handle = await self._start_model(
+                ModelWorkflowInput(spec=spec), f"model {spec.name} (owner {spec.owner})"
             )
         except WorkflowAlreadyStartedError:
             raise ModelExistsError(
@@ -232,14 +220,7 @@ class Client:
         had started is waited for and recorded; the new run's serving check then makes Serve
         match the record. (A replanned placement not yet applied is dropped: the next replan
         sends it again.)"""
-        handle = self.temporal.get_workflow_handle(model_workflow_id(name))
-        try:
-            described = await handle.describe()
-        except RPCError as err:
-            if err.status == RPCStatusCode.NOT_FOUND:
-                raise _not_found(name) from None
-            raise
-        status = described.status
+        handle, status = await self._model_workflow(name)
         if status == WorkflowExecutionStatus.RUNNING:
             raise ModelExistsError(
                 f"model {name!r} is registered (its workflow runs): nothing to adopt.",
@@ -273,20 +254,9 @@ class Client:
             active_rollout=last.active_rollout,
             older_sets=last.older_sets or OlderSets(),
         )
-        await self.temporal.start_workflow(
-            Workflows.MODEL,
+        await self._start_model(
             ModelWorkflowInput(spec=last.spec, record=record),
-            id=model_workflow_id(name),
-            task_queue=self.settings.temporal.task_queue,
-            id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
-            id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
-            search_attributes=TypedSearchAttributes(
-                [
-                    SearchAttributePair(MODEL_KEY, name),
-                    SearchAttributePair(STATE_KEY, "serving" if last.serving_set else "empty"),
-                ]
-            ),
-            static_summary=f"model {name} (owner {last.spec.owner}), adopted after its workflow {ended}",
+            f"model {name} (owner {last.spec.owner}), adopted after its workflow {ended}",
         )
         return await self.get_model(name)
 
@@ -409,7 +379,9 @@ class Client:
 
     # ---- helpers -------------------------------------------------------------------------
 
-    async def _running_model(self, name: str) -> Any:
+    async def _model_workflow(self, name: str) -> tuple[Any, WorkflowExecutionStatus | None]:
+        """The handle of `model/<name>` (its latest run) and that run's status; a model never
+        registered raises ModelNotFoundError."""
         handle = self.temporal.get_workflow_handle(model_workflow_id(name))
         try:
             description = await handle.describe()
@@ -417,9 +389,32 @@ class Client:
             if err.status == RPCStatusCode.NOT_FOUND:
                 raise _not_found(name) from None
             raise
-        if description.status != WorkflowExecutionStatus.RUNNING:
+        return handle, description.status
+
+    async def _running_model(self, name: str) -> Any:
+        handle, status = await self._model_workflow(name)
+        if status != WorkflowExecutionStatus.RUNNING:
             raise _not_found(name)
         return handle
+
+    async def _start_model(self, input: ModelWorkflowInput, summary: str) -> Any:
+        """Start `model/<name>` with `input` (a new model, or an adopted record)."""
+        record = input.record
+        return await self.temporal.start_workflow(
+            Workflows.MODEL,
+            input,
+            id=model_workflow_id(input.spec.name),
+            task_queue=self.settings.temporal.task_queue,
+            id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+            id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
+            search_attributes=TypedSearchAttributes(
+                [
+                    SearchAttributePair(MODEL_KEY, input.spec.name),
+                    SearchAttributePair(STATE_KEY, "serving" if record.serving_set else "empty"),
+                ]
+            ),
+            static_summary=summary,
+        )
 
     async def _query_state(self, name: str) -> ModelState:
         handle = await self._running_model(name)
