@@ -65,9 +65,15 @@ def routing_app(args: dict[str, Any]) -> serve.Application:
 def wait_routing_generation(model: str, generation: int, timeout_s: float) -> None:
     """Block until the routing app serves the model's document at `generation` or later (for
     0: serves none for it)."""
-    handle = serve.get_deployment_handle(ROUTING_DEPLOYMENT, app_name=ROUTING_APP)
+    handle: Any = None
 
     def current() -> int:
+        nonlocal handle
+        if handle is None:
+            try:
+                handle = serve.get_deployment_handle(ROUTING_DEPLOYMENT, app_name=ROUTING_APP)
+            except KeyError:  # the app is still being deployed (a concurrent publish created it)
+                return -1
         answer: int = handle.generation.remote(model).result(timeout_s=timeout_s)
         return answer
 
