@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -208,10 +209,17 @@ async def test_dense_part_drill_knobs(
     example_spec: ModelSpec,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # The patch replaces asyncio.sleep for the whole process, so only this test's own task is
+    # recorded; anything else sleeping (a thread left by an earlier test in this worker) still
+    # sleeps for real instead of spinning.
     slept: list[float] = []
+    real_sleep, this_task = asyncio.sleep, asyncio.current_task()
 
-    async def sleep(seconds: float) -> None:
+    async def sleep(seconds: float, *args: Any) -> Any:
+        if asyncio.current_task() is not this_task:
+            return await real_sleep(seconds, *args)
         slept.append(seconds)
+        return None
 
     monkeypatch.setattr("ipnext.examples.click_ranker.parts.asyncio.sleep", sleep)
     drilled = DensePart(weights["dense"], {**config(example_spec, "dense"), "delay_ms": 150, "max_items": 2})
