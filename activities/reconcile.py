@@ -8,11 +8,17 @@ writer holds and what Serve lists, and pushes only what differs, through the one
 stays Temporal-agnostic). So `ipnext dev down && ipnext dev up` on the same state, a Ray
 restart or a lost writer is repaired within one interval, with no command from anyone.
 
-Fencing: the workflow never runs this while a rollout of the model runs (it runs one thing at
-a time), so it never races a rollout's weights. A router is never given a generation below the
-one it has or below the highest the record saw applied; an unchanged router keeps its number
-(so "each step applied once" still counts generations); a changed or lost one is applied at
-the next number above both.
+A running rollout checks its own serving the same way (`RolloutWorkflow`, at the start of each
+bake and every interval of it), with its own desired state in the input: both sets at the sizes
+its steps gave them (`sets`) and every router as it last routed it (`routers`). So Ray lost in
+the middle of a rollout comes back with both sets and the split the rollout had, and the
+rollout's bake then starts a fresh window.
+
+Fencing: the model workflow never runs this while a rollout of the model runs (it runs one
+thing at a time), and a rollout runs it between its own steps, so it never races a rollout's
+weights. A router is never given a generation below the one it has or below the highest the
+record saw applied; an unchanged router keeps its number (so "each step applied once" still
+counts generations); a changed or lost one is applied at the next number above both.
 
 Faults: Ray or the writer unreachable raises (the workflow retries a few times, records the
 failed check and tries again next interval); a set app Serve cannot deploy raises with Serve's
@@ -23,6 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import Field
 from temporalio import activity
 
 from ipnext.activities import _context
@@ -33,7 +40,7 @@ from ipnext.errors import ServingError
 from ipnext.model import ModelSpec, SnapshotSet
 from ipnext.plan import Plan
 from ipnext.rollout import RouterConfig
-from ipnext.rollout_steps import serving_weights
+from ipnext.rollout_steps import deploy_scale, serving_weights
 from ipnext.serving.layout import (
     ROUTING_APP,
     DeployedRouter,
@@ -44,7 +51,15 @@ from ipnext.serving.layout import (
     set_app_plan,
 )
 
-__all__ = ["ReconcileInput", "ReconcileResult", "reconcile_serving"]
+__all__ = ["ReconcileInput", "ReconcileResult", "SetTarget", "reconcile_serving"]
+
+
+class SetTarget(Frozen):
+    """A set's apps as a rollout sized them: part -> share of `plan`'s replicas (all 1: full)."""
+
+    snapshot_set: SnapshotSet
+    plan: Plan
+    scales: dict[str, float] = Field(default_factory=dict)
 
 
 class ReconcileInput(Frozen):
@@ -53,6 +68,12 @@ class ReconcileInput(Frozen):
     plan: Plan
     apps: dict[str, str]  # region -> set app serving (the record's serving_apps)
     generation_floor: int = 0  # the highest router generation the record saw applied
+    # A running rollout's own check: its sets at their step's sizes and each router's config
+    # as it last applied it (region -> config; its generation is that router's floor). Empty:
+    # the serving set at full size, routers from `apps` (`serving_set`, `plan` and `apps` still
+    # give the routing document).
+    sets: list[SetTarget] = Field(default_factory=list)
+    routers: dict[str, RouterConfig] = Field(default_factory=dict)
 
 
 class ReconcileResult(Frozen):
@@ -76,21 +97,9 @@ def reconcile_serving(input: ReconcileInput) -> ReconcileResult:
     repaired: list[str] = []
     upserts: list[dict[str, Any]] = []
 
-    # The serving set's apps, at the plan's full size.
-    wanted_sets = {}
-    for region, name in sorted(input.apps.items()):
-        app = render_set_app(
-            set_app_plan(input.spec, input.serving_set, input.plan, region, store),
-            current.ray.replica_num_cpus,
-        )
-        if app["name"] != name:
-            raise as_application_error(
-                ServingError(
-                    f"model {model}: the record says {name} serves {region}, but its set and plan "
-                    f"render {app['name']}; the record and the plan disagree"
-                ),
-            )
-        wanted_sets[name] = app
+    # The serving set's apps at the plan's full size (a rollout's: both sets at their sizes).
+    cpus = current.ray.replica_num_cpus
+    wanted_sets = _rollout_sets(input, store, cpus) if input.sets else _serving_sets(input, store, cpus)
     held = _ray_get(writer.app_configs.remote(sorted(wanted_sets)))
     for name, app in wanted_sets.items():
         why = _drift(name, app, held[name], listed)
@@ -99,19 +108,19 @@ def reconcile_serving(input: ReconcileInput) -> ReconcileResult:
             upserts.append(app)
 
     # Every router: its weights to the serving apps, at a generation never below what it had.
-    router_regions = {n.split(".", 1)[1] for n in known if n.startswith(f"{model}.") and n.count(".") == 1}
-    weights = serving_weights(input.plan, input.apps, router_regions)
-    routers = _ray_get(writer.app_configs.remote([router_app_name(model, r) for r in weights]))
+    wanted_routers = input.routers or _serving_routers(input, known)
+    routers = _ray_get(writer.app_configs.remote([router_app_name(model, r) for r in wanted_routers]))
     generations: dict[str, int] = {}
-    for region, region_weights in sorted(weights.items()):
+    for region, config in sorted(wanted_routers.items()):
         name = router_app_name(model, region)
         held_app = routers[name]
         had: DeployedRouter | None = deployed_router(held_app) if held_app is not None else None
         wanted = DeployedRouter(
-            config=RouterConfig(generation=0, weights=region_weights),
+            config=config.model_copy(update={"generation": 0}),
             max_ongoing_requests=input.spec.router.max_ongoing_requests,
         )
-        generation = max(had.config.generation if had else 0, input.generation_floor)
+        floor = max(input.generation_floor, config.generation)
+        generation = max(had.config.generation if had else 0, floor)
         same = (
             had is not None
             and had.model_copy(update={"config": had.config.model_copy(update={"generation": 0})}) == wanted
@@ -123,7 +132,7 @@ def reconcile_serving(input: ReconcileInput) -> ReconcileResult:
             why = f"{name}: router lost (the writer holds none); applied at generation {generation}"
         elif not same:
             generation += 1
-            why = f"{name}: router weights {had.config.weights} differ from {region_weights}"
+            why = f"{name}: router weights {_routes(had.config)} differ from {_routes(config)}"
         else:
             why = f"{name}: router missing in Serve"
         config = wanted.config.model_copy(update={"generation": generation})
@@ -142,7 +151,7 @@ def reconcile_serving(input: ReconcileInput) -> ReconcileResult:
         if names:
             activity.logger.warning("reconcile %s: repairing %s", model, "; ".join(repaired))
             wait_apps_running(names, APPS_RUNNING_TIMEOUT_S, activity.heartbeat)
-        raise_if_failed(sorted(set(wanted_sets) | {router_app_name(model, r) for r in weights}))
+        raise_if_failed(sorted(set(wanted_sets) | {router_app_name(model, r) for r in wanted_routers}))
         # The routing document: published again when the writer holds none for the model (a new
         # writer after a Ray restart); the app deployed again when Serve lost it.
         before = _ray_get(writer.routing_generation.remote(model))
@@ -158,6 +167,51 @@ def reconcile_serving(input: ReconcileInput) -> ReconcileResult:
     return ReconcileResult(
         repaired=repaired, generations=generations, interval_seconds=current.serve.reconcile_seconds
     )
+
+
+def _serving_sets(input: ReconcileInput, store: str, replica_num_cpus: float) -> dict[str, dict[str, Any]]:
+    """An idle model's serving set: its apps at the plan's full size, named as the record says."""
+    apps: dict[str, dict[str, Any]] = {}
+    for region, name in sorted(input.apps.items()):
+        plan = set_app_plan(input.spec, input.serving_set, input.plan, region, store)
+        app = render_set_app(plan, replica_num_cpus)
+        if app["name"] != name:
+            raise as_application_error(
+                ServingError(
+                    f"model {input.spec.name}: the record says {name} serves {region}, but its set "
+                    f"and plan render {app['name']}; the record and the plan disagree"
+                ),
+            )
+        apps[name] = app
+    return apps
+
+
+def _rollout_sets(input: ReconcileInput, store: str, replica_num_cpus: float) -> dict[str, dict[str, Any]]:
+    """A rollout's sets: each set's apps, in every region of its plan, at its step's size."""
+    apps: dict[str, dict[str, Any]] = {}
+    parts = list(input.spec.parts)
+    for target in input.sets:
+        scale, shares = deploy_scale(target.scales or dict.fromkeys(parts, 1.0), parts)
+        regions = sorted({r for p in target.plan.deployments.values() for r in p.regions()})
+        for region in regions:
+            plan = set_app_plan(input.spec, target.snapshot_set, target.plan, region, store, scale, shares)
+            app = render_set_app(plan, replica_num_cpus)
+            apps[app["name"]] = app
+    return apps
+
+
+def _serving_routers(input: ReconcileInput, known: list[str]) -> dict[str, RouterConfig]:
+    """An idle model's routers: every region's router that exists (or that its plan needs) to
+    the serving apps, all its traffic on the serving set."""
+    model = input.spec.name
+    regions = {n.split(".", 1)[1] for n in known if n.startswith(f"{model}.") and n.count(".") == 1}
+    weights = serving_weights(input.plan, input.apps, regions)
+    return {region: RouterConfig(generation=0, weights=w) for region, w in weights.items()}
+
+
+def _routes(config: RouterConfig) -> str:
+    parts = f", parts {config.parts}" if config.parts else ""
+    return f"{config.weights}{parts}"
 
 
 def _drift(name: str, wanted: dict[str, Any], held: dict[str, Any] | None, listed: dict[str, Any]) -> str:

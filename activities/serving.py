@@ -75,6 +75,9 @@ class RouteInput(Frozen):
     parts: dict[str, dict[str, dict[str, float]]] = Field(default_factory=dict)
     gated_part: str | None = None
     router_max_ongoing_requests: int = DEFAULT_ROUTER_MAX_ONGOING  # the spec's router.max_ongoing_requests
+    # The highest generation the caller saw applied: a router the writer lost (Ray restarted)
+    # is applied above it, never below, so generations only ever go up.
+    generation_floor: int = Field(default=0, ge=0)
 
 
 class RouteResult(Frozen):
@@ -159,7 +162,7 @@ def route_traffic(input: RouteInput) -> RouteResult:
         name = router_app_name(input.model, region)
         current: DeployedRouter | None = _ray_get(writer.deployed_router.remote(name))
         parts = input.parts.get(region, {})
-        generation = current.config.generation if current is not None else 0
+        generation = max(current.config.generation if current is not None else 0, input.generation_floor)
         if current is None:
             started.append(name)
         wanted = DeployedRouter(

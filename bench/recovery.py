@@ -16,8 +16,12 @@ worker), each time the bench starts the stack.
    dies) under load. Measured: from the kill to the plan's replicas alive again (none of them
    a killed one) and Serve reporting them all running, and the requests that failed meanwhile.
 
-Not measured yet: Ray lost mid-rollout (the worker does not yet reconnect to a Ray cluster
-that restarted under it; see issue 16's notes).
+3. Ray lost mid-rollout: a new snapshot rolls out under load; in its first bake the Ray
+   cluster is killed (head, GCS, Serve, every replica) and started again after
+   `--outage-seconds` (60 by default), at a new address. Measured: from Ray started again to
+   the rollout resumed (its own serving check pushed both sets and the split back; the bake
+   starts again), to the first answer, and to the rollout completed; the generations it
+   applied (one per step, none twice).
 
 Prints one line per measurement and writes bench/results/recovery.json.
 """
@@ -125,9 +129,11 @@ async def wait_for(check: Any, timeout: float, what: str) -> None:
         await asyncio.sleep(0.05)
 
 
-async def measure(config: Path, dev: DevStack, repeats: int, up_s: list[float]) -> dict[str, Any]:
+async def measure(
+    config: Path, dev: DevStack, repeats: int, up_s: list[float], outage_s: float
+) -> dict[str, Any]:
     settings = load_settings(config)
-    out: dict[str, Any] = {"restart": [], "replica_kill": []}
+    out: dict[str, Any] = {"restart": [], "replica_kill": [], "ray_lost_mid_rollout": []}
     async with await Client.connect(settings) as ipn:
         await ipn.publish_model(spec())
         v1 = train(settings.snapshot_roots[0], MODEL, "v1", seed=1, steps=60).folder
@@ -183,6 +189,11 @@ async def measure(config: Path, dev: DevStack, repeats: int, up_s: list[float]) 
                     f"replica kill {i}: {len(killed)} killed, {target} running again after "
                     f"{full_at - killed_at:.1f} s, {failed} requests failed meanwhile"
                 )
+            # 3. Ray lost mid-rollout
+            for i in range(repeats):
+                out["ray_lost_mid_rollout"].append(
+                    await ray_lost_mid_rollout(ipn, settings, dev, load, i, outage_s)
+                )
         finally:
             await load.stop()
         out["requests"] = len(load.answers)
@@ -190,10 +201,64 @@ async def measure(config: Path, dev: DevStack, repeats: int, up_s: list[float]) 
     return out
 
 
+async def ray_lost_mid_rollout(
+    ipn: Client, settings: Settings, dev: DevStack, load: Load, i: int, outage_s: float
+) -> dict[str, Any]:
+    version = f"v{i + 2}"
+    folder = train(settings.snapshot_roots[0], MODEL, version, seed=i + 2, steps=60).folder
+    before = await ipn.get_model(MODEL)
+    applied = max(before.rollout.generations) if before.rollout else 0
+    published = await ipn.publish_snapshot(MODEL, folder, who="bench")
+    while True:
+        live = await ipn.rollout_status(MODEL)
+        if live is not None and live.set_id == published.set_id and "baking" in live.step:
+            break
+        await asyncio.sleep(0.1)
+    step = live.step
+    if ray.is_initialized():
+        ray.shutdown()
+    await asyncio.to_thread(dev.crash, "ray")
+    await asyncio.sleep(outage_s)
+    back = time.perf_counter()
+    await asyncio.to_thread(dev.start, "ray")
+    ray_up_s = time.perf_counter() - back
+    resumed = done = None
+    while done is None:
+        state = await ipn.get_model(MODEL)
+        rollout = state.rollout
+        if resumed is None and rollout and rollout.set_id == published.set_id and rollout.repairs:
+            resumed = time.perf_counter()
+        if state.serving_set == published.set_id and state.state == "serving":
+            done = time.perf_counter()
+        elif time.perf_counter() - back > 900:
+            raise RuntimeError(f"{published.set_id} not serving 900 s after Ray was back: {rollout}")
+        await asyncio.sleep(0.2)
+    answer = load.first_ok_after(back) or done
+    generations = state.rollout.generations if state.rollout else []
+    row = {
+        "outage_s": outage_s,
+        "lost_in": step,
+        "ray_start_s": ray_up_s,
+        "ray_back_to_resumed_s": (resumed or done) - back,
+        "ray_back_to_answer_s": answer - back,
+        "ray_back_to_completed_s": done - back,
+        "generations": generations,
+        "each_step_once": generations == list(range(applied + 1, applied + 1 + len(generations))),
+        "state": str(state.rollout.state.value) if state.rollout else "",
+    }
+    print(
+        f"ray lost {i}: {outage_s:.0f} s in {step}; Ray started again in {ray_up_s:.1f} s; the rollout "
+        f"resumed {row['ray_back_to_resumed_s']:.1f} s after, answered {row['ray_back_to_answer_s']:.1f} s, "
+        f"ended {row['state']} {row['ray_back_to_completed_s']:.1f} s after; generations {generations}"
+    )
+    return row
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--reconcile-seconds", type=float, default=30.0)
+    parser.add_argument("--outage-seconds", type=float, default=60.0, help="how long Ray stays lost")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "recovery.json")
     args = parser.parse_args()
     config = scratch_config(Path(tempfile.mkdtemp(prefix="ipn-bench-", dir="/tmp")), REPO / "config")
@@ -206,7 +271,7 @@ def main() -> None:
     up_s = [time.perf_counter() - started]
     print(f"stack up from nothing: {up_s[0]:.1f} s")
     try:
-        result = asyncio.run(measure(config, dev, args.repeats, up_s))
+        result = asyncio.run(measure(config, dev, args.repeats, up_s, args.outage_seconds))
     finally:
         dev.down()
     restart = statistics.median(r["up_start_to_answer_s"] for r in result["restart"])
@@ -223,6 +288,17 @@ def main() -> None:
             statistics.median(r["to_full_s"] for r in result["replica_kill"]), 2
         ),
         "replica_kill_failed_requests": [r["failed"] for r in result["replica_kill"]],
+        "ray_outage_s": args.outage_seconds,
+        "ray_back_to_rollout_resumed_median_s": round(
+            statistics.median(r["ray_back_to_resumed_s"] for r in result["ray_lost_mid_rollout"]), 2
+        ),
+        "ray_back_to_rollout_completed_median_s": round(
+            statistics.median(r["ray_back_to_completed_s"] for r in result["ray_lost_mid_rollout"]), 2
+        ),
+        "ray_back_to_resumed_over_stack_up": round(
+            statistics.median(r["ray_back_to_resumed_s"] for r in result["ray_lost_mid_rollout"]) / up, 2
+        ),
+        "rollouts_each_step_once": [r["each_step_once"] for r in result["ray_lost_mid_rollout"]],
     }
     result["stack_up_s"] = [round(x, 2) for x in up_s]
     print(json.dumps(result["summary"], indent=2))

@@ -22,6 +22,7 @@ from ipnext.rollout import (
     PauseRecord,
     RolloutState,
     RolloutStatus,
+    RouterConfig,
 )
 
 __all__ = [
@@ -204,6 +205,10 @@ class RolloutProgress(BaseModel):
     resumes: int = 0  # counts resumes: a bake restarts when it changes
     new_apps: dict[str, str] = Field(default_factory=dict)  # region -> the new set's app
     old_scales: dict[str, float] = Field(default_factory=dict)  # part -> the old set's share of its plan
+    new_scales: dict[str, float] = Field(default_factory=dict)  # part -> the new set's share, as deployed
+    routers: dict[str, RouterConfig] = Field(default_factory=dict)  # region -> as last routed
+    repairs: int = 0  # serving checks during bakes that found Serve different and pushed it again
+    last_repair: str = ""
     # A continued run (a long bake or pause grows the history): the step it bakes again from a
     # fresh window, its scaling and weights already applied.
     continued_at: int | None = None

@@ -326,3 +326,5 @@ class RolloutStatus(Frozen):
     freeze_override: FreezeOverride | None = None
     part: str | None = None  # sync: independent: the part moving now
     part_traffic: dict[str, float] = Field(default_factory=dict)  # changed part -> percent on the new set
+    repairs: int = 0  # serving checks during its bakes that pushed Serve again (after an outage)
+    last_repair: str = ""

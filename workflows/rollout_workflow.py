@@ -38,8 +38,16 @@ from temporalio.exceptions import ActivityError, ApplicationError, FailureError
 
 with workflow.unsafe.imports_passed_through():
     from ipnext import rollout_steps as steps
-    from ipnext.activities import DEPLOY_TIMEOUT, HEARTBEAT_TIMEOUT, QUICK_TIMEOUT, RETRY, VALIDATE_TIMEOUT
+    from ipnext.activities import (
+        DEPLOY_TIMEOUT,
+        HEARTBEAT_TIMEOUT,
+        QUICK_TIMEOUT,
+        RECONCILE_RETRY,
+        RETRY,
+        VALIDATE_TIMEOUT,
+    )
     from ipnext.activities.freeze import FreezeWindowsResult, freeze_windows
+    from ipnext.activities.reconcile import ReconcileInput, ReconcileResult, SetTarget, reconcile_serving
     from ipnext.activities.serving import (
         DeploySetInput,
         ReadMetricsInput,
@@ -71,11 +79,13 @@ with workflow.unsafe.imports_passed_through():
         ResumeInput,
         RolloutState,
         RolloutStatus,
+        RouterConfig,
         active_freeze,
         judge_window,
     )
     from ipnext.rollout_steps import PartWeights, Weights
 
+SERVING_CHECK_PATCH = "rollout-serving-check"  # runs started before bakes checked their serving
 BAKE_EXTENSION = 3  # too few requests: the bake may last up to this many times its length
 INSUFFICIENT_TRAFFIC = "insufficient_traffic"
 NEEDS_ATTENTION = "needs_attention"  # a rollback that cannot complete: on-call must act
@@ -196,6 +206,8 @@ class RolloutWorkflow:
             freeze_override=p.freeze_override,
             part=p.part,
             part_traffic=dict(p.part_traffic),
+            repairs=p.repairs,
+            last_repair=p.last_repair,
         )
 
     # ---- the rollout -------------------------------------------------------------------------
@@ -281,7 +293,8 @@ class RolloutWorkflow:
                     # Paused between steps: hold this split, gates still judged, until resumed.
                     await self._bake(step.index - 1)
                 self._enter(self._running_or_paused(), f"{step.label}: scaling the new {what} up")
-                p.new_apps = await self._deploy(input.new_set, input.plan, steps.new_set_scales(step, parts))
+                p.new_scales = steps.new_set_scales(step, parts)
+                p.new_apps = await self._deploy(input.new_set, input.plan, p.new_scales)
                 shifting = f"shifting {step.part}'s traffic" if step.part else "shifting traffic"
                 self._enter(self._running_or_paused(), f"{step.label}: {shifting}")
                 await self._shift(
@@ -300,7 +313,8 @@ class RolloutWorkflow:
             p.part = None
             unchanged = [part for part in parts if part not in self._rolling]
             self._enter(RolloutState.RUNNING, f"handing over {', '.join(unchanged) or 'the set'}")
-            p.new_apps = await self._deploy(input.new_set, input.plan, dict.fromkeys(parts, 1.0))
+            p.new_scales = dict.fromkeys(parts, 1.0)
+            p.new_apps = await self._deploy(input.new_set, input.plan, p.new_scales)
             await self._route(steps.cutover_weights(input, p.new_apps))
 
     async def _bake(self, index: int) -> None:
@@ -323,10 +337,18 @@ class RolloutWorkflow:
             if frozen is None:
                 p.freeze_hold = False
                 self._close_pause(FREEZE_CALENDAR)
+        next_check = workflow.now() + await self._check_serving()
         baseline = await self._read_metrics(regions)
         started, resumes = workflow.now(), p.resumes
         while True:
             await self._wait(interval, resumes)
+            if workflow.now() >= next_check and p.abort is None:
+                before = p.repairs
+                next_check = workflow.now() + await self._check_serving()
+                if p.repairs != before:  # Serve had lost some of it: the counters went with it
+                    baseline = await self._read_metrics(regions)
+                    started = workflow.now()
+                    continue
             if p.abort is not None:
                 raise _Stop(RolloutState.ABORTED, f"aborted by {p.abort.who}: {p.abort.reason}")
             if p.resumes != resumes:  # resumed: the bake of this step starts again
@@ -551,15 +573,25 @@ class RolloutWorkflow:
                 parts=parts or {},
                 gated_part=gated,
                 router_max_ongoing_requests=self._input.spec.router.max_ongoing_requests,
+                generation_floor=max(self._progress.generations, default=0),
             ),
             start_to_close_timeout=DEPLOY_TIMEOUT,
             heartbeat_timeout=HEARTBEAT_TIMEOUT,
             retry_policy=RETRY,
             summary="apply router weights",
         )
+        p = self._progress
         for generation in sorted(set(result.generations.values())):
-            if generation not in self._progress.generations:
-                self._progress.generations.append(generation)
+            if generation not in p.generations:
+                p.generations.append(generation)
+        for region, generation in result.generations.items():
+            by_part = (parts or {}).get(region, {})
+            p.routers[region] = RouterConfig(
+                generation=generation,
+                weights=weights[region],
+                parts=by_part,
+                gated_part=gated if gated in by_part else None,
+            )
 
     async def _shift(
         self, percent: float, end: Weights, part: str | None = None, done: list[str] | None = None
@@ -567,6 +599,46 @@ class RolloutWorkflow:
         """`percent` of the traffic (with sync: independent, of `part`'s calls) to the new set."""
         await self._route(*steps.step_routes(self._start, end, percent, part, done))
         self._set_traffic(percent, part)
+
+    async def _check_serving(self) -> timedelta:
+        """Serve against what this rollout applied (both sets at their step's sizes, every router
+        as last routed), pushed again where it differs: Ray restarted mid-rollout comes back with
+        the split it had, at the generations it had. A repair is counted and logged; a check that
+        cannot run (Ray still down) is logged and tried again next time, the rollout goes on.
+        Returns when to check again."""
+        input, p = self._input, self._progress
+        if input.old_set is None or not p.routers or not workflow.patched(SERVING_CHECK_PATCH):
+            return timedelta(days=1)
+        check = ReconcileInput(
+            spec=input.spec,
+            serving_set=input.old_set,
+            plan=self._old_plan(),
+            apps=dict(input.old_apps),
+            generation_floor=max(p.generations, default=0),
+            sets=[
+                SetTarget(snapshot_set=input.old_set, plan=self._old_plan(), scales=p.old_scales),
+                SetTarget(snapshot_set=input.new_set, plan=input.plan, scales=p.new_scales),
+            ],
+            routers=dict(p.routers),
+        )
+        try:
+            result: ReconcileResult = await workflow.execute_activity(
+                reconcile_serving,
+                check,
+                start_to_close_timeout=DEPLOY_TIMEOUT,
+                heartbeat_timeout=HEARTBEAT_TIMEOUT,
+                retry_policy=RECONCILE_RETRY,
+                summary="check serving against the rollout",
+            )
+        except ActivityError as err:
+            workflow.logger.warning("rollout serving check failed (tried again next interval): %s", err.cause)
+            return timedelta(seconds=input.spec.rollout.check_interval_seconds)
+        if result.repaired:
+            p.repairs += 1
+            p.last_repair = "; ".join(result.repaired)
+            workflow.logger.warning("rollout serving repaired (the bake starts again): %s", p.last_repair)
+            self._publish_details()
+        return timedelta(seconds=result.interval_seconds)
 
     async def _read_metrics(self, regions: list[str]) -> ReadMetricsResult:
         return await workflow.execute_activity(
@@ -651,6 +723,8 @@ class RolloutWorkflow:
             lines.append("gates: " + "; ".join(r.describe() for r in p.gates))
         if p.pauses and self._paused():
             lines.append(f"paused by {p.pauses[-1].who}: {p.pauses[-1].reason}")
+        if p.repairs:
+            lines.append(f"serving repaired {p.repairs} time(s), last: {p.last_repair}")
         if p.freeze_override is not None:
             lines.append(f"freeze override by {p.freeze_override.who}: {p.freeze_override.reason}")
         if p.detail:

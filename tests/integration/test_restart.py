@@ -14,6 +14,7 @@ from ipnext.config import Settings
 from ipnext.contracts import ModelStatus, model_workflow_id, poll_until
 from ipnext.devstack import DevStack
 from ipnext.errors import ModelExistsError, ModelNotFoundError
+from ipnext.rollout import RolloutState
 from ipnext.sdk import Client
 
 from .conftest import one_region_spec, train_version
@@ -21,7 +22,7 @@ from .load import Load
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 # How long the Ray drill keeps the cluster down (bench/recovery.py would run it at full length).
-RAY_OUTAGE_S = 5.0
+RAY_OUTAGE_S = 10.0
 
 
 async def test_a_model_terminated_from_the_ui_keeps_serving_and_is_adopted(
@@ -136,7 +137,7 @@ async def test_a_full_restart_and_a_lost_ray_cluster_serve_again_with_no_command
     assert state.rollout is not None and min(state.rollout.generations) == applied + 1, state.rollout
     print(f"after the restart: {second.set_id} rolled out under {len(load.answers)} requests, none failed")
 
-    # The same model (one publish for both drills): the Ray cluster alone is lost, then back.
+    # The same model (one publish for both drills): the Ray cluster alone is lost mid-rollout.
     await _ray_lost_and_back(stack, dev, client, model_name)
     await client.delete_model(model_name)
 
@@ -156,15 +157,26 @@ async def _router_state(stack: Settings, model: str) -> dict[str, object]:
 
 
 async def _ray_lost_and_back(stack: Settings, dev: DevStack, client: Client, model_name: str) -> None:
-    """The Ray cluster dies (head, GCS, Serve and every replica) and comes back empty after
-    RAY_OUTAGE_S, at a new address: the worker attaches to it, and the model's next serving
-    check pushes its record again; the model's workflow never noticed."""
+    """A new snapshot rolls out; in its first bake the Ray cluster dies (head, GCS, Serve, every
+    replica) and comes back empty after RAY_OUTAGE_S, at a new address. The rollout waits (its
+    activities retry), its own serving check pushes back both sets at the step's sizes and the
+    split it had, at the generations it had, and it completes: each step applied once, the
+    model's workflow never noticed."""
     before = await client.get_model(model_name)
-    assert before.rollout is not None and before.reconcile is not None and before.serving_set
-    applied, repairs = max(before.rollout.generations), before.reconcile.repairs
+    assert before.rollout is not None and before.serving_set
+    applied = max(before.rollout.generations)
     path = f"/us-east/models/{model_name}/predict"
+    v3, _ = train_version(stack, model_name, "v3", seed=3)
     async with Load(stack.serve_url, path) as load:
         await poll_until(lambda: _ok(load), lambda n: n >= 20, timeout_s=60, interval_s=0.2, what="answers")
+        third = await client.publish_snapshot(model_name, v3)
+        rollout = await poll_until(
+            lambda: client.rollout_status(model_name),
+            lambda r: r is not None and r.set_id == third.set_id and "baking" in r.step,
+            timeout_s=120,
+            interval_s=0.1,
+            what=f"{third.set_id}'s first bake",
+        )
         if ray.is_initialized():
             ray.shutdown()
         lost_at = load.elapsed()
@@ -172,32 +184,30 @@ async def _ray_lost_and_back(stack: Settings, dev: DevStack, client: Client, mod
         await asyncio.sleep(RAY_OUTAGE_S)
         back_started = load.elapsed()
         await asyncio.to_thread(dev.start, "ray")
-        state = await poll_until(
-            lambda: client.get_model(model_name),
-            lambda s: s.reconcile is not None and s.reconcile.repairs > repairs,
-            timeout_s=180,
-            interval_s=0.5,
-            what=f"{model_name} repaired after the Ray restart",
-        )
-        settled_at = load.elapsed()
+        state = await client.wait_until_serving(model_name, third.set_id, timeout_s=300)
+        done_at = load.elapsed()
         await poll_until(
-            lambda: _ok(load, since=settled_at),
-            lambda n: n >= 20,
-            timeout_s=60,
-            interval_s=0.2,
-            what="answers",
+            lambda: _ok(load, since=done_at), lambda n: n >= 20, timeout_s=60, interval_s=0.2, what="answers"
         )
+    assert rollout is not None
     back_at = min(a.at for a in load.answers if a.at >= back_started and a.status == 200)
-    after = [a for a in load.answers if a.at >= settled_at]
-    assert all(a.status == 200 and a.set == before.serving_set for a in after), [
+    after = [a for a in load.answers if a.at >= done_at]
+    assert all(a.status == 200 and a.set == third.set_id for a in after), [
         a for a in after if a.status != 200
     ][:3]
-    assert state.state == ModelStatus.SERVING and state.serving_set == before.serving_set
-    assert state.reconcile is not None and "lost" in state.reconcile.last_repair, state.reconcile
+    assert state.state == ModelStatus.SERVING and state.serving_set == third.set_id
+    assert state.rollout is not None and state.rollout.state == RolloutState.COMPLETED, state.rollout
+    steps = len(state.rollout.steps)
+    # Each step applied once, above what served before: the restored routers kept their numbers.
+    assert state.rollout.generations == list(range(applied + 1, applied + 1 + steps)), state.rollout
+    assert state.rollout.repairs >= 1 and "lost" in state.rollout.last_repair, state.rollout
     router = await _router_state(stack, model_name)
-    assert router["generation"] == applied, router
+    assert router["generation"] == applied + steps, router
+    described = await client.temporal.get_workflow_handle(model_workflow_id(model_name)).describe()
+    assert described.status is not None and described.status.name == "RUNNING"
     print(
-        f"Ray lost for {back_started - lost_at:.1f}s: answered again {back_at - back_started:.1f}s after "
-        f"Ray started again; {state.reconcile.failures} checks could not run meanwhile; "
-        f"{len(after)} answers since the repair, none failed"
+        f"Ray lost for {back_started - lost_at:.1f}s in {third.set_id}'s bake ({rollout.step}): "
+        f"answered again {back_at - back_started:.1f}s after Ray started again; the rollout completed "
+        f"{done_at - back_started:.1f}s after it, generations {state.rollout.generations}, "
+        f"{state.rollout.repairs} repair(s): {state.rollout.last_repair}; {len(after)} answers since, none failed"
     )

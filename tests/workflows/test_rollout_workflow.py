@@ -187,6 +187,34 @@ async def test_pause_holds_the_split_through_the_bake_and_resume_continues(tempo
     assert done.generations == [2, 3]
 
 
+async def test_serving_lost_mid_bake_comes_back_at_the_rollouts_split_and_the_bake_restarts(
+    temporal: Client,
+) -> None:
+    """Ray restarted in the middle of a bake (the fake's next serving check finds drift): the
+    rollout's own check pushes both sets at their step's sizes and the routers as last routed,
+    at the generations applied; the bake starts a fresh window; every step is applied once."""
+    fake = FakeServing()
+    fake.reconcile_interval = 0.2
+    worker, handle = await start(temporal, fake, with_rollout(steps=[30, 100], bake_seconds=3.0))
+    async with worker:
+        await roll_out_v2(temporal, handle, "(30%): baking")
+        checks = len(fake.reconciled)
+        fake.drift = ["app-1: lost (the writer holds none)", "wf-model.us-east: router lost"]
+        repaired = await until_rollout(temporal, "wf-model@2", lambda s: s.repairs == 1)
+        done = await until_rollout(temporal, "wf-model@2", lambda s: s.state == RolloutState.COMPLETED)
+    during = [c for c in fake.reconciled[checks:] if c.sets]
+    assert during, "no serving check ran during the bake"
+    check = during[0]
+    assert [(t.snapshot_set.id, t.scales) for t in check.sets] == [
+        ("wf-model@1", {"embed": 1.0}),
+        ("wf-model@2", {"embed": 0.3}),
+    ]
+    assert check.routers["us-east"].weights == {"app-1": 70.0, "app-2": 30.0}
+    assert check.routers["us-east"].generation == check.generation_floor == 2
+    assert repaired.last_repair.startswith("app-1: lost") and repaired.state == RolloutState.RUNNING
+    assert done.generations == [2, 3] and done.repairs == 1  # nothing applied twice
+
+
 async def test_abort_rolls_back_and_ends_aborted(temporal: Client) -> None:
     fake = FakeServing()
     worker, handle = await start(temporal, fake, with_rollout(steps=[30, 100], bake_seconds=30.0))
