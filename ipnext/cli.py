@@ -1,7 +1,7 @@
 """The `ipnext` command line: the SDK's verbs plus the dev stack and the demo.
 
-ipnext dev up|down|status
-ipnext model publish FILE | get NAME | list | delete NAME
+ipnext dev up|down|status | hold|release NAME [--why W]
+ipnext model publish FILE | get NAME | list | adopt NAME | delete NAME
 ipnext snapshot publish MODEL FOLDER [--wait] [--override-freeze REASON --who NAME]
 ipnext rollout status|watch MODEL | pause|abort|override-freeze MODEL --reason R [--who W] | resume MODEL
 ipnext predict MODEL --inputs JSON [--source REGION | --region REGION] [--key KEY]
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ipnext.config import Settings, load_settings
-from ipnext.errors import IpnextError
+from ipnext.errors import IpnextError, StackError
 
 __all__ = ["main"]
 
@@ -340,20 +340,65 @@ def _print_plan_summary(problem: Any, plan: Any) -> None:
 
 
 def _dev(args: argparse.Namespace, settings: Settings) -> None:
-    from ipnext.devstack import DevStack
+    from ipnext.devstack import COMPONENTS, DevStack
 
-    stack = DevStack(settings)
-    if args.verb == "up":
+    stack = DevStack(settings, config_path=Path(args.config) if args.config else None)
+    if args.verb in ("hold", "release"):
+        if args.name not in COMPONENTS:
+            raise StackError(
+                f"`dev {args.verb}` needs a component name, one of {', '.join(COMPONENTS)}; got {args.name!r}",
+                field="name",
+            )
+        if args.verb == "hold":
+            stack.hold(args.name, args.why)
+            print(
+                f"{args.name} held: the supervisor leaves it as it is until `ipnext dev release {args.name}`"
+            )
+        else:
+            stack.release(args.name)
+            print(f"{args.name} released: the supervisor starts it again if it is down")
+    elif args.verb == "up":
         stack.up()
     elif args.verb == "down":
         stack.down()
     else:
-        record = stack.read_record()
-        if not record or not stack.is_up():
-            print("ipnext dev stack is not up")
-            sys.exit(1)
-        for name, proc in record["processes"].items():
-            print(f"{name:10} pid {proc['pid']:<8} log {proc['log']}")
+        sys.exit(_dev_status(stack, settings))
+
+
+def _dev_status(stack: Any, settings: Settings) -> int:
+    """Each component (up, down, held), the supervisor and what it restarted, and orphaned
+    models; 1 when the stack is not up."""
+    from ipnext.devstack import SUPERVISOR, process_alive
+    from ipnext.entry.supervisor import read_status
+
+    record = stack.read_record()
+    if not record:
+        print("ipnext dev stack is not up")
+        return 1
+    holds = stack.holds()
+    for name, proc in record["processes"].items():
+        state = "up" if process_alive(proc["pid"]) else "DOWN"
+        if name in holds:
+            state += f", held since {holds[name]['at']} ({holds[name]['why']})"
+        print(f"{name:10} {state:6} pid {proc['pid']:<8} log {proc['log']}")
+    supervision = read_status(stack.state_dir)
+    restarts = supervision.get("restarts", [])
+    if SUPERVISOR in record["processes"]:
+        print(f"restarts by the supervisor: {len(restarts) or 'none'}")
+    for entry in restarts[-10:]:
+        outcome = f"back in {entry['took_s']}s" if entry.get("ok") else f"FAILED: {entry.get('error', '')}"
+        print(f"  {entry['at']} {entry['component']}: {entry['why']}; {outcome}")
+    for name, at in supervision.get("gave_up", {}).items():
+        print(f"  {name}: left down since {at}, too many restarts (see its log; `ipnext dev up` starts it)")
+    if stack.is_up():
+        try:
+            orphans = asyncio.run(asyncio.wait_for(_with_client(settings, lambda c: c.list_orphans()), 30))
+        except Exception as err:  # a status command reports, it does not fail on Temporal
+            print(f"orphaned models: unknown ({type(err).__name__}: {err})")
+        else:
+            for m in orphans:
+                print(f"orphaned model {m.name}: {m.state}, still serving; `ipnext model adopt {m.name}`")
+    return 0 if stack.is_up() else 1
 
 
 def _demo(args: argparse.Namespace, settings: Settings) -> None:
@@ -390,7 +435,9 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     dev = sub.add_parser("dev", help="the embedded dev stack (Temporal, Ray, worker)")
-    dev.add_argument("verb", choices=["up", "down", "status"])
+    dev.add_argument("verb", choices=["up", "down", "status", "hold", "release"])
+    dev.add_argument("name", nargs="?", help="hold / release: the component (temporal, ray, worker)")
+    dev.add_argument("--why", default="held by hand", help="hold: why, shown by `dev status`")
     dev.set_defaults(run=_dev)
 
     model = sub.add_parser("model", help="register, inspect and delete models")

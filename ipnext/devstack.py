@@ -2,13 +2,17 @@
 
 `ipnext dev up` starts what is not configured to exist elsewhere (TEMPORAL_ADDRESS
 and RAY_ADDRESS point at existing clusters), each as its own process session with
-its log in `<state>/logs/`, and records them in `<state>/dev.json`. `ipnext dev
-down` stops them in reverse order and waits until they are gone.
+its log in `<state>/logs/`, records them in `<state>/dev.json`, and starts last a
+supervisor (ipnext.entry.supervisor) that starts again a component that dies.
+`ipnext dev down` stops the supervisor first, then the rest in reverse order, and
+waits until they are gone. `ipnext dev hold NAME` keeps a component from being
+restarted (crash drills hold what they crash) until `ipnext dev release NAME`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import random
@@ -27,12 +31,14 @@ from ipnext.config import Settings, load_settings
 from ipnext.contracts import PollTimeoutError, wait_until
 from ipnext.errors import StackError
 
-__all__ = ["DevStack", "stack_processes"]
+__all__ = ["COMPONENTS", "DevStack", "process_alive", "stack_processes"]
 
 STACK_ID_ENV = "IPNEXT_STACK_ID"
 START_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 30.0
 WORKER_GCS_PATIENCE_S = 7 * 24 * 3600  # how long the worker's Ray driver waits for a lost cluster
+COMPONENTS = ("temporal", "ray", "worker")  # what `dev up` starts, in order (the supervisor last)
+SUPERVISOR = "supervisor"
 
 
 def _temporal_binary() -> str:
@@ -52,7 +58,7 @@ def _port_open(host: str, port: int) -> bool:
         return sock.connect_ex((host, port)) == 0
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -113,7 +119,7 @@ def stack_processes(stack_id: str) -> list[int]:
             continue
         try:
             if needle in (entry / "environ").read_bytes().split(b"\0"):
-                if _alive(int(entry.name)):
+                if process_alive(int(entry.name)):
                     found.append(int(entry.name))
         except OSError:
             continue
@@ -132,6 +138,7 @@ class DevStack:
         self.log = log
         self.state_dir = self.settings.state_dir
         self.record = self.state_dir / "dev.json"
+        self.holds_dir = self.state_dir / "holds"
 
     # ---- status --------------------------------------------------------------------------
 
@@ -143,16 +150,54 @@ class DevStack:
         return data
 
     def is_up(self) -> bool:
+        """Every component of the stack runs (the supervisor is not a component: see up)."""
         record = self.read_record()
-        return record is not None and all(_alive(p["pid"]) for p in record["processes"].values())
+        return record is not None and all(
+            process_alive(p["pid"]) for name, p in record["processes"].items() if name != SUPERVISOR
+        )
+
+    def supervised(self) -> bool:
+        record = self.read_record()
+        proc = (record or {}).get("processes", {}).get(SUPERVISOR)
+        return proc is not None and process_alive(proc["pid"])
+
+    # ---- holds ---------------------------------------------------------------------------
+
+    def hold(self, name: str, why: str = "held by hand") -> None:
+        """Keep the supervisor from starting `name` again until `release`."""
+        if name not in COMPONENTS:
+            raise StackError(f"{name}: only {', '.join(COMPONENTS)} can be held", field="name")
+        self.holds_dir.mkdir(parents=True, exist_ok=True)
+        at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        (self.holds_dir / name).write_text(json.dumps({"why": why, "at": at}))
+
+    def release(self, name: str) -> None:
+        if name not in COMPONENTS:
+            raise StackError(f"{name}: only {', '.join(COMPONENTS)} can be held", field="name")
+        (self.holds_dir / name).unlink(missing_ok=True)
+
+    def held(self, name: str) -> bool:
+        return (self.holds_dir / name).exists()
+
+    def holds(self) -> dict[str, dict[str, str]]:
+        found: dict[str, dict[str, str]] = {}
+        for path in sorted(self.holds_dir.glob("*")) if self.holds_dir.exists() else []:
+            try:
+                found[path.name] = json.loads(path.read_text())
+            except (OSError, json.JSONDecodeError):
+                found[path.name] = {"why": "unreadable hold file", "at": ""}
+        return found
 
     # ---- up ------------------------------------------------------------------------------
 
     def up(self) -> dict[str, Any]:
         if self.is_up():
             self.log(f"ipnext dev stack is already up (state in {self.state_dir})")
+            running = self.read_record() or {}
+            if not self.supervised():  # the supervisor died: the stack is up, supervise it again
+                self._start_supervisor(self._env(running["stack_id"]), running)
             self._print_urls()
-            return self.read_record() or {}
+            return running
         if self.read_record():
             self.down(quiet=True)  # a half-dead stack from an earlier run
         (self.state_dir / "logs").mkdir(parents=True, exist_ok=True)
@@ -170,6 +215,7 @@ class DevStack:
             else:
                 self.log(f"using the Ray cluster at {self.settings.ray.address}")
             self._start_worker(env, record)
+            self._start_supervisor(env, record)
         except BaseException:
             self.record.write_text(json.dumps(record))
             self.down(quiet=True)
@@ -204,28 +250,40 @@ class DevStack:
         record = self.read_record()
         if record is None or name not in record["processes"]:
             raise StackError(f"no {name} in this dev stack to crash")
+        self.hold(name, "crash drill")  # down on purpose: the supervisor leaves it to `start`
         pid = record["processes"][name]["pid"]
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)
-        while _alive(pid):
+        while process_alive(pid):
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)
             time.sleep(0.05)
         if name == "ray":  # Ray's own processes run in sessions of their own
-            others = {
-                os.getpgid(p["pid"])
-                for n, p in record["processes"].items()
-                if n != "ray" and _alive(p["pid"])
-            }
-            for stray in stack_processes(record["stack_id"]):
-                with contextlib.suppress(ProcessLookupError):
-                    if os.getpgid(stray) not in others:
-                        os.kill(stray, signal.SIGKILL)
-            self.settings.ray_address_file.unlink(missing_ok=True)
+            self._kill_ray_leftovers(record)
         self.log(f"  crashed {name} (pid {pid})")
 
+    def _kill_ray_leftovers(self, record: dict[str, Any]) -> None:
+        """Every process of this stack outside the other components' sessions: what is left of
+        a Ray cluster whose head died (raylet, GCS, Serve's proxy holding its port, replicas)."""
+        others = {
+            os.getpgid(p["pid"])
+            for n, p in record["processes"].items()
+            if n != "ray" and process_alive(p["pid"])
+        }
+        others.add(os.getpgid(0))  # this process's own (the supervisor, or a drill's test)
+        killed = []
+        for stray in stack_processes(record["stack_id"]):
+            with contextlib.suppress(ProcessLookupError):
+                if os.getpgid(stray) not in others:
+                    os.kill(stray, signal.SIGKILL)
+                    killed.append(stray)
+        with contextlib.suppress(PollTimeoutError):
+            wait_until(lambda: not any(process_alive(p) for p in killed), bool, timeout_s=10, interval_s=0.05)
+        self.settings.ray_address_file.unlink(missing_ok=True)
+
     def start(self, name: str) -> None:
-        """Start one component again (after `crash`), in the same stack."""
+        """Start one component again (after `crash`, or after it died), in the same stack, and
+        release a hold on it."""
         record = self.read_record()
         if record is None:
             raise StackError("the dev stack is not up")
@@ -233,7 +291,10 @@ class DevStack:
         starts = {"worker": self._start_worker, "temporal": self._start_temporal, "ray": self._start_ray}
         if name not in starts:
             raise StackError(f"{name}: only {sorted(starts)} can be started alone")
+        if name == "ray":
+            self._kill_ray_leftovers(record)
         starts[name](env, record)
+        self.release(name)
 
     def _print_urls(self) -> None:
         self.log(f"  Temporal UI:  {self.settings.ui_url}")
@@ -254,8 +315,21 @@ class DevStack:
                 start_new_session=True,
             )
         record["processes"][name] = {"pid": proc.pid, "log": str(log_path)}
-        self.record.write_text(json.dumps(record, indent=2))
+        self._save_process(record, name)
         return proc
+
+    def _save_process(self, record: dict[str, Any], name: str) -> None:
+        """Write `name`'s entry into the record on disk. The supervisor and a command (`dev
+        start`, a drill) may both write it: each rewrites only its own entry, under a lock."""
+        with (self.state_dir / "dev.lock").open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            on_disk = self.read_record()
+            if on_disk is None or on_disk.get("stack_id") != record["stack_id"]:
+                on_disk = record
+            on_disk["processes"][name] = record["processes"][name]
+            tmp = self.record.with_suffix(".tmp")
+            tmp.write_text(json.dumps(on_disk, indent=2))
+            tmp.replace(self.record)
 
     def _wait(
         self,
@@ -322,6 +396,13 @@ class DevStack:
         self._wait("ray", proc, self.settings.ray_address_file.exists, record)
         self.log(f"  ray cluster up at {self.settings.ray_address()} (pid {proc.pid})")
 
+    def _start_supervisor(self, env: dict[str, str], record: dict[str, Any]) -> None:
+        from ipnext.entry.supervisor import read_status
+
+        proc = self._spawn(SUPERVISOR, [sys.executable, "-m", "ipnext.entry.supervisor"], env, record)
+        self._wait(SUPERVISOR, proc, lambda: read_status(self.state_dir).get("pid") == proc.pid, record)
+        self.log(f"  supervisor up (pid {proc.pid})")
+
     def _start_worker(self, env: dict[str, str], record: dict[str, Any]) -> None:
         ready = self.state_dir / "worker.ready"
         ready.unlink(missing_ok=True)
@@ -340,9 +421,13 @@ class DevStack:
             if not quiet:
                 self.log("ipnext dev stack is not up")
             return
-        for name in ("worker", "ray", "temporal"):
+        supervisor = record["processes"].get(SUPERVISOR)
+        if supervisor and process_alive(supervisor["pid"]):
+            self._stop(SUPERVISOR, supervisor["pid"])
+            record = self.read_record() or record  # what it started last, if it was restarting one
+        for name in reversed(COMPONENTS):
             proc = record["processes"].get(name)
-            if proc and _alive(proc["pid"]):
+            if proc and process_alive(proc["pid"]):
                 self._stop(name, proc["pid"])
         # Anything of this stack still running (a Ray worker whose raylet died first) goes too.
         leftovers = stack_processes(record["stack_id"])
@@ -353,6 +438,8 @@ class DevStack:
                 pass
         self.record.unlink(missing_ok=True)
         self.settings.ray_address_file.unlink(missing_ok=True)
+        for name in self.holds():
+            self.release(name)
         if not quiet:
             extra = f" ({len(leftovers)} stray processes killed)" if leftovers else ""
             self.log(f"ipnext dev stack stopped{extra}")
@@ -363,7 +450,7 @@ class DevStack:
         except ProcessLookupError:
             return
         deadline = time.monotonic() + STOP_TIMEOUT_S
-        while _alive(pid) and time.monotonic() < deadline:
+        while process_alive(pid) and time.monotonic() < deadline:
             time.sleep(0.1)
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)  # reap it if this process started it

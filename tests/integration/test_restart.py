@@ -4,6 +4,10 @@ other test of the stack). Timings are printed, never asserted."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -13,6 +17,7 @@ import ray
 from ipnext.config import Settings
 from ipnext.contracts import ModelStatus, model_workflow_id, poll_until
 from ipnext.devstack import DevStack
+from ipnext.entry.supervisor import CHECK_INTERVAL_S, read_status
 from ipnext.errors import ModelExistsError, ModelNotFoundError
 from ipnext.rollout import RolloutState
 from ipnext.sdk import Client
@@ -140,6 +145,68 @@ async def test_a_full_restart_and_a_lost_ray_cluster_serve_again_with_no_command
     # The same model (one publish for both drills): the Ray cluster alone is lost mid-rollout.
     await _ray_lost_and_back(stack, dev, client, model_name)
     await client.delete_model(model_name)
+
+
+@pytest.mark.destructive
+async def test_the_supervisor_starts_a_dead_worker_again_unless_it_is_held(
+    stack: Settings, stack_config: Path, client: Client, model_name: str
+) -> None:
+    """The worker dies unexpectedly (SIGKILL, no hold): the stack's supervisor starts it again
+    and `dev status` says so; held (`dev hold`), a dead worker stays down until started."""
+    await client.publish_model(one_region_spec(model_name))
+    dev = DevStack(config_path=stack_config, log=lambda line: print(f"    {line}"))
+    assert dev.supervised()
+    restarts = len(read_status(stack.state_dir).get("restarts", []))
+
+    killed = _kill(dev, "worker")
+    killed_at = time.monotonic()
+    status = await poll_until(
+        lambda: asyncio.to_thread(read_status, stack.state_dir),
+        lambda s: len(s.get("restarts", [])) > restarts,
+        timeout_s=180,
+        interval_s=0.2,
+        what="the supervisor's restart of the worker",
+    )
+    back_s = time.monotonic() - killed_at
+    entry = status["restarts"][-1]
+    assert entry["component"] == "worker" and entry["ok"], entry
+    record = dev.read_record()
+    assert record is not None and record["processes"]["worker"]["pid"] != killed
+    assert (await client.get_model(model_name)).spec.name == model_name  # the new worker answers
+    shown = await _dev_cli(stack_config, "status")
+    assert shown.returncode == 0 and "worker: pid" in shown.stdout, shown.stdout
+
+    held = await _dev_cli(stack_config, "hold", "worker", "--why", "drill")
+    assert held.returncode == 0, held.stderr
+    _kill(dev, "worker")
+    await asyncio.sleep(3 * CHECK_INTERVAL_S + 1)
+    shown = await _dev_cli(stack_config, "status")
+    assert len(read_status(stack.state_dir)["restarts"]) == len(status["restarts"])  # left down
+    assert shown.returncode == 1 and "DOWN, held since" in shown.stdout and "(drill)" in shown.stdout, (
+        shown.stdout
+    )
+    await asyncio.to_thread(dev.start, "worker")  # starts it and releases the hold
+    assert not dev.held("worker") and dev.is_up()
+    assert (await client.get_model(model_name)).spec.name == model_name
+    print(
+        f"supervisor: the killed worker was started again {back_s:.1f}s after the kill "
+        f"(its start took {entry['took_s']}s); held, it stayed down"
+    )
+    await client.delete_model(model_name)
+
+
+def _kill(dev: DevStack, name: str) -> int:
+    """SIGKILL a component's process group behind the stack's back (not `crash`, which holds)."""
+    record = dev.read_record()
+    assert record is not None
+    pid: int = record["processes"][name]["pid"]
+    os.killpg(pid, signal.SIGKILL)
+    return pid
+
+
+async def _dev_cli(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "ipnext.cli", "--config", str(config), "dev", *args]
+    return await asyncio.to_thread(subprocess.run, argv, capture_output=True, text=True, timeout=120)
 
 
 async def _ok(load: Load, since: float = 0.0) -> int:

@@ -1,0 +1,106 @@
+"""The dev stack supervisor's rules, on a stand-in stack with real processes: a dead component
+is started again, a held one is not, a crash loop is left down once its budget is spent."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from ipnext.entry.supervisor import RestartBudget, Supervisor, read_status
+
+
+def test_the_budget_counts_restarts_in_a_sliding_window() -> None:
+    budget = RestartBudget(limit=2, window_s=10.0)
+    assert budget.allows("worker", 0.0)
+    budget.spend("worker", 0.0)
+    budget.spend("worker", 4.0)
+    assert not budget.allows("worker", 9.0)
+    assert budget.allows("ray", 9.0)  # per component
+    assert budget.allows("worker", 10.5)  # the first restart left the window
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+class _Stack:
+    """What the supervisor uses of DevStack: its record, holds, and start."""
+
+    def __init__(self, state_dir: Path, fail: bool = False) -> None:
+        self.state_dir = state_dir
+        self.fail = fail
+        self.holds: set[str] = set()
+        self.started: list[str] = []
+        self.alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        self.processes: dict[str, dict[str, Any]] = {
+            "temporal": {"pid": self.alive.pid, "log": "temporal.log"},
+            "worker": {"pid": _dead_pid(), "log": "worker.log"},
+        }
+
+    def read_record(self) -> dict[str, Any] | None:
+        return {"stack_id": "x", "processes": self.processes}
+
+    def held(self, name: str) -> bool:
+        return name in self.holds
+
+    def start(self, name: str) -> None:
+        self.started.append(name)
+        if self.fail:
+            raise RuntimeError(f"{name} exited with code 1 while starting")
+        self.processes[name] = {"pid": self.alive.pid, "log": f"{name}.log"}
+
+
+def test_a_dead_component_is_started_again_and_recorded(tmp_path: Path) -> None:
+    stack = _Stack(tmp_path)
+    try:
+        supervisor = Supervisor(stack, log=lambda _: None)
+        assert supervisor.check_once()
+        assert stack.started == ["worker"]  # temporal is alive: left alone
+        supervisor.check_once()
+        assert stack.started == ["worker"]  # back: nothing more to do
+    finally:
+        stack.alive.kill()
+    restarts = read_status(tmp_path)["restarts"]
+    assert [(r["component"], r["ok"]) for r in restarts] == [("worker", True)]
+    assert "was gone" in restarts[0]["why"] or "exited" in restarts[0]["why"]
+
+
+def test_a_held_component_stays_down_until_released(tmp_path: Path) -> None:
+    stack = _Stack(tmp_path)
+    stack.holds.add("worker")
+    try:
+        supervisor = Supervisor(stack, log=lambda _: None)
+        supervisor.check_once()
+        assert stack.started == []
+        stack.holds.clear()
+        supervisor.check_once()
+        assert stack.started == ["worker"]
+    finally:
+        stack.alive.kill()
+
+
+def test_a_crash_loop_is_left_down_once_its_budget_is_spent(tmp_path: Path) -> None:
+    stack = _Stack(tmp_path, fail=True)
+    try:
+        supervisor = Supervisor(stack, log=lambda _: None)
+        supervisor.budget = RestartBudget(limit=3, window_s=600.0)
+        for _ in range(6):
+            supervisor.check_once()
+    finally:
+        stack.alive.kill()
+    assert stack.started == ["worker"] * 3
+    status = read_status(tmp_path)
+    assert "worker" in status["gave_up"]
+    assert [r["ok"] for r in status["restarts"]] == [False] * 3
+    assert "exited with code 1" in status["restarts"][0]["error"]
+
+
+def test_no_record_means_nothing_to_supervise(tmp_path: Path) -> None:
+    stack = _Stack(tmp_path)
+    stack.alive.kill()
+    stack.read_record = lambda: None  # type: ignore[method-assign]
+    assert not Supervisor(stack, log=lambda _: None).check_once()
