@@ -138,15 +138,17 @@ class Client:
 
     # ---- models --------------------------------------------------------------------------
 
-    async def publish_model(self, spec: ModelSpec) -> ModelState:
+    async def publish_model(self, spec: ModelSpec, history_limit: int | None = None) -> ModelState:
         """Register a model. The worker checks it first (against its fleet, and its factories
         imported in a child process: this machine never imports the model's code), so a bad
-        spec creates nothing."""
+        spec creates nothing. `history_limit`: events per run of the model's workflow and its
+        rollouts before they continue as new (default 10,000; drills set it low)."""
         await self._check_on_worker(spec)
+        input = ModelWorkflowInput(spec=spec)
+        if history_limit is not None:
+            input = ModelWorkflowInput(spec=spec, history_limit=history_limit)
         try:
-            handle = await self._start_model(
-                ModelWorkflowInput(spec=spec), f"model {spec.name} (owner {spec.owner})"
-            )
+            handle = await self._start_model(input, f"model {spec.name} (owner {spec.owner})")
         except WorkflowAlreadyStartedError:
             raise ModelExistsError(
                 f"model {spec.name!r} already exists.",

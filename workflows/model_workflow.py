@@ -70,6 +70,9 @@ with workflow.unsafe.imports_passed_through():
 
 # The serving checks came after models that still run: their histories replay without them.
 RECONCILE_PATCH = "serving-reconcile"
+# A rollout continues as new only from a bake's check, and a step before it (scale, shift) adds
+# tens of events: a lower limit would have every run continue before its bake could end.
+ROLLOUT_HISTORY_FLOOR = 100
 
 
 @workflow.defn
@@ -366,6 +369,7 @@ class ModelWorkflow:
                 old_apps=record.serving_apps,
                 old_plan=old_plan,
                 freeze_override=record.freeze_overrides.pop(new.id, None),
+                history_limit=self._rollout_history_limit(),
             ),
             ActiveRollout(
                 workflow_id=child_id,
@@ -397,6 +401,7 @@ class ModelWorkflow:
                 old_apps=record.serving_apps,
                 kind="capacity",
                 old_plan=record.plan,
+                history_limit=self._rollout_history_limit(),
             ),
             ActiveRollout(
                 workflow_id=child_id,
@@ -557,6 +562,10 @@ class ModelWorkflow:
         )
         gone = {s.id for s in dropped}
         r.sets = [s for s in r.sets if s.id not in gone]
+
+    def _rollout_history_limit(self) -> int:
+        """The model's own limit for its rollouts too, never under what one bake step needs."""
+        return max(ROLLOUT_HISTORY_FLOOR, self._input.history_limit)
 
     def _history_full(self) -> bool:
         info = workflow.info()

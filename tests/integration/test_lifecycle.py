@@ -22,6 +22,11 @@ from ipnext.serving.layout import metrics_actor_name
 from .conftest import one_region_spec, train_version
 from .load import Load
 
+# Events per run before the model and its rollouts continue as new, in the history drill, and
+# what a run may add past it before it does (what is in flight when the limit is seen).
+HISTORY_LIMIT = 100
+HISTORY_SLACK = 40
+
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
 
@@ -185,8 +190,18 @@ async def test_delete_removes_serving(stack: Settings, client: Client, model_nam
 
 
 async def test_watcher_publishes_new_snapshots(stack: Settings, client: Client, model_name: str) -> None:
-    spec = one_region_spec(model_name, watch={"enabled": True, "interval_seconds": 2})
-    await client.publish_model(spec)
+    """The watcher publishes what training writes. Then, with the history limit set low, a
+    rollout paused by on-call while the watcher meets a corrupt snapshot: the rollout keeps
+    judging its gates (events every check) and continues as new, every run of the model and of
+    the rollout stays under the limit, the corrupt snapshot is refused once, and nothing is
+    lost: resumed, the rollout completes with its pause on the record."""
+    base = one_region_spec(model_name, watch={"enabled": True, "interval_seconds": 2})
+    # Gates judged 4 times a second: a paused rollout's history grows fast enough to pass the
+    # limit within seconds.
+    spec = base.model_copy(
+        update={"rollout": base.rollout.model_copy(update={"check_interval_seconds": 0.25})}
+    )
+    await client.publish_model(spec, history_limit=HISTORY_LIMIT)
     _, manifest = train_version(stack, model_name, "nightly-1")
     state = await poll_until(
         lambda: client.get_model(model_name),
@@ -201,38 +216,82 @@ async def test_watcher_publishes_new_snapshots(stack: Settings, client: Client, 
     assert (await client.predict(model_name, {"user": 2, "items": [7, 8]})).parts["dense"] == (
         f"{model_name}/dense@nightly-1"
     )
+    # A good snapshot: the watcher publishes it, and on-call pauses its rollout at once.
+    train_version(stack, model_name, "nightly-2", seed=2)
+    live = await poll_until(
+        lambda: client.rollout_status(model_name),
+        lambda r: r is not None and r.set_id.endswith("@2") and r.state.value == "running",
+        timeout_s=120,
+        interval_s=0.1,
+        what="nightly-2's rollout",
+    )
+    await client.pause_rollout(model_name, reason="history drill", who="oncall")
+    assert live is not None
+    rollout_id = live.workflow_id
     # Training then writes a folder whose manifest does not read, and a snapshot whose file is
     # corrupt after its manifest was written: the first is skipped (it hides nothing), the
     # second refused once and not offered again on the following ticks.
-    broken = stack.snapshot_roots[0] / model_name / "nightly-1b"
+    broken = stack.snapshot_roots[0] / model_name / "nightly-2b"
     broken.mkdir()
     (broken / "manifest.json").write_text("{torn")
     staging = stack.snapshot_roots[0].parent / "staging"  # the trainer's own folder: unwatched
-    corrupt = train(staging, model_name, "nightly-2", steps=5).folder
+    corrupt = train(staging, model_name, "nightly-3", steps=5).folder
     with (corrupt / "dense.safetensors").open("ab") as f:
         f.write(b"\0")
-    corrupt.rename(stack.snapshot_roots[0] / model_name / "nightly-2")  # appears whole, corrupt
+    corrupt.rename(stack.snapshot_roots[0] / model_name / "nightly-3")  # appears whole, corrupt
     refusals = stack.state_dir / "watch" / f"{model_name}.json"
     await poll_until(
         lambda: asyncio.to_thread(refusals.exists),
         bool,
         timeout_s=60,
         interval_s=0.5,
-        what="the watcher's refusal of nightly-2",
+        what="the watcher's refusal of nightly-3",
     )
-    await asyncio.sleep(6)  # three more ticks of the 2 s schedule
-    state = await client.get_model(model_name)
-    assert [s.version for s in state.sets] == ["nightly-1"]  # a refused publish changes nothing
-    validations = 0  # across every run of model/<name> (it continues as new when idle)
-    async for run in client.temporal.list_workflows(f'WorkflowId = "{model_workflow_id(model_name)}"'):
-        history = await client.temporal.get_workflow_handle(run.id, run_id=run.run_id).fetch_history()
+    runs = await poll_until(
+        lambda: _runs(client, rollout_id),
+        lambda found: len(found) >= 2,
+        timeout_s=120,
+        interval_s=1,
+        what="the paused rollout continued as new",
+    )
+    await asyncio.sleep(6)  # three more ticks of the 2 s schedule, still paused
+    paused = await client.rollout_status(model_name)
+    assert paused is not None and paused.state.value == "paused", paused
+    await client.resume_rollout(model_name, who="oncall")
+    state = await client.wait_until_serving(model_name, live.set_id, timeout_s=180)
+    assert [s.version for s in state.sets] == ["nightly-1", "nightly-2"]  # a refused publish changes nothing
+    assert state.rollout is not None and [(p.who, p.resumed_by) for p in state.rollout.pauses] == [
+        ("oncall", "oncall")
+    ]
+    validations = 0  # across every run of model/<name>
+    model_runs = await _runs(client, model_workflow_id(model_name))
+    for run_id in model_runs:
+        history = await client.temporal.get_workflow_handle(
+            model_workflow_id(model_name), run_id=run_id
+        ).fetch_history()
         validations += sum(
             1
             for e in history.events
             if e.activity_task_scheduled_event_attributes.activity_type.name == "validate_snapshot_set"
         )
-    assert validations == 2, validations  # nightly-1, and nightly-2 once
-    assert "nightly-2" in refusals.read_text() and "checksum" in refusals.read_text()
+    assert validations == 3, validations  # nightly-1, nightly-2, and nightly-3 once
+    assert "nightly-3" in refusals.read_text() and "checksum" in refusals.read_text()
+    rollout_runs = await _runs(client, rollout_id)
+    lengths = {**model_runs, **rollout_runs}
+    assert max(lengths.values()) <= HISTORY_LIMIT + HISTORY_SLACK, lengths
+    print(
+        f"history bound (limit {HISTORY_LIMIT}): the paused rollout ran in {len(rollout_runs)} runs "
+        f"({sorted(rollout_runs.values())} events), the model in {len(model_runs)} "
+        f"({sorted(model_runs.values())}); {len(runs)} rollout runs when first seen continuing"
+    )
     await client.delete_model(model_name, who="test")
     schedules = [s.id async for s in await client.temporal.list_schedules()]
     assert f"watch/{model_name}" not in schedules
+
+
+async def _runs(client: Client, workflow_id: str) -> dict[str, int]:
+    """Every run of `workflow_id`: run id -> its history length."""
+    return {
+        run.run_id: run.history_length
+        async for run in client.temporal.list_workflows(f'WorkflowId = "{workflow_id}"')
+    }
