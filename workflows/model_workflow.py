@@ -10,6 +10,7 @@ recorded as superseded.
 
 from __future__ import annotations
 
+import math
 from datetime import timedelta
 from typing import Any
 
@@ -70,9 +71,11 @@ with workflow.unsafe.imports_passed_through():
 
 # The serving checks came after models that still run: their histories replay without them.
 RECONCILE_PATCH = "serving-reconcile"
-# A rollout continues as new only from a bake's check, and a step before it (scale, shift) adds
-# tens of events: a lower limit would have every run continue before its bake could end.
+# A continued rollout bakes its step again from a fresh window, so one run must hold a step
+# (scale, shift: tens of events) and a whole bake (a timer, a metrics read and a workflow task
+# per check: at most EVENTS_PER_CHECK events), or no bake would ever end.
 ROLLOUT_HISTORY_FLOOR = 100
+EVENTS_PER_CHECK = 10
 
 
 @workflow.defn
@@ -564,8 +567,11 @@ class ModelWorkflow:
         r.sets = [s for s in r.sets if s.id not in gone]
 
     def _rollout_history_limit(self) -> int:
-        """The model's own limit for its rollouts too, never under what one bake step needs."""
-        return max(ROLLOUT_HISTORY_FLOOR, self._input.history_limit)
+        """The model's own limit for its rollouts too, never under what one step and its bake
+        need."""
+        rollout = self._spec.rollout
+        checks = math.ceil(rollout.bake_seconds / rollout.check_interval_seconds)
+        return max(ROLLOUT_HISTORY_FLOOR + EVENTS_PER_CHECK * checks, self._input.history_limit)
 
     def _history_full(self) -> bool:
         info = workflow.info()
