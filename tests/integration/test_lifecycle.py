@@ -295,8 +295,10 @@ async def test_watcher_publishes_new_snapshots(stack: Settings, client: Client, 
 
 
 async def _runs(client: Client, workflow_id: str) -> dict[str, int]:
-    """Every run of `workflow_id`: run id -> its history length."""
-    return {
-        run.run_id: run.history_length
-        async for run in client.temporal.list_workflows(f'WorkflowId = "{workflow_id}"')
-    }
+    """Every run of `workflow_id`: run id -> its history length (read from the history itself:
+    visibility reports none for a run still open)."""
+    found = {}
+    async for run in client.temporal.list_workflows(f'WorkflowId = "{workflow_id}"'):
+        history = await client.temporal.get_workflow_handle(workflow_id, run_id=run.run_id).fetch_history()
+        found[run.run_id] = len(history.events)
+    return found
