@@ -9,8 +9,9 @@ stays Temporal-agnostic). So `ipnext dev down && ipnext dev up` on the same stat
 restart or a lost writer is repaired within one interval, with no command from anyone.
 
 A running rollout checks its own serving the same way (`RolloutWorkflow`, at the start of each
-bake and every interval of it), with its own desired state in the input: both sets at the sizes
-its steps gave them (`sets`) and every router as it last routed it (`routers`). So Ray lost in
+bake, every interval of it, and when its counters vanish), with its own desired state in the
+input: both sets at the sizes its steps gave them (`sets`) and every router as it last routed
+it (`routers`). So Ray lost in
 the middle of a rollout comes back with both sets and the split the rollout had, and the
 rollout's bake then starts a fresh window.
 

@@ -224,10 +224,10 @@ async def ray_lost_mid_rollout(
     ray_up_s = time.perf_counter() - back
     resumed = done = None
     while done is None:
-        state = await ipn.get_model(MODEL)
-        rollout = state.rollout
+        rollout = await ipn.rollout_status(MODEL)  # live from the rollout while it runs
         if resumed is None and rollout and rollout.set_id == published.set_id and rollout.repairs:
             resumed = time.perf_counter()
+        state = await ipn.get_model(MODEL)
         if state.serving_set == published.set_id and state.state == "serving":
             done = time.perf_counter()
         elif time.perf_counter() - back > 900:

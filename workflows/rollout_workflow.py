@@ -13,6 +13,11 @@ Per step (the model's `rollout.steps`, default 1, 5, 25, 50, 100 percent), in lo
    night does not need on-call; an on-call `pause` during it takes it over and waits for `resume`);
 4. scale the old set down to what its remaining share needs.
 
+During each bake the rollout checks that Serve serves what it applied (`_check_serving`: at the
+bake's start, every `serve.reconcile_seconds`, and at once when a region's counters vanish) and
+pushes back what Serve lost; a repair restarts the bake on a fresh window. So Ray lost mid-
+rollout makes the rollout wait (its activities retry), then go on where it was.
+
 Every region moves at once; a breach in any region rolls all of them back. Rollback (breach,
 `abort`, or a failed activity) is lock-step in reverse: traffic goes back to the old set in one
 weight change when the old set's current replicas can carry it at full load (else as much as
@@ -108,6 +113,14 @@ class _Continue(Exception):
     def __init__(self, index: int) -> None:
         super().__init__(f"continue at step {index + 1}")
         self.index = index
+
+
+def _counters_lost(before: ReadMetricsResult, after: ReadMetricsResult) -> bool:
+    """A region whose metrics actor had counters and now has none (it is gone or new)."""
+    return any(
+        snapshot.get("sets") and not after.snapshots.get(region, {}).get("sets")
+        for region, snapshot in before.snapshots.items()
+    )
 
 
 @workflow.defn
@@ -339,6 +352,7 @@ class RolloutWorkflow:
                 self._close_pause(FREEZE_CALENDAR)
         next_check = workflow.now() + await self._check_serving()
         baseline = await self._read_metrics(regions)
+        last = baseline
         started, resumes = workflow.now(), p.resumes
         while True:
             await self._wait(interval, resumes)
@@ -346,7 +360,7 @@ class RolloutWorkflow:
                 before = p.repairs
                 next_check = workflow.now() + await self._check_serving()
                 if p.repairs != before:  # Serve had lost some of it: the counters went with it
-                    baseline = await self._read_metrics(regions)
+                    baseline = last = await self._read_metrics(regions)
                     started = workflow.now()
                     continue
             if p.abort is not None:
@@ -358,6 +372,16 @@ class RolloutWorkflow:
             if self._history_full():  # a long bake or pause: go on in a fresh run
                 raise _Continue(index)
             now = await self._read_metrics(regions)
+            if _counters_lost(last, now):
+                # A region's counters vanished (Ray came back empty, or its metrics actor was
+                # lost): check Serve now, not at the next interval; a repair restarts the window.
+                before = p.repairs
+                next_check = workflow.now() + await self._check_serving()
+                if p.repairs != before:
+                    baseline = last = await self._read_metrics(regions)
+                    started = workflow.now()
+                    continue
+            last = now
             p.gates, requests = judge_window(
                 rollout.gates,
                 rollout.min_requests,

@@ -38,7 +38,7 @@ async def test_dev_up_uses_existing_clusters(
     dev = DevStack(settings, config_path=path)
     record = dev.up()
     try:
-        assert list(record["processes"]) == ["worker"]
+        assert list(record["processes"]) == ["worker", "supervisor"]  # only what it must start
         out = capsys.readouterr().out
         assert f"using the Temporal cluster at {stack.temporal_address}" in out
         assert f"using the Ray cluster at {stack.ray_address()}" in out

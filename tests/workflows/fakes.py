@@ -98,6 +98,7 @@ class FakeServing:
         self.drift: list[str] = []
         self.reconcile_error: str | None = None
         self.reconcile_interval = 0.5
+        self.lose_counters = False  # the next metrics read finds every counter gone (Ray restarted)
         self.corrupt: set[str] = set()  # sets whose pinned files fail their checksum
         self.verified: list[str] = []
 
@@ -108,6 +109,10 @@ class FakeServing:
     @activity.defn(name="read_metrics")
     async def metrics(self, input: ReadMetricsInput) -> ReadMetricsResult:
         out: dict[str, dict[str, Any]] = {}
+        if self.lose_counters:
+            self.lose_counters = False
+            self.counters.clear()
+            return ReadMetricsResult(snapshots={region: {"sets": {}} for region in input.regions})
         for region in input.regions:
             by_app = self.counters.setdefault(region, {})
             # Like the router: a request counts against the gated part's app, else the set's.

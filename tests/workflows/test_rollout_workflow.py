@@ -215,6 +215,25 @@ async def test_serving_lost_mid_bake_comes_back_at_the_rollouts_split_and_the_ba
     assert done.generations == [2, 3] and done.repairs == 1  # nothing applied twice
 
 
+async def test_counters_lost_mid_bake_check_serving_at_once(temporal: Client) -> None:
+    """The metrics read finds every counter gone (Ray came back empty): the rollout checks its
+    serving at that read, not at its next interval (an hour away here), and bakes again."""
+    fake = FakeServing()
+    fake.reconcile_interval = 3600
+    worker, handle = await start(temporal, fake, with_rollout(steps=[30, 100], bake_seconds=3.0))
+    async with worker:
+        await roll_out_v2(temporal, handle, "(30%): baking")
+        checks = len(fake.reconciled)
+        fake.drift = ["app-2: lost (the writer holds none)"]
+        fake.lose_counters = True
+        repaired = await until_rollout(temporal, "wf-model@2", lambda s: s.repairs == 1, timeout=10)
+        done = await until_rollout(temporal, "wf-model@2", lambda s: s.state == RolloutState.COMPLETED)
+    first = fake.reconciled[checks]  # the check right after the lost counters: still at 30%
+    assert first.routers["us-east"].weights == {"app-1": 70.0, "app-2": 30.0}, first.routers
+    assert repaired.last_repair.startswith("app-2: lost")
+    assert done.generations == [2, 3] and done.repairs == 1
+
+
 async def test_abort_rolls_back_and_ends_aborted(temporal: Client) -> None:
     fake = FakeServing()
     worker, handle = await start(temporal, fake, with_rollout(steps=[30, 100], bake_seconds=30.0))
