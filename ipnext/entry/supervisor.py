@@ -9,7 +9,8 @@ worker follows). What it did is in `<state>/supervisor.json`, which `ipnext dev 
 
 Bounded: a component that needs more than `RESTART_LIMIT` restarts in `RESTART_WINDOW_S` is
 left down and marked `gave_up` (a crash loop is a bug to read in its log, not something to
-spin on); `dev up` after fixing it starts it and clears the mark. A component can be held
+spin on); after fixing it, `dev up` (which finds the stack not up) starts the whole stack
+again, state kept, with a fresh budget. A component can be held
 (`ipnext dev hold NAME`, and `DevStack.crash` in drills): a held component is not restarted
 until it is released. A hung process (alive, not answering) is not detected here.
 

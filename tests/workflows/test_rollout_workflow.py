@@ -16,7 +16,7 @@ from temporalio.client import Client, WorkflowHandle
 from ipnext.contracts import rollout_workflow_id
 from ipnext.model import RouterSpec
 from ipnext.registry import PublishResult
-from ipnext.rollout import FreezeOverride, FreezeWindow, RolloutState
+from ipnext.rollout import FreezeOverride, FreezeWindow, PauseInput, ResumeInput, RolloutState
 
 from .fakes import FakeServing, request, start, until, until_rollout, with_rollout
 
@@ -187,6 +187,17 @@ async def test_pause_holds_the_split_through_the_bake_and_resume_continues(tempo
     assert done.generations == [2, 3]
 
 
+def rollout(client: Client) -> WorkflowHandle[Any, Any]:
+    return client.get_workflow_handle(rollout_workflow_id("wf-model", "wf-model@2"))
+
+
+async def hold_at_this_step(client: Client) -> None:
+    """Pause v2's rollout (its bake goes on reading metrics and checking serving, paused), so a
+    slow machine cannot finish the step before the test acts on it."""
+    await rollout(client).signal("pause", PauseInput(reason="hold the step", who="test"))
+    await until_rollout(client, "wf-model@2", lambda s: s.state == RolloutState.PAUSED)
+
+
 async def test_serving_lost_mid_bake_comes_back_at_the_rollouts_split_and_the_bake_restarts(
     temporal: Client,
 ) -> None:
@@ -198,9 +209,11 @@ async def test_serving_lost_mid_bake_comes_back_at_the_rollouts_split_and_the_ba
     worker, handle = await start(temporal, fake, with_rollout(steps=[30, 100], bake_seconds=3.0))
     async with worker:
         await roll_out_v2(temporal, handle, "(30%): baking")
+        await hold_at_this_step(temporal)
         checks = len(fake.reconciled)
         fake.drift = ["app-1: lost (the writer holds none)", "wf-model.us-east: router lost"]
         repaired = await until_rollout(temporal, "wf-model@2", lambda s: s.repairs == 1)
+        await rollout(temporal).signal("resume", ResumeInput(who="test"))
         done = await until_rollout(temporal, "wf-model@2", lambda s: s.state == RolloutState.COMPLETED)
     during = [c for c in fake.reconciled[checks:] if c.sets]
     assert during, "no serving check ran during the bake"
@@ -211,7 +224,7 @@ async def test_serving_lost_mid_bake_comes_back_at_the_rollouts_split_and_the_ba
     ]
     assert check.routers["us-east"].weights == {"app-1": 70.0, "app-2": 30.0}
     assert check.routers["us-east"].generation == check.generation_floor == 2
-    assert repaired.last_repair.startswith("app-1: lost") and repaired.state == RolloutState.RUNNING
+    assert repaired.last_repair.startswith("app-1: lost") and repaired.state == RolloutState.PAUSED
     assert done.generations == [2, 3] and done.repairs == 1  # nothing applied twice
 
 
@@ -223,10 +236,12 @@ async def test_counters_lost_mid_bake_check_serving_at_once(temporal: Client) ->
     worker, handle = await start(temporal, fake, with_rollout(steps=[30, 100], bake_seconds=3.0))
     async with worker:
         await roll_out_v2(temporal, handle, "(30%): baking")
+        await hold_at_this_step(temporal)
         checks = len(fake.reconciled)
         fake.drift = ["app-2: lost (the writer holds none)"]
         fake.lose_counters = True
         repaired = await until_rollout(temporal, "wf-model@2", lambda s: s.repairs == 1, timeout=10)
+        await rollout(temporal).signal("resume", ResumeInput(who="test"))
         done = await until_rollout(temporal, "wf-model@2", lambda s: s.state == RolloutState.COMPLETED)
     first = fake.reconciled[checks]  # the check right after the lost counters: still at 30%
     assert first.routers["us-east"].weights == {"app-1": 70.0, "app-2": 30.0}, first.routers
