@@ -17,10 +17,9 @@ from temporalio.exceptions import FailureError
 with workflow.unsafe.imports_passed_through():
     from ipnext.activities import QUICK_TIMEOUT, RETRY
     from ipnext.activities.fleet import FleetActivities, SolveFleetInput, solve_fleet_plan
-    from ipnext.contracts import model_workflow_id
+    from ipnext.contracts import ModelWorkflowNames, model_workflow_id
     from ipnext.registry import ApplyPlanInput
     from ipnext.replan import FleetReplanInput, FleetReplanResult
-    from ipnext.workflows.model_workflow import ModelWorkflow
 
 __all__ = ["FleetReplanResult", "FleetReplanWorkflow"]
 
@@ -58,7 +57,7 @@ class FleetReplanWorkflow:
             handle = workflow.get_external_workflow_handle(model_workflow_id(model))
             try:
                 await handle.signal(
-                    ModelWorkflow.apply_plan, ApplyPlanInput(plan=plan, fleet_revision=solved.revision)
+                    ModelWorkflowNames.APPLY_PLAN, ApplyPlanInput(plan=plan, fleet_revision=solved.revision)
                 )
                 applied.append(model)
             except FailureError as err:  # deleted since it was read

@@ -67,6 +67,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from ipnext.rollout import RolloutState, RolloutStatus
     from ipnext.workflows.rollout_workflow import RolloutWorkflow
+    from ipnext.workflows.signals import NO_PAYLOAD, signal_input
 
 
 # The serving checks came after models that still run: their histories replay without them.
@@ -118,21 +119,30 @@ class ModelWorkflow:
 
     # ---- replanned placement -------------------------------------------------------------
 
+    # Signals read their payload by hand (workflows/signals.py): none, a malformed one or a
+    # second one is logged and ignored, never a failed workflow task.
+
     @workflow.signal(name=ModelWorkflowNames.APPLY_PLAN)
-    def apply_plan(self, input: ApplyPlanInput) -> None:
+    def apply_plan(self, raw: Any = NO_PAYLOAD, _extra: Any = None) -> None:
         """A fleet replan moved this model's capacity; the newest placement wins."""
+        input = signal_input(raw, ApplyPlanInput, ModelWorkflowNames.APPLY_PLAN)
+        if input is None:
+            return
         if self._delete_by is None:
             self._record.pending_plan = input
 
     @workflow.signal(name=ModelWorkflowNames.RECONCILE)
-    def reconcile(self) -> None:
+    def reconcile(self, _ignored: Any = None) -> None:
         """Check Serve against the record now, not at the next interval (a worker that starts
         sends this to every model: it may start because the stack restarted)."""
         self._reconcile_due = True
 
     @workflow.signal(name=ModelWorkflowNames.ROLLOUT_ENDED)
-    def rollout_ended(self, input: RolloutEnded) -> None:
+    def rollout_ended(self, raw: Any = NO_PAYLOAD, _extra: Any = None) -> None:
         """The active rollout's own report of its end (any other is stale: ignored)."""
+        input = signal_input(raw, RolloutEnded, ModelWorkflowNames.ROLLOUT_ENDED)
+        if input is None:  # the rollout_outcome poll still notices the end
+            return
         active = self._record.active_rollout
         if active is not None and input.workflow_id == active.workflow_id and self._ended is None:
             self._ended = input.result

@@ -37,6 +37,7 @@ traffic in one step.
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError, FailureError
@@ -89,6 +90,7 @@ with workflow.unsafe.imports_passed_through():
         judge_window,
     )
     from ipnext.rollout_steps import PartWeights, Weights
+    from ipnext.workflows.signals import NO_PAYLOAD, signal_input
 
 SERVING_CHECK_PATCH = "rollout-serving-check"  # runs started before bakes checked their serving
 BAKE_EXTENSION = 3  # too few requests: the bake may last up to this many times its length
@@ -96,6 +98,7 @@ INSUFFICIENT_TRAFFIC = "insufficient_traffic"
 NEEDS_ATTENTION = "needs_attention"  # a rollback that cannot complete: on-call must act
 IPNEXT = "ipnext"  # who, on the record, for what ipnext itself decided
 FREEZE_CALENDAR = "freeze calendar"
+UNKNOWN = "unknown (a signal with no readable payload)"  # who, on the record, for a bare pause or resume
 
 
 class _Stop(Exception):
@@ -154,8 +157,16 @@ class RolloutWorkflow:
 
     # ---- on-call -----------------------------------------------------------------------------
 
+    # Signals read their payload by hand (workflows/signals.py): none, a malformed one or a
+    # second one never fails the workflow task. Pause and resume go on without a readable
+    # payload, recorded as by "unknown"; abort and override_freeze need who and why on the
+    # record, so without them they are refused (a warning in the worker's log).
+
     @workflow.signal(name=RolloutWorkflowNames.PAUSE)
-    def pause(self, input: PauseInput) -> None:
+    def pause(self, raw: Any = NO_PAYLOAD, _extra: Any = None) -> None:
+        input = signal_input(raw, PauseInput, RolloutWorkflowNames.PAUSE)
+        if input is None:
+            input = PauseInput(reason="a pause signal with no readable payload", who=UNKNOWN)
         if self._progress.state.is_terminal:
             return
         if self._paused():
@@ -171,7 +182,8 @@ class RolloutWorkflow:
         self._enter(RolloutState.PAUSED, self._progress.step)
 
     @workflow.signal(name=RolloutWorkflowNames.RESUME)
-    def resume(self, input: ResumeInput) -> None:
+    def resume(self, raw: Any = NO_PAYLOAD, _extra: Any = None) -> None:
+        input = signal_input(raw, ResumeInput, RolloutWorkflowNames.RESUME) or ResumeInput(who=UNKNOWN)
         if not self._paused():
             return
         if self._progress.freeze_hold:
@@ -184,15 +196,25 @@ class RolloutWorkflow:
         workflow.logger.info("rollout resumed by %s", input.who)
 
     @workflow.signal(name=RolloutWorkflowNames.ABORT)
-    def abort(self, input: AbortInput) -> None:
+    def abort(self, raw: Any = NO_PAYLOAD, _extra: Any = None) -> None:
+        input = signal_input(raw, AbortInput, RolloutWorkflowNames.ABORT)
+        if input is None:
+            workflow.logger.warning('abort refused: it needs {"reason": ..., "who": ...} as its payload')
+            return
         if self._progress.state.is_terminal or self._progress.abort is not None:
             return
         self._progress.abort = input
         workflow.logger.info("rollout aborted by %s: %s", input.who, input.reason)
 
     @workflow.signal(name=RolloutWorkflowNames.OVERRIDE_FREEZE)
-    def override_freeze(self, input: FreezeOverride) -> None:
+    def override_freeze(self, raw: Any = NO_PAYLOAD, _extra: Any = None) -> None:
         """Go on through a freeze window (the signal, with who and why, stays in the history)."""
+        input = signal_input(raw, FreezeOverride, RolloutWorkflowNames.OVERRIDE_FREEZE)
+        if input is None:
+            workflow.logger.warning(
+                'override_freeze refused: it needs {"reason": ..., "who": ...} as its payload'
+            )
+            return
         if self._progress.state.is_terminal or self._progress.freeze_override is not None:
             return
         self._progress.freeze_override = input

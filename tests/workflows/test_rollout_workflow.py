@@ -249,6 +249,38 @@ async def test_counters_lost_mid_bake_check_serving_at_once(temporal: Client) ->
     assert done.generations == [2, 3] and done.repairs == 1
 
 
+async def test_bare_and_malformed_signals_never_fail_a_workflow_task(temporal: Client) -> None:
+    """What the Temporal UI's "Send a Signal" can send: no payload, a malformed one, one too
+    many. Bare pause and resume act (by "unknown"), a bare abort is refused, a malformed one is
+    dropped; the rollout goes on and completes, and no workflow task of it or of its model
+    failed."""
+    fake = FakeServing()
+    worker, handle = await start(temporal, fake, with_rollout(steps=[30, 100], bake_seconds=2.0))
+    rid = rollout_workflow_id("wf-model", "wf-model@2")
+
+    async def send(workflow_id: str, name: str, *payloads: str) -> None:
+        inputs = [arg for payload in payloads for arg in ("--input", payload)]
+        await on_call(temporal, "workflow", "signal", "--workflow-id", workflow_id, "--name", name, *inputs)
+
+    async with worker:
+        await roll_out_v2(temporal, handle, "baking")
+        await send(rid, "abort")  # refused: no who, no why
+        await send(rid, "pause", '{"reason": 5}')  # malformed: dropped by the SDK
+        await send(rid, "pause")
+        paused = await until_rollout(temporal, "wf-model@2", lambda s: s.state == RolloutState.PAUSED)
+        await send(rid, "resume", '{"who": "oncall"}', '"extra"')  # one payload too many
+        await send(handle.id, "reconcile", '"unexpected"')
+        await send(handle.id, "apply_plan")
+        done = await until_rollout(temporal, "wf-model@2", lambda s: s.state == RolloutState.COMPLETED)
+        await until(handle, lambda s: s.serving_set == "wf-model@2")
+    assert paused.pauses[0].who.startswith("unknown") and paused.pauses[0].reason.startswith("a pause signal")
+    assert done.pauses[0].resumed_by == "oncall" and len(done.pauses) == 1
+    for workflow_id in (rid, handle.id):
+        history = await temporal.get_workflow_handle(workflow_id).fetch_history()
+        failed = [e for e in history.events if e.HasField("workflow_task_failed_event_attributes")]
+        assert failed == [], (workflow_id, failed[:1])
+
+
 async def test_abort_rolls_back_and_ends_aborted(temporal: Client) -> None:
     fake = FakeServing()
     worker, handle = await start(temporal, fake, with_rollout(steps=[30, 100], bake_seconds=30.0))
