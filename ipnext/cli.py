@@ -230,9 +230,21 @@ def _plan_schedule(args: argparse.Namespace, settings: Settings) -> None:
     from ipnext.temporal import connect_client
 
     async def act() -> None:
+        from temporalio.service import RPCError, RPCStatusCode
 
         client = await connect_client(settings)
         handle = client.get_schedule_handle(REPLAN_SCHEDULE_ID)
+        try:
+            await _schedule_verbs(client, handle)
+        except RPCError as err:
+            if err.status != RPCStatusCode.NOT_FOUND:
+                raise
+            raise IpnextError(
+                f"there is no replan schedule ({REPLAN_SCHEDULE_ID}) yet.",
+                fix="create it with `ipnext plan schedule --every 6h`",
+            ) from None
+
+    async def _schedule_verbs(client: Any, handle: Any) -> None:
         if args.every:
             every = parse_every(args.every)
             run_input = FleetReplanInput(time_limit_s=args.time_limit, churn_cost=args.churn_cost)
@@ -527,6 +539,17 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line(err: BaseException) -> str:
+    """An error the CLI did not expect (Temporal or Ray unreachable, an answer it refused), as
+    one line that names where it came from."""
+    from temporalio.service import RPCError
+
+    if isinstance(err, RPCError):
+        return f"Temporal answered {err.status.name}: {err.message}"
+    first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    return f"{type(err).__name__}: {first or repr(err)}"
+
+
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     code = 0
@@ -535,6 +558,11 @@ def main(argv: list[str] | None = None) -> None:
         args.run(args, settings)
     except IpnextError as err:
         print(f"ipnext: {type(err).__name__}: {err}", file=sys.stderr)
+        code = 2
+    except KeyboardInterrupt:
+        code = 130
+    except Exception as err:  # never a traceback: what failed, in one line
+        print(f"ipnext: {_one_line(err)}", file=sys.stderr)
         code = 2
     # Leave without interpreter finalization: the Temporal client's native runtime threads
     # have been seen calling into Python while it finalized (a "PyGILState_Release" abort
