@@ -119,6 +119,8 @@ def reconcile_serving(input: ReconcileInput) -> ReconcileResult:
         wanted = DeployedRouter(
             config=config.model_copy(update={"generation": 0}),
             max_ongoing_requests=input.spec.router.max_ongoing_requests,
+            max_queued_requests=input.spec.router.max_queued_requests,
+            router=input.spec.router,
         )
         floor = max(input.generation_floor, config.generation)
         generation = max(had.config.generation if had else 0, floor)
@@ -133,11 +135,15 @@ def reconcile_serving(input: ReconcileInput) -> ReconcileResult:
             why = f"{name}: router lost (the writer holds none); applied at generation {generation}"
         elif not same:
             generation += 1
-            why = f"{name}: router weights {_routes(had.config)} differ from {_routes(config)}"
+            why = (
+                f"{name}: router weights {_routes(had.config)} differ from {_routes(config)}"
+                if had.config.model_copy(update={"generation": 0}) != wanted.config
+                else f"{name}: router options differ from the spec's router section"
+            )
         else:
             why = f"{name}: router missing in Serve"
         config = wanted.config.model_copy(update={"generation": generation})
-        upserts.append(render_router_app(model, region, config, input.spec.router.max_ongoing_requests))
+        upserts.append(render_router_app(model, region, config, input.spec.router))
         generations[region] = generation
         repaired.append(why)
 

@@ -12,7 +12,7 @@ from ipnext.activities import _context
 from ipnext.activities.validate import as_application_error
 from ipnext.contracts import Frozen
 from ipnext.errors import ServingError
-from ipnext.model import DEFAULT_ROUTER_MAX_ONGOING, ModelSpec, SnapshotSet
+from ipnext.model import DEFAULT_ROUTER_MAX_ONGOING, ModelSpec, RouterSpec, SnapshotSet
 from ipnext.plan import Plan
 from ipnext.rollout import RouterConfig
 from ipnext.routing import routing_document
@@ -75,6 +75,9 @@ class RouteInput(Frozen):
     parts: dict[str, dict[str, dict[str, float]]] = Field(default_factory=dict)
     gated_part: str | None = None
     router_max_ongoing_requests: int = DEFAULT_ROUTER_MAX_ONGOING  # the spec's router.max_ongoing_requests
+    # The spec's whole router section (deadline, queue, request limits); None in histories from
+    # before it was passed: the defaults, with router_max_ongoing_requests.
+    router: RouterSpec | None = None
     # The highest generation the caller saw applied: a router the writer lost (Ray restarted)
     # is applied above it, never below, so generations only ever go up.
     generation_floor: int = Field(default=0, ge=0)
@@ -157,6 +160,7 @@ def route_traffic(input: RouteInput) -> RouteResult:
     writer: Any = _context.writer()
     generations: dict[str, int] = {}
     started: list[str] = []  # routers that did not exist: Serve starts them
+    router = input.router or RouterSpec(max_ongoing_requests=input.router_max_ongoing_requests)
     upserts = []
     for region, weights in sorted(input.weights.items()):
         name = router_app_name(input.model, region)
@@ -172,14 +176,16 @@ def route_traffic(input: RouteInput) -> RouteResult:
                 parts=parts,
                 gated_part=input.gated_part if input.gated_part in parts else None,
             ),
-            max_ongoing_requests=input.router_max_ongoing_requests,
+            max_ongoing_requests=router.max_ongoing_requests,
+            max_queued_requests=router.max_queued_requests,
+            router=router,
         )
         if wanted == current:
             generations[region] = generation
             continue
         config = wanted.config.model_copy(update={"generation": generation + 1})
         generations[region] = config.generation
-        upserts.append(render_router_app(input.model, region, config, input.router_max_ongoing_requests))
+        upserts.append(render_router_app(input.model, region, config, router))
     if upserts:
         _ray_get(writer.apply.remote(upserts, []))
     try:

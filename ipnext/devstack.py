@@ -466,6 +466,8 @@ def _ray_head() -> None:
     import ray
     from ray import serve
 
+    from ipnext.serving.layout import PROXY_TIMEOUT_S
+
     settings = load_settings()
     fleet = settings.fleet()
     resources: dict[str, float] = {f"region:{r}": 1000.0 for r in fleet.regions}
@@ -484,7 +486,11 @@ def _ray_head() -> None:
         log_to_driver=False,
     )
     serve.start(
-        http_options={"host": settings.serve.host, "port": settings.serve.port},
+        http_options={
+            "host": settings.serve.host,
+            "port": settings.serve.port,
+            "request_timeout_s": PROXY_TIMEOUT_S,  # a backstop above every router deadline
+        },
         logging_config={"enable_access_log": False},
     )
     address = ray.get_runtime_context().gcs_address

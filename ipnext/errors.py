@@ -9,9 +9,11 @@ IpnextError
 ├── ModelExistsError       a model of that name is already registered
 ├── ServingError           Ray Serve could not deploy or answer
 │   └── PredictionError    a prediction (or routing document) request failed; `.status_code` (None: no answer)
-│       ├── PredictionBadRequestError   HTTP 400: the request's inputs are the caller's mistake (also a ValueError)
+│       ├── PredictionBadRequestError   HTTP 400/413: the request is the caller's mistake (also a ValueError)
 │       ├── PredictionNotFoundError     HTTP 404: the model serves nowhere reachable (also a LookupError)
 │       ├── PredictionServerError       HTTP 5xx, or an error event in a stream: the model failed to answer
+│       │   ├── PredictionOverloadedError   HTTP 503/429: shed at once; `.retry_after_s` says when to retry
+│       │   └── PredictionDeadlineError     HTTP 504: no answer within the model's deadline
 │       └── PredictionTransportError    no HTTP answer: connection refused, timeout, broken stream
 ├── PartInputError         a request's inputs do not fit a part: the caller's mistake (HTTP 400; also a ValueError)
 ├── StackError             the dev stack could not start or stop
@@ -33,8 +35,10 @@ __all__ = [
     "PartInputError",
     "PlanningTimeoutError",
     "PredictionBadRequestError",
+    "PredictionDeadlineError",
     "PredictionError",
     "PredictionNotFoundError",
+    "PredictionOverloadedError",
     "PredictionServerError",
     "PredictionTransportError",
     "ServingError",
@@ -95,6 +99,8 @@ class PredictionError(ServingError):
     status_code: int | None = None
     model: str | None = None
     region: str | None = None
+    error_id: str | None = None  # the id under which the router logged the failure
+    retry_after_s: float | None = None  # from a `Retry-After` header
 
     def __init__(
         self,
@@ -104,11 +110,15 @@ class PredictionError(ServingError):
         model: str | None = None,
         region: str | None = None,
         fix: str | None = None,
+        error_id: str | None = None,
+        retry_after_s: float | None = None,
     ) -> None:
         super().__init__(message, fix=fix)
         self.status_code = status_code
         self.model = model
         self.region = region
+        self.error_id = error_id
+        self.retry_after_s = retry_after_s
 
 
 class PredictionBadRequestError(PredictionError, ValueError):
@@ -123,6 +133,15 @@ class PredictionNotFoundError(PredictionError, LookupError):
 
 class PredictionServerError(PredictionError):
     """HTTP 5xx, or an error event in a stream: the model, a part or Serve failed to answer."""
+
+
+class PredictionOverloadedError(PredictionServerError):
+    """HTTP 503 or 429: the model's queue is full (or no set serves yet); the request was shed
+    at once, and `retry_after_s` says when to send it again."""
+
+
+class PredictionDeadlineError(PredictionServerError):
+    """HTTP 504: the model did not answer within its deadline (`router.deadline_seconds`)."""
 
 
 class PredictionTransportError(PredictionError):

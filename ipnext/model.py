@@ -22,6 +22,7 @@ __all__ = [
     "DAG_INPUT",
     "DAG_OUTPUT",
     "DEFAULT_ROUTER_MAX_ONGOING",
+    "MAX_DEADLINE_SECONDS",
     "AvailabilitySpec",
     "BatchingSpec",
     "BreakerSpec",
@@ -46,6 +47,9 @@ __all__ = [
 ]
 
 DEFAULT_ROUTER_MAX_ONGOING = 100
+# The longest deadline a spec may give: Serve's proxy timeout sits above it as a backstop
+# (`serving.layout.PROXY_TIMEOUT_S`), so the router, which counts, always answers first.
+MAX_DEADLINE_SECONDS = 600.0
 
 Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
 # A dotted path through JSON objects, e.g. "user.segment".
@@ -142,7 +146,20 @@ class RouterSpec(_Spec):
     # of 5 would cap the whole model in a region at 5 requests in flight, and so every batch of a
     # batching part at 5 (bench/ranking.py measures both). Not given, it is also kept above every
     # choice's max_in_flight (ModelSpec._router_above_choices).
-    max_ongoing_requests: int = Field(default=DEFAULT_ROUTER_MAX_ONGOING, ge=1)
+    max_ongoing_requests: int = Field(default=DEFAULT_ROUTER_MAX_ONGOING, ge=1, le=10_000)
+    # Requests that may wait in Serve's proxy for a router replica beyond max_ongoing_requests;
+    # the next one is refused at once (503 with Retry-After), never queued without bound. A
+    # refusal is overload, not the model's failure: it is not counted against any set.
+    max_queued_requests: int = Field(default=100, ge=1, le=100_000)
+    retry_after_seconds: int = Field(default=1, ge=0, le=3600)
+    # Every request's deadline, across all its hops (a stream: the whole stream). Past it the
+    # router answers 504 and counts a failed request of the set that served it, so the gates see
+    # a hung canary.
+    deadline_seconds: float = Field(default=30.0, gt=0, le=MAX_DEADLINE_SECONDS)
+    # Request limits, checked before the body is parsed: a bigger body answers 413, a deeper
+    # JSON nesting 400 (Python's parser would otherwise recurse until RecursionError).
+    max_body_bytes: int = Field(default=1 << 20, ge=1024, le=64 << 20)
+    max_json_depth: int = Field(default=32, ge=2, le=1000)
 
 
 class RoutingRule(_Spec):

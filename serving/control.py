@@ -20,6 +20,7 @@ from ipnext.contracts import PollTimeoutError, wait_until
 from ipnext.errors import ServingError
 from ipnext.routing import RoutingDocument, succeed
 from ipnext.serving.layout import (
+    PROXY_TIMEOUT_S,
     RAY_NAMESPACE,
     ROUTER_DEPLOYMENT,
     ROUTING_APP,
@@ -56,7 +57,7 @@ class ServeConfigWriter:
         from ray.serve.context import _get_global_client
 
         serve.start(
-            http_options={"host": self._host, "port": self._port},
+            http_options={"host": self._host, "port": self._port, "request_timeout_s": PROXY_TIMEOUT_S},
             logging_config={"enable_access_log": False},
         )
         return _get_global_client()

@@ -11,12 +11,13 @@ from typing import Any
 from pydantic import Field
 
 from ipnext.contracts import Frozen
-from ipnext.model import DEFAULT_ROUTER_MAX_ONGOING, BatchingSpec, ChoiceSpec, ModelSpec, SnapshotSet
+from ipnext.model import MAX_DEADLINE_SECONDS, BatchingSpec, ChoiceSpec, ModelSpec, RouterSpec, SnapshotSet
 from ipnext.plan import Plan
 from ipnext.rollout import RouterConfig, scaled_replicas
 from ipnext.routing import ROUTING_PREFIX, RoutingTable
 
 __all__ = [
+    "PROXY_TIMEOUT_S",
     "ROUTER_DEPLOYMENT",
     "ROUTER_IMPORT_PATH",
     "ROUTING_APP",
@@ -55,6 +56,9 @@ ROUTER_IMPORT_PATH = "ipnext.serving.router:router_app"
 ROUTING_APP = "ipnext-routing"
 ROUTING_DEPLOYMENT = "routing"
 ROUTING_IMPORT_PATH = "ipnext.serving.routing_app:routing_app"
+# Serve's proxy gives up on a request after this long (its 408 comes after the router was
+# cancelled, so nothing counts it): only a backstop, above every deadline a router enforces.
+PROXY_TIMEOUT_S = MAX_DEADLINE_SECONDS + 30
 # A replica asks for a sliver of its region so it lands on a node of that region
 # without the region count limiting how many replicas fit.
 _REGION_SHARE = 0.001
@@ -148,13 +152,19 @@ class SetDescription(Frozen):
 class RouterAppArgs(Frozen):
     model: str
     region: str
+    # The spec's router section: deadline and request limits. Rendered without its defaults, so
+    # a model that changes none renders as before (no restart of its router).
+    router: RouterSpec = Field(default_factory=RouterSpec)
 
 
 class DeployedRouter(Frozen):
-    """A router app as the Serve config holds it: its routing and its concurrency cap."""
+    """A router app as the Serve config holds it: its routing, its concurrency cap and queue
+    bound, and its request limits."""
 
     config: RouterConfig
     max_ongoing_requests: int | None = None
+    max_queued_requests: int | None = None  # None: rendered before queues were bounded
+    router: RouterSpec = Field(default_factory=RouterSpec)
 
 
 class SetAppPlan(Frozen):
@@ -277,19 +287,22 @@ def _empty(args: SetAppArgs, *fields: str) -> set[str] | None:
     return {f for f in fields if not getattr(args, f)} or None
 
 
-def render_router_app(
-    model: str, region: str, config: RouterConfig, max_ongoing_requests: int = DEFAULT_ROUTER_MAX_ONGOING
-) -> dict[str, Any]:
+def render_router_app(model: str, region: str, config: RouterConfig, router: RouterSpec) -> dict[str, Any]:
+    args = RouterAppArgs(model=model, region=region, router=router)
     return {
         "name": router_app_name(model, region),
         "route_prefix": f"/{region}/models/{model}",
         "import_path": ROUTER_IMPORT_PATH,
-        "args": RouterAppArgs(model=model, region=region).model_dump(mode="json"),
+        "args": args.model_dump(mode="json", exclude_defaults=True),
         "deployments": [
             {
                 "name": ROUTER_DEPLOYMENT,
                 "num_replicas": 1,
-                "max_ongoing_requests": max_ongoing_requests,  # see RouterSpec
+                "max_ongoing_requests": router.max_ongoing_requests,  # see RouterSpec
+                # Beyond the queue Serve's proxy refuses at once: 503 and Retry-After, never an
+                # unbounded wait (and never counted against a set: the router never saw it).
+                "max_queued_requests": router.max_queued_requests,
+                "backpressure_config": {"status_code": 503, "retry_after_s": router.retry_after_seconds},
                 "ray_actor_options": _actor_options(region, 0),
                 # parts and gated_part only when a part rolls on its own (sync: independent)
                 "user_config": config.model_dump(mode="json", exclude_defaults=True),
@@ -304,6 +317,8 @@ def deployed_router(app: dict[str, Any]) -> DeployedRouter:
     return DeployedRouter(
         config=RouterConfig.model_validate(router["user_config"]),
         max_ongoing_requests=router.get("max_ongoing_requests"),
+        max_queued_requests=router.get("max_queued_requests"),
+        router=RouterAppArgs.model_validate(app["args"]).router,
     )
 
 
@@ -339,7 +354,7 @@ def render_serve_config(apps: dict[str, dict[str, Any]], host: str, port: int) -
     """The whole multi-app config, in the schema `serve deploy` and KubeRay's RayService take."""
     return {
         "proxy_location": "HeadOnly",
-        "http_options": {"host": host, "port": port},
+        "http_options": {"host": host, "port": port, "request_timeout_s": PROXY_TIMEOUT_S},
         "logging_config": {"enable_access_log": False},
         "applications": [apps[name] for name in sorted(apps)],
     }

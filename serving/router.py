@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import random
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ray import serve
+from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
@@ -32,9 +35,12 @@ from ipnext.serving.layout import (
     SetDescription,
     metrics_actor_name,
 )
+from ipnext.serving.request_body import BodyError, parse_request_body
 from ipnext.serving.traffic import PickedApps, all_finite, join_shards, jsonable, pick_apps, upstream_values
 
 __all__ = ["NonFiniteOutputsError", "Router", "router_app"]
+
+logger = logging.getLogger("ray.serve")
 
 
 class _SetRoute:
@@ -81,6 +87,7 @@ class Router:
     def __init__(self, args: RouterAppArgs) -> None:
         self._model = args.model
         self._region = args.region
+        self._limits = args.router  # deadline and request limits: the spec's router section
         self._config = RouterConfig(generation=0, weights={})
         self._routes: dict[str, _SetRoute] = {}
         self._rng = random.Random()
@@ -127,31 +134,46 @@ class Router:
         return observe
 
     async def __call__(self, request: Request) -> JSONResponse | StreamingResponse:
-        path = request.url.path.rstrip("/")
-        if request.method == "GET" and not path.endswith("/predict"):
-            return JSONResponse(self.state())
-        if request.method != "POST" or not path.endswith("/predict"):
-            return JSONResponse({"error": "use POST .../predict"}, status_code=404)
+        """The HTTP door. Whatever happens inside, the caller gets `{error_id, message}` and a
+        status, never a traceback: the details go to this replica's log under the error id."""
         try:
-            body = await request.json()
-        except ValueError:
-            return JSONResponse({"error": "body is not JSON"}, status_code=400)
-        if not isinstance(body, dict) or "inputs" not in body:
-            return JSONResponse(
-                {"error": 'body must be a JSON object {"inputs": ..., "key": optional}'},
-                status_code=400,
-            )
-        if body.get("stream"):
-            return StreamingResponse(
-                self._stream_events(body["inputs"], body.get("key")), media_type="text/event-stream"
-            )
-        envelope, status = await self.predict(body["inputs"], body.get("key"))
-        return JSONResponse(envelope, status_code=status)
+            path = request.url.path.rstrip("/")
+            if request.method == "GET" and not path.endswith("/predict"):
+                return JSONResponse(self.state())
+            if request.method != "POST" or not path.endswith("/predict"):
+                return _answer(*_refusal(404, "use POST .../predict"))
+            try:
+                body = parse_request_body(await self._read_body(request), self._limits.max_json_depth)
+            except BodyError as err:  # the caller's mistake: never counted against a set
+                return _answer(*_refusal(err.status, err.message))
+            if body.get("stream"):
+                return StreamingResponse(
+                    self._stream_events(body["inputs"], body.get("key")), media_type="text/event-stream"
+                )
+            return _answer(*await self.predict(body["inputs"], body.get("key")))
+        except Exception as err:  # a bug of the router itself: say so without its insides
+            return _answer(*_server_failure(500, "the router failed", err))
+
+    async def _read_body(self, request: Request) -> bytes:
+        """The body, refused with 413 past `max_body_bytes` before it is read whole (a declared
+        length over the limit is refused before reading anything)."""
+        limit = self._limits.max_body_bytes
+        too_big = f"body: larger than {limit} bytes (router.max_body_bytes in the model's spec)"
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise BodyError(413, too_big)
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise BodyError(413, too_big)
+            chunks.append(chunk)
+        return b"".join(chunks)
 
     async def _stream_events(self, inputs: Any, key: str | None) -> AsyncIterator[str]:
         """Server-sent events: one envelope per piece of the final part's answer (a part
-        without `stream` gives one piece); a failure is an event with `error`. If the client
-        goes away, the part's stream is cancelled with this generator."""
+        without `stream` gives one piece); a failure is an event with `error_id`, `message` and
+        `status`. If the client goes away, the part's stream is cancelled with this generator."""
         async for envelope in self.stream(inputs, key):
             yield f"data: {json.dumps(envelope)}\n\n"
 
@@ -176,10 +198,12 @@ class Router:
         """The streaming `predict`: every part but the DAG's final one runs as usual, then the
         final part streams. Counted as one request (latency: first piece to last). Choice nodes
         pick the variants as for `predict`, but a failed variant is not retried on the fallback
-        (pieces may have gone out already)."""
+        (pieces may have gone out already). The deadline covers the whole stream."""
+        deadline = asyncio.get_running_loop().time() + self._limits.deadline_seconds
         picked = self._pick(key)
         if picked is None:
-            yield {"error": self._no_set()}
+            body, status = _refusal(503, self._no_set())
+            yield {**body, "status": status}
             return
         set_id = self._routes[picked.counted].set_id
         dag = self._routes[picked.base]
@@ -194,11 +218,17 @@ class Router:
             if len(finals) != 1:
                 raise ValueError(f"streaming needs one part feeding the output, the DAG has {finals}")
             final = finals[0]
-            results = await self._run_parts(dag, part_routes, inputs, attempt, skip=final)
+            async with asyncio.timeout_at(deadline):
+                results = await self._run_parts(dag, part_routes, inputs, attempt, skip=final)
             upstream = upstream_values(plan, final, results, inputs, dag.shard_groups)
             handle = part_routes.get(final, dag).handle(final, self._rng)
             pieces = handle.options(stream=True).stream.remote(upstream)
-            async for reply in pieces:
+            while True:
+                try:
+                    async with asyncio.timeout_at(deadline):  # never around the yield below
+                        reply = await anext(pieces)
+                except StopAsyncIteration:
+                    break
                 attempt.stamps[final] = reply["snapshot_id"]
                 output = jsonable(reply["output"])
                 if not all_finite(output):
@@ -206,49 +236,74 @@ class Router:
                 yield {"outputs": output, "set": set_id, "parts": dict(attempt.stamps), "variant": variant}
             pieces = None
         except PartInputError as err:  # the caller's mistake: not counted against the set
-            yield {"error": _cause(err), "status": 400, "set": set_id}
+            body, status = _refusal(400, _cause(err))
+            yield {**body, "status": status, "set": set_id}
             return
-        except Exception as err:  # a part failed: count it and end the stream with the reason
+        except Exception as err:  # a part failed, or the deadline passed: count it, end the stream
             if attempt.failed_part is None and pieces is not None:
                 attempt.failed_part = finals[0]
             self._count(picked.counted, None)
-            yield {"error": _reason(err), "set": set_id}
+            body, status = self._failure(err, attempt)
+            yield {**body, "status": status, "set": set_id}
             return
         finally:
-            if pieces is not None:  # the client went away mid-stream: stop the part's work
+            if pieces is not None:  # the client went away, or the deadline passed: stop the part
                 pieces.cancel()
             dag.variants.finish(attempt.chosen, attempt.stamps, attempt.failed_part, time.monotonic())
         self._count(picked.counted, (time.perf_counter() - started) * 1000)
 
     async def predict(self, inputs: Any, key: str | None = None) -> tuple[dict[str, Any], int]:
+        """One request through the DAG, within the deadline. What counts against the set is the
+        table of docs/ARCHITECTURE.md: a caller's mistake (400) does not; a part's failure, a
+        part's full queue (503) and a passed deadline (504) do."""
         picked = self._pick(key)
         if picked is None:
-            return {"error": self._no_set()}, 503
+            return _refusal(503, self._no_set())
         set_id = self._routes[picked.counted].set_id  # the set the answer is counted against and stamped with
         started = time.perf_counter()
+        tried: list[_Attempt] = []
         try:
             part_routes = {p: self._routes[a] for p, a in picked.part_apps.items()}
-            outputs, attempt = await self._run_dag(self._routes[picked.base], part_routes, inputs)
+            async with asyncio.timeout(self._limits.deadline_seconds):
+                outputs = await self._run_dag(self._routes[picked.base], part_routes, inputs, tried)
         except PartInputError as err:  # the caller's mistake: 400, not counted against the set
-            return {"error": _cause(err), "set": set_id}, 400
-        except Exception as err:  # a part failed (a NaN score too): count it, answer 500 with the reason
+            body, status = _refusal(400, _cause(err))
+            return {**body, "set": set_id}, status
+        except Exception as err:  # a part failed (a NaN score too), or the deadline passed
             self._count(picked.counted, None)
-            return {"error": _reason(err), "set": set_id}, 500
+            body, status = self._failure(err, tried[-1] if tried else _Attempt({}))
+            return {**body, "set": set_id}, status
+        attempt = tried[-1]
         # A retry on the fallback saved the caller, but a part of the set failed this request:
         # the gates must see it, or a bad snapshot of a variant would roll out unnoticed.
         self._count(picked.counted, None if attempt.retried else (time.perf_counter() - started) * 1000)
         envelope = {"outputs": outputs, "set": set_id, "parts": attempt.stamps}
         return {**envelope, "variant": variant_label(attempt.chosen)}, 200
 
+    def _failure(self, err: Exception, attempt: _Attempt) -> tuple[dict[str, Any], int]:
+        """The answer to a request the set failed: 504 past the deadline, 503 when a part's
+        queue was full, else 500; the message says which without the server's insides."""
+        if isinstance(err, TimeoutError):
+            return _server_failure(
+                504, f"no answer within the deadline of {self._limits.deadline_seconds:g} s", err
+            )
+        if isinstance(err, BackPressureError):
+            return _server_failure(503, f"part {attempt.failed_part or '?'} is overloaded; retry later", err)
+        if isinstance(err, NonFiniteOutputsError):
+            return _server_failure(500, str(err), err)
+        return _server_failure(500, f"part {attempt.failed_part or '?'} failed", err)
+
     async def _run_dag(
-        self, route: _SetRoute, part_routes: dict[str, _SetRoute], inputs: Any
-    ) -> tuple[Any, _Attempt]:
+        self, route: _SetRoute, part_routes: dict[str, _SetRoute], inputs: Any, tried: list[_Attempt]
+    ) -> Any:
         """Run `route`'s DAG on the variants its choice nodes pick for the request, calling each
         part in `part_routes` on that route instead. When a part of a chosen variant fails (not
-        by the caller's mistake), the request runs once more with that choice on its fallback."""
+        by the caller's mistake), the request runs once more with that choice on its fallback.
+        Each attempt is appended to `tried` as it starts: the last one is how the request ran."""
         attempt = _Attempt(route.variants.choose(inputs, time.monotonic()))
+        tried.append(attempt)
         try:
-            return await self._run_attempt(route, part_routes, inputs, attempt), attempt
+            return await self._run_attempt(route, part_routes, inputs, attempt)
         except PartInputError:
             raise
         except Exception:
@@ -256,7 +311,8 @@ class Router:
             if retry is None:
                 raise
         attempt = _Attempt(retry, retried=True)
-        return await self._run_attempt(route, part_routes, inputs, attempt), attempt
+        tried.append(attempt)
+        return await self._run_attempt(route, part_routes, inputs, attempt)
 
     async def _run_attempt(
         self, route: _SetRoute, part_routes: dict[str, _SetRoute], inputs: Any, attempt: _Attempt
@@ -306,9 +362,23 @@ class Router:
         return dict(zip(tasks, done, strict=True))
 
 
-def _reason(err: Exception) -> str:
-    """Why a request failed, for its answer."""
-    return str(err) if isinstance(err, NonFiniteOutputsError) else f"{type(err).__name__}: {err}"
+def _refusal(status: int, message: str) -> tuple[dict[str, Any], int]:
+    """An answer for a request refused without running it (the caller's mistake, no set)."""
+    error_id = uuid.uuid4().hex[:16]
+    logger.info("request %s refused (%d): %s", error_id, status, message)
+    return {"error_id": error_id, "message": message}, status
+
+
+def _server_failure(status: int, message: str, err: BaseException) -> tuple[dict[str, Any], int]:
+    """An answer for a request the server failed: the caller gets the message and an id, the
+    log gets the id with the exception and its traceback (which names pids, addresses, paths)."""
+    error_id = uuid.uuid4().hex[:16]
+    logger.warning("request %s failed (%d): %s", error_id, status, message, exc_info=err)
+    return {"error_id": error_id, "message": f"{message} (error_id {error_id})"}, status
+
+
+def _answer(body: dict[str, Any], status: int) -> JSONResponse:
+    return JSONResponse(body, status_code=status)
 
 
 def _cause(err: BaseException) -> str:

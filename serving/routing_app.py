@@ -41,14 +41,14 @@ class RoutingService:
     async def __call__(self, request: Request) -> JSONResponse:
         model = routing_model_of(request.url.path, request.scope.get("root_path", ""))
         if model is None:
-            return JSONResponse({"error": "use GET /models/<name>/routing"}, status_code=404)
+            return JSONResponse({"message": "use GET /models/<name>/routing"}, status_code=404)
         if request.method != "GET":
-            return JSONResponse({"error": f"use GET /models/{model}/routing"}, status_code=405)
+            return JSONResponse({"message": f"use GET /models/{model}/routing"}, status_code=405)
         document = self._table.documents.get(model)
         if document is None:
             return JSONResponse(
                 {
-                    "error": f"model {model!r} has no routing document: it is not registered, "
+                    "message": f"model {model!r} has no routing document: it is not registered, "
                     "or serves nowhere yet"
                 },
                 status_code=404,

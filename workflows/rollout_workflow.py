@@ -619,6 +619,7 @@ class RolloutWorkflow:
                 parts=parts or {},
                 gated_part=gated,
                 router_max_ongoing_requests=self._input.spec.router.max_ongoing_requests,
+                router=self._input.spec.router,
                 generation_floor=max(self._progress.generations, default=0),
             ),
             start_to_close_timeout=DEPLOY_TIMEOUT,

@@ -4,10 +4,12 @@
   and candidate item embeddings.
 - DensePart (compute-bound) scores each (user, item) pair with an MLP over the
   two embeddings and their elementwise product, returning click probabilities. Its config's
-  `hidden` sizes the MLP (model-variants.yaml serves a small and a large one); `delay_ms` and
-  `max_items` are drill knobs (a slow part, a part that fails on big batches), off by default.
+  `hidden` sizes the MLP (model-variants.yaml serves a small and a large one); `delay_ms`,
+  `max_items` and `hang_on_non_finite` are drill knobs (a slow part, a part that fails on big
+  batches, a part that hangs on a poisoned snapshot's users), off by default.
 
-Request: {"user": int, "items": [int, ...]}; response: one probability per item.
+Request: {"user": int, "items": [int, ...]} with at most `max_candidates` (the embed part's
+config, default 1000) items; response: one probability per item.
 """
 
 from __future__ import annotations
@@ -20,7 +22,13 @@ from torch import nn
 
 from ipnext.errors import PartInputError, SnapshotError
 
-__all__ = ["DensePart", "EmbeddingPart", "RankerModules", "build_modules"]
+__all__ = ["MAX_CANDIDATES", "DensePart", "EmbeddingPart", "RankerModules", "build_modules"]
+
+MAX_CANDIDATES = 1000  # items per request, unless the embed part's config says `max_candidates`
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 class RankerModules(nn.Module):
@@ -83,18 +91,25 @@ class EmbeddingPart:
         tables = nn.ModuleDict({"user": self._user, "item": self._item})
         _load(tables, "", weights, "embed")
         self._tables = tables.eval()
+        self._max_candidates = int(config.get("max_candidates", MAX_CANDIDATES))
 
     def expected_tensors(self) -> dict[str, tuple[tuple[int, ...], str]]:
         return _expected(self._tables, "")
 
     async def __call__(self, inputs: dict[str, Any]) -> dict[str, torch.Tensor]:
         request: Any = inputs.get("input")
-        try:
-            user, items = int(request["user"]), [int(i) for i in request["items"]]
-        except (KeyError, TypeError, ValueError):
+        user: Any = request.get("user") if isinstance(request, dict) else None
+        items: Any = request.get("items") if isinstance(request, dict) else None
+        # Integers only: int() would take 3.7, "5" and True, and raise OverflowError on inf.
+        if not _is_int(user) or not isinstance(items, list) or not all(_is_int(i) for i in items):
             raise PartInputError(
-                f'inputs: expected {{"user": int, "items": [int, ...]}}, got {request!r}'
-            ) from None
+                f'inputs: expected {{"user": int, "items": [int, ...]}}, got {request!r:.120}'
+            )
+        if len(items) > self._max_candidates:
+            raise PartInputError(
+                f"inputs.items: {len(items)} items; send at most {self._max_candidates} per request "
+                "(the embed part's config max_candidates)"
+            )
         if not 0 <= user < self._num_users:
             raise PartInputError(f"inputs.user: {user} is out of range: users are 0..{self._num_users - 1}")
         bad = [i for i in items if not 0 <= i < self._num_items]
@@ -118,6 +133,9 @@ class DensePart:
         # size over which the part fails as the server's fault (as running out of memory would).
         self._delay_s = float(config.get("delay_ms", 0)) / 1000
         self._max_items = config.get("max_items")
+        # A hung part: never answers a request whose embeddings are not finite (a poisoned
+        # snapshot's users), as a part stuck on some inputs would; the router's deadline ends it.
+        self._hang_on_non_finite = bool(config.get("hang_on_non_finite", False))
 
     def expected_tensors(self) -> dict[str, tuple[tuple[int, ...], str]]:
         return _expected(self._modules.mlp, "mlp.")
@@ -126,6 +144,8 @@ class DensePart:
         vectors = inputs["embed"]
         if self._delay_s:
             await asyncio.sleep(self._delay_s)
+        if self._hang_on_non_finite and not all(bool(torch.isfinite(v).all()) for v in vectors.values()):
+            await asyncio.Event().wait()  # forever, until the caller cancels it
         if self._max_items is not None and len(vectors["items"]) > int(self._max_items):
             raise RuntimeError(
                 f"{len(vectors['items'])} items are over this part's max_items {self._max_items}"

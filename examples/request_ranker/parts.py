@@ -20,6 +20,7 @@ Answer: one click probability per candidate, in order.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,8 +66,14 @@ class RankingRequest:
     latency_budget_ms: float | None
 
 
-def parse_request(request: Any, config: RankingConfig) -> RankingRequest:
-    """Check a request against the model's sizes; a PartInputError names the field and the fix."""
+def parse_request(
+    request: Any, config: RankingConfig, max_candidates: int = MAX_CANDIDATES
+) -> RankingRequest:
+    """Check a request against the model's sizes; a PartInputError names the field and the fix.
+
+    Nothing reaches a tensor before it is checked: ids are integers in range, features are
+    finite numbers, and a request carries at most `max_candidates` candidates (the part's
+    config `max_candidates` overrides the default)."""
     if not isinstance(request, dict):
         raise PartInputError(
             f'inputs: expected {{"user": {{...}}, "candidates": [...]}}, got {type(request).__name__}'
@@ -87,9 +94,9 @@ def parse_request(request: Any, config: RankingConfig) -> RankingRequest:
             f"{config.seq_len} (pad a short history by repeating its oldest event)"
         )
     candidates = _ids(request.get("candidates"), "inputs.candidates", config.num_items)
-    if not 1 <= candidates.shape[0] <= MAX_CANDIDATES:
+    if not 1 <= candidates.shape[0] <= max_candidates:
         raise PartInputError(
-            f"inputs.candidates: {candidates.shape[0]} candidates; send 1 to {MAX_CANDIDATES} per request"
+            f"inputs.candidates: {candidates.shape[0]} candidates; send 1 to {max_candidates} per request"
         )
     segment = user.get("segment")
     if segment is not None and not isinstance(segment, str):
@@ -102,6 +109,13 @@ def parse_request(request: Any, config: RankingConfig) -> RankingRequest:
     return RankingRequest(
         uid, features, history, candidates, segment, None if budget is None else float(budget)
     )
+
+
+def _max_candidates(config: dict[str, Any]) -> int:
+    value = config.get("max_candidates", MAX_CANDIDATES)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"config.max_candidates: {value!r} is not a positive integer")
+    return value
 
 
 def _ids(value: Any, field: str, bound: int) -> torch.Tensor:
@@ -121,6 +135,9 @@ def _floats(value: Any, field: str, length: int) -> torch.Tensor:
         or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in value)
     ):
         raise PartInputError(f"{field}: expected {length} numbers, got {value!r:.80}")
+    bad = [i for i, v in enumerate(value) if not math.isfinite(v)]
+    if bad:
+        raise PartInputError(f"{field}[{bad[0]}]: {value[bad[0]]} is not a finite number")
     return torch.tensor(value, dtype=torch.float32)
 
 
@@ -148,6 +165,7 @@ class TablePart:
 
     def __init__(self, weights: dict[str, torch.Tensor], config: dict[str, Any]) -> None:
         self._config = RankingConfig.from_config(config)
+        self._max_candidates = _max_candidates(config)
         self._shards = int(config.get("shards", 1))
         self._shard = int(config.get("shard", 0))
         if not 0 <= self._shard < self._shards:
@@ -195,7 +213,7 @@ class TablePart:
         }
 
     async def __call__(self, inputs: dict[str, Any]) -> dict[str, torch.Tensor]:
-        request = parse_request(inputs.get("input"), self._config)
+        request = parse_request(inputs.get("input"), self._config, self._max_candidates)
         users = torch.tensor([request.user])
         items = torch.unique(torch.cat([request.history, request.candidates]))
         users = users[shard_of(users, self._shards) == self._shard]
@@ -216,6 +234,7 @@ class RankerPart:
 
     def __init__(self, weights: dict[str, torch.Tensor], config: dict[str, Any]) -> None:
         self._config = RankingConfig.from_config(config)
+        self._max_candidates = _max_candidates(config)
         self._model = RankingModel(self._config, tables=False)
         _check_weights("ranker", weights, self.expected_tensors())
         self._model.load_state_dict(weights)
@@ -240,7 +259,7 @@ class RankerPart:
         ready: list[tuple[int, RankingRequest, dict[str, torch.Tensor]]] = []
         for i, inputs in enumerate(batch):
             try:
-                request = parse_request(inputs.get("input"), self._config)
+                request = parse_request(inputs.get("input"), self._config, self._max_candidates)
                 ready.append((i, request, inputs["embed"]))
                 results.append([])
             except PartInputError as err:
@@ -270,7 +289,7 @@ class PairRankerPart(RankerPart):
         results: list[list[float] | Exception] = []
         for inputs in batch:
             try:
-                request = parse_request(inputs.get("input"), self._config)
+                request = parse_request(inputs.get("input"), self._config, self._max_candidates)
             except PartInputError as err:
                 results.append(err)
                 continue

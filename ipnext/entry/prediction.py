@@ -28,8 +28,10 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from ipnext.config import Settings, load_settings
 from ipnext.errors import (
     PredictionBadRequestError,
+    PredictionDeadlineError,
     PredictionError,
     PredictionNotFoundError,
+    PredictionOverloadedError,
     PredictionServerError,
     PredictionTransportError,
 )
@@ -37,7 +39,8 @@ from ipnext.routing import RoutingDocument, pick_region, predict_path, routing_p
 
 __all__ = ["AsyncPredictionClient", "Prediction", "PredictionClient"]
 
-DEFAULT_TIMEOUT_S = 30.0
+# Above the router's default deadline (30 s), so a slow model answers 504 before the client gives up.
+DEFAULT_TIMEOUT_S = 40.0
 T = TypeVar("T")
 
 
@@ -254,34 +257,50 @@ def _body(inputs: Any, key: str | None) -> dict[str, Any]:
 
 
 def _error_class(status: int) -> type[PredictionError]:
-    if status == 400:
+    if status in (400, 413):
         return PredictionBadRequestError
     if status == 404:
         return PredictionNotFoundError
+    if status in (429, 503):
+        return PredictionOverloadedError
+    if status == 504:
+        return PredictionDeadlineError
     if status >= 500:
         return PredictionServerError
     return PredictionError
 
 
-def _reason(response: httpx.Response) -> str:
-    """The server's own words: the `error` of a JSON answer, else the start of its text."""
-    try:
-        answer = response.json()
-    except ValueError:
-        return response.text[:500]
-    if isinstance(answer, dict) and "error" in answer:
-        return str(answer["error"])
-    return response.text[:500]
+def _words(answer: Any) -> tuple[str | None, str | None]:
+    """The server's own words and error id from an error answer or event: the router's
+    `{error_id, message}`, or an `error` (the routing app's answers)."""
+    if not isinstance(answer, dict):
+        return None, None
+    message = answer.get("message", answer.get("error"))
+    error_id = answer.get("error_id")
+    return (None if message is None else str(message)), (None if error_id is None else str(error_id))
 
 
 def _status_error(response: httpx.Response, model: str, region: str) -> PredictionError:
+    """An error answer: what the server said (else the start of its text, e.g. Serve's proxy's
+    plain-text 503), its error id, and when to retry from `Retry-After`."""
     status = response.status_code
+    message, error_id = _words(_json_or_none(response))
+    retry_after = response.headers.get("retry-after")
     return _error_class(status)(
-        f"predict {model} in {region}: HTTP {status}: {_reason(response)}",
+        f"predict {model} in {region}: HTTP {status}: {message or response.text[:500]}",
         status_code=status,
         model=model,
         region=region,
+        error_id=error_id,
+        retry_after_s=float(retry_after) if retry_after and retry_after.isdigit() else None,
     )
+
+
+def _json_or_none(response: httpx.Response) -> Any:
+    try:
+        return response.json()
+    except ValueError:
+        return None
 
 
 def _transport_error(err: httpx.TransportError, model: str, region: str | None, url: str) -> PredictionError:
@@ -322,10 +341,15 @@ def _event(line: str, model: str, region: str) -> Prediction | None:
             model=model,
             region=region,
         ) from None
-    if "error" in event:
+    if "error" in event or "error_id" in event:
         status = int(event.get("status", 500))
+        message, error_id = _words(event)
         raise _error_class(status)(
-            f"predict {model} in {region}: {event['error']}", status_code=status, model=model, region=region
+            f"predict {model} in {region}: {message}",
+            status_code=status,
+            model=model,
+            region=region,
+            error_id=error_id,
         )
     return Prediction(**event, region=region)
 
@@ -341,7 +365,9 @@ def _document(response: httpx.Response, model: str, url: str) -> RoutingDocument
     if response.status_code != 200:
         status = response.status_code
         raise _error_class(status)(
-            f"routing of {model}: HTTP {status}: {_reason(response)}", status_code=status, model=model
+            f"routing of {model}: HTTP {status}: {_words(_json_or_none(response))[0] or response.text[:500]}",
+            status_code=status,
+            model=model,
         )
     try:
         return RoutingDocument.model_validate(response.json())

@@ -68,7 +68,7 @@ class Load:
                             reply.status_code,
                             body.get("set"),
                             body.get("parts") or {},
-                            body.get("error", ""),
+                            body.get("message", ""),
                             body.get("variant"),
                             user,
                         )

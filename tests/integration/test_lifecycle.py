@@ -69,12 +69,12 @@ async def test_publish_serve_predict_then_second_set(
         }
         assert len(envelope["outputs"]) == 3 and all(0 <= p <= 1 for p in envelope["outputs"])
         bad = await http.post(f"/us-east/models/{model_name}/predict", json={"nope": 1})
-        assert bad.status_code == 400 and "inputs" in bad.json()["error"]
+        assert bad.status_code == 400 and "inputs" in bad.json()["message"]
         # The part refuses an unknown user: the caller's mistake, a 400 not counted as an error.
         unknown = await http.post(
             f"/us-east/models/{model_name}/predict", json={"inputs": {"user": 9999, "items": [1]}}
         )
-        assert unknown.status_code == 400 and unknown.json()["error"].startswith("inputs.user: 9999"), (
+        assert unknown.status_code == 400 and unknown.json()["message"].startswith("inputs.user: 9999"), (
             unknown.text
         )
         # The router pushes its counters to the model's metrics actor every second.
@@ -110,7 +110,7 @@ async def test_publish_serve_predict_then_second_set(
         }
         assert document["ttl_seconds"] == stack.serve.routing_ttl_seconds and document["generation"] >= 1
         unknown_model = await http.get(f"/models/{model_name}-absent/routing")
-        assert unknown_model.status_code == 404 and f"{model_name}-absent" in unknown_model.json()["error"]
+        assert unknown_model.status_code == 404 and f"{model_name}-absent" in unknown_model.json()["message"]
 
     # The data plane alone: no Temporal client, only the serving URL.
     with PredictionClient(stack.serve_url) as serving:

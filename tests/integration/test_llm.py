@@ -76,7 +76,7 @@ class StreamingLoad:
                 except (httpx.HTTPError, AssertionError) as err:
                     self.failed.append(f"{type(err).__name__}: {err}")
                     continue
-                errors = [e["error"] for e in events if "error" in e]
+                errors = [e["message"] for e in events if "error_id" in e]
                 if errors or not events or "finish_reason" not in events[-1]["outputs"]:
                     self.failed.append(str(errors or events[-1:]))
                 else:
@@ -123,11 +123,11 @@ async def test_llm_streams_frees_cancelled_blocks_and_rolls_out_under_streaming_
         assert whole["outputs"]["text"] == expected
         # A request that cannot run is the caller's mistake: 400 with the field, not a set error.
         bad = await http.post(path, json={"inputs": {"prompt": "hi", "max_tokens": 0}})
-        assert bad.status_code == 400 and bad.json()["error"].startswith("inputs.max_tokens"), bad.text
+        assert bad.status_code == 400 and bad.json()["message"].startswith("inputs.max_tokens"), bad.text
         too_long = await http.post(path, json={"inputs": {"prompt": "hi", "max_tokens": 5000}})
-        assert too_long.status_code == 400 and "max_seq_len" in too_long.json()["error"], too_long.text
+        assert too_long.status_code == 400 and "max_seq_len" in too_long.json()["message"], too_long.text
         bad_events = await stream_events(http, path, {"prompt": "hi", "max_tokens": 0})
-        assert bad_events[0]["status"] == 400 and "inputs.max_tokens" in bad_events[0]["error"]
+        assert bad_events[0]["status"] == 400 and "inputs.max_tokens" in bad_events[0]["message"]
     # The SDK streams the same pieces, and raises the part's error with its words.
     request = {"prompt": "two plus three is", "max_tokens": 16}
     pieces = [p async for p in client.predict_stream(model_name, request, source="us-east")]
@@ -159,7 +159,7 @@ async def test_llm_streams_frees_cancelled_blocks_and_rolls_out_under_streaming_
                     pieces.append(json.loads(line.removeprefix("data: ")))
                 if len(pieces) == 3:
                     break
-            assert len(pieces) == 3 and not any("error" in p for p in pieces), pieces
+            assert len(pieces) == 3 and not any("error_id" in p for p in pieces), pieces
             busy = await describe(host)
             assert busy["running"] == 1 and busy["kv_cache_used_blocks"] > 0, busy
         status = await poll_until(

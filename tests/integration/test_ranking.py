@@ -77,7 +77,7 @@ async def test_ranking_serves_batched_request_oriented_scores(
             assert envelope["outputs"] == pytest.approx(expected(request), abs=2e-6)
         bad = dict(requests[0], candidates=[10**9])
         refused = await http.post(path, json={"inputs": bad})
-        assert refused.status_code == 400 and refused.json()["error"].startswith("inputs.candidates"), (
+        assert refused.status_code == 400 and refused.json()["message"].startswith("inputs.candidates"), (
             refused.text
         )
 

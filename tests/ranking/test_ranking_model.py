@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 from typing import Any
 
 import pytest
@@ -190,6 +191,10 @@ def test_a_batch_scores_each_request_against_its_own_user(trained_whole: TrainRe
         (lambda r: r["user"].update(id=10**6), "inputs.user.id"),
         (lambda r: r["user"].update(history=r["user"]["history"][:10]), "inputs.user.history"),
         (lambda r: r["user"].update(features=[1.0]), "inputs.user.features"),
+        (lambda r: r["user"]["features"].__setitem__(2, float("nan")), r"inputs.user.features[2]"),
+        (lambda r: r["user"]["features"].__setitem__(0, float("inf")), r"inputs.user.features[0]"),
+        (lambda r: r["user"].update(id=1e999), "inputs.user.id"),
+        (lambda r: r.update(candidates=r["candidates"] * 2000), "inputs.candidates"),  # over 5000
         (lambda r: r["user"].update(segment=3), "inputs.user.segment"),
         (lambda r: r.update(latency_budget_ms=-5), "inputs.latency_budget_ms"),
         (lambda r: r.pop("user"), "inputs.user"),
@@ -199,8 +204,21 @@ def test_bad_requests_name_the_field(change: Any, field: str, trained_whole: Tra
     tables, _ = build_parts(trained_whole, 1)
     request = World(RankingConfig.from_config(config())).request(random.Random(1), 5)
     change(request)
-    with pytest.raises(PartInputError, match=field.replace(".", r"\.")):
+    with pytest.raises(PartInputError, match=re.escape(field)):
         asyncio.run(tables[0]({"input": request}))
+
+
+def test_the_candidate_bound_is_the_parts_config(trained_whole: TrainReport) -> None:
+    tables, _ = build_parts(trained_whole, 1)
+    request = World(RankingConfig.from_config(config())).request(random.Random(1), 5)
+    small = TablePart(
+        load_weights(trained_whole.folder / "embed.safetensors"), {**config(), "max_candidates": 4}
+    )
+    with pytest.raises(
+        PartInputError, match=re.escape("inputs.candidates: 5 candidates; send 1 to 4 per request")
+    ):
+        asyncio.run(small({"input": request}))
+    assert asyncio.run(tables[0]({"input": request}))  # the default bound takes 5
 
 
 def test_parts_refuse_weights_that_do_not_fit(trained_sharded: TrainReport) -> None:

@@ -231,3 +231,22 @@ async def test_dense_part_drill_knobs(
         await drilled({"embed": too_many})
     assert not isinstance(info.value, PartInputError)  # the server's fault: a fallback may retry it
     assert slept == [0.15, 0.15] and await parts[1]({"embed": too_many})  # no knobs: no limit, no sleep
+
+
+@pytest.mark.parametrize(
+    ("request_inputs", "words"),
+    [
+        ({"user": 3.7, "items": [1]}, "expected"),  # int() would have taken 3
+        ({"user": "5", "items": [1]}, "expected"),
+        ({"user": True, "items": [1]}, "expected"),
+        ({"user": float("inf"), "items": [1]}, "expected"),  # int() raised OverflowError: a 500
+        ({"user": 1, "items": [1.0]}, "expected"),
+        ({"user": 1, "items": "12"}, "expected"),
+        ({"user": 1, "items": list(range(1001))}, "inputs.items: 1001 items; send at most 1000"),
+    ],
+)
+async def test_inputs_are_checked_before_they_reach_a_tensor(
+    parts: tuple[EmbeddingPart, DensePart], request_inputs: dict[str, object], words: str
+) -> None:
+    with pytest.raises(PartInputError, match=words):
+        await parts[0]({"input": request_inputs})

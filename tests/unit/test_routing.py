@@ -253,7 +253,7 @@ async def test_the_routing_service_answers_a_document_and_404_naming_an_unknown_
     assert status == 200 and RoutingDocument.model_validate(body) == doc
     assert service.generation(MODEL) == 1 and service.generation("absent") == 0
     status, body = await _get(service, "/models/absent/routing")
-    assert status == 404 and "'absent'" in str(body["error"])
+    assert status == 404 and "'absent'" in str(body["message"])
     assert (await _get(service, "/models/feed-ranker"))[0] == 404
     assert (await _get(service, "/models/feed-ranker/routing", method="POST"))[0] == 405
     service.reconfigure(RoutingTable().model_dump(mode="json"))  # in place: the model's doc is gone

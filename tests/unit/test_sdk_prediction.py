@@ -17,8 +17,10 @@ from ipnext.config import Settings
 from ipnext.errors import (
     IpnextError,
     PredictionBadRequestError,
+    PredictionDeadlineError,
     PredictionError,
     PredictionNotFoundError,
+    PredictionOverloadedError,
     PredictionServerError,
     PredictionTransportError,
     ServingError,
@@ -67,7 +69,7 @@ class FakeServing:
             self.fetches += 1
             doc = self.documents.get(model)
             if doc is None:
-                return httpx.Response(404, json={"error": f"model {model!r} has no routing document"})
+                return httpx.Response(404, json={"message": f"model {model!r} has no routing document"})
             return httpx.Response(200, json=doc.model_dump(mode="json"))
         region, _, model, _ = path.strip("/").split("/")
         body = json.loads(request.content)
@@ -82,6 +84,8 @@ class FakeServing:
         if router is None:
             return httpx.Response(404, text=f"Path '{path}' not found. Ping http://.../-/routes")
         status, answer = router(body)
+        if isinstance(answer, str):  # a plain-text answer, as Serve's proxy gives when it sheds
+            return httpx.Response(status, text=answer, headers={"retry-after": "2"})
         return httpx.Response(status, json=answer)
 
 
@@ -154,17 +158,23 @@ def test_an_explicit_region_needs_no_document(serving: FakeServing) -> None:
     ("status", "kind"),
     [
         (400, PredictionBadRequestError),
+        (413, PredictionBadRequestError),
         (404, PredictionNotFoundError),
         (405, PredictionError),
         (422, PredictionError),
         (500, PredictionServerError),
-        (503, PredictionServerError),
+        (503, PredictionOverloadedError),
+        (429, PredictionOverloadedError),
+        (504, PredictionDeadlineError),
     ],
 )
 async def test_each_status_raises_its_error_type_with_the_status(
     serving: FakeServing, status: int, kind: type[PredictionError]
 ) -> None:
-    serving.routers[("us-east", MODEL)] = lambda body: (status, {"error": f"refused with {status}"})
+    serving.routers[("us-east", MODEL)] = lambda body: (
+        status,
+        {"error_id": "e1d", "message": f"refused with {status}"},
+    )
     with sync_client(serving) as client, pytest.raises(kind) as sync_raised:
         client.predict(MODEL, 1, source="us-east")
     async with async_client(serving) as aclient:
@@ -173,11 +183,25 @@ async def test_each_status_raises_its_error_type_with_the_status(
     for err in (sync_raised.value, async_raised.value):
         assert type(err) is kind and isinstance(err, ServingError) and isinstance(err, IpnextError)
         assert err.status_code == status and err.model == MODEL and err.region == "us-east"
-        assert f"HTTP {status}: refused with {status}" in str(err)
+        assert f"HTTP {status}: refused with {status}" in str(err) and err.error_id == "e1d"
+        assert isinstance(err, PredictionServerError) == (status >= 500 or status == 429)
+
+
+def test_an_overloaded_answer_says_when_to_retry(serving: FakeServing) -> None:
+    """Serve's proxy sheds with its own plain-text body and a Retry-After header."""
+    serving.routers[("us-east", MODEL)] = lambda body: (503, "Request dropped due to backpressure")
+    with sync_client(serving) as client, pytest.raises(PredictionOverloadedError) as raised:
+        client.predict(MODEL, 1, source="us-east")
+    assert raised.value.retry_after_s == 2 and "HTTP 503: Request dropped due to backpressure" in str(
+        raised.value
+    )
 
 
 def test_a_400_is_also_a_value_error_and_a_404_a_lookup_error(serving: FakeServing) -> None:
-    serving.routers[("us-east", MODEL)] = lambda body: (400, {"error": "inputs.user: 9999 is unknown"})
+    serving.routers[("us-east", MODEL)] = lambda body: (
+        400,
+        {"error_id": "x", "message": "inputs.user: 9999 is unknown"},
+    )
     with sync_client(serving) as client:
         with pytest.raises(ValueError, match=r"inputs\.user: 9999"):
             client.predict(MODEL, 1, source="us-east")
@@ -322,8 +346,22 @@ def test_the_sync_client_runs_the_async_one_on_its_own_thread_until_closed(servi
 @pytest.mark.parametrize(
     ("event", "kind", "status"),
     [
-        ({"error": "inputs.max_tokens: 0 is not >= 1", "status": 400}, PredictionBadRequestError, 400),
-        ({"error": "RuntimeError: the part died"}, PredictionServerError, 500),
+        (
+            {"error_id": "a1", "message": "inputs.max_tokens: 0 is not >= 1", "status": 400},
+            PredictionBadRequestError,
+            400,
+        ),
+        (
+            {"error_id": "b2", "message": "part decode failed (error_id b2)", "status": 500},
+            PredictionServerError,
+            500,
+        ),
+        (
+            {"error_id": "c3", "message": "no answer within the deadline of 2 s", "status": 504},
+            PredictionDeadlineError,
+            504,
+        ),
+        ({"error": "RuntimeError: the part died"}, PredictionServerError, 500),  # before error ids
     ],
 )
 async def test_an_error_event_ends_a_stream_with_its_error_type(
@@ -332,7 +370,10 @@ async def test_an_error_event_ends_a_stream_with_its_error_type(
     serving.streams[("us-east", MODEL)] = [*pieces("a"), event]
     with sync_client(serving) as client, pytest.raises(kind) as raised:
         list(client.predict_stream(MODEL, {}, source="us-east"))
-    assert raised.value.status_code == status and event["error"] in str(raised.value)
+    assert raised.value.status_code == status and str(event.get("message", event.get("error"))) in str(
+        raised.value
+    )
+    assert raised.value.error_id == event.get("error_id")
     async with async_client(serving) as aclient:
         with pytest.raises(kind):
             async for _ in aclient.predict_stream(MODEL, {}, source="us-east"):

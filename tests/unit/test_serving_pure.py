@@ -16,11 +16,12 @@ from hypothesis import strategies as st
 from ray.serve.schema import ServeDeploySchema
 
 from ipnext.fleet import Fleet
-from ipnext.model import ModelSpec, RouterSpec, SnapshotRef, SnapshotSet
+from ipnext.model import MAX_DEADLINE_SECONDS, ModelSpec, RouterSpec, SnapshotRef, SnapshotSet
 from ipnext.plan import Plan, PlanningProblem, demand_from_model
 from ipnext.planner import solve
 from ipnext.rollout import RouterConfig
 from ipnext.serving.layout import (
+    PROXY_TIMEOUT_S,
     ROUTER_IMPORT_PATH,
     SET_IMPORT_PATH,
     DeployedRouter,
@@ -147,16 +148,27 @@ def test_render_router_app() -> None:
     config = RouterConfig(
         generation=5, weights={"feed-ranker.us-east.s7.r4": 25, "feed-ranker.us-east.s6.r4": 75}
     )
-    rendered = render_router_app(MODEL, "us-east", config)
+    rendered = render_router_app(MODEL, "us-east", config, RouterSpec())
     assert rendered["name"] == "feed-ranker.us-east"
     assert rendered["route_prefix"] == "/us-east/models/feed-ranker"
     assert rendered["import_path"] == ROUTER_IMPORT_PATH == "ipnext.serving.router:router_app"
-    assert rendered["args"] == {"model": MODEL, "region": "us-east"}
+    assert rendered["args"] == {"model": MODEL, "region": "us-east"}  # the defaults: as before limits
     [router] = rendered["deployments"]
     assert router["name"] == "router"
     assert router["num_replicas"] == 1
     assert router["max_ongoing_requests"] == RouterSpec().max_ongoing_requests == 100  # not Serve's 5
-    assert render_router_app(MODEL, "us-east", config, 12)["deployments"][0]["max_ongoing_requests"] == 12
+    # A bounded queue in Serve's proxy: the next request gets 503 and Retry-After at once.
+    assert router["max_queued_requests"] == 100
+    assert router["backpressure_config"] == {"status_code": 503, "retry_after_s": 1}
+    tight = RouterSpec(max_ongoing_requests=12, deadline_seconds=2.5, max_json_depth=8)
+    rendered_tight = render_router_app(MODEL, "us-east", config, tight)
+    assert rendered_tight["deployments"][0]["max_ongoing_requests"] == 12
+    # Only what differs from the defaults rides in the args (the router enforces it).
+    assert rendered_tight["args"]["router"] == {
+        "max_ongoing_requests": 12,
+        "deadline_seconds": 2.5,
+        "max_json_depth": 8,
+    }
     assert router["user_config"] == {
         "generation": 5,
         "weights": {"feed-ranker.us-east.s7.r4": 25, "feed-ranker.us-east.s6.r4": 75},
@@ -170,14 +182,19 @@ def test_render_serve_config_is_a_valid_serve_deploy_schema(
     apps = {}
     for region in ("us-east", "eu-west"):
         set_app = render_set_app(set_app_plan(example_spec, snapshot_set, plan, region, PINNED), 0)
-        router = render_router_app(MODEL, region, RouterConfig(generation=1, weights={set_app["name"]: 100}))
+        router = render_router_app(
+            MODEL, region, RouterConfig(generation=1, weights={set_app["name"]: 100}), RouterSpec()
+        )
         apps[set_app["name"]] = set_app
         apps[router["name"]] = router
     config = render_serve_config(apps, "127.0.0.1", 8000)
     schema = ServeDeploySchema.model_validate(config)
     assert schema.http_options.host == "127.0.0.1"
     assert schema.http_options.port == 8000
-    assert config["http_options"] == {"host": "127.0.0.1", "port": 8000}
+    # Serve's proxy timeout is a backstop above every deadline a router enforces (and counts).
+    assert config["http_options"] == {"host": "127.0.0.1", "port": 8000, "request_timeout_s": PROXY_TIMEOUT_S}
+    assert schema.http_options.request_timeout_s == PROXY_TIMEOUT_S > MAX_DEADLINE_SECONDS
+    assert {a.deployments[0].max_queued_requests for a in schema.applications if a.route_prefix} == {100}
     names = [a["name"] for a in config["applications"]]
     assert names == sorted(apps)
     assert [a.name for a in schema.applications] == names
@@ -210,10 +227,18 @@ def test_deployed_router_reads_back_what_was_rendered() -> None:
     config = RouterConfig(
         generation=3, weights={"a": 40, "b": 60}, parts={"embed": {"b": 100}}, gated_part="embed"
     )
-    rendered = render_router_app(MODEL, "us-east", config, 12)
-    assert deployed_router(rendered) == DeployedRouter(config=config, max_ongoing_requests=12)
+    router = RouterSpec(max_ongoing_requests=12, max_queued_requests=7, deadline_seconds=4)
+    rendered = render_router_app(MODEL, "us-east", config, router)
+    assert deployed_router(rendered) == DeployedRouter(
+        config=config, max_ongoing_requests=12, max_queued_requests=7, router=router
+    )
     plain = RouterConfig(generation=1, weights={"a": 100})
-    assert deployed_router(render_router_app(MODEL, "us-east", plain)).config == plain
+    assert deployed_router(render_router_app(MODEL, "us-east", plain, RouterSpec())).config == plain
+    # A router rendered before queues and limits existed reads back as such: the reconcile
+    # sees it differs from the spec and applies it again.
+    legacy = render_router_app(MODEL, "us-east", plain, RouterSpec())
+    del legacy["deployments"][0]["max_queued_requests"]
+    assert deployed_router(legacy).max_queued_requests is None
 
 
 def test_builder_import_paths_resolve() -> None:
