@@ -460,7 +460,8 @@ def check_against_fleet(spec: ModelSpec, fleet: Fleet) -> None:
             fix=f"use at most {len(fleet.regions)}",
         )
     for part, part_spec in spec.parts.items():
-        _check_part_fits(spec, part, part_spec, fleet)
+        _check_replica_fits(part, part_spec, fleet)
+    _check_traffic_fits(spec, fleet)
 
 
 def fleet_capacity_qps(part: PartSpec, fleet: Fleet, without_region: str | None = None) -> float:
@@ -477,39 +478,48 @@ def fleet_capacity_qps(part: PartSpec, fleet: Fleet, without_region: str | None 
     return total
 
 
-def _check_part_fits(spec: ModelSpec, part: str, part_spec: PartSpec, fleet: Fleet) -> None:
-    """Refuse traffic no plan could serve, before any workflow starts: the planner sees every
-    part with the model's whole peak traffic (plan.demand_from_model)."""
+def _check_replica_fits(part: str, part_spec: PartSpec, fleet: Fleet) -> None:
+    """A part none of whose replicas fits in any pool can never be placed."""
     largest = {
         hw: max((p.units for p in fleet.pools if p.hardware == hw), default=0) for hw in part_spec.hardware
     }
-    if all(option.units > largest[hw] for hw, option in part_spec.hardware.items()):
-        hw, option = min(part_spec.hardware.items(), key=lambda item: item[1].units - largest[item[0]])
-        raise SpecError(
-            f"parts.{part}.hardware.{hw}.units: a replica of {option.units} units fits in no pool of "
-            f"the fleet (the largest {hw} pool has {largest[hw]}).",
-            field=f"parts.{part}.hardware.{hw}.units",
-            value=option.units,
-            fix=f"use at most {largest[hw]} units per replica, or allow another hardware class",
-        )
+    if any(option.units <= largest[hw] for hw, option in part_spec.hardware.items()):
+        return
+    hw, option = min(part_spec.hardware.items(), key=lambda item: item[1].units - largest[item[0]])
+    raise SpecError(
+        f"parts.{part}.hardware.{hw}.units: a replica of {option.units} units fits in no pool of "
+        f"the fleet (the largest {hw} pool has {largest[hw]}).",
+        field=f"parts.{part}.hardware.{hw}.units",
+        value=option.units,
+        fix=f"use at most {largest[hw]} units per replica, or allow another hardware class",
+    )
+
+
+def _check_traffic_fits(spec: ModelSpec, fleet: Fleet) -> None:
+    """Refuse traffic no plan could serve, before any workflow starts. The planner gives every
+    part the model's whole peak traffic (plan.demand_from_model), so the part that serves the
+    least bounds the model; the error names it and that bound."""
     usable = 1 - spec.availability.headroom
-    demand = sum(spec.traffic.peak_qps.values())
-    source = max(sorted(spec.traffic.peak_qps), key=lambda s: spec.traffic.peak_qps[s])
-    peak = spec.traffic.peak_qps[source]
-    limits = [(usable * fleet_capacity_qps(part_spec, fleet), "")]
+    losses: list[str | None] = [None]
     if spec.availability.survive_region_loss:
-        limits += [
-            (usable * fleet_capacity_qps(part_spec, fleet, lost), f" once {lost} is lost")
-            for lost in fleet.regions
-        ]
-    limit, when = min(limits, key=lambda item: item[0])
+        losses += list(fleet.regions)
+    limit, lost, part = min(
+        (usable * fleet_capacity_qps(part_spec, fleet, lost), lost or "", part)
+        for part, part_spec in spec.parts.items()
+        for lost in losses
+    )
+    demand = sum(spec.traffic.peak_qps.values())
     if demand <= limit * (1 + 1e-9):
         return
+    source = max(sorted(spec.traffic.peak_qps), key=lambda s: spec.traffic.peak_qps[s])
+    peak = spec.traffic.peak_qps[source]
     total = f"; {demand:g} qps in all regions" if len(spec.traffic.peak_qps) > 1 else ""
+    when = f" once {lost} is lost" if lost else ""
+    hardware = "/".join(sorted(spec.parts[part].hardware))
     raise SpecError(
         f"traffic.peak_qps.{source}: {peak:g} qps{total} is more than the whole fleet can serve{when}: "
-        f"part {part} serves at most {limit:g} qps with every {'/'.join(sorted(part_spec.hardware))} "
-        f"pool filled with its replicas, less availability.headroom {spec.availability.headroom:g}.",
+        f"part {part} serves at most {limit:g} qps with every {hardware} pool filled with its "
+        f"replicas, less availability.headroom {spec.availability.headroom:g}.",
         field=f"traffic.peak_qps.{source}",
         value=peak,
         fix=f"lower traffic.peak_qps to at most {limit:g} qps in all, or give part {part} hardware that "

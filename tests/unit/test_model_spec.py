@@ -23,7 +23,7 @@ from ipnext.model import (
     load_model_spec,
 )
 from ipnext.specio import parse_spec
-from tests.unit.helpers import EXAMPLE_SPEC, REPO, spec_dict
+from tests.unit.helpers import EXAMPLE_SPEC, REPO, fleet_dict, spec_dict
 
 
 def parse(data: dict[str, Any]) -> ModelSpec:
@@ -417,6 +417,15 @@ def test_traffic_up_to_what_the_whole_fleet_serves_passes_and_above_it_is_refuse
         assert "Fix: lower traffic.peak_qps to at most 2560 qps" in message, message
 
 
+def test_the_part_that_serves_least_bounds_the_model_whatever_its_place(dev_fleet: Fleet) -> None:
+    data = peak_at(1e9)
+    data["parts"]["dense"]["hardware"]["cpu-std"]["qps"] = 50  # 32 replicas x 50 x 0.8 = 1280 < embed's 2560
+    with pytest.raises(SpecError) as info:
+        check_against_fleet(parse(data), dev_fleet)
+    assert "part dense serves at most 1280 qps" in str(info.value), str(info.value)
+    check_against_fleet(parse({**data, "traffic": {"peak_qps": {"us-east": 1280}}}), dev_fleet)
+
+
 def test_traffic_over_several_regions_names_the_largest_and_the_total(dev_fleet: Fleet) -> None:
     data = spec_dict()
     data["traffic"]["peak_qps"] = {"us-east": 1000, "eu-west": 2000}
@@ -431,8 +440,23 @@ def test_surviving_a_region_loss_counts_only_what_the_other_regions_serve(dev_fl
     with pytest.raises(SpecError) as info:
         check_against_fleet(parse(peak_at(1281, survive_region_loss=True)), dev_fleet)
     assert info.value.field == "traffic.peak_qps.us-east"
-    assert "whole fleet can serve once us-east is lost" in str(info.value)
+    # The dev fleet is symmetric: losing either region leaves the same.
+    assert re.search(r"whole fleet can serve once (us-east|eu-west) is lost", str(info.value)), str(
+        info.value
+    )
     assert "at most 1280 qps" in str(info.value)
+
+
+def test_surviving_a_region_loss_is_bounded_by_the_loss_that_hurts_most() -> None:
+    fleet = fleet_dict()
+    for pool in fleet["pools"]:
+        if pool["region"] == "eu-west" and pool["hardware"] == "cpu-highmem":
+            pool["units"] = 4  # eu-west holds 2 embed replicas (800 qps), us-east 4 (1600 qps)
+    smaller = parse_spec(Fleet, fleet)
+    check_against_fleet(parse(peak_at(640, survive_region_loss=True)), smaller)  # 800 x 0.8
+    with pytest.raises(SpecError) as info:
+        check_against_fleet(parse(peak_at(641, survive_region_loss=True)), smaller)
+    assert "can serve once us-east is lost: part embed serves at most 640 qps" in str(info.value)
 
 
 def test_a_replica_that_fits_in_no_pool_is_refused(dev_fleet: Fleet) -> None:
