@@ -26,7 +26,7 @@ DEFAULT_CONFIG = Path("config/ipnext.yaml")
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class TemporalSettings(_Section):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, StringConstraints, model_validator
+from pydantic import ConfigDict, Field, StringConstraints, model_validator
 
 from ipnext.contracts import Frozen
 from ipnext.specio import load_yaml, parse_spec
@@ -21,6 +21,8 @@ class HardwareClass(Frozen):
 
 
 class Pool(Frozen):
+    model_config = ConfigDict(allow_inf_nan=False)  # a cost of inf would reach the solver
+
     region: Name
     hardware: Name
     units: int = Field(gt=0)
@@ -28,6 +30,10 @@ class Pool(Frozen):
 
 
 class Fleet(Frozen):
+    # A latency of inf is not "unreachable" (JSON, which carries the fleet to the planner, has no
+    # inf): leave the pair out instead, which `latency` reads as unreachable.
+    model_config = ConfigDict(allow_inf_nan=False)
+
     regions: list[Name] = Field(min_length=1)
     hardware: dict[Name, HardwareClass] = Field(min_length=1)
     pools: list[Pool] = Field(min_length=1)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import importlib
+import math
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, StringConstraints, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 from ipnext.contracts import Frozen, SetStatus
 from ipnext.dag import DAG_INPUT, DAG_OUTPUT, RESERVED_NODES, check_graph, node_order
@@ -23,6 +24,10 @@ __all__ = [
     "DAG_OUTPUT",
     "DEFAULT_ROUTER_MAX_ONGOING",
     "MAX_DEADLINE_SECONDS",
+    "MAX_IN_FLIGHT",
+    "MAX_REPLICA_QPS",
+    "MAX_SECONDS",
+    "VERSION_PATTERN",
     "AvailabilitySpec",
     "BatchingSpec",
     "BreakerSpec",
@@ -39,9 +44,11 @@ __all__ = [
     "SnapshotSet",
     "SnapshotSetRequest",
     "TrafficSpec",
+    "Version",
     "WatchSpec",
     "check_against_fleet",
     "check_factories",
+    "fleet_capacity_qps",
     "import_factory",
     "load_model_spec",
 ]
@@ -51,20 +58,70 @@ DEFAULT_ROUTER_MAX_ONGOING = 100
 # (`serving.layout.PROXY_TIMEOUT_S`), so the router, which counts, always answers first.
 MAX_DEADLINE_SECONDS = 600.0
 
+# Ceilings where a number can be absurd: a value above one is a typo or a probe, and accepted it
+# would fail only later, after registration (a timer Temporal cannot set, a bound Serve cannot
+# hold, a replica said to serve more than any could, which would make every traffic look servable).
+MAX_SECONDS = 7 * 24 * 3600.0  # a week: bakes, check intervals, cool-downs, watch intervals
+MAX_REPLICA_QPS = 1_000_000.0  # what one replica of a part may claim to serve
+MAX_IN_FLIGHT = 100_000  # requests one router replica (or one variant of it) holds at once
+
+# A snapshot set's version (from training's manifest): ASCII letters, digits, `.`, `_` and `-`,
+# starting with a letter or digit, at most 128 characters. It names a snapshot (`<model>/<part>@<version>`)
+# in logs, ids and the Temporal UI, so nothing that prints or sorts differently is let in.
+VERSION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+Version = Annotated[str, StringConstraints(pattern=VERSION_PATTERN)]
+
 Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
 # A dotted path through JSON objects, e.g. "user.segment".
 DottedPath = Annotated[str, StringConstraints(pattern=r"^[^.\s]+(\.[^.\s]+)*$")]
 
 
+def _at_most(limit: float, unit: str, what: str) -> AfterValidator:
+    def check(value: float) -> float:
+        if value > limit:
+            raise ValueError(
+                f"{value:g} is above the ceiling of {limit:g}{unit} ({what}); use a smaller value"
+            )
+        return value
+
+    return AfterValidator(check)
+
+
+Seconds = Annotated[float, _at_most(MAX_SECONDS, " s", "a week")]
+ReplicaQps = Annotated[float, _at_most(MAX_REPLICA_QPS, " qps", "more than any one replica serves")]
+InFlight = Annotated[int, _at_most(MAX_IN_FLIGHT, "", "requests one router replica holds at once")]
+
+
+def _non_finite(value: Any, path: str) -> str | None:
+    """The dotted path of the first inf or nan inside a JSON-like value, else None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return path
+    items = (
+        value.items()
+        if isinstance(value, dict)
+        else enumerate(value)
+        if isinstance(value, list | tuple)
+        else ()
+    )
+    for key, item in items:
+        found = _non_finite(item, f"{path}.{key}")
+        if found is not None:
+            return found
+    return None
+
+
 class _Spec(Frozen):
-    """What people write: immutable once read, unknown fields refused."""
+    """What people write: immutable once read, unknown fields refused, every number finite (JSON,
+    which carries a spec into every workflow, has no inf or nan: one would be read back as null)."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
 
 
 class HardwareOption(_Spec):
     """Where one replica of a part may run: the pool units it takes and the QPS it serves."""
 
     units: int = Field(gt=0)
-    qps: float = Field(gt=0)
+    qps: ReplicaQps = Field(gt=0)
 
 
 class BatchingSpec(_Spec):
@@ -85,8 +142,21 @@ class PartSpec(_Spec):
     shards: int = Field(default=1, ge=1, le=MAX_SHARDS, strict=True)
     shard_of: Name | None = None
 
+    @field_validator("config")
+    @classmethod
+    def _config_finite(cls, config: dict[str, Any]) -> dict[str, Any]:
+        where = _non_finite(config, "config")
+        if where is not None:
+            raise ValueError(
+                f"{where} is not a finite number; JSON, which carries the spec to the worker and the "
+                "replicas, has no inf or nan: give a finite number"
+            )
+        return config
+
 
 class TrafficSpec(_Spec):
+    # Bounded by the fleet, not here: `check_against_fleet` refuses traffic above what the whole
+    # fleet could serve.
     peak_qps: dict[Name, Annotated[float, Field(gt=0)]] = Field(min_length=1)
 
 
@@ -111,8 +181,8 @@ class GateSpec(_Spec):
 
 class RolloutSpec(_Spec):
     steps: list[Annotated[int, Field(gt=0, le=100)]] = Field(default=[1, 5, 25, 50, 100], min_length=1)
-    bake_seconds: float = Field(default=60, ge=0)
-    check_interval_seconds: float = Field(default=2, gt=0)
+    bake_seconds: Seconds = Field(default=60, ge=0)
+    check_interval_seconds: Seconds = Field(default=2, gt=0)
     min_requests: int = Field(default=100, ge=0)
     gates: list[GateSpec] = Field(
         default_factory=lambda: [
@@ -134,7 +204,7 @@ class WatchSpec(_Spec):
     """Opt-in: a Temporal Schedule that publishes new snapshots found in the training output."""
 
     enabled: bool = False
-    interval_seconds: float = Field(default=60, ge=1)
+    interval_seconds: Seconds = Field(default=60, ge=1)
 
 
 class RouterSpec(_Spec):
@@ -146,7 +216,7 @@ class RouterSpec(_Spec):
     # of 5 would cap the whole model in a region at 5 requests in flight, and so every batch of a
     # batching part at 5 (bench/ranking.py measures both). Not given, it is also kept above every
     # choice's max_in_flight (ModelSpec._router_above_choices).
-    max_ongoing_requests: int = Field(default=DEFAULT_ROUTER_MAX_ONGOING, ge=1, le=10_000)
+    max_ongoing_requests: InFlight = Field(default=DEFAULT_ROUTER_MAX_ONGOING, ge=1)
     # Requests that may wait in Serve's proxy for a router replica beyond max_ongoing_requests;
     # the next one is refused at once (503 with Retry-After), never queued without bound. A
     # refusal is overload, not the model's failure: it is not counted against any set.
@@ -203,7 +273,7 @@ class BreakerSpec(_Spec):
     `cooldown_seconds` (its choice's fallback takes it); then it is tried again."""
 
     failures: int = Field(default=5, ge=1)
-    cooldown_seconds: float = Field(default=10, gt=0)
+    cooldown_seconds: Seconds = Field(default=10, gt=0)
 
 
 class ChoiceSpec(_Spec):
@@ -222,7 +292,7 @@ class ChoiceSpec(_Spec):
     default: Name | None = None  # None: the fallback
     rules: list[RoutingRule] = Field(default_factory=list)
     context: ContextPaths = Field(default_factory=ContextPaths)
-    max_in_flight: int = Field(default=4, ge=1)
+    max_in_flight: InFlight = Field(default=4, ge=1)
     breaker: BreakerSpec = Field(default_factory=BreakerSpec)
 
     @model_validator(mode="after")
@@ -406,6 +476,72 @@ def check_against_fleet(spec: ModelSpec, fleet: Fleet) -> None:
             value=spec.availability.min_regions,
             fix=f"use at most {len(fleet.regions)}",
         )
+    for part, part_spec in spec.parts.items():
+        _check_replica_fits(part, part_spec, fleet)
+    _check_traffic_fits(spec, fleet)
+
+
+def fleet_capacity_qps(part: PartSpec, fleet: Fleet, without_region: str | None = None) -> float:
+    """The most QPS one part could serve with the whole fleet to itself (leaving out
+    `without_region`): every pool of a hardware class it runs on filled with its replicas.
+
+    An upper bound of what any plan gives it: the planner routes to a region at most the
+    replicas' QPS there, less headroom, and a pool holds at most `pool units // units` of them."""
+    total = 0.0
+    for pool in fleet.pools:
+        option = part.hardware.get(pool.hardware)
+        if option is not None and pool.region != without_region:
+            total += (pool.units // option.units) * option.qps
+    return total
+
+
+def _check_replica_fits(part: str, part_spec: PartSpec, fleet: Fleet) -> None:
+    """A part none of whose replicas fits in any pool can never be placed."""
+    largest = {
+        hw: max((p.units for p in fleet.pools if p.hardware == hw), default=0) for hw in part_spec.hardware
+    }
+    if any(option.units <= largest[hw] for hw, option in part_spec.hardware.items()):
+        return
+    hw, option = min(part_spec.hardware.items(), key=lambda item: item[1].units - largest[item[0]])
+    raise SpecError(
+        f"parts.{part}.hardware.{hw}.units: a replica of {option.units} units fits in no pool of "
+        f"the fleet (the largest {hw} pool has {largest[hw]}).",
+        field=f"parts.{part}.hardware.{hw}.units",
+        value=option.units,
+        fix=f"use at most {largest[hw]} units per replica, or allow another hardware class",
+    )
+
+
+def _check_traffic_fits(spec: ModelSpec, fleet: Fleet) -> None:
+    """Refuse traffic no plan could serve, before any workflow starts. The planner gives every
+    part the model's whole peak traffic (plan.demand_from_model), so the part that serves the
+    least bounds the model; the error names it and that bound."""
+    usable = 1 - spec.availability.headroom
+    losses: list[str | None] = [None]
+    if spec.availability.survive_region_loss:
+        losses += list(fleet.regions)
+    limit, lost, part = min(
+        (usable * fleet_capacity_qps(part_spec, fleet, lost), lost or "", part)
+        for part, part_spec in spec.parts.items()
+        for lost in losses
+    )
+    demand = sum(spec.traffic.peak_qps.values())
+    if demand <= limit * (1 + 1e-9):
+        return
+    source = max(sorted(spec.traffic.peak_qps), key=lambda s: spec.traffic.peak_qps[s])
+    peak = spec.traffic.peak_qps[source]
+    total = f"; {demand:g} qps in all regions" if len(spec.traffic.peak_qps) > 1 else ""
+    when = f" once {lost} is lost" if lost else ""
+    hardware = "/".join(sorted(spec.parts[part].hardware))
+    raise SpecError(
+        f"traffic.peak_qps.{source}: {peak:g} qps{total} is more than the whole fleet can serve{when}: "
+        f"part {part} serves at most {limit:g} qps with every {hardware} pool filled with its "
+        f"replicas, less availability.headroom {spec.availability.headroom:g}.",
+        field=f"traffic.peak_qps.{source}",
+        value=peak,
+        fix=f"lower traffic.peak_qps to at most {limit:g} qps in all, or give part {part} hardware that "
+        "serves more qps per replica, or add pools to the fleet",
+    )
 
 
 def import_factory(factory: str) -> Callable[..., Any]:
@@ -459,7 +595,7 @@ class SnapshotSetRequest(_Spec):
     """
 
     model: Name
-    version: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+    version: Version
     parts: dict[Name, SnapshotRef] = Field(min_length=1)
 
 

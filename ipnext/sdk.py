@@ -62,7 +62,7 @@ from ipnext.errors import (
     ServingError,
     error_from_type,
 )
-from ipnext.model import ModelSpec, SnapshotSetRequest
+from ipnext.model import ModelSpec, SnapshotSetRequest, check_against_fleet
 from ipnext.registry import (
     DeleteInput,
     DeleteResult,
@@ -139,10 +139,15 @@ class Client:
     # ---- models --------------------------------------------------------------------------
 
     async def publish_model(self, spec: ModelSpec, history_limit: int | None = None) -> ModelState:
-        """Register a model. The worker checks it first (against its fleet, and its factories
-        imported in a child process: this machine never imports the model's code), so a bad
-        spec creates nothing. `history_limit`: events per run of the model's workflow and its
-        rollouts before they continue as new (default 10,000; drills set it low)."""
+        """Register a model. It is checked against this client's fleet file first, before any
+        workflow starts (names, and traffic no plan could serve), then by the worker (against its
+        fleet, and its factories imported in a child process: this machine never imports the
+        model's code), so a bad spec creates nothing and its name stays free. Without a fleet
+        file here, the worker's check alone runs (still before the model's workflow).
+        `history_limit`: events per run of the model's workflow and its rollouts before they
+        continue as new (default 10,000; drills set it low)."""
+        if self.settings.fleet_file.is_file():
+            check_against_fleet(spec, self.settings.fleet())
         await self._check_on_worker(spec)
         input = ModelWorkflowInput(spec=spec)
         if history_limit is not None:

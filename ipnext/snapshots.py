@@ -29,7 +29,7 @@ from pydantic import Field, ValidationError
 
 from ipnext.contracts import Frozen
 from ipnext.errors import SnapshotError
-from ipnext.model import SnapshotRef, SnapshotSetRequest
+from ipnext.model import SnapshotSetRequest, Version
 from ipnext.specio import format_validation_error
 
 if TYPE_CHECKING:
@@ -75,7 +75,7 @@ class ManifestPart(Frozen):
 class Manifest(Frozen):
     format: Literal["ipnext.snapshot/v1"] = "ipnext.snapshot/v1"
     model: str
-    version: str
+    version: Version  # the grammar is ipnext.model.VERSION_PATTERN
     created_at: datetime
     parts: dict[str, ManifestPart] = Field(min_length=1)
 
@@ -191,27 +191,45 @@ def read_manifest(folder: Path) -> Manifest:
     try:
         return Manifest.model_validate(data)
     except ValidationError as err:
-        raise SnapshotError(
-            f"{file}: {format_validation_error(err)}", field=MANIFEST, value=str(file)
-        ) from None
+        raise _manifest_error(file, err) from None
+
+
+def _manifest_error(file: Path, err: ValidationError) -> SnapshotError:
+    """A manifest field that does not read, named (e.g. `version`, whose grammar the README gives)."""
+    first = err.errors(include_url=False)[0]
+    field = ".".join(str(p) for p in first["loc"]) or MANIFEST
+    fix = (
+        "write a version of ASCII letters, digits, '.', '_' and '-', starting with a letter or digit "
+        "(at most 128 characters), e.g. v2 or 2024-06-01.1"
+        if field == "version"
+        else None
+    )
+    return SnapshotError(
+        f"{file}: {format_validation_error(err)}", field=field, value=first.get("input"), fix=fix
+    )
 
 
 def request_from_folder(folder: Path) -> SnapshotSetRequest:
     """The publish request for a snapshot folder: one SnapshotRef per part in its manifest."""
     folder = folder.resolve()
     manifest = read_manifest(folder)
-    return SnapshotSetRequest(
-        model=manifest.model,
-        version=manifest.version,
-        parts={
-            part: SnapshotRef(
-                uri=(folder / entry.file).as_uri(),
-                sha256=entry.sha256,
-                snapshot_id=f"{manifest.model}/{part}@{manifest.version}",
-            )
-            for part, entry in manifest.parts.items()
-        },
-    )
+    try:
+        return SnapshotSetRequest.model_validate(
+            {
+                "model": manifest.model,
+                "version": manifest.version,
+                "parts": {
+                    part: {
+                        "uri": (folder / entry.file).as_uri(),
+                        "sha256": entry.sha256,
+                        "snapshot_id": f"{manifest.model}/{part}@{manifest.version}",
+                    }
+                    for part, entry in manifest.parts.items()
+                },
+            }
+        )
+    except ValidationError as err:  # a model or part name the manifest gives is not a name
+        raise _manifest_error(folder / MANIFEST, err) from None
 
 
 def discover(

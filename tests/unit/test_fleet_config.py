@@ -139,6 +139,27 @@ def test_pool_bounds(field: str, value: float, where: str) -> None:
     assert info.value.field == where
 
 
+@pytest.mark.parametrize(
+    ("where", "value"),
+    [
+        ("pools.0.unit_cost", math.inf),
+        ("pools.1.unit_cost", math.nan),
+        ("latency_ms.us-east.eu-west", math.inf),
+    ],
+)
+def test_inf_and_nan_in_the_fleet_are_refused(where: str, value: float) -> None:
+    data = fleet_dict()
+    *path, last = where.split(".")
+    node: Any = data
+    for key in path:
+        node = node[int(key)] if isinstance(node, list) else node[key]
+    node[last] = value
+    with pytest.raises(SpecError) as info:
+        parse_fleet(data)
+    assert info.value.field == where
+    assert f"{where}: Input should be a finite number" in str(info.value)
+
+
 def test_hardware_kind_is_checked() -> None:
     data = fleet_dict()
     data["hardware"]["cpu-std"]["kind"] = "tpu"
@@ -285,6 +306,14 @@ def test_bad_temporal_dev_file_is_a_spec_error(clean_env: pytest.MonkeyPatch, tm
         _ = load_settings(path).temporal_address
     assert "port" in str(info.value)
     assert "99999" in str(info.value)
+
+
+def test_inf_in_ipnext_yaml_is_a_spec_error(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    path = write_config(tmp_path, {"serve": {"reconcile_seconds": math.inf}})
+    with pytest.raises(SpecError) as info:
+        load_settings(path)
+    assert info.value.field == "serve.reconcile_seconds"
+    assert "finite number" in str(info.value)
 
 
 def test_unknown_key_in_ipnext_yaml_is_a_spec_error(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -11,15 +11,19 @@ import pytest
 from ipnext.errors import SpecError
 from ipnext.fleet import Fleet
 from ipnext.model import (
+    MAX_IN_FLIGHT,
+    MAX_REPLICA_QPS,
+    MAX_SECONDS,
     ModelSpec,
     RolloutSpec,
+    SnapshotSetRequest,
     check_against_fleet,
     check_factories,
     import_factory,
     load_model_spec,
 )
 from ipnext.specio import parse_spec
-from tests.unit.helpers import EXAMPLE_SPEC, spec_dict
+from tests.unit.helpers import EXAMPLE_SPEC, REPO, fleet_dict, spec_dict
 
 
 def parse(data: dict[str, Any]) -> ModelSpec:
@@ -381,6 +385,217 @@ def test_min_regions_above_fleet_is_rejected(dev_fleet: Fleet) -> None:
     assert info.value.field == "availability.min_regions"
     assert info.value.value == 3
     assert "availability.min_regions: 3" in str(info.value)
+
+
+def peak_at(total: float, survive_region_loss: bool = False) -> dict[str, Any]:
+    """The example (dev fleet: embed runs on cpu-highmem, 8 units per region, 2 units and 400 qps
+    per replica, so 4 replicas = 1600 qps per region; headroom 0.2) with `total` qps, all us-east."""
+    data = spec_dict()
+    data["traffic"]["peak_qps"] = {"us-east": total}
+    data["availability"]["survive_region_loss"] = survive_region_loss
+    return data
+
+
+@pytest.mark.parametrize(
+    "path", sorted(str(p.relative_to(REPO)) for p in REPO.glob("examples/*/model*.yaml"))
+)
+def test_every_example_spec_fits_the_dev_fleet(path: str, dev_fleet: Fleet) -> None:
+    check_against_fleet(load_model_spec(REPO / path), dev_fleet)  # raises if not
+
+
+def test_traffic_up_to_what_the_whole_fleet_serves_passes_and_above_it_is_refused(dev_fleet: Fleet) -> None:
+    # embed is the tighter part: 2 regions x 1600 qps x (1 - 0.2) = 2560 qps.
+    check_against_fleet(parse(peak_at(2560)), dev_fleet)
+    for total in (2561, 1e9):
+        with pytest.raises(SpecError) as info:
+            check_against_fleet(parse(peak_at(total)), dev_fleet)
+        err = info.value
+        assert err.field == "traffic.peak_qps.us-east" and err.value == total
+        message = str(err)
+        assert message.startswith(f"traffic.peak_qps.us-east: {total:g} qps is more than the whole fleet")
+        assert "part embed serves at most 2560 qps" in message, message
+        assert "Fix: lower traffic.peak_qps to at most 2560 qps" in message, message
+
+
+def test_the_part_that_serves_least_bounds_the_model_whatever_its_place(dev_fleet: Fleet) -> None:
+    data = peak_at(1e9)
+    data["parts"]["dense"]["hardware"]["cpu-std"]["qps"] = 50  # 32 replicas x 50 x 0.8 = 1280 < embed's 2560
+    with pytest.raises(SpecError) as info:
+        check_against_fleet(parse(data), dev_fleet)
+    assert "part dense serves at most 1280 qps" in str(info.value), str(info.value)
+    check_against_fleet(parse({**data, "traffic": {"peak_qps": {"us-east": 1280}}}), dev_fleet)
+
+
+def test_traffic_over_several_regions_names_the_largest_and_the_total(dev_fleet: Fleet) -> None:
+    data = spec_dict()
+    data["traffic"]["peak_qps"] = {"us-east": 1000, "eu-west": 2000}
+    with pytest.raises(SpecError) as info:
+        check_against_fleet(parse(data), dev_fleet)
+    assert info.value.field == "traffic.peak_qps.eu-west" and info.value.value == 2000
+    assert "2000 qps; 3000 qps in all regions" in str(info.value)
+
+
+def test_surviving_a_region_loss_counts_only_what_the_other_regions_serve(dev_fleet: Fleet) -> None:
+    check_against_fleet(parse(peak_at(1280, survive_region_loss=True)), dev_fleet)  # 1600 x 0.8
+    with pytest.raises(SpecError) as info:
+        check_against_fleet(parse(peak_at(1281, survive_region_loss=True)), dev_fleet)
+    assert info.value.field == "traffic.peak_qps.us-east"
+    # The dev fleet is symmetric: losing either region leaves the same.
+    assert re.search(r"whole fleet can serve once (us-east|eu-west) is lost", str(info.value)), str(
+        info.value
+    )
+    assert "at most 1280 qps" in str(info.value)
+
+
+def test_surviving_a_region_loss_is_bounded_by_the_loss_that_hurts_most() -> None:
+    fleet = fleet_dict()
+    for pool in fleet["pools"]:
+        if pool["region"] == "eu-west" and pool["hardware"] == "cpu-highmem":
+            pool["units"] = 4  # eu-west holds 2 embed replicas (800 qps), us-east 4 (1600 qps)
+    smaller = parse_spec(Fleet, fleet)
+    check_against_fleet(parse(peak_at(640, survive_region_loss=True)), smaller)  # 800 x 0.8
+    with pytest.raises(SpecError) as info:
+        check_against_fleet(parse(peak_at(641, survive_region_loss=True)), smaller)
+    assert "can serve once us-east is lost: part embed serves at most 640 qps" in str(info.value)
+
+
+def test_a_replica_that_fits_in_no_pool_is_refused(dev_fleet: Fleet) -> None:
+    data = spec_dict()
+    data["parts"]["embed"]["hardware"]["cpu-highmem"]["units"] = 9  # the dev pools have 8
+    with pytest.raises(SpecError) as info:
+        check_against_fleet(parse(data), dev_fleet)
+    assert info.value.field == "parts.embed.hardware.cpu-highmem.units" and info.value.value == 9
+    assert "the largest cpu-highmem pool has 8" in str(info.value)
+    data["parts"]["embed"]["hardware"]["cpu-std"] = {"units": 1, "qps": 100}  # another class fits
+    check_against_fleet(parse(data), dev_fleet)
+
+
+# --- finite and bounded -----------------------------------------------------------------------
+
+INF, NAN = float("inf"), float("nan")
+
+
+@pytest.mark.parametrize(
+    ("where", "value"),
+    [
+        ("traffic.peak_qps.us-east", INF),
+        ("traffic.peak_qps.eu-west", NAN),
+        ("latency_budget_ms", INF),
+        ("parts.dense.hardware.cpu-std.qps", INF),
+        ("availability.headroom", NAN),
+        ("rollout.bake_seconds", INF),
+        ("rollout.gates.0.max", NAN),
+        ("rollout.gates.1.floor", INF),
+    ],
+)
+def test_inf_and_nan_are_refused_with_the_field_named(where: str, value: float) -> None:
+    data = spec_dict()
+    *path, last = where.split(".")
+    node: Any = data
+    for key in path:
+        node = node[int(key)] if isinstance(node, list) else node[key]
+    node[int(last) if isinstance(node, list) else last] = value
+    err = rejected(data)
+    assert err.field == where
+    assert f"{where}: Input should be a finite number" in str(err)
+
+
+def test_yaml_inf_in_the_spec_file_is_refused(tmp_path: Path) -> None:
+    text = EXAMPLE_SPEC.read_text().replace("peak_qps: {us-east: 60,", "peak_qps: {us-east: .inf,")
+    assert ".inf" in text
+    path = tmp_path / "model.yaml"
+    path.write_text(text)
+    with pytest.raises(SpecError) as info:
+        load_model_spec(path)
+    assert info.value.field == "traffic.peak_qps.us-east"
+    assert "finite number (got inf)" in str(info.value)
+
+
+@pytest.mark.parametrize("value", [INF, -INF, NAN])
+def test_inf_anywhere_in_a_parts_config_is_refused(value: float) -> None:
+    data = spec_dict()
+    data["parts"]["dense"]["config"]["schedule"] = {"steps": [1.0, value]}
+    err = rejected(data)
+    assert err.field == "parts.dense.config"
+    assert "config.schedule.steps.1 is not a finite number" in str(err)
+
+
+@pytest.mark.parametrize(
+    ("where", "ceiling"),
+    [
+        ("rollout.bake_seconds", MAX_SECONDS),
+        ("rollout.check_interval_seconds", MAX_SECONDS),
+        ("watch.interval_seconds", MAX_SECONDS),
+        ("parts.dense.hardware.cpu-std.qps", MAX_REPLICA_QPS),
+        ("router.max_ongoing_requests", MAX_IN_FLIGHT),
+    ],
+)
+def test_absurd_values_are_refused_above_their_ceiling(where: str, ceiling: float) -> None:
+    def with_value(value: float) -> dict[str, Any]:
+        data = spec_dict()
+        *path, last = where.split(".")
+        node: Any = data
+        for key in path:
+            node = node.setdefault(key, {})
+        node[last] = value
+        return data
+
+    typed = int if where == "router.max_ongoing_requests" else float
+    parse(with_value(typed(ceiling)))  # the ceiling itself is allowed
+    err = rejected(with_value(typed(ceiling * 1000)))
+    assert err.field == where
+    assert f"is above the ceiling of {ceiling:g}" in str(err), str(err)
+
+
+def test_a_breaker_cooldown_and_a_choices_bound_have_ceilings_too() -> None:
+    data = spec_dict()
+    data["parts"]["small"] = data["parts"]["dense"]
+    data["choices"] = {
+        "pick": {
+            "variants": {"a": ["dense"], "b": ["small"]},
+            "fallback": "a",
+            "breaker": {"cooldown_seconds": 1e12},
+        }
+    }
+    data["dag"] = [["input", "embed"], ["embed", "pick"], ["pick", "output"]]
+    err = rejected(data)
+    assert err.field == "choices.pick.breaker.cooldown_seconds"
+    data["choices"]["pick"]["breaker"] = {}
+    data["choices"]["pick"]["max_in_flight"] = 10**12
+    err = rejected(data)
+    assert err.field == "choices.pick.max_in_flight"
+
+
+# --- versions ---------------------------------------------------------------------------------
+
+REF = {"uri": "file:///s/e", "sha256": "a" * 64, "snapshot_id": "feed-ranker/embed@v1"}
+
+
+@pytest.mark.parametrize("version", ["v1", "2", "2024-06-01.1", "run_7.final-b", "v" * 128])
+def test_versions_of_the_grammar_are_accepted(version: str) -> None:
+    request = SnapshotSetRequest(model="feed-ranker", version=version, parts={"embed": REF})
+    assert request.version == version
+
+
+@pytest.mark.parametrize(
+    "version",
+    [
+        "v2\u00e9",
+        "\u0432\u0435\u0440\u0441\u0438\u044f",
+        "v\uff11",
+        "",
+        "-v1",
+        ".v1",
+        "v 1",
+        "v1/x",
+        "v1\n",
+        "v" * 129,
+    ],
+)
+def test_versions_outside_the_grammar_are_refused_with_the_field_named(version: str) -> None:
+    with pytest.raises(SpecError) as info:
+        parse_spec(SnapshotSetRequest, {"model": "feed-ranker", "version": version, "parts": {"embed": REF}})
+    assert info.value.field == "version" and info.value.value == version
 
 
 # --- factories --------------------------------------------------------------------------------

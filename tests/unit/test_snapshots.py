@@ -360,3 +360,32 @@ def test_a_pickle_is_never_unpickled(tmp_path: Path, example_spec: ModelSpec, pr
     # The trap is armed: unpickling it really would have created the marker.
     pickle.loads(path.read_bytes())
     assert marker.exists()
+
+
+# --- the version grammar at the manifest --------------------------------------------------------
+
+
+@pytest.mark.parametrize("version", ["v2\u00e9", "v\uff11", "-v1", "v 1", "v" * 129])
+def test_a_manifest_version_outside_the_grammar_is_refused_with_the_field_named(
+    tmp_path: Path, version: str
+) -> None:
+    folder = snapshot(tmp_path, "v1")
+    manifest = json.loads((folder / MANIFEST).read_text())
+    (folder / MANIFEST).write_text(json.dumps({**manifest, "version": version}))
+    for read in (read_manifest, request_from_folder):
+        with pytest.raises(SnapshotError) as info:
+            read(folder)
+        assert info.value.field == "version" and info.value.value == version
+        assert "Fix: write a version of ASCII letters" in str(info.value)
+    unreadable: list[tuple[Path, str]] = []
+    assert discover([tmp_path], "feed-ranker", unreadable) == []  # the watcher never publishes it
+    assert [(f, "version" in why) for f, why in unreadable] == [(folder, True)]
+
+
+def test_a_manifest_whose_model_is_not_a_name_is_refused_by_field(tmp_path: Path) -> None:
+    folder = snapshot(tmp_path, "v1")
+    manifest = json.loads((folder / MANIFEST).read_text())
+    (folder / MANIFEST).write_text(json.dumps({**manifest, "model": "Feed Ranker"}))
+    with pytest.raises(SnapshotError) as info:
+        request_from_folder(folder)
+    assert info.value.field == "model" and info.value.value == "Feed Ranker"
