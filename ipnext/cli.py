@@ -2,7 +2,7 @@
 
 ipnext dev up|down|status | hold|release NAME [--why W]
 ipnext model publish FILE | get NAME | list | adopt NAME | delete NAME
-ipnext snapshot publish MODEL FOLDER [--wait] [--override-freeze REASON --who NAME]
+ipnext snapshot publish MODEL FOLDER [--wait [--timeout S]] [--override-freeze REASON --who NAME]
 ipnext rollout status|watch MODEL | pause|abort|override-freeze MODEL --reason R [--who W] | resume MODEL
 ipnext predict MODEL --inputs JSON [--source REGION | --region REGION] [--key KEY]
 ipnext serve export [-o FILE]
@@ -88,7 +88,19 @@ def _snapshot(args: argparse.Namespace, settings: Settings) -> None:
         )
         print(f"published {result.set_id} ({result.status})", flush=True)
         if args.wait:
-            state = await ipn.wait_until_serving(args.model, result.set_id)
+            from ipnext.sdk import progress_line
+
+            started = time.monotonic()
+
+            def progress(status: Any) -> None:
+                queued = "" if status.set_id == result.set_id else "(queued behind) "
+                print(f"  +{time.monotonic() - started:5.1f}s {queued}{progress_line(status)}", flush=True)
+
+            # A pause, a rollback, an abort or a failure ends the wait at once (exit 2, the reason
+            # and how to go on in one line): the wait never outlasts a rollout that stopped moving.
+            state = await ipn.wait_until_serving(
+                args.model, result.set_id, timeout_s=args.timeout, on_progress=progress
+            )
             print(f"{result.set_id} serves in {sorted(state.serving_apps)}")
 
     asyncio.run(_with_client(settings, publish))
@@ -468,7 +480,15 @@ def _parser() -> argparse.ArgumentParser:
     pub = ssub.add_parser("publish", help="publish a snapshot folder (with its manifest.json)")
     pub.add_argument("model")
     pub.add_argument("folder")
-    pub.add_argument("--wait", action="store_true", help="wait until the set serves")
+    pub.add_argument(
+        "--wait",
+        action="store_true",
+        help="wait until the set serves, printing the rollout's progress; exit 2 with the reason "
+        "if it pauses, rolls back, is aborted or fails",
+    )
+    pub.add_argument(
+        "--timeout", type=float, default=1800.0, help="--wait: give up after this many seconds (exit 2)"
+    )
     pub.add_argument("--override-freeze", metavar="REASON", help="roll out even inside a freeze window")
     pub.add_argument("--who", help="who publishes (required with --override-freeze)")
     snap.set_defaults(run=_snapshot)

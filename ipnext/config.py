@@ -1,7 +1,10 @@
 """Settings: ipnext.yaml (pydantic-settings) plus the Temporal dev server's temporal-dev.yaml.
 
-Where the file is: `IPNEXT_CONFIG`, else `config/ipnext.yaml` under the current
-folder, else the defaults below. Relative paths in a file are relative to that file.
+Where the file is: `--config` (the `path` of `load_settings`), else `IPNEXT_CONFIG`, else
+`config/ipnext.yaml` under the current folder, else the defaults below. Relative paths in a
+file (`state_dir`, `snapshot_roots`, `fleet_file`, ...) are relative to that file's folder,
+never to the current one; `Settings.source` is the file, absolute, which the dev stack hands
+to every process it starts (as `IPNEXT_CONFIG`).
 Environment wins over the file: `IPNEXT_<FIELD>` (nested with `__`, e.g.
 `IPNEXT_SERVE__PORT=8001`), and the conventional `TEMPORAL_ADDRESS` / `RAY_ADDRESS`,
 which make ipnext use existing clusters instead of starting its own.
@@ -13,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from ipnext.errors import SpecError, StackError
@@ -82,6 +85,17 @@ class Settings(BaseSettings):
     temporal: TemporalSettings = Field(default_factory=TemporalSettings)
     serve: ServeSettings = Field(default_factory=ServeSettings)
     ray: RaySettings = Field(default_factory=RaySettings)
+    # The file these settings were read from (absolute), None for defaults and the environment.
+    _source: Path | None = PrivateAttr(default=None)
+
+    @property
+    def source(self) -> Path | None:
+        return self._source
+
+    def describe_source(self) -> str:
+        """Which config a process read, for the first line of its log."""
+        where = str(self._source) if self._source else "no config file (defaults and the environment)"
+        return f"config {where}; state in {self.state_dir.resolve()}"
 
     @classmethod
     def settings_customise_sources(
@@ -178,4 +192,5 @@ def load_settings(path: str | Path | None = None) -> Settings:
         settings.temporal.address = os.environ["TEMPORAL_ADDRESS"]
     if os.environ.get("RAY_ADDRESS"):
         settings.ray.address = os.environ["RAY_ADDRESS"]
+    settings._source = file.resolve() if file is not None else None
     return settings

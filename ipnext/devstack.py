@@ -7,6 +7,10 @@ supervisor (ipnext.entry.supervisor) that starts again a component that dies.
 `ipnext dev down` stops the supervisor first, then the rest in reverse order, and
 waits until they are gone. `ipnext dev hold NAME` keeps a component from being
 restarted (crash drills hold what they crash) until `ipnext dev release NAME`.
+
+Every process it starts (and every one the supervisor starts again) reads the same config: the
+file the command read (`--config`, `IPNEXT_CONFIG` or `config/ipnext.yaml`), passed on as an
+absolute `IPNEXT_CONFIG`; each log says it on its start line.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import fcntl
 import json
 import os
 import random
+import shlex
 import signal
 import socket
 import subprocess
@@ -134,7 +139,9 @@ class DevStack:
         log: Callable[[str], None] = print,
     ) -> None:
         self.settings = settings or load_settings(config_path)
-        self.config_path = config_path
+        # The file every process of the stack reads (as IPNEXT_CONFIG), absolute: the command
+        # may run anywhere, and a relative path would name another file from another folder.
+        self.config_path = Path(config_path).resolve() if config_path else self.settings.source
         self.log = log
         self.state_dir = self.settings.state_dir
         self.record = self.state_dir / "dev.json"
@@ -201,6 +208,7 @@ class DevStack:
         if self.read_record():
             self.down(quiet=True)  # a half-dead stack from an earlier run
         (self.state_dir / "logs").mkdir(parents=True, exist_ok=True)
+        self.log(f"starting the ipnext dev stack: {self.settings.describe_source()}")
         stack_id = uuid.uuid4().hex
         env = self._env(stack_id)
         record: dict[str, Any] = {"stack_id": stack_id, "processes": {}}
@@ -235,9 +243,9 @@ class DevStack:
             }
         )
         if self.config_path is not None:
-            env["IPNEXT_CONFIG"] = str(Path(self.config_path).resolve())
-        elif "IPNEXT_CONFIG" not in env and Path("config/ipnext.yaml").exists():
-            env["IPNEXT_CONFIG"] = str(Path("config/ipnext.yaml").resolve())
+            env["IPNEXT_CONFIG"] = str(self.config_path)
+        else:  # settings of no file: the processes read the same defaults and environment
+            env.pop("IPNEXT_CONFIG", None)
         return env
 
     # ---- crash drills ----------------------------------------------------------------------
@@ -306,6 +314,14 @@ class DevStack:
     ) -> subprocess.Popen[bytes]:
         log_path = self.state_dir / "logs" / f"{name}.log"
         with log_path.open("ab") as log:
+            # A log gathers every start of its component: each begins with what it was started
+            # from (the Temporal binary cannot say it itself).
+            at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            config = env.get("IPNEXT_CONFIG") or "no config file (defaults and the environment)"
+            log.write(
+                f"--- {at} ipnext dev starts {name} with config {config}: {shlex.join(argv)}\n".encode()
+            )
+            log.flush()
             proc = subprocess.Popen(
                 argv,
                 stdout=log,
@@ -469,6 +485,7 @@ def _ray_head() -> None:
     from ipnext.serving.layout import PROXY_TIMEOUT_S
 
     settings = load_settings()
+    print(f"ipnext ray head: {settings.describe_source()}", flush=True)
     fleet = settings.fleet()
     resources: dict[str, float] = {f"region:{r}": 1000.0 for r in fleet.regions}
     for pool in fleet.pools:

@@ -8,6 +8,8 @@ IpnextError
 ├── ModelNotFoundError     no model of that name is registered
 ├── ModelExistsError       a model of that name is already registered
 ├── ServingError           Ray Serve could not deploy or answer
+│   ├── RolloutPausedError  the rollout a caller waits on paused: `.reason`, `.who`, `.status`
+│   ├── RolloutStoppedError the rollout a caller waits on ended without the set serving: `.status`
 │   └── PredictionError    a prediction (or routing document) request failed; `.status_code` (None: no answer)
 │       ├── PredictionBadRequestError   HTTP 400/413: the request is the caller's mistake (also a ValueError)
 │       ├── PredictionNotFoundError     HTTP 404: the model serves nowhere reachable (also a LookupError)
@@ -41,6 +43,8 @@ __all__ = [
     "PredictionOverloadedError",
     "PredictionServerError",
     "PredictionTransportError",
+    "RolloutPausedError",
+    "RolloutStoppedError",
     "ServingError",
     "SnapshotError",
     "SpecError",
@@ -90,6 +94,30 @@ class ModelExistsError(IpnextError):
 
 class ServingError(IpnextError):
     """Ray Serve could not deploy an app or answer a request."""
+
+
+class RolloutPausedError(ServingError):
+    """A set's rollout paused while a caller waited for the set to serve (`Client.
+    wait_until_serving`): by on-call, by ipnext for too little traffic, or for a freeze window.
+    The rollout stays paused; `fix` says how it goes on. `status` is its RolloutStatus."""
+
+    def __init__(
+        self, message: str, *, reason: str, who: str, status: Any = None, fix: str | None = None
+    ) -> None:
+        super().__init__(message, fix=fix)
+        self.reason = reason
+        self.who = who
+        self.status = status
+
+
+class RolloutStoppedError(ServingError):
+    """A set's rollout ended, or is rolling back, without the set serving (rolled back, aborted,
+    failed, refused by a freeze window, or superseded by a newer set) while a caller waited.
+    `status` is its RolloutStatus when one was read (None for a superseded set)."""
+
+    def __init__(self, message: str, *, status: Any = None, fix: str | None = None) -> None:
+        super().__init__(message, fix=fix)
+        self.status = status
 
 
 class PredictionError(ServingError):

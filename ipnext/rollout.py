@@ -17,7 +17,11 @@ from ipnext.contracts import Frozen, RolloutState
 from ipnext.counters import MetricsSnapshot, SetCounters, percentile
 
 __all__ = [
+    "FREEZE_PAUSE",
     "GATE_MIN_SAMPLES",
+    "INSUFFICIENT_TRAFFIC",
+    "IPNEXT",
+    "NEEDS_ATTENTION",
     "AbortInput",
     "FreezeCalendar",
     "FreezeOverride",
@@ -40,6 +44,13 @@ __all__ = [
 # A gate is judged once the new set served this many requests in the window (or min_requests,
 # when that is smaller): one slow first request must not roll a healthy set back.
 GATE_MIN_SAMPLES = 10
+
+# The pauses ipnext makes itself (who: IPNEXT): the RolloutWorkflow records them, and the SDK
+# tells a caller who waits on the rollout how each one ends.
+IPNEXT = "ipnext"
+INSUFFICIENT_TRAFFIC = "insufficient_traffic"  # ends by itself once the window holds min_requests
+NEEDS_ATTENTION = "needs_attention"  # a rollback that cannot complete: on-call must act
+FREEZE_PAUSE = "freeze: "  # the reason's start of a freeze window's hold; ends with the window
 
 
 class RouterConfig(Frozen):

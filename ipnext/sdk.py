@@ -16,7 +16,7 @@ Errors are ipnext errors (ipnext.errors), translated from Temporal and HTTP at t
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -47,6 +47,7 @@ from ipnext.contracts import (
     ModelStatus,
     ModelWorkflowNames,
     PollTimeoutError,
+    RolloutState,
     RolloutWorkflowNames,
     Workflows,
     model_name_of,
@@ -59,6 +60,8 @@ from ipnext.errors import (
     IpnextError,
     ModelExistsError,
     ModelNotFoundError,
+    RolloutPausedError,
+    RolloutStoppedError,
     ServingError,
     error_from_type,
 )
@@ -76,6 +79,10 @@ from ipnext.registry import (
     ValidateSpecInput,
 )
 from ipnext.rollout import (
+    FREEZE_PAUSE,
+    INSUFFICIENT_TRAFFIC,
+    IPNEXT,
+    NEEDS_ATTENTION,
     AbortInput,
     FreezeOverride,
     PauseInput,
@@ -92,11 +99,17 @@ __all__ = [
     "ModelSummary",
     "Prediction",
     "PredictionClient",
+    "RolloutPausedError",
+    "RolloutStoppedError",
     "RoutingDocument",
+    "paused_error",
+    "progress_line",
 ]
 
 # How long publish waits for the worker to check a spec (its factory check alone may take 60 s).
 SPEC_CHECK_TIMEOUT = timedelta(minutes=3)
+QUERY_TIMEOUT = timedelta(seconds=10)  # a rollout's status query; past it, the model's record
+WAIT_INTERVAL_S = 0.5  # how often wait_until_serving reads the model and its rollout
 
 
 class ModelSummary(BaseModel):
@@ -303,27 +316,78 @@ class Client:
         except WorkflowUpdateFailedError as err:
             raise _translate(err) from None
 
-    async def wait_until_serving(self, name: str, set_id: str, timeout_s: float = 300.0) -> ModelState:
-        """Wait until `set_id` serves; raise if its rollout failed or time runs out."""
+    async def wait_until_serving(
+        self,
+        name: str,
+        set_id: str,
+        timeout_s: float = 300.0,
+        *,
+        on_progress: Callable[[RolloutStatus], object] | None = None,
+        stop_on_pause: bool = True,
+    ) -> ModelState:
+        """Wait until `set_id` serves, and return the model's state then.
+
+        Raises, as soon as it is known: `RolloutPausedError` when the set's rollout pauses (by
+        on-call, by ipnext for too little traffic, for a freeze window), or the one it is queued
+        behind does: the rollout stays paused, and the error's `fix` says how it goes on
+        (`stop_on_pause=False` waits through pauses); `RolloutStoppedError` when it ends without
+        the set serving (rolled back, aborted, failed, refused, superseded; its detail says
+        why); `ServingError` when `timeout_s` runs out (naming where the rollout is).
+        `on_progress` is called with the running rollout's status (the set's own, or the one it
+        is queued behind) each time its state, step or split changes."""
+        seen: list[object] = []
 
         def serves(state: ModelState) -> bool:
-            mine = next((s for s in state.sets if s.id == set_id), None)
-            if mine is not None and mine.status.never_serves:
-                raise ServingError(f"{set_id} will not serve: {mine.status}: {mine.detail}")
             return state.serving_set == set_id and state.state == ModelStatus.SERVING
 
+        async def read() -> tuple[ModelState, RolloutStatus | None]:
+            state = await self.get_model(name)
+            if serves(state):
+                return state, None
+            mine = next((s for s in state.sets if s.id == set_id), None)
+            if mine is not None and mine.status.never_serves:
+                last = state.rollout if state.rollout is not None and state.rollout.set_id == set_id else None
+                raise RolloutStoppedError(
+                    f"{set_id} will not serve: {mine.status}: {mine.detail or 'no detail'}", status=last
+                )
+            live = await self.rollout_status(name) if state.state == ModelStatus.ROLLING_OUT else None
+            if live is None:
+                return state, None
+            now = (live.set_id, live.state, live.step, sorted(live.traffic_percent.items()), live.part)
+            if on_progress is not None and seen[-1:] != [now]:
+                on_progress(live)
+            seen[:] = [now]
+            # A set queued behind a paused rollout does not move either.
+            if live.state == RolloutState.PAUSED and stop_on_pause:
+                raise paused_error(name, live, waiting_for=set_id)
+            if live.set_id == set_id and live.state.is_terminal and live.state != RolloutState.COMPLETED:
+                raise RolloutStoppedError(
+                    f"{set_id} will not serve: its rollout {live.state.value}: {live.detail or 'no detail'}",
+                    status=live,
+                )
+            return state, live
+
         try:
-            return await poll_until(
-                lambda: self.get_model(name), serves, timeout_s=timeout_s, interval_s=0.5, what=set_id
+            state, _ = await poll_until(
+                read,
+                lambda found: serves(found[0]),
+                timeout_s=timeout_s,
+                interval_s=WAIT_INTERVAL_S,
+                what=set_id,
             )
         except PollTimeoutError as err:
-            state = err.last
-            model_is = state.state if isinstance(state, ModelState) else "unknown"
-            live = await self.rollout_status(name) if model_is == ModelStatus.ROLLING_OUT else None
-            where = f"; its rollout is {live.state} at {live.step or 'start'}: {live.detail}" if live else ""
+            last_state, live = err.last if isinstance(err.last, tuple) else (None, None)
+            model_is = last_state.state if last_state is not None else "unknown"
+            where = (
+                f"; its rollout is {live.state.value} at {live.step or 'start'}: {live.detail}"
+                if live
+                else ""
+            )
             raise ServingError(
-                f"{set_id} not serving after {timeout_s:.0f}s (model is {model_is}{where})"
+                f"{set_id} not serving after {timeout_s:.0f}s (model is {model_is}{where})",
+                fix=f"`ipnext rollout status {name}` shows where it is",
             ) from None
+        return state
 
     async def rollout_status(self, name: str) -> RolloutStatus | None:
         """The model's latest rollout: live from the RolloutWorkflow while it runs."""
@@ -332,8 +396,10 @@ class Client:
         if last is None or state.state != "rolling_out" or not last.workflow_id:
             return last
         try:
+            # Bounded: a query waits for a worker, and a caller that waits (wait_until_serving)
+            # must keep its own deadline while none answers.
             live: RolloutStatus = await self.temporal.get_workflow_handle(last.workflow_id).query(
-                RolloutWorkflowNames.STATUS, result_type=RolloutStatus
+                RolloutWorkflowNames.STATUS, result_type=RolloutStatus, rpc_timeout=QUERY_TIMEOUT
             )
         except (RPCError, WorkflowQueryFailedError):
             return last  # between the model's record and the child's first task
@@ -442,6 +508,54 @@ def _not_found(name: str) -> ModelNotFoundError:
         field="name",
         value=name,
         fix="check `ipnext model list`",
+    )
+
+
+def progress_line(status: RolloutStatus) -> str:
+    """A rollout's progress on one line: state, step, split, and the gates' latest readings (what
+    `ipnext snapshot publish --wait` prints at each change)."""
+    split = ", ".join(f"{k} {v:g}%" for k, v in sorted(status.traffic_percent.items())) or "none"
+    line = f"{status.workflow_id or status.set_id} {status.state.value}: {status.step or 'starting'}; traffic {split}"
+    if status.part_traffic:
+        line += "; parts on the new set " + ", ".join(f"{k} {v:g}%" for k, v in status.part_traffic.items())
+    if status.gates:
+        line += "; gates " + ", ".join(g.describe() for g in status.gates)
+    if status.detail:
+        line += f"; {status.detail}"
+    return line
+
+
+def paused_error(name: str, status: RolloutStatus, waiting_for: str | None = None) -> RolloutPausedError:
+    """The error of a wait (for `waiting_for`, a set) that found the rollout paused: who paused
+    it, why, and how it goes on."""
+    pause = status.pauses[-1] if status.pauses else None
+    reason = pause.reason if pause is not None else "unknown"
+    who = pause.who if pause is not None else "unknown"
+    why = status.detail.removeprefix("paused: ") if who == IPNEXT and status.detail else reason
+    resume = f"`ipnext rollout resume {name}` bakes the step again"
+    abort = f"`ipnext rollout abort {name} --reason R` rolls back"
+    if who == IPNEXT and reason == INSUFFICIENT_TRAFFIC:
+        fix = (
+            "send the model traffic: the rollout goes on by itself once its window holds "
+            f"min_requests; or {resume}, {abort}"
+        )
+    elif who == IPNEXT and reason.startswith(FREEZE_PAUSE):
+        fix = (
+            "it goes on when the freeze window ends; "
+            f"`ipnext rollout override-freeze {name} --reason R --who W` lets it through now"
+        )
+    elif who == IPNEXT and reason == NEEDS_ATTENTION:
+        fix = f"its rollback cannot complete: read `ipnext rollout status {name}`, fix it, then `ipnext rollout resume {name}` retries"
+    else:
+        fix = f"`ipnext rollout resume {name}` goes on (the step bakes again), or {abort}"
+    behind = f"{waiting_for} is queued behind it: " if waiting_for not in (None, status.set_id) else ""
+    return RolloutPausedError(
+        f"{behind}{status.set_id}'s rollout paused at {status.step or 'start'} by {who}: {why}. It "
+        f"stays paused; `ipnext rollout watch {name}` follows it.",
+        reason=reason,
+        who=who,
+        status=status,
+        fix=fix,
     )
 
 

@@ -128,6 +128,7 @@ def _warm_checker() -> None:
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = load_settings()
+    logging.getLogger(__name__).info("ipnext worker: %s", settings.describe_source())
     ready = settings.state_dir / "worker.ready"
     ready.unlink(missing_ok=True)
 

@@ -77,6 +77,10 @@ with workflow.unsafe.imports_passed_through():
     from ipnext.plan import Plan
     from ipnext.registry import RolloutEnded, RolloutInput, RolloutProgress, RolloutResult
     from ipnext.rollout import (
+        FREEZE_PAUSE,
+        INSUFFICIENT_TRAFFIC,
+        IPNEXT,
+        NEEDS_ATTENTION,
         AbortInput,
         FreezeOverride,
         FreezeWindow,
@@ -94,9 +98,6 @@ with workflow.unsafe.imports_passed_through():
 
 SERVING_CHECK_PATCH = "rollout-serving-check"  # runs started before bakes checked their serving
 BAKE_EXTENSION = 3  # too few requests: the bake may last up to this many times its length
-INSUFFICIENT_TRAFFIC = "insufficient_traffic"
-NEEDS_ATTENTION = "needs_attention"  # a rollback that cannot complete: on-call must act
-IPNEXT = "ipnext"  # who, on the record, for what ipnext itself decided
 FREEZE_CALENDAR = "freeze calendar"
 UNKNOWN = "unknown (a signal with no readable payload)"  # who, on the record, for a bare pause or resume
 
@@ -446,7 +447,7 @@ class RolloutWorkflow:
                 if window is not None:
                     frozen = window
                     p.freeze_hold = True
-                    self._pause_by_ipnext(f"freeze: {window.reason}", f"until {window.end.isoformat()}")
+                    self._pause_by_ipnext(f"{FREEZE_PAUSE}{window.reason}", f"until {window.end.isoformat()}")
                     continue
             return
 

@@ -177,6 +177,8 @@ def main() -> None:
 
     config = os.environ.get("IPNEXT_CONFIG")
     stack = DevStack(config_path=Path(config) if config else None, log=lambda line: print(line, flush=True))
+    # What it restarts gets the same file: DevStack hands IPNEXT_CONFIG on to each start.
+    stack.log(f"ipnext supervisor: {stack.settings.describe_source()}")
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -1,0 +1,70 @@
+"""`--config` reaches every process the dev stack starts: the file a command read (given as a
+relative path, from any folder) is handed on absolute as IPNEXT_CONFIG, whatever the command's
+own environment said, and each component's log starts by naming it."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ipnext.config import load_settings
+from ipnext.devstack import DevStack, process_alive
+
+
+@pytest.fixture
+def elsewhere(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """No IPNEXT_* or address variables; the current folder is an empty one, not the repo."""
+    for name in list(os.environ):
+        if name.startswith("IPNEXT_") or name in ("TEMPORAL_ADDRESS", "RAY_ADDRESS"):
+            monkeypatch.delenv(name, raising=False)
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    return cwd
+
+
+def _config(folder: Path) -> Path:
+    folder.mkdir(parents=True)
+    path = folder / "ipnext.yaml"
+    path.write_text(yaml.safe_dump({"state_dir": "state", "serve": {"port": 8123}}))
+    return path
+
+
+def test_a_relative_config_is_handed_on_absolute_with_its_state_beside_it(
+    elsewhere: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = _config(tmp_path / "conf")
+    relative = Path("../conf/ipnext.yaml")
+    # A command's own environment naming another file does not leak into what it starts.
+    monkeypatch.setenv("IPNEXT_CONFIG", str(tmp_path / "other.yaml"))
+    for stack in (DevStack(config_path=relative), DevStack(load_settings(relative))):
+        assert stack.config_path == path.resolve()
+        assert stack._env("id")["IPNEXT_CONFIG"] == str(path.resolve())
+        assert stack.state_dir == (tmp_path / "conf" / "state").resolve()  # beside the file, not cwd
+        assert f"config {path.resolve()}" in stack.settings.describe_source()
+
+
+def test_settings_from_no_file_hand_on_no_file(elsewhere: Path) -> None:
+    stack = DevStack(load_settings())
+    assert stack.config_path is None and "IPNEXT_CONFIG" not in stack._env("id")
+    assert "no config file" in stack.settings.describe_source()
+
+
+def test_each_component_log_starts_with_the_config_it_was_started_with(
+    elsewhere: Path, tmp_path: Path
+) -> None:
+    path = _config(tmp_path / "conf")
+    stack = DevStack(config_path=Path("../conf/ipnext.yaml"))
+    (stack.state_dir / "logs").mkdir(parents=True)
+    record: dict[str, object] = {"stack_id": "id", "processes": {}}
+    argv = [sys.executable, "-c", "import os; print('child reads', os.environ['IPNEXT_CONFIG'])"]
+    proc = stack._spawn("worker", argv, stack._env("id"), record)
+    proc.wait(timeout=30)
+    assert not process_alive(proc.pid)
+    first, second = (stack.state_dir / "logs" / "worker.log").read_text().splitlines()[:2]
+    assert first.startswith("--- ") and f"starts worker with config {path.resolve()}:" in first, first
+    assert second == f"child reads {path.resolve()}", second
