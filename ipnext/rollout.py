@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from ipnext.contracts import Frozen, RolloutState
-from ipnext.counters import MetricsSnapshot, SetCounters, percentile
+from ipnext.counters import MetricsSnapshot, SetCounters
 
 __all__ = [
     "FREEZE_PAUSE",
@@ -149,9 +149,8 @@ def window_counters(before: dict[str, Any] | None, after: dict[str, Any], apps: 
 def _metric(counters: SetCounters, metric: str) -> float | None:
     if metric == "error_rate":
         return counters.errors / counters.requests if counters.requests else None
-    name = metric.removesuffix("_p99_ms") + "_ms"  # latency_p99_ms -> latency_ms
-    buckets = counters.histograms.get(name)
-    return percentile(buckets, 0.99) if buckets else None
+    # latency_p99_ms -> latency_ms, read by the rule of the counters' layout (histogram_quantile)
+    return counters.quantile_ms(metric.removesuffix("_p99_ms") + "_ms", 0.99)
 
 
 def evaluate_gates(

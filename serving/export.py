@@ -1,6 +1,6 @@
 """Where serving replicas send their figures: cumulative request counters pushed to the
 model's metrics actor (which the rollout gates read), and the same figures through Ray's
-Prometheus endpoint, on the bucket bounds of `ipnext.counters`."""
+Prometheus endpoint, on the bucket layout of `ipnext.counters` (`LATENCY_LAYOUT`)."""
 
 from __future__ import annotations
 
@@ -11,15 +11,16 @@ from typing import Any
 import ray
 from ray.util import metrics
 
-from ipnext.counters import LATENCY_BUCKETS_MS
+from ipnext.counters import LATENCY_LAYOUT
 from ipnext.serving.layout import RAY_NAMESPACE
 from ipnext.serving.metrics import MetricsStore
 
 __all__ = ["METRICS_PUSH_SECONDS", "CounterPusher", "PartPrometheus", "RouterPrometheus", "push_forever"]
 
 METRICS_PUSH_SECONDS = 1.0
-# The gates' buckets, so a Prometheus quantile and a gate's percentile agree on the same requests.
-_BOUNDARIES = list(LATENCY_BUCKETS_MS)
+# The gates' buckets, so a Prometheus `histogram_quantile` and a gate's percentile are the same
+# number on the same requests (tests/unit/test_gate_truth.py renders and parses the exposition).
+_BOUNDARIES = list(LATENCY_LAYOUT.bounds())
 
 
 async def push_forever(actor_name: str, replica: str, payload: Callable[[], dict[str, Any]]) -> None:

@@ -4,35 +4,45 @@ gates read and diff."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
-from ipnext.counters import LATENCY_BUCKETS_MS, MetricsSnapshot, SetCounters, percentile
+from pydantic import ValidationError
+
+from ipnext.counters import LATENCY_LAYOUT, MetricsSnapshot, SetCounters, percentile
 
 __all__ = [
-    "LATENCY_BUCKETS_MS",
+    "LATENCY_LAYOUT",
     "MetricsSnapshot",
     "MetricsStore",
     "SetCounters",
     "percentile",
 ]
 
+logger = logging.getLogger(__name__)
+
 
 class MetricsStore:
     """Body of the detached actor `ipnext-metrics/<model>/<region>` (wrapped by ray.remote)."""
 
     def __init__(self) -> None:
-        self._by_replica: dict[str, dict[str, dict[str, Any]]] = {}
+        self._by_replica: dict[str, dict[str, SetCounters]] = {}
 
     def push(self, replica: str, counters: dict[str, dict[str, Any]]) -> None:
-        # Counters are cumulative per replica, so the latest push replaces the previous one.
-        self._by_replica[replica] = counters
+        # Counters are cumulative per replica, so the latest push replaces the previous one. A
+        # push whose histograms do not fit the layout it names is dropped (the replica's last
+        # good one stays): one replica's garbage must not fail every read the gates make.
+        try:
+            parsed = {app: SetCounters.model_validate(raw) for app, raw in counters.items()}
+        except ValidationError as err:
+            logger.warning("dropping a malformed push of replica %s: %s", replica, err)
+            return
+        self._by_replica[replica] = parsed
 
     def snapshot(self) -> dict[str, Any]:
         """Every replica's latest counters, and their sum per set app."""
         total: dict[str, SetCounters] = {}
-        replicas: dict[str, dict[str, SetCounters]] = {}
-        for replica, counters in self._by_replica.items():
-            replicas[replica] = {app: SetCounters.model_validate(raw) for app, raw in counters.items()}
-            for app, parsed in replicas[replica].items():
+        for counters in self._by_replica.values():
+            for app, parsed in counters.items():
                 total[app] = total.get(app, SetCounters()).plus(parsed)
-        return MetricsSnapshot(sets=total, replicas=replicas).model_dump()
+        return MetricsSnapshot(sets=total, replicas=self._by_replica).model_dump()

@@ -3,7 +3,7 @@
 Per request: time to first token (`ttft_ms`), inter-token latency (`itl_ms`, every gap between
 two tokens of one answer), queue time (`queue_ms`, arrival to first step) and decode speed.
 In aggregate: batch size per step, KV-cache use, prefix-cache hit rate (prompt tokens served
-from the cache), preemptions, cancellations. The latency histograms use the bucket bounds of
+from the cache), preemptions, cancellations. The latency histograms use the bucket layout of
 `ipnext.counters`, so they push to a model's metrics actor beside the router's counters
 and the rollout gates (`ttft_p99_ms`, `itl_p99_ms`) read them like `latency_p99_ms`.
 """
@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ipnext.counters import SetCounters, percentile
+from ipnext.counters import SetCounters
 from ipnext.serving.llm.engine import LLMEngine, Sequence, StepResult
 
 __all__ = ["LLMMetrics"]
@@ -84,11 +84,13 @@ class LLMMetrics:
         return self.cached_prompt_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
     def summary(self) -> dict[str, Any]:
-        """The aggregate view (p50 and p99 are bucket upper bounds, in ms)."""
+        """The aggregate view (p50 and p99 in ms, as the gates and Prometheus read them)."""
 
         def quantiles(metric: str) -> dict[str, float | None]:
-            buckets = self.latency.histograms.get(metric, [])
-            return {"p50": percentile(buckets, 0.5), "p99": percentile(buckets, 0.99)}
+            return {
+                "p50": self.latency.quantile_ms(metric, 0.5),
+                "p99": self.latency.quantile_ms(metric, 0.99),
+            }
 
         return {
             "finished": self.finished,

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import bisect
 import importlib
+import itertools
 import math
 import random
 import subprocess
@@ -15,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from ray.serve.schema import ServeDeploySchema
 
+from ipnext.counters import LATENCY_LAYOUT, LEGACY_BUCKETS_MS
 from ipnext.fleet import Fleet
 from ipnext.model import MAX_DEADLINE_SECONDS, ModelSpec, RouterSpec, SnapshotRef, SnapshotSet
 from ipnext.plan import Plan, PlanningProblem, demand_from_model
@@ -35,7 +38,7 @@ from ipnext.serving.layout import (
     set_app_name,
     set_app_plan,
 )
-from ipnext.serving.metrics import LATENCY_BUCKETS_MS, MetricsStore, SetCounters, percentile
+from ipnext.serving.metrics import MetricsStore, SetCounters, percentile
 from ipnext.serving.traffic import PickedApps, all_finite, join_shards, pick_apps, pick_set
 
 MODEL = "feed-ranker"
@@ -260,17 +263,27 @@ def test_traffic_choice_imports_without_ray() -> None:
 # --- metrics ----------------------------------------------------------------------------------
 
 
+BOUNDS = LATENCY_LAYOUT.bounds()
+
+
 def test_observe_puts_values_in_upper_bound_buckets() -> None:
     counters = SetCounters()
-    for value in (0.5, 1, 4, 5, 5.01, 20000):
+    for value in (0.05, 0.1, 4, BOUNDS[60], BOUNDS[60] * 1.0001, 200_000):
         counters.observe("latency_ms", value)
     buckets = counters.histograms["latency_ms"]
-    assert len(buckets) == len(LATENCY_BUCKETS_MS) + 1
-    assert buckets[0] == 2  # 0.5 and 1 (bounds are inclusive)
-    assert buckets[LATENCY_BUCKETS_MS.index(5)] == 2  # 4 and 5
-    assert buckets[LATENCY_BUCKETS_MS.index(7)] == 1  # 5.01
+    assert len(buckets) == len(BOUNDS) + 1 == LATENCY_LAYOUT.count + 1
+    assert buckets[0] == 2  # 0.05 and 0.1 (bounds are inclusive, as Prometheus' le)
+    assert buckets[BOUNDS.index(next(b for b in BOUNDS if b >= 4))] == 1
+    assert buckets[60] == 1 and buckets[61] == 1
     assert buckets[-1] == 1  # above the last bound
     assert sum(buckets) == 6
+
+
+def test_the_layout_is_log_spaced_from_a_tenth_of_a_ms_past_two_minutes() -> None:
+    assert BOUNDS[0] == 0.1 and BOUNDS[-2] < 120_000 <= BOUNDS[-1]
+    ratios = [b / a for a, b in itertools.pairwise(BOUNDS)]
+    assert max(ratios) <= LATENCY_LAYOUT.ratio + 1e-12 and min(ratios) > LATENCY_LAYOUT.ratio - 1e-4
+    assert all(len(repr(b).replace(".", "").strip("0")) <= 6 for b in BOUNDS)  # short decimal labels
 
 
 def test_plus_adds_requests_errors_and_histograms() -> None:
@@ -281,48 +294,54 @@ def test_plus_adds_requests_errors_and_histograms() -> None:
     b.observe("ttft_ms", 40)
     total = a.plus(b)
     assert (total.requests, total.errors) == (15, 3)
-    assert total.histograms["latency_ms"][LATENCY_BUCKETS_MS.index(3)] == 2
+    assert total.histograms["latency_ms"][bisect.bisect_left(BOUNDS, 3)] == 2
     assert sum(total.histograms["ttft_ms"]) == 1
     assert (a.requests, sum(a.histograms["latency_ms"])) == (10, 1)  # inputs unchanged
 
 
-def histogram(values: dict[float, int]) -> list[int]:
-    counters = SetCounters()
+def histogram(values: dict[float, int], legacy: bool = False) -> list[int]:
+    counters = SetCounters(layout=None) if legacy else SetCounters()
     for value, count in values.items():
         for _ in range(count):
             counters.observe("m", value)
     return counters.histograms["m"]
 
 
-def test_percentile() -> None:
-    buckets = histogram({10: 99, 500: 1})
-    assert percentile(buckets, 0.99) == 10
-    assert percentile(buckets, 0.5) == 10
-    assert percentile(buckets, 1.0) == 500
-    assert percentile(histogram({10: 98, 500: 2}), 0.99) == 500
-    assert percentile(histogram({3: 1000, 75: 10}), 0.99) == 3
-    assert percentile(histogram({3: 989, 75: 11}), 0.99) == 75
-    assert percentile(histogram({50_000: 3}), 0.5) == float("inf")
-    assert percentile([0] * (len(LATENCY_BUCKETS_MS) + 1), 0.99) is None
+def test_percentile_interpolates_within_the_bucket() -> None:
+    lo, hi = BOUNDS[99], BOUNDS[100]
+    buckets = histogram({lo / 2: 98, hi: 2})  # ranks 98 < r <= 100 fall in (lo, hi]
+    assert percentile(buckets, 0.99, LATENCY_LAYOUT) == pytest.approx(lo + (hi - lo) * (99 - 98) / 2)
+    assert percentile(buckets, 1.0, LATENCY_LAYOUT) == hi
+    assert percentile(histogram({500_000: 3}), 0.5, LATENCY_LAYOUT) == BOUNDS[-1]  # the +Inf bucket
+    assert percentile(histogram({0.01: 4}), 0.5, LATENCY_LAYOUT) == pytest.approx(0.05)  # from 0
+    assert percentile([0] * (len(BOUNDS) + 1), 0.99, LATENCY_LAYOUT) is None
 
 
-@settings(deadline=None, derandomize=True, max_examples=60)
+def test_legacy_percentile_is_the_buckets_upper_bound() -> None:
+    assert percentile(histogram({10: 99, 500: 1}, legacy=True), 0.99, None) == 10
+    assert percentile(histogram({10: 99, 500: 1}, legacy=True), 1.0, None) == 500
+    assert percentile(histogram({10: 98, 500: 2}, legacy=True), 0.99, None) == 500
+    assert percentile(histogram({3: 989, 75: 11}, legacy=True), 0.99, None) == 75
+    assert percentile(histogram({50_000: 3}, legacy=True), 0.5, None) == float("inf")
+    assert percentile([0] * (len(LEGACY_BUCKETS_MS) + 1), 0.99, None) is None
+
+
+@settings(deadline=None, derandomize=True, max_examples=80)
 @given(
-    st.lists(st.floats(0, 20_000, allow_nan=False), min_size=1, max_size=200),
+    st.lists(st.floats(0.1, 120_000, exclude_min=True), min_size=1, max_size=300),
     st.sampled_from([0.5, 0.9, 0.99]),
 )
-def test_percentile_bounds_the_nearest_rank_value(values: list[float], q: float) -> None:
+def test_percentile_is_within_the_ratio_of_the_nearest_rank_value(values: list[float], q: float) -> None:
     counters = SetCounters()
     for value in values:
         counters.observe("m", value)
-    result = percentile(counters.histograms["m"], q)
+    result = counters.quantile_ms("m", q)
     assert result is not None
     ordered = sorted(values)
     nearest_rank = ordered[max(0, math.ceil(q * len(values)) - 1)]
-    # The answer is the upper bound of the bucket holding the nearest-rank value.
-    bounds = [*LATENCY_BUCKETS_MS, float("inf")]
-    expected = next(b for b in bounds if nearest_rank <= b)
-    assert result == expected
+    # Both lie in the bucket holding that rank, whose bounds differ by at most the ratio r (above
+    # the lowest bound: below it, only the absolute error is bounded, by 0.1 ms).
+    assert abs(result - nearest_rank) / nearest_rank < LATENCY_LAYOUT.ratio - 1 + 1e-12
 
 
 def test_metrics_store_replaces_a_replicas_counters_and_sums_replicas() -> None:
@@ -342,12 +361,23 @@ def test_metrics_store_replaces_a_replicas_counters_and_sums_replicas() -> None:
     snapshot = store.snapshot()
     s1 = snapshot["sets"]["app.s1"]
     assert (s1["requests"], s1["errors"]) == (29, 2)
-    assert s1["histograms"]["latency_ms"][LATENCY_BUCKETS_MS.index(7)] == 2
-    assert s1["histograms"]["latency_ms"][LATENCY_BUCKETS_MS.index(150)] == 1
-    assert snapshot["sets"]["app.s2"] == {"requests": 3, "errors": 0, "histograms": {}}
+    assert s1["histograms"]["latency_ms"][bisect.bisect_left(BOUNDS, 7)] == 2
+    assert s1["histograms"]["latency_ms"][bisect.bisect_left(BOUNDS, 150)] == 1
+    assert snapshot["sets"]["app.s2"] == SetCounters(requests=3).model_dump()
+    assert snapshot["sets"]["app.s2"]["layout"] == LATENCY_LAYOUT.model_dump()
     # Each replica's own latest counters ride along, for gates that diff replica by replica.
     assert snapshot["replicas"]["replica-a"]["app.s1"]["requests"] == 25
     assert sorted(snapshot["replicas"]["replica-b"]) == ["app.s1", "app.s2"]
+
+
+def test_metrics_store_drops_a_push_that_does_not_fit_its_layout() -> None:
+    store = MetricsStore()
+    good = SetCounters(requests=2)
+    good.observe("latency_ms", 7)
+    store.push("replica-a", {"app": good.model_dump()})
+    torn = {**good.model_dump(), "histograms": {"latency_ms": [1, 2, 3]}}
+    store.push("replica-a", {"app": torn})  # kept: the last good push
+    assert store.snapshot()["replicas"]["replica-a"]["app"] == good.model_dump()
 
 
 def test_empty_metrics_store() -> None:
