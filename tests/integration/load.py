@@ -21,6 +21,7 @@ class Answer:
     error: str = ""
     variant: str | None = None
     user: int = -1
+    latency_s: float = 0.0  # from sending the request to its answer
 
 
 @dataclass
@@ -33,6 +34,8 @@ class Load:
     # a request's inputs for a user (default: the demo ranker's three items)
     inputs: Callable[[int], dict[str, Any]] = lambda user: {"user": user, "items": [1, 2, 3]}
     answers: list[Answer] = field(default_factory=list)
+    # a pause after an answer refused for overload (503) before the caller's next request
+    backoff_s: float = 0.0
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     _started: float = 0.0
@@ -61,7 +64,11 @@ class Load:
                 at = self.elapsed()
                 try:
                     reply = await http.post(self.path, json={"inputs": self.inputs(user)})
-                    body: dict[str, Any] = reply.json()
+                    latency = self.elapsed() - at
+                    try:
+                        body: dict[str, Any] = reply.json()
+                    except ValueError:  # Serve's proxy answers its refusals in plain text
+                        body = {"message": reply.text[:200]}
                     self.answers.append(
                         Answer(
                             at,
@@ -71,8 +78,11 @@ class Load:
                             body.get("message", ""),
                             body.get("variant"),
                             user,
+                            latency,
                         )
                     )
+                    if reply.status_code == 503 and self.backoff_s:
+                        await asyncio.sleep(self.backoff_s)
                 except (httpx.HTTPError, ValueError) as err:
                     self.answers.append(Answer(at, 0, None, {}, f"{type(err).__name__}: {err}"))
                     await asyncio.sleep(0.05)  # nothing listens (a restart): do not spin on the cores
