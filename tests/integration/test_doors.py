@@ -54,16 +54,21 @@ def rss_kib(pid: int) -> int:
 
 
 def serve_pids(router_app: str) -> dict[str, int]:
-    """The pids of the proxy and of the model's router replica."""
-    from ray.util.state import list_actors
-
+    """The pids of Serve's proxy and of the model's router replica, by their process titles
+    (`ray::ProxyActor`, `ray::ServeReplica:<app>:router`): the state API needs the dashboard,
+    which the dev stack does not start."""
+    titles = {"proxy": "ray::ProxyActor", "router": f"ray::ServeReplica:{router_app}:router"}
     pids = {}
-    for actor in list_actors(filters=[("state", "=", "ALIVE")], limit=1000):
-        name = actor.name or ""
-        if actor.class_name == "ProxyActor":
-            pids["proxy"] = actor.pid
-        elif name.startswith(f"SERVE_REPLICA::{router_app}#router#"):
-            pids["router"] = actor.pid
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            title = (proc / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+        except OSError:
+            continue
+        for name, wanted in titles.items():
+            if title.startswith(wanted):
+                pids[name] = int(proc.name)
     return pids
 
 
@@ -166,6 +171,7 @@ async def test_doors_poison_inputs_overload_a_hung_canary_and_a_killed_router(
 
     # ---- overload: shed at once, admitted latency bounded, memory flat ------------------------
     pids = serve_pids(router_app)
+    assert set(pids) == {"proxy", "router"}, pids
     rss_before = {name: rss_kib(pid) for name, pid in pids.items()}
     async with Load(stack.serve_url, path, workers=OVERLOAD_CLIENTS, backoff_s=0.05) as load:
         await asyncio.sleep(OVERLOAD_S)
