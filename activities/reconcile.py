@@ -36,6 +36,7 @@ from temporalio import activity
 from ipnext.activities import _context
 from ipnext.activities.serving import APPS_RUNNING_TIMEOUT_S, publish_routing
 from ipnext.activities.validate import as_application_error
+from ipnext.config import PartHealthCheckSettings
 from ipnext.contracts import Frozen
 from ipnext.errors import ServingError
 from ipnext.model import ModelSpec, SnapshotSet
@@ -99,8 +100,10 @@ def reconcile_serving(input: ReconcileInput) -> ReconcileResult:
     upserts: list[dict[str, Any]] = []
 
     # The serving set's apps at the plan's full size (a rollout's: both sets at their sizes).
-    cpus = current.ray.replica_num_cpus
-    wanted_sets = _rollout_sets(input, store, cpus) if input.sets else _serving_sets(input, store, cpus)
+    cpus, checks = current.ray.replica_num_cpus, current.serve.part_health_check
+    wanted_sets = (
+        _rollout_sets(input, store, cpus, checks) if input.sets else _serving_sets(input, store, cpus, checks)
+    )
     held = _ray_get(writer.app_configs.remote(sorted(wanted_sets)))
     for name, app in wanted_sets.items():
         why = _drift(name, app, held[name], listed)
@@ -176,12 +179,14 @@ def reconcile_serving(input: ReconcileInput) -> ReconcileResult:
     )
 
 
-def _serving_sets(input: ReconcileInput, store: str, replica_num_cpus: float) -> dict[str, dict[str, Any]]:
+def _serving_sets(
+    input: ReconcileInput, store: str, replica_num_cpus: float, health_check: PartHealthCheckSettings
+) -> dict[str, dict[str, Any]]:
     """An idle model's serving set: its apps at the plan's full size, named as the record says."""
     apps: dict[str, dict[str, Any]] = {}
     for region, name in sorted(input.apps.items()):
         plan = set_app_plan(input.spec, input.serving_set, input.plan, region, store)
-        app = render_set_app(plan, replica_num_cpus)
+        app = render_set_app(plan, replica_num_cpus, health_check)
         if app["name"] != name:
             raise as_application_error(
                 ServingError(
@@ -193,7 +198,9 @@ def _serving_sets(input: ReconcileInput, store: str, replica_num_cpus: float) ->
     return apps
 
 
-def _rollout_sets(input: ReconcileInput, store: str, replica_num_cpus: float) -> dict[str, dict[str, Any]]:
+def _rollout_sets(
+    input: ReconcileInput, store: str, replica_num_cpus: float, health_check: PartHealthCheckSettings
+) -> dict[str, dict[str, Any]]:
     """A rollout's sets: each set's apps, in every region of its plan, at its step's size."""
     apps: dict[str, dict[str, Any]] = {}
     parts = list(input.spec.parts)
@@ -202,7 +209,7 @@ def _rollout_sets(input: ReconcileInput, store: str, replica_num_cpus: float) ->
         regions = sorted({r for p in target.plan.deployments.values() for r in p.regions()})
         for region in regions:
             plan = set_app_plan(input.spec, target.snapshot_set, target.plan, region, store, scale, shares)
-            app = render_set_app(plan, replica_num_cpus)
+            app = render_set_app(plan, replica_num_cpus, health_check)
             apps[app["name"]] = app
     return apps
 

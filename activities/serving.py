@@ -124,7 +124,10 @@ def deploy_set_apps(input: DeploySetInput) -> DeploySetResult:
         for r in regions
     }
     writer: Any = _context.writer()
-    upserts = [render_set_app(p, current.ray.replica_num_cpus) for p in plans.values()]
+    upserts = [
+        render_set_app(p, current.ray.replica_num_cpus, current.serve.part_health_check)
+        for p in plans.values()
+    ]
     _ray_get(writer.apply.remote(upserts, []))
     try:
         wait_apps_running([p.name for p in plans.values()], APPS_RUNNING_TIMEOUT_S, _heartbeat)

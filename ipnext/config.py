@@ -23,7 +23,14 @@ from ipnext.errors import SpecError, StackError
 from ipnext.fleet import Fleet, load_fleet
 from ipnext.specio import format_validation_error, load_yaml, parse_spec
 
-__all__ = ["RaySettings", "ServeSettings", "Settings", "TemporalDevSettings", "load_settings"]
+__all__ = [
+    "PartHealthCheckSettings",
+    "RaySettings",
+    "ServeSettings",
+    "Settings",
+    "TemporalDevSettings",
+    "load_settings",
+]
 
 DEFAULT_CONFIG = Path("config/ipnext.yaml")
 
@@ -38,6 +45,14 @@ class TemporalSettings(_Section):
     task_queue: str = "ipnext"
 
 
+class PartHealthCheckSettings(_Section):
+    """How Serve checks each part replica (the part's `check_health`): every `period_s`, each
+    check allowed `timeout_s`; Serve replaces a replica after 3 failed checks in a row."""
+
+    period_s: float = Field(default=5.0, gt=0, allow_inf_nan=False)
+    timeout_s: float = Field(default=20.0, gt=0, allow_inf_nan=False)
+
+
 class ServeSettings(_Section):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, gt=0, lt=65536)
@@ -45,6 +60,7 @@ class ServeSettings(_Section):
     routing_ttl_seconds: float = Field(default=5.0, gt=0)
     # How often a serving model checks that Serve serves what its record says (and repairs it).
     reconcile_seconds: float = Field(default=30.0, ge=1)
+    part_health_check: PartHealthCheckSettings = Field(default_factory=PartHealthCheckSettings)
 
 
 class RaySettings(_Section):

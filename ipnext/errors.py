@@ -18,6 +18,7 @@ IpnextError
 │       │   └── PredictionDeadlineError     HTTP 504: no answer within the model's deadline
 │       └── PredictionTransportError    no HTTP answer: connection refused, timeout, broken stream
 ├── PartInputError         a request's inputs do not fit a part: the caller's mistake (HTTP 400; also a ValueError)
+├── GenerationError        a generative part failed one answer: the server's fault (HTTP 500, counted; also a RuntimeError)
 ├── StackError             the dev stack could not start or stop
 ├── KernelInputError       a kernel got a tensor of the wrong shape, dtype, device or range (also a ValueError)
 └── KernelBackendError     backend="triton" was asked for where the kernel cannot run (also a RuntimeError)
@@ -28,6 +29,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "GenerationError",
     "InfeasiblePlanError",
     "IpnextError",
     "KernelBackendError",
@@ -180,6 +182,12 @@ class PartInputError(IpnextError, ValueError):
     """A request's inputs do not fit a part (a missing field, a value out of range). The router
     answers 400 and does not count it against the set: rollout gates judge the model, not the
     callers."""
+
+
+class GenerationError(IpnextError, RuntimeError):
+    """A generative part failed while generating one answer (its engine step raised, or the
+    engine's driver stopped). The server's fault: the router answers 500 and counts it against
+    the set. Only that answer fails; the part keeps serving the others."""
 
 
 class StackError(IpnextError):

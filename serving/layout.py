@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import Field
 
+from ipnext.config import PartHealthCheckSettings
 from ipnext.contracts import Frozen
 from ipnext.model import MAX_DEADLINE_SECONDS, BatchingSpec, ChoiceSpec, ModelSpec, RouterSpec, SnapshotSet
 from ipnext.plan import Plan
@@ -241,7 +242,13 @@ def _actor_options(
     return {"num_cpus": num_cpus, "resources": resources}
 
 
-def render_set_app(app: SetAppPlan, replica_num_cpus: float) -> dict[str, Any]:
+def render_set_app(
+    app: SetAppPlan, replica_num_cpus: float, health_check: PartHealthCheckSettings | None = None
+) -> dict[str, Any]:
+    """The set app's Serve config. Its part deployments carry the health check of the settings
+    (`serve.part_health_check`; its defaults when None): Serve calls `PartHost.check_health`
+    every period and replaces a replica after 3 failures in a row."""
+    health_check = health_check or PartHealthCheckSettings()
     deployments: list[dict[str, Any]] = [
         {
             "name": SET_DEPLOYMENT,
@@ -265,6 +272,8 @@ def render_set_app(app: SetAppPlan, replica_num_cpus: float) -> dict[str, Any]:
                 "ray_actor_options": _actor_options(
                     app.args.region, replica_num_cpus, hw, app.units[part][hw]
                 ),
+                "health_check_period_s": health_check.period_s,
+                "health_check_timeout_s": health_check.timeout_s,
             }
             if batching is not None:
                 # A replica takes at most max_ongoing_requests at once (Serve's default is 5), so

@@ -94,6 +94,17 @@ class PartHost:
         finally:
             await pieces.aclose()
 
+    async def check_health(self) -> None:
+        """Serve's health check of this replica (every `health_check_period_s`; Serve replaces the
+        replica after 3 failures in a row). It asks the part's own `check_health`, where a part has
+        one: a generative part fails it when its engine's driver died or stalls, which a check
+        that merely answers would miss. Async, so a blocked event loop also fails it (timeout)."""
+        check = getattr(self._part, "check_health", None)
+        if callable(check):
+            result = check()
+            if inspect.isawaitable(result):
+                await result
+
     def describe(self) -> dict[str, Any]:
         """What the part reports of itself (`status()`, if it has one) and, for a batched part,
         how many batches it ran for how many calls: for checks and dashboards."""

@@ -13,6 +13,11 @@ one that could never fit, even alone, is refused when submitted.
 
 `batching="static"` is the baseline the benchmark compares with: a batch is admitted only when
 the previous one has finished entirely.
+
+`step()` never raises for a request's sake: a failure it can pin on one sequence (sampling, the
+finish check) fails that sequence alone; one it cannot (the batched forward pass, the scheduler)
+fails every sequence the step was running. A failed sequence ends with `finish_reason` "error",
+leaves the engine and gives its blocks back; nothing runs it again.
 """
 
 from __future__ import annotations
@@ -22,26 +27,54 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Annotated, Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, StringConstraints
 
 from ipnext.contracts import Frozen
 from ipnext.serving.llm.cache import KVCache, block_hashes
 from ipnext.serving.llm.model import DecoderConfig
 from ipnext.serving.llm.runner import Chunk, ModelRunner
 
-__all__ = ["EngineConfig", "EngineStats", "LLMEngine", "SamplingParams", "Sequence", "StepResult"]
+__all__ = [
+    "GREEDY_BELOW",
+    "MAX_STOP_LENGTH",
+    "MAX_STOP_STRINGS",
+    "SEED_MAX",
+    "SEED_MIN",
+    "EngineConfig",
+    "EngineStats",
+    "LLMEngine",
+    "SamplingParams",
+    "Sequence",
+    "StepResult",
+]
+
+# The bounds of a request's sampling settings. A part refuses a request outside them (HTTP 400
+# naming the field) before it reaches the engine, so no value a caller sends can fail a step.
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # torch.Generator takes a 64-bit seed; past it, add() raised
+# Below this temperature sampling is greedy: logits / 1e-45 are infinite, and their softmax NaN.
+GREEDY_BELOW = 1e-5
+MAX_STOP_STRINGS = 16  # every generated token is checked against each of them
+MAX_STOP_LENGTH = 256  # characters of one stop string
+
+StopString = Annotated[str, StringConstraints(strict=True, min_length=1, max_length=MAX_STOP_LENGTH)]
 
 
 class SamplingParams(Frozen):
-    max_tokens: int = Field(default=64, ge=1)
-    temperature: float = Field(default=0.0, ge=0)  # 0: greedy
-    top_p: float = Field(default=1.0, gt=0, le=1)
-    stop: list[str] = Field(default_factory=list)
-    seed: int | None = None
-    ignore_eos: bool = False  # generate max_tokens whatever comes (benchmarks, drills)
+    """One request's sampling settings, each bounded and of its exact JSON type (strict: no
+    "5" for 5, no true for 1, no NaN or infinity). `max_tokens` also has to fit the model's
+    context with the prompt: `LLMEngine.check` refuses it otherwise (nothing is clamped)."""
+
+    max_tokens: int = Field(default=64, ge=1, strict=True)
+    temperature: float = Field(default=0.0, ge=0, allow_inf_nan=False, strict=True)  # < GREEDY_BELOW: greedy
+    top_p: float = Field(default=1.0, gt=0, le=1, allow_inf_nan=False, strict=True)
+    stop: list[StopString] = Field(default_factory=list, max_length=MAX_STOP_STRINGS, strict=True)
+    seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX, strict=True)
+    ignore_eos: bool = Field(
+        default=False, strict=True
+    )  # generate max_tokens whatever comes (benchmarks, drills)
 
 
 class EngineConfig(Frozen):
@@ -70,7 +103,8 @@ class Sequence:
     scheduled_at: float | None = None  # first time a step included it
     token_times: list[float] = field(default_factory=list)
     preemptions: int = 0
-    finish_reason: str | None = None  # "length", "stop", "eos", "cancelled"
+    finish_reason: str | None = None  # "length", "stop", "eos", "cancelled", "error"
+    error: str | None = None  # why it failed (finish_reason "error")
     generator: torch.Generator | None = None
     # Disaggregated serving: a prefill-only sequence keeps its prompt's keys and values when it
     # finishes (`kv`); a sequence prefilled elsewhere brings them (`handed_kv`) and starts decoding.
@@ -95,6 +129,7 @@ class StepResult:
     batch_size: int
     batched_tokens: int
     preempted: int
+    failed: list[Sequence] = field(default_factory=list)  # failed this step, out of the engine
 
 
 @dataclass
@@ -144,6 +179,7 @@ class LLMEngine:
         self.running: list[Sequence] = []
         self.stats = EngineStats()
         self._next_id = 0
+        self._admitting: Sequence | None = None  # the waiting sequence the scheduler is admitting
 
     # ---- requests ---------------------------------------------------------------------------
 
@@ -219,6 +255,20 @@ class LLMEngine:
             self.waiting.remove(seq)
         self._free(seq)
 
+    def fail(self, seq: Sequence, error: BaseException) -> None:
+        """End a sequence with `finish_reason` "error": out of the engine, its blocks back to the
+        pool, never run again."""
+        if seq.finished:
+            return
+        seq.finish_reason = "error"
+        seq.error = f"{type(error).__name__}: {error}"
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        seq.handed_kv = None
+        self._free(seq)
+
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
@@ -229,7 +279,25 @@ class LLMEngine:
     # ---- one step ---------------------------------------------------------------------------
 
     def step(self) -> StepResult:
+        """One batch forward and a token for each sequence whose chunk ends its tokens. Never
+        raises for a request: what failed is in `StepResult.failed` (see the module's docstring)."""
+        try:
+            return self._step()
+        except Exception as err:
+            # Not pinned on one sequence (the scheduler, or the batched forward pass: one matrix
+            # product over every sequence cannot say whose row broke it). Every sequence the step
+            # was running fails; waiting ones were not in it and stay.
+            failed = list(self.running)
+            if self._admitting is not None and self._admitting not in failed:
+                failed.append(self._admitting)  # left in the queue, it would fail every step after
+            for seq in failed:
+                self.fail(seq, err)
+            return StepResult({}, [], len(failed), 0, 0, failed)
+
+    def _step(self) -> StepResult:
+        self._admitting = None
         batch, preempted = self._schedule()
+        self._admitting = None
         if not batch:
             return StepResult({}, [], 0, 0, preempted)
         now = self.clock()
@@ -249,31 +317,37 @@ class LLMEngine:
         logits = self.runner.step(chunks)
         new_tokens: dict[int, int] = {}
         finished: list[Sequence] = []
+        failed: list[Sequence] = []
         row = 0
         now = self.clock()
         for (seq, count), chunk in zip(batch, chunks, strict=True):
-            seq.computed += count
-            if self.config.prefix_cache:
-                self._register_full_blocks(seq)
-            if not chunk.sample:
-                continue
-            token = self._sample(logits[row], seq)
-            row += 1
-            seq.output.append(token)
-            seq.token_times.append(now)
-            new_tokens[seq.id] = token
-            self.stats.generated_tokens += 1
-            reason = "prefilled" if seq.export_kv else self._finish_reason(seq, token)
-            if reason is not None:
-                seq.finish_reason = reason
+            row += chunk.sample
+            try:
+                seq.computed += count
+                if self.config.prefix_cache:
+                    self._register_full_blocks(seq)
+                if not chunk.sample:
+                    continue
+                token = self._sample(logits[row - 1], seq)
+                seq.output.append(token)
+                seq.token_times.append(now)
+                reason = "prefilled" if seq.export_kv else self._finish_reason(seq, token)
                 if seq.export_kv:
                     seq.kv = self._export_kv(seq, len(seq.prompt))
+            except Exception as err:  # this sequence's own: it fails alone, the batch goes on
+                self.fail(seq, err)
+                failed.append(seq)
+                continue
+            new_tokens[seq.id] = token
+            self.stats.generated_tokens += 1
+            if reason is not None:
+                seq.finish_reason = reason
                 self.running.remove(seq)
                 self._free(seq)
                 finished.append(seq)
         self.stats.steps += 1
         self.stats.batch_sizes.append(len(batch))
-        return StepResult(new_tokens, finished, len(batch), sum(c for _, c in batch), preempted)
+        return StepResult(new_tokens, finished, len(batch), sum(c for _, c in batch), preempted, failed)
 
     def _finish_reason(self, seq: Sequence, token: int) -> str | None:
         if self.eos_token is not None and token == self.eos_token and not seq.params.ignore_eos:
@@ -286,7 +360,7 @@ class LLMEngine:
 
     def _sample(self, logits: torch.Tensor, seq: Sequence) -> int:
         params = seq.params
-        if params.temperature == 0:
+        if params.temperature < GREEDY_BELOW:
             return int(torch.argmax(logits))
         probs = torch.softmax(logits.float() / params.temperature, dim=-1)
         if params.top_p < 1.0:
@@ -331,7 +405,7 @@ class LLMEngine:
             and (budget > 0 or static)
             and len(self.running) < self.config.max_num_seqs
         ):
-            seq = self.waiting[0]
+            seq = self._admitting = self.waiting[0]
             if seq.handed_kv is not None:
                 if not self._grow(seq, len(seq.tokens)):
                     break  # wait for blocks; the handed keys and values wait with it

@@ -3,7 +3,7 @@
 Per request: time to first token (`ttft_ms`), inter-token latency (`itl_ms`, every gap between
 two tokens of one answer), queue time (`queue_ms`, arrival to first step) and decode speed.
 In aggregate: batch size per step, KV-cache use, prefix-cache hit rate (prompt tokens served
-from the cache), preemptions, cancellations. The latency histograms use the bucket layout of
+from the cache), preemptions, cancellations, failures. The latency histograms use the bucket layout of
 `ipnext.counters`, so they push to a model's metrics actor beside the router's counters
 and the rollout gates (`ttft_p99_ms`, `itl_p99_ms`) read them like `latency_p99_ms`.
 """
@@ -36,6 +36,7 @@ class LLMMetrics:
     kv_usage_peak: float = 0.0
     preemptions: int = 0
     cancelled: int = 0
+    failed: int = 0  # requests that failed alone (GenerationError), the engine serving on
     finished: int = 0
     prompt_tokens: int = 0
     cached_prompt_tokens: int = 0
@@ -95,6 +96,7 @@ class LLMMetrics:
         return {
             "finished": self.finished,
             "cancelled": self.cancelled,
+            "failed": self.failed,
             "ttft_ms": quantiles("ttft_ms"),
             "itl_ms": quantiles("itl_ms"),
             "queue_ms": quantiles("queue_ms"),

@@ -11,9 +11,12 @@ model.yaml:
           engine: {kv_cache_bytes: 33554432, max_num_seqs: 16}
 
 A request's `inputs` is `{"prompt": str, "max_tokens": int, "temperature": float, "top_p": float,
-"stop": [str], "seed": int}` (all but the prompt optional). `__call__` answers
+"stop": [str], "seed": int}` (all but the prompt optional), each field bounded (`SamplingParams`):
+one out of bounds, of another JSON type, NaN or infinite is refused here, before the engine sees
+it, with a `PartInputError` (HTTP 400) naming it. `__call__` answers
 `{"text", "finish_reason", "prompt_tokens", "completion_tokens"}`; `stream` yields `{"text": delta}`
-pieces and a last one that also carries the finish reason and the token counts.
+pieces and a last one that also carries the finish reason and the token counts. `check_health`
+fails when the engine's driver died or stalls (Serve then replaces the replica).
 """
 
 from __future__ import annotations
@@ -29,7 +32,14 @@ from pydantic import Field, ValidationError
 from ipnext.contracts import Frozen
 from ipnext.counters import SetCounters
 from ipnext.errors import PartInputError
-from ipnext.serving.llm.engine import EngineConfig, LLMEngine, SamplingParams
+from ipnext.serving.llm.engine import (
+    GREEDY_BELOW,
+    MAX_STOP_LENGTH,
+    MAX_STOP_STRINGS,
+    EngineConfig,
+    LLMEngine,
+    SamplingParams,
+)
 from ipnext.serving.llm.metrics import LLMMetrics
 from ipnext.serving.llm.model import DecoderConfig, expected_tensors
 from ipnext.serving.llm.service import LLMService, Prefilled, TextDelta
@@ -48,6 +58,9 @@ class LLMPartConfig(Frozen):
     handoff_seconds: float = Field(default=60, gt=0)
     # ... and at most this many bytes of them at once: past it the oldest are let go first.
     handoff_max_bytes: int = Field(default=512 << 20, gt=0)
+    # `check_health` fails when requests are pending and no engine step has run for this long
+    # (a step that hangs or spins); a step is one batch of at most max_batched_tokens, far shorter.
+    stall_seconds: float = Field(default=30, gt=0, allow_inf_nan=False)
 
 
 class LLMRequest(SamplingParams):
@@ -103,6 +116,13 @@ class LLMPart:
             **summary,
         }
 
+    async def check_health(self) -> None:
+        """Raise when this part can no longer answer: its engine's driver task died, or work is
+        pending and no step has finished for `stall_seconds`. The host's Serve `check_health`
+        calls it; a part never used is healthy."""
+        if self._service is not None:
+            self._service.check_health(self.config.stall_seconds)
+
     @property
     def service(self) -> LLMService:
         if self._service is None:  # built inside the serving event loop, on first use
@@ -146,6 +166,16 @@ def _piece(delta: TextDelta) -> dict[str, Any]:
     return piece
 
 
+# What a caller is told to send when a field is refused: every field's type and bounds.
+_BOUNDS = (
+    '{"prompt": "...", "max_tokens": 64, "temperature": 0, "top_p": 1, "stop": [], "seed": null}: '
+    "max_tokens an integer >= 1 (prompt tokens + max_tokens within the model's context), temperature "
+    f"a finite number >= 0 (below {GREEDY_BELOW:g}: greedy), top_p a number in (0, 1], stop up to "
+    f"{MAX_STOP_STRINGS} strings of 1 to {MAX_STOP_LENGTH} characters, seed an integer in "
+    "[-2**63, 2**63) or null"
+)
+
+
 def _request(inputs: dict[str, Any]) -> LLMRequest:
     """The request from the part's upstream: the DAG's input, or the one upstream part's output."""
     raw = inputs.get("input") if "input" in inputs else next(iter(inputs.values()), None)
@@ -155,9 +185,14 @@ def _request(inputs: dict[str, Any]) -> LLMRequest:
         first = err.errors()[0]
         where = ".".join(str(x) for x in first["loc"]) or "inputs"
         raise PartInputError(
-            f"inputs.{where}: {first['msg']} (got {first.get('input')!r}); send "
-            '{"prompt": "...", "max_tokens": 64, "temperature": 0, "top_p": 1, "stop": [], "seed": null}'
+            f"inputs.{where}: {first['msg']} (got {_shown(first.get('input'))}); send {_BOUNDS}"
         ) from None
+
+
+def _shown(value: Any) -> str:
+    """A refused value as the answer quotes it: its repr, cut short (a caller may send megabytes)."""
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:77]}..."
 
 
 class Pinned:

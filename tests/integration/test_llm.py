@@ -128,6 +128,13 @@ async def test_llm_streams_frees_cancelled_blocks_and_rolls_out_under_streaming_
         assert too_long.status_code == 400 and "max_seq_len" in too_long.json()["message"], too_long.text
         bad_events = await stream_events(http, path, {"prompt": "hi", "max_tokens": 0})
         assert bad_events[0]["status"] == 400 and "inputs.max_tokens" in bad_events[0]["message"]
+        # Poison values: a seed past 64 bits (it wedged the replica's engine) is refused naming
+        # the field, a temperature below the floor is greedy; the replica answers on.
+        poison = await http.post(path, json={"inputs": {"prompt": "hi", "seed": 2**64}})
+        assert poison.status_code == 400 and poison.json()["message"].startswith("inputs.seed"), poison.text
+        tiny = {"prompt": "two plus three is", "max_tokens": 16, "temperature": 1e-45}
+        greedy = (await http.post(path, json={"inputs": tiny})).json()
+        assert greedy["outputs"]["text"] == expected, greedy
     # The SDK streams the same pieces, and raises the part's error with its words.
     request = {"prompt": "two plus three is", "max_tokens": 16}
     pieces = [p async for p in client.predict_stream(model_name, request, source="us-east")]

@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from ray.serve.schema import ServeDeploySchema
 
+from ipnext.config import PartHealthCheckSettings
 from ipnext.counters import LATENCY_LAYOUT, LEGACY_BUCKETS_MS
 from ipnext.fleet import Fleet
 from ipnext.model import MAX_DEADLINE_SECONDS, ModelSpec, RouterSpec, SnapshotRef, SnapshotSet
@@ -110,7 +111,9 @@ def test_set_app_plan(example_spec: ModelSpec, snapshot_set: SnapshotSet, plan: 
 
 def test_render_set_app(example_spec: ModelSpec, snapshot_set: SnapshotSet, plan: Plan) -> None:
     app = set_app_plan(example_spec, snapshot_set, plan, "us-east", PINNED)
-    rendered = render_set_app(app, replica_num_cpus=0.25)
+    rendered = render_set_app(
+        app, replica_num_cpus=0.25, health_check=PartHealthCheckSettings(period_s=3, timeout_s=9)
+    )
     assert rendered["name"] == "feed-ranker.us-east.s7.r4"
     assert rendered["route_prefix"] is None
     assert rendered["import_path"] == SET_IMPORT_PATH == "ipnext.serving.set_app:set_app"
@@ -130,6 +133,12 @@ def test_render_set_app(example_spec: ModelSpec, snapshot_set: SnapshotSet, plan
     assert dense["num_replicas"] == 1
     assert dense["ray_actor_options"]["resources"]["hw:cpu-std"] == 1
     assert set(dense["ray_actor_options"]["resources"]) == {"region:us-east", "hw:cpu-std"}
+
+    # Every part deployment carries the settings' health check (Serve calls PartHost.check_health).
+    for part in (embed, dense):
+        assert (part["health_check_period_s"], part["health_check_timeout_s"]) == (3, 9)
+    defaults = render_set_app(app, 0)["deployments"][1]
+    assert (defaults["health_check_period_s"], defaults["health_check_timeout_s"]) == (5, 20)
 
     ingress = by_name["set"]
     assert ingress["num_replicas"] == 1
