@@ -1,0 +1,249 @@
+"""The router's answers, what it counts, and its deadline, on the real `Router` class with fake
+part handles at the Serve seam (`serve.get_deployment_handle`) and the metrics seams stubbed:
+the table of docs/ARCHITECTURE.md ("what counts against a set"), row by row."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+from ray.serve.exceptions import BackPressureError
+from starlette.requests import Request
+
+from ipnext.errors import PartInputError
+from ipnext.model import RouterSpec
+from ipnext.rollout import RouterConfig
+from ipnext.serving import router as router_module
+from ipnext.serving.choices import VariantRouter
+from ipnext.serving.layout import RouterAppArgs, SetDescription
+
+APP = "m.us-east.s1.r1"
+DEADLINE_S = 0.3
+Behaviour = Callable[[dict[str, Any]], Any]  # a part's answer to its upstream values (async)
+
+
+class FakeResponse:
+    def __init__(self, coro: Any) -> None:
+        self._coro = coro
+
+    def __await__(self) -> Any:
+        return self._coro.__await__()
+
+
+class FakeStream:
+    """What `.options(stream=True).stream.remote()` returns: async pieces, cancellable."""
+
+    def __init__(self, pieces: AsyncIterator[Any]) -> None:
+        self._pieces = pieces
+        self.cancelled = False
+
+    def __aiter__(self) -> FakeStream:
+        return self
+
+    async def __anext__(self) -> Any:
+        return await self._pieces.__anext__()
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class FakeHandle:
+    def __init__(self, part: str, parts: dict[str, Behaviour], streams: list[FakeStream]) -> None:
+        self._part, self._parts, self._streams = part, parts, streams
+        self.stream = self  # handle.options(stream=True).stream.remote(...)
+
+    def options(self, **_: Any) -> FakeHandle:
+        return self
+
+    def remote(self, upstream: dict[str, Any]) -> Any:
+        answer = self._parts[self._part](upstream)
+        if hasattr(answer, "__anext__"):
+            stream = FakeStream(answer)
+            self._streams.append(stream)
+            return stream
+        return FakeResponse(answer)
+
+
+def reply(output: Any) -> Behaviour:
+    async def answer(upstream: dict[str, Any]) -> dict[str, Any]:
+        return {"output": output, "snapshot_id": "m/part@v1"}
+
+    return answer
+
+
+def raising(err: BaseException) -> Behaviour:
+    async def answer(upstream: dict[str, Any]) -> dict[str, Any]:
+        raise err
+
+    return answer
+
+
+async def _forever(upstream: dict[str, Any]) -> dict[str, Any]:
+    await asyncio.Event().wait()
+    raise AssertionError("unreachable")
+
+
+class Counted:
+    def __init__(self) -> None:
+        self.latencies: list[float | None] = []
+
+    def record(self, model: str, region: str, app: str, latency_ms: float | None) -> None:
+        self.latencies.append(latency_ms)
+
+    def record_variant(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def build(monkeypatch: pytest.MonkeyPatch) -> Callable[..., tuple[Any, Counted, list[FakeStream]]]:
+    def make(embed: Behaviour, dense: Behaviour, **limits: Any) -> tuple[Any, Counted, list[FakeStream]]:
+        parts = {"embed": embed, "dense": dense}
+        streams: list[FakeStream] = []
+        monkeypatch.setattr(
+            router_module.serve,
+            "get_deployment_handle",
+            lambda name, app_name: FakeHandle(name.split("-")[0], parts, streams),
+        )
+        counted = Counted()
+        monkeypatch.setattr(router_module, "RouterPrometheus", lambda: counted)
+        monkeypatch.setattr(router_module.CounterPusher, "ensure_running", lambda self: None)
+        spec = RouterSpec(deadline_seconds=DEADLINE_S, **limits)
+        router = router_module.Router.func_or_class(RouterAppArgs(model="m", region="us-east", router=spec))
+        dag = [("input", "embed"), ("embed", "dense"), ("dense", "output")]
+        described = SetDescription(
+            set_id="m@1",
+            dag=dag,
+            order=["embed", "dense"],
+            deployments={"embed": {"embed-cpu": 1.0}, "dense": {"dense-cpu": 1.0}},
+        )
+        router._routes = {
+            APP: router_module._SetRoute(APP, described, VariantRouter(dag, ["embed", "dense"], {}))
+        }
+        router._config = RouterConfig(generation=1, weights={APP: 100})
+        return router, counted, streams
+
+    return make
+
+
+def errors(counted: Counted) -> int:
+    return sum(1 for latency in counted.latencies if latency is None)
+
+
+async def test_an_answer_is_counted_with_its_latency(build: Any) -> None:
+    router, counted, _ = build(reply({"u": 1}), reply([0.5]))
+    body, status = await router.predict({"user": 1})
+    assert status == 200 and body["outputs"] == [0.5] and body["set"] == "m@1"
+    assert len(counted.latencies) == 1 and errors(counted) == 0
+
+
+async def test_a_hung_part_answers_504_within_the_deadline_and_counts(build: Any) -> None:
+    router, counted, _ = build(reply({"u": 1}), _forever)
+    started = asyncio.get_running_loop().time()
+    body, status = await router.predict({"user": 1})
+    took = asyncio.get_running_loop().time() - started
+    print(f"hung part: 504 after {took:.3f} s (deadline {DEADLINE_S} s)")
+    assert status == 504 and body["message"].startswith(f"no answer within the deadline of {DEADLINE_S:g} s")
+    assert set(body) == {"error_id", "message", "set"} and body["error_id"] in body["message"]
+    assert errors(counted) == 1
+
+
+async def test_a_part_failure_is_500_counted_and_its_words_stay_in_the_log(build: Any) -> None:
+    secret = RuntimeError("worker pid 4242 at 10.1.2.3 failed in /srv/secret/parts.py")
+    router, counted, _ = build(reply({"u": 1}), raising(secret))
+    body, status = await router.predict({"user": 1})
+    assert status == 500 and body["message"].startswith("part dense failed (error_id "), body
+    assert "secret" not in json.dumps(body) and "4242" not in json.dumps(body)
+    assert errors(counted) == 1
+
+
+async def test_a_callers_mistake_is_400_and_not_counted(build: Any) -> None:
+    router, counted, _ = build(raising(PartInputError("inputs.user: 9999 is out of range")), reply([1.0]))
+    body, status = await router.predict({"user": 9999})
+    assert status == 400 and body["message"] == "inputs.user: 9999 is out of range"
+    assert counted.latencies == []
+
+
+async def test_a_full_part_queue_behind_the_router_is_503_and_counts(build: Any) -> None:
+    router, counted, _ = build(
+        reply({"u": 1}), raising(BackPressureError(num_queued_requests=5, max_queued_requests=5))
+    )
+    body, status = await router.predict({"user": 1})
+    assert status == 503 and body["message"].startswith("part dense is overloaded"), body
+    assert errors(counted) == 1
+
+
+async def test_no_serving_set_is_503_and_counts_nothing(build: Any) -> None:
+    router, counted, _ = build(reply({}), reply([]))
+    router._config = RouterConfig(generation=2, weights={})
+    body, status = await router.predict({"user": 1})
+    assert status == 503 and "has no serving set" in body["message"] and counted.latencies == []
+
+
+async def test_the_deadline_covers_the_whole_stream(build: Any) -> None:
+    async def pieces(upstream: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        yield {"output": "first", "snapshot_id": "m/dense@v1"}
+        await asyncio.Event().wait()  # then nothing more, ever
+        yield {"output": "never", "snapshot_id": "m/dense@v1"}
+
+    router, counted, streams = build(reply({"u": 1}), pieces)
+    events = [e async for e in router.stream({"user": 1})]
+    assert events[0]["outputs"] == "first"
+    assert events[1]["status"] == 504 and "deadline" in events[1]["message"] and events[1]["set"] == "m@1"
+    assert len(events) == 2 and streams[0].cancelled  # the part's stream was stopped
+    assert errors(counted) == 1
+
+
+def request(body: bytes, headers: dict[str, str] | None = None) -> Request:
+    chunks = [body[i : i + 1000] for i in range(0, len(body), 1000)] or [b""]
+
+    async def receive() -> dict[str, Any]:
+        chunk = chunks.pop(0) if chunks else b""
+        return {"type": "http.request", "body": chunk, "more_body": bool(chunks)}
+
+    raw = [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/us-east/models/m/predict",
+        "headers": raw,
+        "query_string": b"",
+    }
+    return Request(scope, receive)
+
+
+@pytest.mark.parametrize(
+    ("body", "headers", "status", "words"),
+    [
+        (b'{"inputs": {"user": 1}}' + b" " * 5000, {}, 413, "body: larger than 4096 bytes"),
+        (b'{"inputs": 1}', {"content-length": "999999"}, 413, "body: larger than 4096 bytes"),
+        (b'{"inputs": [[[[1]]]]}', {}, 400, "body: JSON nested 5 levels deep; at most 4"),
+        (b'{"inputs": {"user": NaN}}', {}, 400, "inputs.user: not a finite number"),
+        (b"[", {}, 400, "body is not JSON"),
+    ],
+)
+async def test_the_http_door_refuses_before_any_part_and_counts_nothing(
+    build: Any, body: bytes, headers: dict[str, str], status: int, words: str
+) -> None:
+    router, counted, _ = build(
+        raising(AssertionError("a part was called")), reply([1.0]), max_body_bytes=4096, max_json_depth=4
+    )
+    response = await router(request(body, headers))
+    answer = json.loads(response.body)
+    assert response.status_code == status and answer["message"].startswith(words), answer
+    assert set(answer) == {"error_id", "message"} and counted.latencies == []
+
+
+async def test_a_bug_in_the_router_itself_answers_500_without_its_insides(build: Any) -> None:
+    router, _, _ = build(reply({"u": 1}), reply([1.0]))
+
+    async def broken(inputs: Any, key: str | None = None) -> Any:
+        raise KeyError("/srv/ipnext/router.py internal state")
+
+    router.predict = broken
+    response = await router(request(b'{"inputs": {"user": 1}}'))
+    answer = json.loads(response.body)
+    assert response.status_code == 500 and answer["message"].startswith("the router failed (error_id ")
+    assert "srv" not in response.body.decode()
