@@ -98,6 +98,9 @@ __all__ = [
 
 # How long publish waits for the worker to check a spec (its factory check alone may take 60 s).
 SPEC_CHECK_TIMEOUT = timedelta(minutes=3)
+# A rollout's `status` answers in milliseconds; one whose task keeps failing never does (the
+# server holds the query): past this, the model's record of it is shown, marked as such.
+ROLLOUT_QUERY_TIMEOUT = timedelta(seconds=10)
 
 
 class ModelSummary(BaseModel):
@@ -348,7 +351,7 @@ class Client:
             return last
         try:
             live: RolloutStatus = await self.temporal.get_workflow_handle(last.workflow_id).query(
-                RolloutWorkflowNames.STATUS, result_type=RolloutStatus
+                RolloutWorkflowNames.STATUS, result_type=RolloutStatus, rpc_timeout=ROLLOUT_QUERY_TIMEOUT
             )
         except (RPCError, WorkflowQueryFailedError) as err:
             # Between the model's record and the child's first task, or a rollout whose task

@@ -265,7 +265,7 @@ async def test_rejected_publish_changes_nothing(temporal: Client) -> None:
             await handle.execute_update("publish", request("v1"), result_type=PublishResult)
         assert "already published" in str(dup.value.cause)
         after: ModelState = await handle.query("get", result_type=ModelState)
-        unchecked = {"reconcile": None}  # the serving checks go on meanwhile
+        unchecked = {"reconcile": None, "updated_at": None}  # the serving checks go on meanwhile
         assert after.model_copy(update=unchecked) == before.model_copy(update=unchecked)
         # The next good publish still gets the next number: nothing was consumed by the rejects.
         result = await handle.execute_update("publish", request("v2"), result_type=PublishResult)
