@@ -51,7 +51,16 @@ def _model(args: argparse.Namespace, settings: Settings) -> None:
         state = asyncio.run(_with_client(settings, lambda c: c.publish_model(spec)))
         print(f"model {spec.name} registered (workflow model/{spec.name}, state {state.state})")
     elif args.verb == "get":
-        _print_json(asyncio.run(_with_client(settings, lambda c: c.get_model(args.name))))
+
+        async def get(c: Any) -> tuple[Any, Any]:
+            from ipnext.contracts import model_workflow_id
+
+            state = await c.get_model(args.name)
+            return state, await c.freshness(model_workflow_id(args.name), state.updated_at)
+
+        state, fresh = asyncio.run(_with_client(settings, get))
+        _print_json(state)
+        print(fresh.describe(), file=sys.stderr)  # stdout stays JSON
     elif args.verb == "list":
 
         async def both(c: Any) -> tuple[list[Any], list[Any]]:
@@ -113,7 +122,12 @@ def _rollout(args: argparse.Namespace, settings: Settings) -> None:
     async def act(ipn: Any) -> None:
         if args.verb == "status":
             status = await ipn.rollout_status(args.model)
-            print("no rollout yet" if status is None else render_rollout(status))
+            if status is None:
+                print("no rollout yet")
+                return
+            print(render_rollout(status))
+            if status.workflow_id:
+                print((await ipn.freshness(status.workflow_id, status.updated_at)).describe())
         elif args.verb == "watch":
             await _watch(ipn, args.model, args.interval)
         else:
@@ -152,8 +166,9 @@ async def _watch(ipn: Any, model: str, interval: float) -> None:
 def render_rollout(status: Any) -> str:
     """The terminal view of a rollout: state, steps, traffic split, gates, pauses."""
     marks = [f"[{p}%]" if i < status.steps_done else f" {p}% " for i, p in enumerate(status.steps)]
+    outcome = f"  outcome: {status.outcome.value}" if status.outcome is not None else ""
     lines = [
-        f"{status.workflow_id}: {status.state.value.upper()}  ({status.step})",
+        f"{status.workflow_id}: {status.state.value.upper()}  ({status.step}){outcome}",
         f"steps: {' '.join(marks)}  ({status.steps_done}/{len(status.steps)} done)",
         "traffic: " + ", ".join(f"{k} {v:g}%" for k, v in sorted(status.traffic_percent.items())),
         f"generations: {status.generations or 'none'}",

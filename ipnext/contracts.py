@@ -27,6 +27,7 @@ __all__ = [
     "ModelStatus",
     "ModelWorkflowNames",
     "PollTimeoutError",
+    "RolloutOutcome",
     "RolloutState",
     "RolloutWorkflowNames",
     "SetStatus",
@@ -131,6 +132,7 @@ class RolloutState(StrEnum):
     ROLLED_BACK = "rolled_back"
     FAILED = "failed"
     REFUSED = "refused"  # a freeze window was in force when it was to start
+    CANCELLED = "cancelled"  # Temporal's "Request Cancellation": rolled back like `abort`
 
     @property
     def is_terminal(self) -> bool:
@@ -146,6 +148,24 @@ class RolloutState(StrEnum):
 _LIVE_ROLLOUT = frozenset({RolloutState.PENDING, RolloutState.RUNNING, RolloutState.PAUSED})
 
 
+class RolloutOutcome(StrEnum):
+    """How a rollout ended (`RolloutResult.outcome`). Its Temporal status is COMPLETED whatever
+    the outcome ("ran to its end"): the outcome says how. Only `completed` moved the traffic;
+    every other one left it on the previous set."""
+
+    COMPLETED = "completed"
+    ROLLED_BACK = "rolled_back"  # a gate breached
+    ABORTED = "aborted"  # the `abort` signal
+    CANCELLED = "cancelled"  # Temporal's cancellation (the UI's "Request Cancellation")
+    FAILED = "failed"  # an activity failed for good; rolled back
+    REFUSED = "refused"  # a freeze window was in force: nothing started
+
+    @classmethod
+    def of(cls, state: RolloutState) -> RolloutOutcome | None:
+        """The outcome an ended rollout's state names; None while it is live."""
+        return None if not state.is_terminal else cls(state.value)
+
+
 class SetStatus(StrEnum):
     """`SnapshotSet.status`: where a published set is in its life."""
 
@@ -158,6 +178,7 @@ class SetStatus(StrEnum):
     ABORTED = "aborted"
     REFUSED = "refused"  # a freeze window was in force
     FAILED = "failed"
+    CANCELLED = "cancelled"  # its rollout was cancelled from Temporal (rolled back like abort)
 
     @property
     def never_serves(self) -> bool:
@@ -166,7 +187,14 @@ class SetStatus(StrEnum):
 
 
 _NEVER_SERVES = frozenset(
-    {SetStatus.SUPERSEDED, SetStatus.ROLLED_BACK, SetStatus.ABORTED, SetStatus.REFUSED, SetStatus.FAILED}
+    {
+        SetStatus.SUPERSEDED,
+        SetStatus.ROLLED_BACK,
+        SetStatus.ABORTED,
+        SetStatus.REFUSED,
+        SetStatus.FAILED,
+        SetStatus.CANCELLED,
+    }
 )
 
 

@@ -9,10 +9,11 @@ input carries whole when it continues as new.
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ipnext.contracts import Frozen, ModelStatus
+from ipnext.contracts import Frozen, ModelStatus, RolloutOutcome
 from ipnext.model import ModelSpec, SnapshotSet, SnapshotSetRequest
 from ipnext.plan import Plan
 from ipnext.rollout import (
@@ -115,6 +116,7 @@ class ModelRecord(BaseModel):
     reconcile: ReconcileRecord = Field(default_factory=ReconcileRecord)
     active_rollout: ActiveRollout | None = None
     older_sets: OlderSets = Field(default_factory=OlderSets)
+    updated_at: datetime | None = None  # workflow time of the last pass of the model's loop
 
 
 class ModelWorkflowInput(Frozen):
@@ -180,6 +182,9 @@ class ModelState(Frozen):
     reconcile: ReconcileRecord | None = None  # the serving checks: repairs and failures
     active_rollout: ActiveRollout | None = None  # the rollout child the model waits on
     older_sets: OlderSets | None = None  # sets no longer kept whole, summarized
+    # Workflow time when the model workflow last looked at its record (every pass of its loop:
+    # at least every serving check while idle). A reader says how old the answer is from it.
+    updated_at: datetime | None = None
 
 
 class RolloutProgress(BaseModel):
@@ -212,6 +217,10 @@ class RolloutProgress(BaseModel):
     # A continued run (a long bake or pause grows the history): the step it bakes again from a
     # fresh window, its scaling and weights already applied.
     continued_at: int | None = None
+    # Temporal's cancellation was requested: the rollout stops as `abort` does (`abort` holds
+    # who and why), and ends `cancelled`.
+    cancelled: bool = False
+    updated_at: datetime | None = None  # workflow time of the last change to what `status` shows
 
 
 class RolloutInput(Frozen):
@@ -230,11 +239,23 @@ class RolloutInput(Frozen):
 
 
 class RolloutResult(Frozen):
+    """How a rollout ended. The workflow completes (Temporal's status COMPLETED) whatever
+    happened; `outcome` says how, and only `completed` moved the traffic."""
+
     state: RolloutState
+    outcome: RolloutOutcome
     apps: dict[str, str]  # region -> set app serving when the rollout ended
     generations: list[int]
     detail: str = ""
     status: RolloutStatus | None = None  # the rollout's `status` as it ended (gates, pauses, steps)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _outcome_of_state(cls, raw: Any) -> Any:
+        """Results recorded before `outcome` existed (histories that replay) name it by state."""
+        if isinstance(raw, dict) and "outcome" not in raw and "state" in raw:
+            raw = {**raw, "outcome": RolloutOutcome.of(RolloutState(raw["state"]))}
+        return raw
 
 
 class RolloutEnded(Frozen):

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from ipnext.contracts import Frozen, RolloutState
+from ipnext.contracts import Frozen, RolloutOutcome, RolloutState
 from ipnext.counters import MetricsSnapshot, SetCounters
 
 __all__ = [
@@ -338,3 +338,7 @@ class RolloutStatus(Frozen):
     part_traffic: dict[str, float] = Field(default_factory=dict)  # changed part -> percent on the new set
     repairs: int = 0  # serving checks during its bakes that pushed Serve again (after an outage)
     last_repair: str = ""
+    outcome: RolloutOutcome | None = None  # how it ended (None while it runs)
+    # Workflow time of the last change the rollout made to this status (a step, a split, a gate
+    # reading): a reader says how old the answer is from it (None: recorded before it existed).
+    updated_at: datetime | None = None

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator, Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +96,7 @@ from ipnext.temporal import connect_client
 __all__ = [
     "AsyncPredictionClient",
     "Client",
+    "Freshness",
     "ModelSummary",
     "Prediction",
     "PredictionClient",
@@ -108,7 +109,9 @@ __all__ = [
 
 # How long publish waits for the worker to check a spec (its factory check alone may take 60 s).
 SPEC_CHECK_TIMEOUT = timedelta(minutes=3)
-QUERY_TIMEOUT = timedelta(seconds=10)  # a rollout's status query; past it, the model's record
+# A rollout's `status` answers in milliseconds; one whose task keeps failing never does (the
+# server holds the query): past this, the model's record of it is shown, marked as such.
+QUERY_TIMEOUT = timedelta(seconds=10)
 WAIT_INTERVAL_S = 0.5  # how often wait_until_serving reads the model and its rollout
 
 
@@ -117,6 +120,25 @@ class ModelSummary(BaseModel):
     name: str
     state: str
     workflow_id: str
+
+
+class Freshness(BaseModel):
+    """How old a workflow's answer is: `as_of` is the workflow time of its last change (set by
+    the workflow itself), `stale` why it may no longer be the truth ('' when nothing says so):
+    a workflow whose task keeps failing answers queries from its last good state, unchanged."""
+
+    model_config = ConfigDict(frozen=True)
+    workflow_id: str
+    as_of: datetime | None
+    age_seconds: float | None  # None: the answer carries no time (recorded before it did)
+    stale: str = ""
+
+    def describe(self) -> str:
+        if self.as_of is None or self.age_seconds is None:
+            age = "as of an unknown time (recorded before statuses carried one)"
+        else:
+            age = f"as of {self.age_seconds:.0f} s ago ({self.as_of:%Y-%m-%d %H:%M:%S} UTC)"
+        return f"{self.workflow_id}: {age}" + (f"; MAY BE STALE: {self.stale}" if self.stale else "")
 
 
 class Client:
@@ -401,9 +423,34 @@ class Client:
             live: RolloutStatus = await self.temporal.get_workflow_handle(last.workflow_id).query(
                 RolloutWorkflowNames.STATUS, result_type=RolloutStatus, rpc_timeout=QUERY_TIMEOUT
             )
-        except (RPCError, WorkflowQueryFailedError):
-            return last  # between the model's record and the child's first task
+        except (RPCError, WorkflowQueryFailedError) as err:
+            # Between the model's record and the child's first task, or a rollout whose task
+            # fails (its query then times out): the model's record of it, saying so.
+            why = err.message if isinstance(err, RPCError) else str(err)
+            note = f"(the rollout's own status could not be read: {why}; this is the model's record of it)"
+            return last.model_copy(update={"detail": f"{last.detail} {note}".strip()})
         return live
+
+    async def freshness(self, workflow_id: str, as_of: datetime | None) -> Freshness:
+        """How old an answer of `workflow_id` stamped `as_of` is, and whether its workflow is stuck:
+        a workflow task failing again and again (a pending task past its first attempt) leaves
+        every query answering the last good state."""
+        stale = ""
+        try:
+            raw = (await self.temporal.get_workflow_handle(workflow_id).describe()).raw_description
+        except RPCError as err:
+            if err.status != RPCStatusCode.NOT_FOUND:  # past retention: nothing runs, nothing stuck
+                stale = f"Temporal could not describe it ({err.status.name}: {err.message})"
+        else:
+            pending = raw.pending_workflow_task if raw.HasField("pending_workflow_task") else None
+            if pending is not None and pending.attempt > 1:
+                stale = (
+                    f"its workflow task has failed {pending.attempt - 1} time(s) in a row, so it "
+                    "acts on nothing and answers from its last good state (its history in the "
+                    "Temporal UI shows the failure)"
+                )
+        age = None if as_of is None else max(0.0, (datetime.now(UTC) - as_of).total_seconds())
+        return Freshness(workflow_id=workflow_id, as_of=as_of, age_seconds=age, stale=stale)
 
     async def pause_rollout(self, name: str, reason: str, who: str = "sdk") -> RolloutStatus:
         """Hold the running rollout at its current split (gates still roll it back)."""

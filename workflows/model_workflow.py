@@ -45,6 +45,7 @@ with workflow.unsafe.imports_passed_through():
         STATE_KEY,
         ModelStatus,
         ModelWorkflowNames,
+        RolloutOutcome,
         SetStatus,
         rollout_workflow_id,
     )
@@ -67,11 +68,16 @@ with workflow.unsafe.imports_passed_through():
     )
     from ipnext.rollout import RolloutState, RolloutStatus
     from ipnext.workflows.rollout_workflow import RolloutWorkflow
-    from ipnext.workflows.signals import NO_PAYLOAD, signal_input
+    from ipnext.workflows.signals import NO_PAYLOAD, signal_input, update_input
 
 
 # The serving checks came after models that still run: their histories replay without them.
 RECONCILE_PATCH = "serving-reconcile"
+# A rollout that ended without rolling back (terminated) leaves the split where it was: since
+# this patch the model puts its routers back on the serving set at once and records it.
+RESTORE_PATCH = "restore-after-outside-end"
+PUBLISH_EXAMPLE = '{"request": {"model": ..., "version": ..., "parts": {...}}, "who": ...}'
+DELETE_EXAMPLE = '{"who": "<who deletes>"}'
 # A continued rollout bakes its step again from a fresh window, so one run must hold a step
 # (scale, shift: tens of events) and a whole bake (a timer, a metrics read and a workflow task
 # per check: at most EVENTS_PER_CHECK events), or no bake would ever end.
@@ -90,6 +96,7 @@ class ModelWorkflow:
         self._input = input
         self._child: ChildWorkflowHandle[Any, RolloutResult] | None = None  # started by this run
         self._ended: RolloutResult | None = None  # how the active rollout ended, once known
+        self._ended_outside = ""  # how it ended, when it ended without a result of its own
         self._delete_by: str | None = None
         self._removed_apps: list[str] | None = None
         self._publishing = 0
@@ -115,6 +122,7 @@ class ModelWorkflow:
             reconcile=r.reconcile,
             active_rollout=r.active_rollout,
             older_sets=r.older_sets,
+            updated_at=r.updated_at,
         )
 
     # ---- replanned placement -------------------------------------------------------------
@@ -149,8 +157,13 @@ class ModelWorkflow:
 
     # ---- publish -------------------------------------------------------------------------
 
+    # Updates read their payload by hand too (workflows/signals.py): their validators refuse a
+    # missing or malformed one by name, so the Temporal UI's "Execute Update" with an empty
+    # input is refused and never fails a workflow task.
+
     @workflow.update(name=ModelWorkflowNames.PUBLISH)
-    async def publish(self, input: PublishInput) -> PublishResult:
+    async def publish(self, raw: Any = NO_PAYLOAD, _extra: Any = None) -> PublishResult:
+        input = update_input(raw, PublishInput, ModelWorkflowNames.PUBLISH, PUBLISH_EXAMPLE)
         serving = self._find(self._record.serving_set)
         self._publishing += 1
         try:
@@ -196,7 +209,8 @@ class ModelWorkflow:
         return PublishResult(set_id=snapshot_set.id, status="queued")
 
     @publish.validator
-    def _check_publish(self, input: PublishInput) -> None:
+    def _check_publish(self, raw: Any = NO_PAYLOAD, _extra: Any = None) -> None:
+        input = update_input(raw, PublishInput, ModelWorkflowNames.PUBLISH, PUBLISH_EXAMPLE)
         request = input.request
         if self._delete_by is not None:
             raise ApplicationError(f"model {self._spec.name} is being deleted", type="ModelNotFoundError")
@@ -229,11 +243,17 @@ class ModelWorkflow:
     # ---- delete --------------------------------------------------------------------------
 
     @workflow.update(name=ModelWorkflowNames.DELETE)
-    async def delete(self, input: DeleteInput) -> DeleteResult:
+    async def delete(self, raw: Any = NO_PAYLOAD, _extra: Any = None) -> DeleteResult:
+        input = update_input(raw, DeleteInput, ModelWorkflowNames.DELETE, DELETE_EXAMPLE)
         if self._delete_by is None:
             self._delete_by = input.who
         await workflow.wait_condition(lambda: self._removed_apps is not None)
         return DeleteResult(model=self._spec.name, removed_apps=list(self._removed_apps or []))
+
+    @delete.validator
+    def _check_delete(self, raw: Any = NO_PAYLOAD, _extra: Any = None) -> None:
+        """A delete tears serving down: it must say who asks (a bare one is refused)."""
+        update_input(raw, DeleteInput, ModelWorkflowNames.DELETE, DELETE_EXAMPLE)
 
     # ---- the life of the model -----------------------------------------------------------
 
@@ -489,13 +509,50 @@ class ModelWorkflow:
                     workflow.logger.info("model continues as new while %s runs", active.workflow_id)
                     workflow.continue_as_new(self._input.model_copy(update={"record": self._record}))
                 every = every or timedelta(seconds=self._input.rollout_check_seconds)
+        outside, self._ended_outside = self._ended_outside, ""
         self._finish_rollout(active, self._ended)
+        if outside and workflow.patched(RESTORE_PATCH):
+            await self._restore_serving(active, outside)
+
+    async def _restore_serving(self, active: ActiveRollout, how: str) -> None:
+        """A rollout that ended without rolling back (terminated) may have left the routers split
+        and the old set scaled down: the serving check puts every router back on the serving set
+        (at a generation above the one each router holds, so above every one the rollout
+        applied) and the set back to its plan's size, now rather than at the next interval. What
+        it did, or why it could not, goes on the set's and the rollout's record."""
+        r = self._record
+        serving, before = r.serving_set, r.reconcile
+        await self._reconcile()
+        after = r.reconcile
+        if serving is None:
+            done = "nothing served before it: nothing to put back"
+        elif after.failures > before.failures:
+            done = (
+                f"the routers could not be put back on {serving} yet ({after.last_failure}); the "
+                f"serving check tries again every {after.interval_seconds:g} s"
+            )
+        elif after.repairs > before.repairs:
+            done = f"routers put back on {serving} (generation {after.generation_floor}): {after.last_repair}"
+        else:
+            done = f"the routers were on {serving} already"
+        detail = f"{how}; {done}; its new set's apps may still run, with no traffic (remove them by hand)"
+        workflow.logger.warning("model %s: %s", self._spec.name, detail)
+        self._set_status(active.new_set, self._set_of(active.new_set), detail)
+        if r.rollout is not None and r.rollout.workflow_id == active.workflow_id:
+            r.rollout = r.rollout.model_copy(update={"detail": detail})
+        self._upsert_state()
+
+    def _set_of(self, set_id: str) -> SetStatus:
+        found = self._find(set_id)
+        return found.status if found is not None else SetStatus.FAILED
 
     def _ended_without_result(self, active: ActiveRollout, how: str) -> RolloutResult:
         """The rollout did not end by its own rules (failed, terminated or cancelled from the
         Temporal UI): the model outlives it and says so."""
+        self._ended_outside = how
         return RolloutResult(
             state=RolloutState.FAILED,
+            outcome=RolloutOutcome.FAILED,
             apps=dict(self._record.serving_apps),
             generations=[],
             detail=f"{how}; needs attention: traffic may still be split between the sets "
@@ -617,6 +674,7 @@ class ModelWorkflow:
             detail=detail,
             workflow_id=child_id,
             steps=list(self._spec.rollout.steps),
+            updated_at=workflow.now(),
         )
 
     async def _delete(self) -> ModelWorkflowResult:
@@ -670,7 +728,9 @@ class ModelWorkflow:
         self._publish_details()
 
     def _publish_details(self) -> None:
+        """The UI's current details, and the time `get` is as of (no command: replay-safe)."""
         record = self._record
+        record.updated_at = workflow.now()
         lines = [f"**{self._state()}**, owner {self._spec.owner}"]
         lines.append(f"serving: {record.serving_set or 'nothing'}")
         if record.queued:
@@ -679,6 +739,9 @@ class ModelWorkflow:
             lines.append(f"placement revision {record.plan.revision}: {', '.join(_regions(record.plan))}")
         for s in record.sets[-5:]:
             lines.append(f"- {s.id} ({s.version}): {s.status}")
+        last = record.rollout
+        if last is not None and last.state.is_terminal:
+            lines.append(f"last rollout {last.workflow_id}: outcome {last.state.value}")
         checks = record.reconcile
         if checks.repairs or checks.failures:
             lines.append(

@@ -25,7 +25,10 @@ they can, then the rest once it is scaled back up), the old set returns to its f
 the new set's apps go last.
 
 Signals `pause`, `resume`, `abort`, `override_freeze`; query `status`. While paused, gates are still evaluated and
-a breach still rolls back; on resume the bake of the current step restarts. A freeze window
+a breach still rolls back; on resume the bake of the current step restarts. Temporal's cancellation
+(the UI's "Request Cancellation", `temporal workflow cancel`) is an abort: the rollout rolls back
+the same way, then ends `cancelled`. Whatever happened, the workflow completes (Temporal's green
+COMPLETED means "ran to its end"); its result's `outcome` says how. A freeze window
 (config `freeze_calendar`) refuses the start, and holds a running rollout at the end of its
 current step until the window ends; an explicit override (reason, who), given at publish (part
 of the input) or by the `override_freeze` signal, lets it go on and stays in the history.
@@ -36,6 +39,7 @@ traffic in one step.
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 from typing import Any
 
@@ -71,6 +75,7 @@ with workflow.unsafe.imports_passed_through():
         STATE_KEY,
         TRAFFIC_KEY,
         ModelWorkflowNames,
+        RolloutOutcome,
         RolloutWorkflowNames,
     )
     from ipnext.model import SnapshotSet
@@ -97,6 +102,9 @@ with workflow.unsafe.imports_passed_through():
     from ipnext.workflows.signals import NO_PAYLOAD, signal_input
 
 SERVING_CHECK_PATCH = "rollout-serving-check"  # runs started before bakes checked their serving
+# Runs started before a cancellation was an abort: cancelled, they end CANCELED as they did.
+CANCEL_ABORTS_PATCH = "rollout-cancel-aborts"
+CANCELLATION = "Temporal cancellation request"  # who, on the record, for a cancel from the UI or CLI
 BAKE_EXTENSION = 3  # too few requests: the bake may last up to this many times its length
 FREEZE_CALENDAR = "freeze calendar"
 UNKNOWN = "unknown (a signal with no readable payload)"  # who, on the record, for a bare pause or resume
@@ -148,6 +156,7 @@ class RolloutWorkflow:
                 freeze_override=input.freeze_override,
             )
         )
+        self._cancel_aborts = False  # set in `run`: a patched run treats a cancellation as abort
 
     def _history_full(self) -> bool:
         info = workflow.info()
@@ -244,15 +253,53 @@ class RolloutWorkflow:
             part_traffic=dict(p.part_traffic),
             repairs=p.repairs,
             last_repair=p.last_repair,
+            outcome=RolloutOutcome.of(p.state),
+            updated_at=p.updated_at,
         )
 
     # ---- the rollout -------------------------------------------------------------------------
 
     @workflow.run
     async def run(self, input: RolloutInput) -> RolloutResult:
+        self._cancel_aborts = workflow.patched(CANCEL_ABORTS_PATCH)
+        if not self._cancel_aborts:
+            return await self._run_and_report(input)
+        # The rollout runs in a task of its own, which Temporal's cancellation never reaches: it
+        # lands here (an asyncio.CancelledError in the workflow's main task) and becomes an abort,
+        # so the activity in flight finishes as it would have (a deploy or a weight change never
+        # half-cancelled), and the rollout stops and rolls back where an `abort` signal would.
+        rollout = asyncio.create_task(self._run_and_report(input))
+        while True:
+            try:
+                await workflow.wait([rollout])  # unlike shield, never logs the task's own failure
+                return rollout.result()
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is not None:
+                    task.uncancel()  # caught for good: later awaits must not see it again
+                self._cancel_requested()
+
+    async def _run_and_report(self, input: RolloutInput) -> RolloutResult:
         result = await self._run(input)
         await self._report(result)
         return result
+
+    def _cancel_requested(self) -> None:
+        """Temporal's cancellation: an abort by CANCELLATION (an abort signalled before it stands)."""
+        p = self._progress
+        reason = workflow.cancellation_reason() or "no reason given"
+        if p.state.is_terminal or p.abort is not None:
+            workflow.logger.warning(
+                "cancellation requested (%s): the rollout is %s%s",
+                reason,
+                p.state.value,
+                ", already aborted" if p.abort is not None else "",
+            )
+            return
+        p.abort = AbortInput(reason=f"cancellation requested: {reason}", who=CANCELLATION)
+        p.cancelled = True
+        workflow.logger.warning("rollout cancelled (%s): it rolls back as on abort", reason)
+        self._publish_details()
 
     async def _report(self, result: RolloutResult) -> None:
         """Tell the model how this rollout ended, by a signal to its workflow id: that reaches
@@ -290,6 +337,9 @@ class RolloutWorkflow:
             if old:
                 self._enter(RolloutState.RUNNING, "removing the old set")
                 await self._remove(old)
+            if p.abort is not None and self._cancel_aborts:
+                what = "a cancellation" if p.cancelled else f"an abort by {p.abort.who}"
+                p.detail = f"{what} came after the last bake: too late to roll back, the rollout completed"
             self._enter(RolloutState.COMPLETED, "done")
             return self._result(p.new_apps)
         except _Continue as at:
@@ -328,9 +378,11 @@ class RolloutWorkflow:
                 if step.index > 0 and start and self._paused():
                     # Paused between steps: hold this split, gates still judged, until resumed.
                     await self._bake(step.index - 1)
+                self._stop_if_aborted()
                 self._enter(self._running_or_paused(), f"{step.label}: scaling the new {what} up")
                 p.new_scales = steps.new_set_scales(step, parts)
                 p.new_apps = await self._deploy(input.new_set, input.plan, p.new_scales)
+                self._stop_if_aborted()
                 shifting = f"shifting {step.part}'s traffic" if step.part else "shifting traffic"
                 self._enter(self._running_or_paused(), f"{step.label}: {shifting}")
                 await self._shift(
@@ -387,7 +439,7 @@ class RolloutWorkflow:
                     started = workflow.now()
                     continue
             if p.abort is not None:
-                raise _Stop(RolloutState.ABORTED, f"aborted by {p.abort.who}: {p.abort.reason}")
+                raise self._aborted()
             if p.resumes != resumes:  # resumed: the bake of this step starts again
                 baseline = await self._read_metrics(regions)
                 started, resumes = workflow.now(), p.resumes
@@ -414,6 +466,7 @@ class RolloutWorkflow:
                 new_apps,
                 old_apps,
             )
+            self._publish_details()  # the readings are news: the status is as of now
             breached = [r.describe() for r in p.gates if r.breached]
             if breached:
                 raise _Stop(RolloutState.ROLLED_BACK, "gate breached: " + "; ".join(breached))
@@ -550,7 +603,22 @@ class RolloutWorkflow:
         p = self._progress
         await workflow.wait_condition(lambda: not self._paused() or p.abort is not None)
         if p.abort is not None:
-            raise _Stop(RolloutState.ABORTED, f"aborted by {p.abort.who}: {p.abort.reason}")
+            raise self._aborted()
+
+    def _aborted(self) -> _Stop:
+        """The stop an `abort` (or Temporal's cancellation, which is one) calls for."""
+        p = self._progress
+        if p.abort is None:  # only called once one is recorded
+            raise ApplicationError("no abort recorded", type="RolloutStateError", non_retryable=True)
+        if p.cancelled:
+            return _Stop(RolloutState.CANCELLED, f"cancelled ({p.abort.reason})")
+        return _Stop(RolloutState.ABORTED, f"aborted by {p.abort.who}: {p.abort.reason}")
+
+    def _stop_if_aborted(self) -> None:
+        """Between a step's activities: an abort (or a cancellation) recorded while one ran stops
+        the rollout before it moves more traffic. Runs from before this check went on to bake."""
+        if self._progress.abort is not None and self._cancel_aborts:
+            raise self._aborted()
 
     def _pause_by_ipnext(self, reason: str, detail: str) -> None:
         self._progress.pauses.append(PauseRecord(reason=reason, who=IPNEXT, at=workflow.now()))
@@ -719,8 +787,20 @@ class RolloutWorkflow:
 
     def _result(self, apps: dict[str, str]) -> RolloutResult:
         p = self._progress
+        outcome = RolloutOutcome.of(p.state)
+        if outcome is None:  # every path that returns a result has entered its end state
+            raise ApplicationError(
+                f"rollout of {self._input.new_set.id} ends in state {p.state.value}, not an end state",
+                type="RolloutStateError",
+                non_retryable=True,
+            )
         return RolloutResult(
-            state=p.state, apps=apps, generations=p.generations, detail=p.detail, status=self.status()
+            state=p.state,
+            outcome=outcome,
+            apps=apps,
+            generations=p.generations,
+            detail=p.detail,
+            status=self.status(),
         )
 
     def _set_traffic(self, percent: float, part: str | None = None) -> None:
@@ -757,11 +837,17 @@ class RolloutWorkflow:
         self._publish_details()
 
     def _publish_details(self) -> None:
+        """The UI's current details, and the time `status` is as of (no command: replay-safe)."""
         p = self._progress
+        p.updated_at = workflow.now()
         percents = [step.percent for step in self._steps]
         parts = ", ".join(f"{k}: {v:g}%" for k, v in p.part_traffic.items())
+        outcome = RolloutOutcome.of(p.state)
+        headline = f"**{p.state.value}**: {p.step}"
+        if outcome is not None:  # Temporal's badge says COMPLETED whatever happened: say how
+            headline = f"**outcome: {outcome.value}** (traffic on the {'new' if outcome == 'completed' else 'previous'} set): {p.step}"
         lines = [
-            f"**{p.state.value}**: {p.step}",
+            headline,
             f"steps done: {p.steps_done}/{len(percents)} of {percents}",
             "traffic: " + ", ".join(f"{k}: {v:g}%" for k, v in sorted(p.traffic_percent.items())),
             *([f"parts on the new set: {parts}"] if self._rolling else []),
@@ -775,6 +861,8 @@ class RolloutWorkflow:
             lines.append(f"serving repaired {p.repairs} time(s), last: {p.last_repair}")
         if p.freeze_override is not None:
             lines.append(f"freeze override by {p.freeze_override.who}: {p.freeze_override.reason}")
+        if p.cancelled and outcome is None:
+            lines.append("cancellation requested: rolling back as on abort")
         if p.detail:
             lines.append(p.detail)
         workflow.set_current_details("\n\n".join(lines))

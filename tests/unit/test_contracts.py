@@ -9,6 +9,7 @@ import pytest
 
 from ipnext.contracts import (
     PollTimeoutError,
+    RolloutOutcome,
     RolloutState,
     SetStatus,
     model_name_of,
@@ -16,6 +17,7 @@ from ipnext.contracts import (
     poll_until,
     wait_until,
 )
+from ipnext.registry import RolloutResult
 
 
 def test_a_model_id_round_trips_and_other_ids_are_refused() -> None:
@@ -38,6 +40,16 @@ def test_status_predicates() -> None:
     for state in RolloutState:
         if state.is_terminal and state != RolloutState.COMPLETED:
             assert SetStatus(state.value).never_serves
+    # Every end state names an outcome (a rollout's result says how it ended); a live one none.
+    assert {RolloutOutcome.of(s) for s in RolloutState if s.is_terminal} == set(RolloutOutcome)
+    assert all(RolloutOutcome.of(s) is None for s in RolloutState if not s.is_terminal)
+
+
+def test_a_result_recorded_before_outcomes_existed_reads_its_outcome_from_its_state() -> None:
+    old = {"state": "rolled_back", "apps": {"us-east": "app-1"}, "generations": [2, 3]}
+    assert RolloutResult.model_validate(old).outcome == RolloutOutcome.ROLLED_BACK
+    with pytest.raises(ValueError):  # a live state is no end: no result carries it
+        RolloutResult.model_validate({**old, "state": "running"})
 
 
 async def test_poll_until_returns_the_value_once_done_and_times_out_with_the_last() -> None:

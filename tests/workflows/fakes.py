@@ -98,6 +98,7 @@ class FakeServing:
         self.drift: list[str] = []
         self.reconcile_error: str | None = None
         self.reconcile_interval = 0.5
+        self.restored: list[tuple[str, str, int]] = []  # (region, app, generation) a check routed back
         self.lose_counters = False  # the next metrics read finds every counter gone (Ray restarted)
         self.corrupt: set[str] = set()  # sets whose pinned files fail their checksum
         self.verified: list[str] = []
@@ -191,6 +192,15 @@ class FakeServing:
         if self.reconcile_error is not None:
             raise ApplicationError(self.reconcile_error, non_retryable=True)
         repaired, self.drift = self.drift, []
+        if not input.routers:  # the model's check: like the real one, every router on its serving app
+            for region, app in sorted(input.apps.items()):
+                held = self.weights.get(region)
+                if held is not None and held != {app: 100.0}:
+                    self.generation += 1  # above the one the router holds
+                    self.weights[region] = {app: 100.0}
+                    self.counted.pop(region, None)
+                    self.restored.append((region, app, self.generation))
+                    repaired.append(f"router {region}: weights {held} differ from {{{app!r}: 100.0}}")
         generation = max(input.generation_floor, self.generation)
         return ReconcileResult(
             repaired=repaired,

@@ -5,8 +5,10 @@ traffic on the last good set, and rejected publishes changing nothing."""
 from __future__ import annotations
 
 import asyncio
+import sys
 import uuid
 from datetime import datetime, timedelta
+from pathlib import Path
 
 import pytest
 from temporalio import activity
@@ -65,9 +67,10 @@ async def test_publishes_during_a_rollout_queue_and_the_newest_wins(temporal: Cl
 
 
 async def test_a_rollout_terminated_or_cancelled_from_outside_never_fails_the_model(temporal: Client) -> None:
-    """The Temporal UI's Terminate and Request Cancellation on a running rollout: the model
-    workflow records the rollout as failed, needing attention, keeps the last good set, and
-    goes on to roll out the next publish."""
+    """The Temporal UI's Terminate and Request Cancellation on a running rollout (here in its
+    first deploy): the model workflow records a terminated rollout as failed, a cancelled one as
+    cancelled (it rolled back itself), keeps the last good set, and goes on to roll out the next
+    publish."""
     fake = FakeServing()
     fake.release["wf-model@2"] = asyncio.Event()  # both rollouts hang in their first deploy
     fake.release["wf-model@3"] = asyncio.Event()
@@ -84,14 +87,21 @@ async def test_a_rollout_terminated_or_cancelled_from_outside_never_fails_the_mo
                 await child.terminate(reason="from the UI")
             else:
                 await child.cancel()
+            if how == "cancelled":  # it waits for its deploy to finish, then rolls back
+                fake.release[set_id].set()
+            ended = {"terminated": "failed", "cancelled": "cancelled"}[how]
+            said = {"terminated": "routers", "cancelled": ""}[how]  # once the model put them back
             state = await until(
-                handle, lambda s, x=set_id: s.sets[-1].id == x and s.sets[-1].status == "failed"
+                handle,
+                lambda s, x=set_id, e=ended, w=said: (
+                    s.sets[-1].id == x and s.sets[-1].status == e and w in s.sets[-1].detail
+                ),
             )
             detail = state.sets[-1].detail
             if how == "terminated":  # ended with no word of its own: the model says what it knows
-                assert "was terminated" in detail and "needs attention" in detail, detail
-            else:  # a cancelled rollout sees its step cancelled, fails it and rolls back itself
-                assert "Cancelled" in detail or "was cancelled" in detail, detail
+                assert "was terminated" in detail and "routers were on wf-model@1 already" in detail, detail
+            else:
+                assert "cancelled (cancellation requested" in detail, detail
             assert state.serving_set == "wf-model@1" and state.serving_apps == {"us-east": "app-1"}
         await handle.execute_update("publish", request("v4"), result_type=PublishResult)
         state = await until(handle, lambda s: s.serving_set == "wf-model@4")
@@ -99,7 +109,7 @@ async def test_a_rollout_terminated_or_cancelled_from_outside_never_fails_the_mo
     assert [(s.id, s.status) for s in state.sets] == [
         ("wf-model@1", "retired"),
         ("wf-model@2", "failed"),
-        ("wf-model@3", "failed"),
+        ("wf-model@3", "cancelled"),
         ("wf-model@4", "serving"),
     ]
 
@@ -142,21 +152,33 @@ async def test_the_model_continues_as_new_mid_rollout_and_records_how_it_ended(
             await child.cancel()
         elif ending == "terminated":
             await child.terminate(reason="drill")
-        state = await until(handle, lambda s: s.sets[-1].status != "rolling_out", timeout=60)
+        state = await until(
+            handle,
+            lambda s: (
+                s.sets[-1].status != "rolling_out"
+                and (ending != "terminated" or "routers" in s.sets[-1].detail)
+            ),
+            timeout=60,
+        )
         assert (await handle.describe()).status == WorkflowExecutionStatus.RUNNING
         still = await model_run()
     expected = {
         "completed": ("serving", "wf-model@2"),
         "rolled_back": ("rolled_back", "wf-model@1"),
         "aborted": ("aborted", "wf-model@1"),
-        "cancelled": ("failed", "wf-model@1"),
+        "cancelled": ("cancelled", "wf-model@1"),
         "terminated": ("failed", "wf-model@1"),
     }[ending]
     assert (state.sets[-1].status, state.serving_set) == expected, state.sets[-1]
     assert state.state == "serving" and still != started_by
     assert state.rollout is not None and state.rollout.set_id == "wf-model@2"
-    if ending == "terminated":
-        assert "terminated" in state.sets[-1].detail and "needs attention" in state.sets[-1].detail
+    if ending == "terminated":  # mid-bake: the split is undone by the model
+        assert (
+            "terminated" in state.sets[-1].detail
+            and "routers put back on wf-model@1" in state.sets[-1].detail
+        )
+    if ending in ("terminated", "cancelled"):
+        assert fake.weights["us-east"] == {"app-1": 100.0}
     if ending == "completed":
         assert state.serving_apps == {"us-east": "app-2"} and state.rollout.generations == [2, 3]
     # Every run stayed near the limit: it continues once past it, with what is in flight done.
@@ -243,7 +265,7 @@ async def test_rejected_publish_changes_nothing(temporal: Client) -> None:
             await handle.execute_update("publish", request("v1"), result_type=PublishResult)
         assert "already published" in str(dup.value.cause)
         after: ModelState = await handle.query("get", result_type=ModelState)
-        unchecked = {"reconcile": None}  # the serving checks go on meanwhile
+        unchecked = {"reconcile": None, "updated_at": None}  # the serving checks go on meanwhile
         assert after.model_copy(update=unchecked) == before.model_copy(update=unchecked)
         # The next good publish still gets the next number: nothing was consumed by the rejects.
         result = await handle.execute_update("publish", request("v2"), result_type=PublishResult)
@@ -419,3 +441,78 @@ async def test_a_replan_that_only_changes_replica_counts_applies_in_place(tempor
     assert fake.scales == [("wf-model@1", 1, 1.0), ("wf-model@1", 1, 1.0)]
     assert state.serving_apps == {"us-east": "app-1"} and fake.removed == []
     assert all(r == {"us-east": {"app-1": 100.0}} for r in fake.routes)
+
+
+async def test_a_rollout_terminated_mid_bake_leaves_the_model_managed_on_the_serving_set(
+    temporal: Client,
+) -> None:
+    """Terminate (no rollback of its own) at a 50/50 split: the model workflow notices, puts the
+    routers back on the serving set at a generation above every one the rollout applied, says
+    so on the set and the rollout, and stays Running, ready for the next publish."""
+    fake = FakeServing()
+    worker, handle = await start(temporal, fake, with_rollout(steps=[50, 100], bake_seconds=30.0))
+    async with worker:
+        await handle.execute_update("publish", request("v1"), result_type=PublishResult)
+        await until(handle, lambda s: s.serving_set == "wf-model@1")
+        await handle.execute_update("publish", request("v2"), result_type=PublishResult)
+        split = await until_rollout(temporal, "wf-model@2", lambda s: "baking" in s.step)
+        assert fake.weights["us-east"] == {"app-1": 50.0, "app-2": 50.0}
+        child = temporal.get_workflow_handle(rollout_workflow_id("wf-model", "wf-model@2"))
+        await child.terminate(reason="drill")
+        state = await until(
+            handle, lambda s: s.sets[-1].status == "failed" and "routers" in s.sets[-1].detail
+        )
+        running = (await handle.describe()).status
+        await handle.execute_update("publish", request("v3"), result_type=PublishResult)
+        await until_rollout(temporal, "wf-model@3", lambda s: "baking" in s.step)  # the next one runs
+    assert running == WorkflowExecutionStatus.RUNNING
+    assert fake.restored and fake.restored[0][:2] == ("us-east", "app-1")
+    assert fake.restored[0][2] > max(split.generations), (fake.restored, split.generations)
+    detail = state.sets[-1].detail
+    assert "was terminated" in detail and "routers put back on wf-model@1" in detail, detail
+    assert state.rollout is not None and state.rollout.detail == detail
+    assert state.serving_set == "wf-model@1" and state.reconcile is not None and state.reconcile.repairs >= 1
+
+
+async def test_updates_without_or_with_a_malformed_payload_are_refused(temporal: Client) -> None:
+    """What the Temporal UI's "Execute Update" can send: no payload, or one of the wrong shape.
+    Each is refused by the update's validator with what it expected; no workflow task fails,
+    and the model goes on taking publishes."""
+    fake = FakeServing()
+    worker, handle = await start(temporal, fake)
+    binary = str(Path(sys.executable).parent / "temporal")
+    address = temporal.service_client.config.target_host
+
+    async def update(name: str, *payloads: str) -> tuple[int, str]:
+        inputs = [arg for payload in payloads for arg in ("--input", payload)]
+        proc = await asyncio.create_subprocess_exec(
+            binary,
+            *("workflow", "update", "execute", "--workflow-id", handle.id, "--name", name, *inputs),
+            *("--address", address),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(proc.communicate(), timeout=30)
+        return proc.returncode or 0, out.decode() + err.decode()
+
+    async with worker:
+        await until(handle, lambda s: s.plan is not None)
+        refused = {
+            "publish, none": await update("publish"),
+            "publish, malformed": await update("publish", '{"request": 5}'),
+            "publish, not an object": await update("publish", '"v1"'),
+            "delete, none": await update("delete"),
+            "delete, malformed": await update("delete", '{"who": 5, "why": "x"}'),
+        }
+        await handle.execute_update("publish", request("v1"), result_type=PublishResult)
+        state = await until(handle, lambda s: s.serving_set == "wf-model@1")
+        history = await handle.fetch_history()
+    for what, (code, text) in refused.items():
+        print(f"{what}: exit {code}: {text.strip()[:300]}")
+        assert code != 0, what
+        assert "UpdateInputError" in text or "Fix: send" in text, (what, text)
+    assert "no payload" in refused["publish, none"][1] and "PublishInput" in refused["publish, none"][1]
+    assert "request" in refused["publish, malformed"][1]
+    assert "DeleteInput" in refused["delete, none"][1]
+    failed = [e for e in history.events if e.HasField("workflow_task_failed_event_attributes")]
+    assert failed == [] and state.state == "serving"

@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 
-from ipnext.contracts import rollout_workflow_id
+from ipnext.contracts import STATE_KEY, RolloutOutcome, poll_until, rollout_workflow_id
 from ipnext.model import RouterSpec
-from ipnext.registry import PublishResult
+from ipnext.registry import PublishResult, RolloutResult
 from ipnext.rollout import FreezeOverride, FreezeWindow, PauseInput, ResumeInput, RolloutState
 
 from .fakes import FakeServing, request, start, until, until_rollout, with_rollout
@@ -417,3 +417,102 @@ async def test_a_pause_between_steps_holds_the_split_until_resumed(temporal: Cli
         await signal(temporal, "wf-model@2", "resume", '{"who": "oncall-a"}')
         done = await until_rollout(temporal, "wf-model@2", lambda s: s.state == RolloutState.COMPLETED)
     assert done.generations == [2, 3, 4] and done.pauses[0].resumed_by == "oncall-a"
+
+
+async def ended(client: Client, set_id: str) -> tuple[WorkflowExecutionStatus | None, RolloutResult]:
+    """The rollout of `set_id` once closed: its Temporal status and its result (whose outcome its
+    IpnextState search attribute, as described, names too)."""
+    handle = client.get_workflow_handle(rollout_workflow_id("wf-model", set_id), result_type=RolloutResult)
+    result = await asyncio.wait_for(handle.result(), timeout=60)
+    described = await handle.describe()
+    assert described.typed_search_attributes.get(STATE_KEY) == result.outcome.value
+    return described.status, result
+
+
+async def no_failed_tasks(client: Client, *workflow_ids: str) -> None:
+    for workflow_id in workflow_ids:
+        history = await client.get_workflow_handle(workflow_id).fetch_history()
+        failed = [e for e in history.events if e.HasField("workflow_task_failed_event_attributes")]
+        assert failed == [], (workflow_id, failed[:1])
+
+
+async def cancel_seen(client: Client, workflow_id: str) -> None:
+    """Once the workflow has run a task after its cancellation request."""
+
+    async def events() -> list[str]:
+        history = await client.get_workflow_handle(workflow_id).fetch_history()
+        return [e.WhichOneof("attributes") or "" for e in history.events]
+
+    def seen(names: list[str]) -> bool:
+        asked = "workflow_execution_cancel_requested_event_attributes"
+        return asked in names and "workflow_task_completed_event_attributes" in names[names.index(asked) :]
+
+    await poll_until(events, seen, timeout_s=30, interval_s=0.1, what="the cancellation handled")
+
+
+async def test_a_breached_or_aborted_rollout_completes_with_its_outcome(temporal: Client) -> None:
+    """Temporal's green COMPLETED means "ran to its end": the result, the status and the
+    IpnextState search attribute say how it ended."""
+    fake = FakeServing()
+    fake.bad_apps.add("app-2")
+    worker, handle = await start(temporal, fake, with_rollout(steps=[30, 100], bake_seconds=30.0))
+    async with worker:
+        await roll_out_v2(temporal, handle)
+        await until(handle, lambda s: s.sets[-1].status == "rolled_back")
+        rolled_back = await ended(temporal, "wf-model@2")
+        fake.bad_apps.clear()
+        await handle.execute_update("publish", request("v3"), result_type=PublishResult)
+        await until_rollout(temporal, "wf-model@3", lambda s: "baking" in s.step)
+        await signal(temporal, "wf-model@3", "abort", '{"reason": "drill", "who": "oncall-a"}')
+        state = await until(handle, lambda s: s.sets[-1].status == "aborted")
+        aborted = await ended(temporal, "wf-model@3")
+    for (status, result), outcome in (
+        (rolled_back, RolloutOutcome.ROLLED_BACK),
+        (aborted, RolloutOutcome.ABORTED),
+    ):
+        assert status == WorkflowExecutionStatus.COMPLETED
+        assert result.outcome == outcome and result.status is not None and result.status.outcome == outcome
+    assert state.rollout is not None and state.rollout.outcome == RolloutOutcome.ABORTED
+
+
+async def test_cancel_mid_bake_rolls_back_like_abort_and_completes_cancelled(temporal: Client) -> None:
+    """`temporal workflow cancel` (the UI's "Request Cancellation") on a baking rollout: it rolls
+    back as `abort` does (the routers end on the old set, the new set's apps go), then completes
+    with the outcome `cancelled`; the model records it and stays Running; no task failed."""
+    fake = FakeServing()
+    worker, handle = await start(temporal, fake, with_rollout(steps=[30, 100], bake_seconds=30.0))
+    rid = rollout_workflow_id("wf-model", "wf-model@2")
+    async with worker:
+        await roll_out_v2(temporal, handle, "baking")
+        await on_call(temporal, "workflow", "cancel", "--workflow-id", rid)
+        state = await until(handle, lambda s: s.sets[-1].status == "cancelled")
+        status, result = await ended(temporal, "wf-model@2")
+        model = (await handle.describe()).status
+        await no_failed_tasks(temporal, rid, handle.id)
+    assert status == WorkflowExecutionStatus.COMPLETED and model == WorkflowExecutionStatus.RUNNING
+    assert result.outcome == RolloutOutcome.CANCELLED and result.state == RolloutState.CANCELLED
+    assert "cancellation requested" in result.detail, result.detail
+    assert fake.routes[-1] == {"us-east": {"app-1": 100.0}} and fake.weights["us-east"] == {"app-1": 100.0}
+    assert fake.removed == ["app-2"]
+    assert state.serving_set == "wf-model@1" and state.serving_apps == {"us-east": "app-1"}
+    assert state.rollout is not None and state.rollout.state == RolloutState.CANCELLED
+
+
+async def test_cancel_during_a_deploy_lets_it_finish_and_moves_no_traffic(temporal: Client) -> None:
+    """A cancellation while a step's deploy runs never half-cancels it: the deploy finishes, the
+    rollout stops before it shifts any traffic, and rolls back."""
+    fake = FakeServing()
+    fake.release["wf-model@2"] = asyncio.Event()
+    worker, handle = await start(temporal, fake, with_rollout(steps=[30, 100], bake_seconds=30.0))
+    rid = rollout_workflow_id("wf-model", "wf-model@2")
+    async with worker:
+        await roll_out_v2(temporal, handle, "scaling the new set up")
+        await on_call(temporal, "workflow", "cancel", "--workflow-id", rid)
+        await cancel_seen(temporal, rid)
+        fake.release["wf-model@2"].set()
+        status, result = await ended(temporal, "wf-model@2")
+        await no_failed_tasks(temporal, rid)
+    assert status == WorkflowExecutionStatus.COMPLETED and result.outcome == RolloutOutcome.CANCELLED
+    assert fake.deployed.count("wf-model@2") == 1  # it ran to its end
+    assert all("app-2" not in r["us-east"] for r in fake.routes)  # no traffic ever moved
+    assert fake.removed == ["app-2"]
