@@ -24,6 +24,7 @@ from ipnext.contracts import model_workflow_id, poll_until, rollout_workflow_id
 from ipnext.devstack import DevStack
 from ipnext.examples.click_ranker.train import poisoned_copy
 from ipnext.model import GateSpec
+from ipnext.registry import RolloutResult
 from ipnext.rollout import RolloutState
 from ipnext.sdk import Client
 from ipnext.serving.control import connect
@@ -283,7 +284,7 @@ async def the_temporal_uis_doors(stack: Settings, client: Client, model_name: st
             f"{back_at - door_at:.1f} s later, {len(load.answers)} answers, none failed; {ended[door]}"
         )
         if door == "cancel":  # rolled back like abort, then ended: COMPLETED, outcome cancelled
-            result = await client.temporal.get_workflow_handle(rollout_id).result()
+            result = await client.temporal.get_workflow_handle(rollout_id, result_type=RolloutResult).result()
             assert described.status == WorkflowExecutionStatus.COMPLETED and result.outcome == "cancelled"
             assert state.sets[-1].status == "cancelled"
         else:
