@@ -273,6 +273,19 @@ async def the_temporal_uis_doors(stack: Settings, client: Client, model_name: st
                     what=f"the routers back on {serving} after the {door}",
                 )
             back_at = load.elapsed()
+            # The model records what it did once its serving check ran (a terminate) or the
+            # rollout reported its end (a cancel).
+            state = await poll_until(
+                lambda: client.get_model(model_name),
+                lambda m, door=door: (
+                    "put back" in m.sets[-1].detail
+                    if door == "terminate"
+                    else m.sets[-1].status == "cancelled"
+                ),
+                timeout_s=60,
+                interval_s=0.3,
+                what=f"the model to record the routers after the {door}",
+            )
             await asyncio.sleep(2.0)
         after = [a for a in load.answers if a.at >= back_at + 0.5]
         assert after and all(a.set == serving for a in after), after[:3]
