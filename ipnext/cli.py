@@ -1,7 +1,7 @@
 """The `ipnext` command line: the SDK's verbs plus the dev stack and the demo.
 
 ipnext dev up|down|status | hold|release NAME [--why W]
-ipnext model publish FILE | get NAME | list | adopt NAME | delete NAME
+ipnext model publish FILE | get NAME | demand NAME [--window S] | list | adopt NAME | delete NAME
 ipnext snapshot publish MODEL FOLDER [--wait [--timeout S]] [--override-freeze REASON --who NAME]
 ipnext rollout status|watch MODEL | pause|abort|override-freeze MODEL --reason R [--who W] | resume MODEL
 ipnext predict MODEL --inputs JSON [--source REGION | --region REGION] [--key KEY]
@@ -61,6 +61,18 @@ def _model(args: argparse.Namespace, settings: Settings) -> None:
         state, fresh = asyncio.run(_with_client(settings, get))
         _print_json(state)
         print(fresh.describe(), file=sys.stderr)  # stdout stays JSON
+    elif args.verb == "demand":
+        view = asyncio.run(_with_client(settings, lambda c: c.model_demand(args.name, args.window)))
+        print(
+            f"{view.model}: observed over {view.window_seconds:g} s windows, "
+            f"{view.history_seconds:.0f} s of history, from routers in {', '.join(view.regions) or 'no region'}"
+        )
+        print(f"{'source':16} {'declared qps':>12} {'now qps':>9} {'peak qps':>9} {'requests':>9}")
+        for source, seen in view.sources.items():
+            declared = "-" if seen.declared_qps is None else f"{seen.declared_qps:g}"
+            print(
+                f"{source:16} {declared:>12} {seen.rate_qps:>9.2f} {seen.peak_qps:>9.2f} {seen.requests:>9}"
+            )
     elif args.verb == "list":
 
         async def both(c: Any) -> tuple[list[Any], list[Any]]:
@@ -483,6 +495,9 @@ def _parser() -> argparse.ArgumentParser:
     msub = model.add_subparsers(dest="verb", required=True)
     msub.add_parser("publish", help="register a model from its model.yaml").add_argument("file", type=Path)
     msub.add_parser("get", help="a model's state as JSON").add_argument("name")
+    demand = msub.add_parser("demand", help="declared against observed demand, per source region")
+    demand.add_argument("name")
+    demand.add_argument("--window", type=float, default=60.0, help="seconds per window (default 60)")
     msub.add_parser("list", help="registered models")
     msub.add_parser("delete", help="tear down serving and delete the model").add_argument("name")
     msub.add_parser(

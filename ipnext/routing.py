@@ -22,6 +22,7 @@ __all__ = [
     "Routes",
     "RoutingDocument",
     "RoutingTable",
+    "demand_path",
     "pick_region",
     "predict_path",
     "routes_from_plan",
@@ -85,6 +86,11 @@ def routing_model_of(path: str, root_path: str = "") -> str | None:
 def predict_path(model: str, region: str) -> str:
     """The model's predict route in a serving region (its router app there)."""
     return f"/{region}/models/{model}/predict"
+
+
+def demand_path(model: str, region: str) -> str:
+    """The model's observed demand in a serving region, by source (its router app there)."""
+    return f"/{region}/models/{model}/demand"
 
 
 def routes_from_plan(model: str, plan: Plan) -> Routes:

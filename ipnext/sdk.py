@@ -15,6 +15,7 @@ Errors are ipnext errors (ipnext.errors), translated from Temporal and HTTP at t
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
@@ -55,6 +56,7 @@ from ipnext.contracts import (
     poll_until,
     validate_workflow_id,
 )
+from ipnext.demand import ModelDemand, model_demand
 from ipnext.entry.prediction import AsyncPredictionClient, Prediction, PredictionClient
 from ipnext.errors import (
     IpnextError,
@@ -496,6 +498,18 @@ class Client:
     def predict_stream(self, name: str, inputs: Any, **where: str | None) -> AsyncIterator[Prediction]:
         """`AsyncPredictionClient.predict_stream` (same keywords): the answer piece by piece."""
         return self.predictions.predict_stream(name, inputs, **where)
+
+    async def model_demand(self, name: str, window_seconds: float = 60.0) -> ModelDemand:
+        """The model's declared demand (`traffic.peak_qps`) against what its callers sent, per
+        source, over windows of `window_seconds`, summed over every region that serves it."""
+        state = await self.get_model(name)
+        regions = sorted(set(state.serving_apps) | set(state.spec.traffic.peak_qps))
+        reports = {}
+        for region in regions:
+            report = await self.predictions.demand(name, region, window_seconds)
+            if report is not None:
+                reports[region] = report
+        return model_demand(name, dict(state.spec.traffic.peak_qps), reports, time.time(), window_seconds)
 
     # ---- helpers -------------------------------------------------------------------------
 

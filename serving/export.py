@@ -23,7 +23,12 @@ METRICS_PUSH_SECONDS = 1.0
 _BOUNDARIES = list(LATENCY_LAYOUT.bounds())
 
 
-async def push_forever(actor_name: str, replica: str, payload: Callable[[], dict[str, Any]]) -> None:
+async def push_forever(
+    actor_name: str,
+    replica: str,
+    payload: Callable[[], dict[str, Any]],
+    demand: Callable[[], dict[str, int]] | None = None,
+) -> None:
     """Push this replica's cumulative counters (set app -> SetCounters) to a model's metrics
     actor every second, until the actor is gone.
 
@@ -47,6 +52,8 @@ async def push_forever(actor_name: str, replica: str, payload: Callable[[], dict
         await asyncio.sleep(METRICS_PUSH_SECONDS)
         try:
             await actor.push.remote(replica, payload())  # type: ignore[attr-defined]
+            if demand is not None:  # a router's requests by source (ipnext.demand)
+                await actor.push_demand.remote(replica, demand())  # type: ignore[attr-defined]
         except ray.exceptions.RayActorError:
             return  # the next request or reconfigure starts a new pusher
 
@@ -55,16 +62,23 @@ class CounterPusher:
     """One replica's `push_forever` task, started (again, once the metrics actor went away) by
     `ensure_running`, which a replica calls on each request or reconfigure."""
 
-    def __init__(self, actor_name: str, replica: str, payload: Callable[[], dict[str, Any]]) -> None:
+    def __init__(
+        self,
+        actor_name: str,
+        replica: str,
+        payload: Callable[[], dict[str, Any]],
+        demand: Callable[[], dict[str, int]] | None = None,
+    ) -> None:
         self._actor_name = actor_name
         self._replica = replica
         self._payload = payload
+        self._demand = demand
         self._task: asyncio.Task[None] | None = None
 
     def ensure_running(self) -> None:
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(
-                push_forever(self._actor_name, self._replica, self._payload)
+                push_forever(self._actor_name, self._replica, self._payload, self._demand)
             )
 
 

@@ -1,15 +1,18 @@
 """The metrics store: the detached actor per (model, region) that router replicas and
 self-measuring parts push their cumulative counters to (`ipnext.counters`), and that rollout
-gates read and diff."""
+gates read and diff; routers also push their requests by source, its observed demand
+(`ipnext.demand`)."""
 
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from pydantic import ValidationError
 
 from ipnext.counters import LATENCY_LAYOUT, MetricsSnapshot, SetCounters, percentile
+from ipnext.demand import DemandHistory, demand_report
 
 __all__ = [
     "LATENCY_LAYOUT",
@@ -27,6 +30,16 @@ class MetricsStore:
 
     def __init__(self) -> None:
         self._by_replica: dict[str, dict[str, SetCounters]] = {}
+        # Lost with the actor (it restarts empty): the routers' next pushes count from zero.
+        self._demand = DemandHistory()
+
+    def push_demand(self, replica: str, counts: dict[str, int]) -> None:
+        """A router replica's cumulative requests by source."""
+        self._demand.record(replica, {str(k): int(v) for k, v in counts.items()}, time.time())
+
+    def demand(self, window_seconds: float = 60.0) -> dict[str, Any]:
+        """The `ipnext.demand.DemandReport` of this (model, region), over windows of that length."""
+        return demand_report(self._demand, time.time(), window_seconds).model_dump(mode="json")
 
     def push(self, replica: str, counters: dict[str, dict[str, Any]]) -> None:
         # Counters are cumulative per replica, so the latest push replaces the previous one. A

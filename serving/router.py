@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import ray
 from ray import serve
 from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
@@ -23,12 +24,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
 from ipnext.counters import SetCounters
+from ipnext.demand import SOURCE_HEADER, valid_source
 from ipnext.errors import PartInputError
 from ipnext.model import DAG_INPUT, DAG_OUTPUT
 from ipnext.rollout import RouterConfig
 from ipnext.serving.choices import FallbackReason, VariantRouter, variant_label
 from ipnext.serving.export import CounterPusher, RouterPrometheus
 from ipnext.serving.layout import (
+    RAY_NAMESPACE,
     ROUTER_DEPLOYMENT,
     SET_DEPLOYMENT,
     RouterAppArgs,
@@ -92,10 +95,12 @@ class Router:
         self._routes: dict[str, _SetRoute] = {}
         self._rng = random.Random()
         self._counters: dict[str, SetCounters] = {}
+        self._demand: dict[str, int] = {}  # requests admitted, by the caller's source region
         self._pusher = CounterPusher(
             metrics_actor_name(args.model, args.region),
             f"{os.getpid()}-{id(self)}",
             lambda: {a: c.model_dump() for a, c in self._counters.items()},
+            lambda: dict(self._demand),
         )
         self._prometheus = RouterPrometheus()
 
@@ -138,14 +143,20 @@ class Router:
         status, never a traceback: the details go to this replica's log under the error id."""
         try:
             path = request.url.path.rstrip("/")
+            if request.method == "GET" and path.endswith("/demand"):
+                return await self._demand_answer(request)
             if request.method == "GET" and not path.endswith("/predict"):
                 return JSONResponse(self.state())
             if request.method != "POST" or not path.endswith("/predict"):
                 return _answer(*_refusal(404, "use POST .../predict"))
+            source = request.headers.get(SOURCE_HEADER) or self._region
+            if not valid_source(source):
+                return _answer(*_refusal(400, f"{SOURCE_HEADER}: {source[:80]!r} is not a region name"))
             try:
                 body = parse_request_body(await self._read_body(request), self._limits.max_json_depth)
             except BodyError as err:  # the caller's mistake: never counted against a set
                 return _answer(*_refusal(err.status, err.message))
+            self._demand[source] = self._demand.get(source, 0) + 1  # admitted: observed demand
             if body.get("stream"):
                 return StreamingResponse(
                     self._stream_events(body["inputs"], body.get("key")), media_type="text/event-stream"
@@ -153,6 +164,25 @@ class Router:
             return _answer(*await self.predict(body["inputs"], body.get("key")))
         except Exception as err:  # a bug of the router itself: say so without its insides
             return _answer(*_server_failure(500, "the router failed", err))
+
+    async def _demand_answer(self, request: Request) -> JSONResponse:
+        """GET .../demand[?window_seconds=60]: this region's observed demand by source, from the
+        model's metrics actor (`ipnext.demand.DemandReport`)."""
+        raw = request.query_params.get("window_seconds", "60")
+        try:
+            window = float(raw)
+        except ValueError:
+            window = -1.0
+        if not 0 < window <= 86_400:
+            return _answer(
+                *_refusal(400, f"window_seconds: {raw[:40]!r} is not a number of seconds in (0, 86400]")
+            )
+        try:
+            store = ray.get_actor(metrics_actor_name(self._model, self._region), namespace=RAY_NAMESPACE)
+            report: dict[str, Any] = await asyncio.wait_for(store.demand.remote(window), timeout=10)
+        except (ValueError, TimeoutError, ray.exceptions.RayError) as err:  # no actor yet, or it died
+            return _answer(*_server_failure(503, "no demand recorded in this region yet", err))
+        return JSONResponse(report)
 
     async def _read_body(self, request: Request) -> bytes:
         """The body, refused with 413 past `max_body_bytes` before it is read whole (a declared

@@ -26,6 +26,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ipnext.config import Settings, load_settings
+from ipnext.demand import SOURCE_HEADER, DemandReport
 from ipnext.errors import (
     PredictionBadRequestError,
     PredictionDeadlineError,
@@ -35,7 +36,7 @@ from ipnext.errors import (
     PredictionServerError,
     PredictionTransportError,
 )
-from ipnext.routing import RoutingDocument, pick_region, predict_path, routing_path
+from ipnext.routing import RoutingDocument, demand_path, pick_region, predict_path, routing_path
 
 __all__ = ["AsyncPredictionClient", "Prediction", "PredictionClient"]
 
@@ -101,6 +102,21 @@ class AsyncPredictionClient:
             raise _transport_error(err, model, None, self.url) from None
         return self._store(model, response)
 
+    async def demand(self, model: str, region: str, window_seconds: float = 60.0) -> DemandReport | None:
+        """The model's observed demand in one serving region, by source; None where no router of
+        it answers there or it recorded nothing yet."""
+        try:
+            response = await self._http.get(
+                demand_path(model, region), params={"window_seconds": window_seconds}
+            )
+        except httpx.TransportError as err:
+            raise _transport_error(err, model, region, self.url) from None
+        if response.status_code in (404, 503):
+            return None
+        if response.status_code != 200:
+            raise _status_error(response, model, region)
+        return DemandReport.model_validate(response.json())
+
     async def predict(
         self,
         model: str,
@@ -114,10 +130,10 @@ class AsyncPredictionClient:
         `key` makes both the region and the set sticky for that key."""
         body = _body(inputs, key)
         target = region or self._region(await self.routing(model), source, key)
-        response = await self._post(model, target, body)
+        response = await self._post(model, target, body, source)
         if response.status_code == 404 and region is None:
             target = self._region(await self.routing(model, refresh=True), source, key)
-            response = await self._post(model, target, body)
+            response = await self._post(model, target, body, source)
         return _prediction(response, model, target)
 
     async def predict_stream(
@@ -136,7 +152,9 @@ class AsyncPredictionClient:
         target = region or self._region(await self.routing(model), source, key)
         for attempt in range(2):
             try:
-                async with self._http.stream("POST", predict_path(model, target), json=body) as response:
+                async with self._http.stream(
+                    "POST", predict_path(model, target), json=body, headers=_source_header(source)
+                ) as response:
                     if response.status_code == 404 and region is None and attempt == 0:
                         target = self._region(await self.routing(model, refresh=True), source, key)
                         continue
@@ -151,9 +169,13 @@ class AsyncPredictionClient:
             except httpx.TransportError as err:
                 raise _transport_error(err, model, target, self.url) from None
 
-    async def _post(self, model: str, region: str, body: dict[str, Any]) -> httpx.Response:
+    async def _post(
+        self, model: str, region: str, body: dict[str, Any], source: str | None
+    ) -> httpx.Response:
         try:
-            return await self._http.post(predict_path(model, region), json=body)
+            return await self._http.post(
+                predict_path(model, region), json=body, headers=_source_header(source)
+            )
         except httpx.TransportError as err:
             raise _transport_error(err, model, region, self.url) from None
 
@@ -254,6 +276,11 @@ def _body(inputs: Any, key: str | None) -> dict[str, Any]:
     if key is not None:
         body["key"] = key
     return body
+
+
+def _source_header(source: str | None) -> dict[str, str]:
+    """The caller's source region, by which routers count observed demand (ipnext.demand)."""
+    return {SOURCE_HEADER: source} if source else {}
 
 
 def _error_class(status: int) -> type[PredictionError]:

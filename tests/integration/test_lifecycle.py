@@ -127,6 +127,17 @@ async def test_publish_serve_predict_then_second_set(
         assert areply == reply
         with pytest.raises(PredictionBadRequestError):
             await aserving.predict(model_name, {"nope": 1}, region="us-east")
+    # Observed demand: the router counted every request it admitted by its caller's source.
+    demand = await poll_until(
+        lambda: client.model_demand(model_name, window_seconds=5),
+        lambda d: "us-east" in d.sources and d.sources["us-east"].requests >= 4,
+        timeout_s=30,
+        interval_s=0.5,
+        what="the requests so far in the model's observed demand",
+    )
+    east = demand.sources["us-east"]
+    print(f"observed demand: {east.requests} requests from us-east, declared {east.declared_qps} qps")
+    assert demand.regions == ["us-east"] and east.declared_qps == spec.traffic.peak_qps["us-east"]
 
     folder2, _ = train_version(stack, model_name, "v2", seed=2)
     # The second set rolls out step by step (the example's 10/50/100) under a closed-loop load.

@@ -247,3 +247,16 @@ async def test_a_bug_in_the_router_itself_answers_500_without_its_insides(build:
     answer = json.loads(response.body)
     assert response.status_code == 500 and answer["message"].startswith("the router failed (error_id ")
     assert "srv" not in response.body.decode()
+
+
+async def test_requests_are_counted_by_the_callers_source_region(build: Any) -> None:
+    """Observed demand (ipnext.demand): the SDK's `x-ipnext-source`, else the router's region;
+    a header that is not a region name is refused and counted nowhere."""
+    router, _, _ = build(reply({"u": 1}), reply([0.5]))
+    body = b'{"inputs": {"user": 1}}'
+    for headers in ({"x-ipnext-source": "eu-west"}, {"x-ipnext-source": "eu-west"}, {}):
+        assert (await router(request(body, headers))).status_code == 200
+    refused = await router(request(body, {"x-ipnext-source": "../etc/passwd"}))
+    assert refused.status_code == 400 and json.loads(refused.body)["message"].startswith("x-ipnext-source:")
+    await router(request(b'{"inputs": NaN}', {"x-ipnext-source": "ap-south"}))  # refused at the door
+    assert router._demand == {"eu-west": 2, "us-east": 1}

@@ -53,6 +53,7 @@ class FakeServing:
     streams: dict[tuple[str, str], list[dict[str, Any]]] = field(default_factory=dict)
     fetches: int = 0
     posts: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # (region, body)
+    sources: list[str | None] = field(default_factory=list)  # each post's x-ipnext-source header
     down: bool = False
 
     def route(self, routes: dict[str, dict[str, float]], generation: int = 1) -> None:
@@ -74,6 +75,7 @@ class FakeServing:
         region, _, model, _ = path.strip("/").split("/")
         body = json.loads(request.content)
         self.posts.append((region, body))
+        self.sources.append(request.headers.get("x-ipnext-source"))
         if body.get("stream"):
             pieces = self.streams.get((region, model))
             if pieces is None:
@@ -125,7 +127,11 @@ def test_a_prediction_is_typed_and_names_the_region_the_source_is_routed_to(serv
         assert reply.set == f"{MODEL}@1" and reply.parts == {"dense": f"{MODEL}/dense@v1"}
         assert reply.variant is None
         assert client.predict(MODEL, {"user": 1}, source="us-east").region == "us-east"
+        client.predict(MODEL, {"user": 1}, region="us-east")
     assert serving.fetches == 1  # one document serves both sources
+    # The caller's source rides along, so routers count observed demand by source (none: the
+    # router counts its own region).
+    assert serving.sources == ["eu-west", "us-east", None]
 
 
 async def test_the_async_client_answers_the_same(serving: FakeServing) -> None:
