@@ -79,20 +79,25 @@ def _refused(done: subprocess.CompletedProcess[str], field: str, why: str) -> No
     assert lines[0].startswith("ipnext: ") and field in lines[0] and why in lines[0], lines[0]
 
 
-async def _model_status(temporal: Client) -> WorkflowExecutionStatus | None:
-    """The status of `model/<NAME>`; None when no such workflow was ever started."""
+async def _latest_run(temporal: Client) -> tuple[str, WorkflowExecutionStatus | None] | None:
+    """The run id and status of `model/<NAME>`'s latest run; None when none was ever started.
+    Other workflow tests use the same name (the fakes place its part), and leave closed runs."""
     try:
-        return (await temporal.get_workflow_handle(model_workflow_id(NAME)).describe()).status
+        described = await temporal.get_workflow_handle(model_workflow_id(NAME)).describe()
     except RPCError as err:
         if err.status == RPCStatusCode.NOT_FOUND:
             return None
         raise
+    return described.run_id or "", described.status
 
 
 async def test_poison_specs_are_refused_at_publish_and_the_name_stays_usable(
     temporal: Client, tmp_path: Path
 ) -> None:
-    assert await _model_status(temporal) is None, "another test registered this name"
+    before = await _latest_run(temporal)
+    assert before is None or before[1] != WorkflowExecutionStatus.RUNNING, (
+        "another test left this name running"
+    )
     queue = f"poison-{uuid.uuid4().hex[:8]}"
     checked: list[str] = []  # every spec the worker was asked to check
 
@@ -113,12 +118,14 @@ async def test_poison_specs_are_refused_at_publish_and_the_name_stays_usable(
             print(f"peak_qps {peak}: exit {done.returncode}: {done.stderr.strip()}")
             _refused(done, "traffic.peak_qps.us-east", why)
             # Refused before any workflow started: not the model's, not even the worker's check.
-            assert checked == [] and await _model_status(temporal) is None
+            assert checked == [] and await _latest_run(temporal) == before
 
         done = await _cli(temporal, queue, "model", "publish", str(_spec_file(tmp_path, "good", "10")))
         assert done.returncode == 0, done.stderr
         assert f"model {NAME} registered" in done.stdout, done.stdout
-        assert checked == [NAME] and await _model_status(temporal) == WorkflowExecutionStatus.RUNNING
+        registered = await _latest_run(temporal)
+        assert checked == [NAME] and registered is not None and registered != before
+        assert registered[1] == WorkflowExecutionStatus.RUNNING
 
         for version in ("v2\u00e9", "\u0432\u0435\u0440\u0441\u0438\u044f-1"):
             done = await _cli(
