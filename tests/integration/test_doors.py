@@ -33,7 +33,10 @@ from .load import Load
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
-DEADLINE_S = 2.0  # the model's router.deadline_seconds in this drill (30 s by default)
+# The model's router.deadline_seconds in this drill (30 s by default): above what an admitted
+# request takes under the overload phase on a loaded 2-core CI machine (up to 2.3 s seen), so
+# only the hung canary reaches it.
+DEADLINE_S = 5.0
 OVERLOAD_S = 8.0  # the overload phase (bench/doors.py runs it for 60 s)
 MAX_ONGOING, MAX_QUEUED = 8, 8
 OVERLOAD_CLIENTS = 48  # closed loop, six times what the router admits
@@ -193,7 +196,7 @@ async def test_doors_poison_inputs_overload_a_hung_canary_and_a_killed_router(
 
     # ---- a canary that hangs on some inputs: 504 within the deadline, counted, rolled back -----
     bad = poisoned_copy(stack.snapshot_roots[0], model_name, "v2-hangs", good)
-    async with Load(stack.serve_url, path) as load:
+    async with Load(stack.serve_url, path, workers=8) as load:  # hung calls hold a caller each
         published = await client.publish_snapshot(model_name, bad)
         state = await until_rolled_back(client, model_name)
         rolled_back_at = load.elapsed()
