@@ -49,6 +49,18 @@ def counters(model: str, app: str) -> SetCounters:
     return snapshot.sets.get(app, SetCounters())
 
 
+async def counted(model: str, app: str, at_least: int, what: str) -> SetCounters:
+    """The set app's counters once they count at least `at_least` requests (routers push every
+    second)."""
+    return await poll_until(
+        lambda: asyncio.to_thread(counters, model, app),
+        lambda now: now.requests >= at_least,
+        timeout_s=30,
+        interval_s=0.5,
+        what=what,
+    )
+
+
 def rss_kib(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -126,13 +138,7 @@ async def test_doors_poison_inputs_overload_a_hung_canary_and_a_killed_router(
             assert "Traceback" not in reply.text and "File " not in reply.text
         goods = [await http.post(path, json={"inputs": {"user": u, "items": [1, 2]}}) for u in range(5)]
         assert [g.status_code for g in goods] == [200] * 5
-    after = await poll_until(
-        lambda: asyncio.to_thread(counters, model_name, app),
-        lambda now: now.requests >= before.requests + 5,
-        timeout_s=30,
-        interval_s=0.5,
-        what="the five good requests counted",
-    )
+    await counted(model_name, app, before.requests + 5, "the five good requests counted")
     await asyncio.sleep(1.5)  # one more push: a counted 400 would show by now
     after = counters(model_name, app)
     print(
@@ -149,13 +155,7 @@ async def test_doors_poison_inputs_overload_a_hung_canary_and_a_killed_router(
             assert (
                 await http.post(path, json={"inputs": {"user": u, "items": [1, 2, 3]}})
             ).status_code == 200
-    gate = await poll_until(
-        lambda: asyncio.to_thread(counters, model_name, app),
-        lambda now: now.requests >= after.requests + 60,
-        timeout_s=30,
-        interval_s=0.5,
-        what="the 60 requests counted",
-    )
+    gate = await counted(model_name, app, after.requests + 60, "the 60 requests counted")
     observed = sum(gate.histograms["latency_ms"])
     scraped = await poll_until(
         lambda: asyncio.to_thread(scrape_latency, metrics_url, model_name, app),

@@ -28,7 +28,7 @@ from ipnext.serving.llm.model import Decoder, DecoderConfig
 from ipnext.serving.llm.text import TOKENIZER_TENSOR, TextCodec
 from ipnext.snapshots import load_weights
 
-from .test_doors import counters
+from .test_doors import counted, counters
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
@@ -126,13 +126,8 @@ async def test_llm_streams_frees_cancelled_blocks_and_rolls_out_under_streaming_
         # A request that cannot run is the caller's mistake: 400 with the field, not a set error.
         connect(stack.ray_address())
         app = f"{model_name}.us-east.s1.r1"
-        before = await poll_until(  # the two answers above counted: nothing else moves it now
-            lambda: asyncio.to_thread(counters, model_name, app),
-            lambda now: now.requests >= 2,
-            timeout_s=30,
-            interval_s=0.5,
-            what="the answers so far counted",
-        )
+        # The two answers above counted: nothing else moves the counters now.
+        before = await counted(model_name, app, 2, "the answers so far counted")
         bad = await http.post(path, json={"inputs": {"prompt": "hi", "max_tokens": 0}})
         assert bad.status_code == 400 and bad.json()["message"].startswith("inputs.max_tokens"), bad.text
         too_long = await http.post(path, json={"inputs": {"prompt": "hi", "max_tokens": 5000}})
@@ -146,13 +141,7 @@ async def test_llm_streams_frees_cancelled_blocks_and_rolls_out_under_streaming_
         tiny = {"prompt": "two plus three is", "max_tokens": 16, "temperature": 1e-45}
         greedy = (await http.post(path, json={"inputs": tiny})).json()
         assert greedy["outputs"]["text"] == expected, greedy
-        await poll_until(
-            lambda: asyncio.to_thread(counters, model_name, app),
-            lambda now: now.requests >= before.requests + 1,
-            timeout_s=30,
-            interval_s=0.5,
-            what="the greedy answer counted",
-        )
+        await counted(model_name, app, before.requests + 1, "the greedy answer counted")
         await asyncio.sleep(1.5)  # one more push: a counted refusal would show by now
         after = await asyncio.to_thread(counters, model_name, app)
         print(
