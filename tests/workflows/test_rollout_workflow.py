@@ -240,7 +240,8 @@ async def test_counters_lost_mid_bake_check_serving_at_once(temporal: Client) ->
         checks = len(fake.reconciled)
         fake.drift = ["app-2: lost (the writer holds none)"]
         fake.lose_counters = True
-        repaired = await until_rollout(temporal, "wf-model@2", lambda s: s.repairs == 1, timeout=10)
+        # At that read, well within the hour to the next interval (30 s: a loaded CI took over 10).
+        repaired = await until_rollout(temporal, "wf-model@2", lambda s: s.repairs == 1)
         await rollout(temporal).signal("resume", ResumeInput(who="test"))
         done = await until_rollout(temporal, "wf-model@2", lambda s: s.state == RolloutState.COMPLETED)
     first = fake.reconciled[checks]  # the check right after the lost counters: still at 30%
