@@ -104,6 +104,8 @@ with workflow.unsafe.imports_passed_through():
 SERVING_CHECK_PATCH = "rollout-serving-check"  # runs started before bakes checked their serving
 # Runs started before a cancellation was an abort: cancelled, they end CANCELED as they did.
 CANCEL_ABORTS_PATCH = "rollout-cancel-aborts"
+# Runs started before a bake read its baseline ahead of its first serving check replay the old order.
+BASELINE_FIRST_PATCH = "bake-baseline-first"
 CANCELLATION = "Temporal cancellation request"  # who, on the record, for a cancel from the UI or CLI
 BAKE_EXTENSION = 3  # too few requests: the bake may last up to this many times its length
 FREEZE_CALENDAR = "freeze calendar"
@@ -425,8 +427,19 @@ class RolloutWorkflow:
             if frozen is None:
                 p.freeze_hold = False
                 self._close_pause(FREEZE_CALENDAR)
-        next_check = workflow.now() + await self._check_serving()
-        baseline = await self._read_metrics(regions)
+        if workflow.patched(BASELINE_FIRST_PATCH):
+            # The window's first read, then the serving check: counters lost after the read are
+            # seen by the next read (`_counters_lost`), lost before it by this check, which
+            # repairs and takes the read again. Checked first, a loss in between went unseen
+            # until the next interval.
+            baseline = await self._read_metrics(regions)
+            before = p.repairs
+            next_check = workflow.now() + await self._check_serving()
+            if p.repairs != before:
+                baseline = await self._read_metrics(regions)
+        else:
+            next_check = workflow.now() + await self._check_serving()
+            baseline = await self._read_metrics(regions)
         last = baseline
         started, resumes = workflow.now(), p.resumes
         while True:

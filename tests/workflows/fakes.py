@@ -100,6 +100,9 @@ class FakeServing:
         self.reconcile_interval = 0.5
         self.restored: list[tuple[str, str, int]] = []  # (region, app, generation) a check routed back
         self.lose_counters = False  # the next metrics read finds every counter gone (Ray restarted)
+        # Ray lost right after the next rollout serving check (found clean): its drift, for later.
+        self.lose_after_check: list[str] = []
+        self.repairing: list[ReconcileInput] = []  # each check that found drift
         self.corrupt: set[str] = set()  # sets whose pinned files fail their checksum
         self.verified: list[str] = []
 
@@ -192,6 +195,10 @@ class FakeServing:
         if self.reconcile_error is not None:
             raise ApplicationError(self.reconcile_error, non_retryable=True)
         repaired, self.drift = self.drift, []
+        if repaired:
+            self.repairing.append(input)
+        if self.lose_after_check and input.routers and not repaired:
+            self.drift, self.lose_after_check, self.lose_counters = self.lose_after_check, [], True
         if not input.routers:  # the model's check: like the real one, every router on its serving app
             for region, app in sorted(input.apps.items()):
                 held = self.weights.get(region)

@@ -250,6 +250,22 @@ async def test_counters_lost_mid_bake_check_serving_at_once(temporal: Client) ->
     assert done.generations == [2, 3] and done.repairs == 1
 
 
+async def test_counters_lost_between_a_bakes_first_check_and_its_first_read(temporal: Client) -> None:
+    """Ray lost just after the check a bake starts with (found clean): the bake's first read
+    came before it, so the next read sees the counters gone and the check repairs at once."""
+    fake = FakeServing()
+    fake.reconcile_interval = 3600
+    fake.lose_after_check = ["app-2: lost (the writer holds none)"]
+    worker, handle = await start(temporal, fake, with_rollout(steps=[30, 100], bake_seconds=2.0))
+    async with worker:
+        await roll_out_v2(temporal, handle)
+        done = await until_rollout(temporal, "wf-model@2", lambda s: s.state == RolloutState.COMPLETED)
+    assert fake.lose_after_check == [], "the fake never lost the counters"
+    assert done.repairs == 1 and done.last_repair.startswith("app-2: lost"), done
+    # Repaired in that bake, at 30%: not at the next bake's first check.
+    assert fake.repairing[0].routers["us-east"].weights == {"app-1": 70.0, "app-2": 30.0}, fake.repairing
+
+
 async def test_bare_and_malformed_signals_never_fail_a_workflow_task(temporal: Client) -> None:
     """What the Temporal UI's "Send a Signal" can send: no payload, a malformed one, one too
     many. Bare pause and resume act (by "unknown"), a bare abort is refused, a malformed one is
