@@ -21,6 +21,7 @@ from ipnext.contracts import Frozen
 from ipnext.errors import IpnextError
 from ipnext.fleet import Pool
 from ipnext.plan import Plan, PlanMove
+from ipnext.regions import Relaxation
 
 __all__ = [
     "FleetReplanInput",
@@ -34,6 +35,10 @@ __all__ = [
 class FleetReplanInput(Frozen):
     time_limit_s: float = Field(default=120.0, gt=0)
     churn_cost: float = Field(default=0.05, ge=0)
+    # Regions planned without (their pools left out; they stay traffic sources), besides those
+    # the `fleet` workflow holds down when the run starts. An emergency replan names them.
+    down_regions: list[str] = Field(default_factory=list)
+    reason: str = ""  # why this run (FleetWorkflow's replans say which region change)
 
 
 class FleetReplanResult(Frozen):
@@ -52,6 +57,9 @@ class FleetReplanResult(Frozen):
     applied_to: list[str] = Field(default_factory=list)  # models told of their new placement
     not_applied: dict[str, str] = Field(default_factory=dict)  # model -> why
     plan_file: str = ""
+    down_regions: list[str] = Field(default_factory=list)  # planned without these regions
+    relaxed: list[str] = Field(default_factory=list)  # constraints relaxed for them, readable
+    reason: str = ""
 
 
 class StoredPlan(Frozen):
@@ -65,6 +73,9 @@ class StoredPlan(Frozen):
     plan: dict[str, Any]  # Plan.to_report()
     pools: list[Pool]  # the fleet's pools when it was solved
     units: dict[str, dict[str, int]]  # deployment -> hardware -> units one replica takes
+    # Plans stored before lost regions existed have neither: none was down, nothing relaxed.
+    down_regions: list[str] = Field(default_factory=list)
+    relaxed: list[Relaxation] = Field(default_factory=list)
 
     def as_plan(self) -> Plan:
         return Plan.from_report(self.plan)
