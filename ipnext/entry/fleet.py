@@ -4,6 +4,9 @@ and mark regions down and up through its updates. The workflow is addressed by n
 
 from __future__ import annotations
 
+from typing import TypeVar
+
+from pydantic import ValidationError
 from temporalio.client import Client, WorkflowUpdateFailedError
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError
@@ -20,7 +23,25 @@ from ipnext.regions import (
     RegionUpInput,
 )
 
-__all__ = ["ensure_fleet_workflow", "fleet_status", "mark_region"]
+__all__ = ["ensure_fleet_workflow", "fleet_status", "mark_region", "region_change"]
+
+RegionInput = TypeVar("RegionInput", RegionDownInput, RegionUpInput)
+
+
+def region_change(kind: type[RegionInput], **fields: str) -> RegionInput:
+    """A region change read here, so a bad field is refused before anything is sent."""
+    try:
+        return kind(**fields)
+    except ValidationError as err:
+        first = err.errors()[0]
+        field = ".".join(str(x) for x in first["loc"])
+        message = str(first["msg"]).removeprefix("Value error, ").removeprefix(f"{field}: ")
+        raise RegionStateError(
+            f"{field}: {message} (got {fields.get(field)!r}).",
+            field=field,
+            value=fields.get(field),
+            fix="name a region of the fleet, say who asks (--who) and, to take it down, why (--reason)",
+        ) from None
 
 
 async def ensure_fleet_workflow(client: Client, settings: Settings) -> str:

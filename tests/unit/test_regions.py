@@ -3,6 +3,8 @@ relaxes (solved by the real planner), and the routing documents' failover rows."
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -204,6 +206,37 @@ def test_the_solve_activity_plans_without_the_down_region_and_stores_what_it_rel
     stored = PlanStore(tmp_path / "state").load()
     assert stored.down_regions == ["eu-west"]
     assert {r.constraint for r in stored.relaxed} == {"min_regions", "survive_region_loss"}
+    shown = cli("--config", str(config), "plan", "show")
+    assert shown.returncode == 0, shown.stderr
+    assert "planned without the down regions: eu-west" in shown.stdout
+    assert "relaxed feed-ranker: min_regions 2 -> 1" in shown.stdout
+    assert "relaxed feed-ranker: survive_region_loss true -> false" in shown.stdout
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ipnext.cli", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_the_cli_refuses_a_region_change_naming_the_field_before_asking_anyone(tmp_path: Path) -> None:
+    config = tmp_path / "ipnext.yaml"
+    # No Temporal at this address: a refusal here never reached it.
+    config.write_text(
+        f"fleet_file: {REPO / 'config' / 'fleet.dev.yaml'}\ntemporal: {{address: 127.0.0.1:9}}\n"
+    )
+    unknown = cli(
+        "--config", str(config), "fleet", "region", "down", "mars", "--reason", "x", "--who", "alice"
+    )
+    assert unknown.returncode == 2
+    assert "RegionStateError: region: 'mars' is not a region of the fleet file" in unknown.stderr
+    assert "Fix: name one of ['us-east', 'eu-west']" in unknown.stderr
+    no_who = cli("--config", str(config), "fleet", "region", "down", "eu-west", "--reason", "x")
+    assert no_who.returncode == 2 and "--who" in no_who.stderr
+    empty = cli(
+        "--config", str(config), "fleet", "region", "down", "eu-west", "--reason", " ", "--who", "alice"
+    )
+    assert empty.returncode == 2 and "RegionStateError: reason: empty; say why" in empty.stderr
 
 
 def test_plans_stored_before_lost_regions_still_read(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from temporalio.worker import Worker
 
 from ipnext.activities.fleet import CollectResult, ModelEntry, SolveFleetInput, SolveFleetResult
 from ipnext.activities.regions import RegionActivities, RouteAroundInput, RouteAroundResult
+from ipnext.config import Settings
 from ipnext.contracts import (
     FLEET_WORKFLOW_ID,
     REGIONS_DOWN_KEY,
@@ -42,6 +43,7 @@ from ipnext.regions import (
     RegionUpInput,
 )
 from ipnext.replan import FleetReplanInput, FleetReplanResult
+from ipnext.sdk import Client as IpnextClient
 from ipnext.worker import WORKFLOWS
 
 from .fakes import SPEC
@@ -182,7 +184,16 @@ async def test_region_down_routes_around_at_once_and_replans_while_a_scheduled_r
         status = await until(temporal, lambda s: s.replans and s.replans[-1].outcome != "running")
         emergency = temporal.get_workflow_handle(result.replan, result_type=FleetReplanResult)
         replanned: FleetReplanResult = await emergency.result()
-        cancelled = await scheduled.describe()
+
+        async def scheduled_status() -> WorkflowExecutionStatus | None:
+            return (await scheduled.describe()).status
+
+        cancelled = await poll_until(
+            scheduled_status,
+            lambda s: s != WorkflowExecutionStatus.RUNNING,
+            timeout_s=30,
+            what="the scheduled run",
+        )
         described = await handle.describe()
         again = await mark_region(temporal, RegionDownInput(region="eu-west", reason="still", who="bob"))
     # Callers of eu-west were sent elsewhere before the replan's solve, which planned without it
@@ -193,7 +204,7 @@ async def test_region_down_routes_around_at_once_and_replans_while_a_scheduled_r
         "wf-model: min_regions 3 -> 2 (test)"
     ]
     assert "eu-west down (alice: power loss in eu-west-1a)" in replanned.reason
-    assert cancelled.status == WorkflowExecutionStatus.CANCELED
+    assert cancelled == WorkflowExecutionStatus.CANCELED
     eu = region(status, "eu-west")
     assert (eu.health, eu.who, eu.reason, eu.detected) == (
         RegionHealth.DOWN,
@@ -213,11 +224,13 @@ async def test_region_down_routes_around_at_once_and_replans_while_a_scheduled_r
 
 async def test_region_up_by_on_call_ends_it_and_a_return_replan_runs(temporal: Client) -> None:
     fake = FakeRegions()
+    ipn = IpnextClient(temporal, Settings())  # the SDK's doors
     async with fleet(temporal, fake) as (handle, _):
-        await mark_region(temporal, RegionDownInput(region="us-west", reason="drill", who="alice"))
+        await ipn.region_down("us-west", reason="drill", who="alice")
         await until(temporal, lambda s: len(s.replans) == 1 and s.replans[0].outcome != "running")
-        up = await mark_region(temporal, RegionUpInput(region="us-west", who="bob"))
-        status = await until(temporal, lambda s: len(s.replans) == 2 and s.replans[1].outcome != "running")
+        up = await ipn.region_up("us-west", who="bob")
+        await until(temporal, lambda s: len(s.replans) == 2 and s.replans[1].outcome != "running")
+        status = await ipn.fleet_regions()
         described = await handle.describe()
     assert up.changed and up.replan == "fleet-replan/return-2"
     assert [r.workflow_id for r in status.replans] == ["fleet-replan/emergency-1", "fleet-replan/return-2"]
@@ -236,7 +249,7 @@ async def test_a_region_whose_nodes_all_die_goes_down_by_itself_and_comes_back_w
     fake.nodes = alive
     async with fleet(temporal, fake):
         fake.nodes = [*alive[:2], NodeSighting(node_id="node-eu-west", alive=False, regions=["eu-west"])]
-        down = await until(temporal, lambda s: s.down == ["eu-west"])
+        down = await until(temporal, lambda s: s.down == ["eu-west"] and bool(region(s, "eu-west").replan))
         with pytest.raises(RegionStateError, match=r"node-eu-west.*bring its nodes back"):
             await mark_region(temporal, RegionUpInput(region="eu-west", who="alice"))
         fake.nodes = [*fake.nodes, NodeSighting(node_id="node-eu-west-2", alive=True, regions=["eu-west"])]
