@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pydantic import Field
 from temporalio import activity
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
 from ipnext.activities import _context
@@ -103,15 +103,18 @@ class FleetActivities:
         return CollectResult(models=entries, down_regions=await self._down_regions())
 
     async def _down_regions(self) -> list[str]:
-        """The regions the `fleet` workflow holds down (none when it does not run)."""
+        """The regions the `fleet` workflow holds down (none when it does not run: a closed run's
+        query would wait for a worker to replay it)."""
+        handle = self._client.get_workflow_handle(FLEET_WORKFLOW_ID)
         try:
-            status: FleetStatus = await self._client.get_workflow_handle(FLEET_WORKFLOW_ID).query(
-                FleetWorkflowNames.REGIONS, result_type=FleetStatus
-            )
+            described = await handle.describe()
         except RPCError as err:
             if err.status == RPCStatusCode.NOT_FOUND:
                 return []
             raise
+        if described.status != WorkflowExecutionStatus.RUNNING:
+            return []
+        status: FleetStatus = await handle.query(FleetWorkflowNames.REGIONS, result_type=FleetStatus)
         return status.down
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TypeVar
 
 from pydantic import ValidationError
-from temporalio.client import Client, WorkflowUpdateFailedError
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowUpdateFailedError
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
@@ -63,11 +63,17 @@ async def ensure_fleet_workflow(client: Client, settings: Settings) -> str:
 
 
 async def fleet_status(client: Client) -> FleetStatus:
-    """The regions' states (the `regions` query)."""
+    """The regions' states (the `regions` query of the running `fleet` workflow)."""
+    handle = client.get_workflow_handle(FLEET_WORKFLOW_ID)
     try:
-        status: FleetStatus = await client.get_workflow_handle(FLEET_WORKFLOW_ID).query(
-            FleetWorkflowNames.REGIONS, result_type=FleetStatus
-        )
+        described = await handle.describe()
+        if described.status != WorkflowExecutionStatus.RUNNING:
+            raise IpnextError(
+                f"the {FLEET_WORKFLOW_ID!r} workflow is not running (its last run is "
+                f"{described.status.name if described.status else 'unknown'}).",
+                fix="start the worker (`ipnext dev up`, or `python -m ipnext.worker`): it starts the workflow",
+            )
+        status: FleetStatus = await handle.query(FleetWorkflowNames.REGIONS, result_type=FleetStatus)
     except RPCError as err:
         raise _not_running(err) from None
     return status

@@ -18,7 +18,13 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle, W
 from temporalio.service import RPCError
 from temporalio.worker import Worker
 
-from ipnext.activities.fleet import CollectResult, ModelEntry, SolveFleetInput, SolveFleetResult
+from ipnext.activities.fleet import (
+    CollectResult,
+    FleetActivities,
+    ModelEntry,
+    SolveFleetInput,
+    SolveFleetResult,
+)
 from ipnext.activities.regions import RegionActivities, RouteAroundInput, RouteAroundResult
 from ipnext.config import Settings
 from ipnext.contracts import (
@@ -42,6 +48,7 @@ from ipnext.regions import (
     RegionsCheckResult,
     RegionUpInput,
 )
+from ipnext.registry import ModelWorkflowInput
 from ipnext.replan import FleetReplanInput, FleetReplanResult
 from ipnext.sdk import Client as IpnextClient
 from ipnext.worker import WORKFLOWS
@@ -110,9 +117,10 @@ class NonEmptyCollect(FakeRegions):
 
 @asynccontextmanager
 async def fleet(
-    client: Client, fake: FakeRegions, **input: Any
+    client: Client, fake: FakeRegions, real_collect: bool = False, **input: Any
 ) -> AsyncIterator[tuple[WorkflowHandle[Any, Any], str]]:
     queue = f"wf-{uuid.uuid4().hex[:8]}"
+    collect = FleetActivities(client).collect_models if real_collect else fake.collect
     worker = Worker(
         client,
         task_queue=queue,
@@ -120,7 +128,7 @@ async def fleet(
         activities=[
             fake.check,
             fake.route,
-            fake.collect,
+            collect,
             fake.solve,
             RegionActivities(client).cancel_scheduled_replan,
         ],
@@ -297,3 +305,26 @@ async def test_the_regions_states_survive_continue_as_new(temporal: Client) -> N
         status = await until(temporal, lambda s: s.last_check is not None)
     assert status.down == ["eu-west"] and region(status, "eu-west").who == "alice"
     assert [r.workflow_id for r in status.replans] == ["fleet-replan/emergency-1"]
+
+
+async def test_every_replan_plans_without_the_regions_fleet_holds_down(temporal: Client) -> None:
+    """The Schedule's run reads the down regions from `fleet` (the real `collect_models`), so it
+    never plans capacity back into a region that is down."""
+    fake = FakeRegions()
+    fake.release.set()
+    async with fleet(temporal, fake, real_collect=True) as (_, queue):
+        model = await temporal.start_workflow(
+            "ModelWorkflow", ModelWorkflowInput(spec=SPEC), id="model/wf-model", task_queue=queue
+        )
+        await mark_region(temporal, RegionDownInput(region="eu-west", reason="drill", who="alice"))
+        await until(temporal, lambda s: bool(s.replans) and s.replans[-1].outcome != "running")
+        result = await temporal.execute_workflow(
+            Workflows.FLEET_REPLAN,
+            FleetReplanInput(time_limit_s=5),
+            id=REPLAN_WORKFLOW_ID,
+            task_queue=queue,
+            result_type=FleetReplanResult,
+        )
+        await model.terminate()
+    assert [s.down_regions for s in fake.solved] == [["eu-west"], ["eu-west"]]
+    assert result.down_regions == ["eu-west"] and result.models == ["wf-model"]
