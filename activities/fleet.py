@@ -122,6 +122,7 @@ class FleetActivities:
 def solve_fleet_plan(input: SolveFleetInput) -> SolveFleetResult:
     """Solve every model's parts together against the current plans, store the plan, and
     return the per-model plans that changed."""
+    started = now()
     settings = _context.settings()
     fleet = settings.fleet()
     deployments: list[DeploymentDemand] = [d for m in input.models for d in demand_from_model(m.spec)]
@@ -142,7 +143,7 @@ def solve_fleet_plan(input: SolveFleetInput) -> SolveFleetResult:
     except IpnextError as err:
         raise as_application_error(err) from None
     store = PlanStore(settings.state_dir)
-    revision = store.latest_revision() + 1
+    revision = store.next_revision()
     plan = plan.model_copy(update={"revision": revision})
     moves = plan_moves(current, plan)
     path = store.save(
@@ -157,6 +158,7 @@ def solve_fleet_plan(input: SolveFleetInput) -> SolveFleetResult:
             units={d.name: {h: o.units for h, o in d.hardware.items()} for d in deployments},
             down_regions=sorted(input.down_regions),
             relaxed=relaxed,
+            solve_started_at=started,
         )
     )
     return SolveFleetResult(

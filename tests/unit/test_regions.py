@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -308,3 +309,36 @@ def test_failover_rows_sum_to_one() -> None:
         for row in out.values():
             assert sum(row.values()) == pytest.approx(1.0)
             assert not set(row) & set(down)
+
+
+def test_a_plan_whose_solve_began_before_the_latest_one_is_kept_but_never_becomes_latest(
+    tmp_path: Path,
+) -> None:
+    """The Schedule's run, cancelled by an emergency replan, may still finish its solve after
+    the emergency one: its plan is stored under the next number, and `plan show` stays on the
+    emergency plan."""
+    store = PlanStore(tmp_path)
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def stored(revision: int, started_after_s: float | None, down: list[str]) -> StoredPlan:
+        return StoredPlan(
+            revision=revision,
+            created_at=t0 + timedelta(seconds=100 + revision),
+            made_by="test",
+            models=[],
+            moves=[],
+            plan={"placements": [], "routing": [], "cost": 0.0},
+            pools=[],
+            units={},
+            down_regions=down,
+            solve_started_at=None if started_after_s is None else t0 + timedelta(seconds=started_after_s),
+        )
+
+    store.save(stored(1, None, []))  # stored before solves were timed: always latest
+    assert store.next_revision() == 2
+    store.save(stored(2, 50, ["eu-west"]))  # the emergency replan, begun at t0 + 50 s
+    store.save(stored(3, 10, []))  # the Schedule's run, begun at t0 + 10 s, done last
+    assert store.latest_revision() == 2 and store.load().down_regions == ["eu-west"]
+    assert store.load(3).down_regions == [] and store.next_revision() == 4
+    store.save(stored(4, 60, []))  # the region's return replan, begun later: latest again
+    assert store.latest_revision() == 4
