@@ -161,43 +161,49 @@ async def test_a_region_down_routes_around_it_at_once_and_an_emergency_replan_mo
     assert sorted(state.serving_apps) == ["eu-west", "us-east"]  # survive_region_loss: both regions
     started = time.perf_counter()
     try:
-        down = ipnext(
-            stack_config, "fleet", "region", "down", "us-east", "--reason", "drill", "--who", "test"
-        )
-        assert down.returncode == 0, down.stderr
-        assert "us-east is down" in down.stdout and "replan fleet-replan/emergency-" in down.stdout
-        async with httpx.AsyncClient(base_url=stack.serve_url, timeout=30) as http:
-
-            async def routes() -> dict[str, dict[str, float]]:
-                reply = await http.get(f"/models/{model_name}/routing")
-                return dict(reply.json()["routes"]) if reply.status_code == 200 else {}
-
-            await poll_until(
-                routes,
-                lambda r: r.get("us-east") == {"eu-west": 1.0},
-                timeout_s=60,
-                what="us-east routed around",
+        # Callers of us-east, on its router (one machine: its node is alive): the capacity move is
+        # gated like any, so it needs requests, and none of them may fail.
+        async with Load(stack.serve_url, f"/us-east/models/{model_name}/predict") as load:
+            down = ipnext(
+                stack_config, "fleet", "region", "down", "us-east", "--reason", "drill", "--who", "test"
             )
-        rerouted = time.perf_counter() - started
-        status = await poll_until(
-            client.fleet_regions,
-            lambda s: bool(s.replans) and s.replans[-1].outcome != "running",
-            timeout_s=180,
-            interval_s=0.5,
-            what="the emergency replan",
-        )
-        replan = status.replans[-1]
-        assert replan.outcome == "applied" and replan.down_regions == ["us-east"], replan
-        assert f"{model_name}: min_regions 2 -> 1" in "\n".join(replan.relaxed), replan.relaxed
-        shown = ipnext(stack_config, "plan", "show")
-        assert shown.returncode == 0, shown.stderr
-        assert "planned without the down regions: us-east" in shown.stdout
-        assert f"relaxed {model_name}: survive_region_loss true -> false" in shown.stdout
-        moved_state = await moved(client, model_name, state.plan.revision + 1 if state.plan else 2, started)
+            assert down.returncode == 0, down.stderr
+            assert "us-east is down" in down.stdout and "replan fleet-replan/emergency-" in down.stdout
+            async with httpx.AsyncClient(base_url=stack.serve_url, timeout=30) as http:
+
+                async def routes() -> dict[str, dict[str, float]]:
+                    reply = await http.get(f"/models/{model_name}/routing")
+                    return dict(reply.json()["routes"]) if reply.status_code == 200 else {}
+
+                await poll_until(
+                    routes,
+                    lambda r: r.get("us-east") == {"eu-west": 1.0},
+                    timeout_s=60,
+                    what="us-east routed around",
+                )
+            rerouted = time.perf_counter() - started
+            status = await poll_until(
+                client.fleet_regions,
+                lambda s: bool(s.replans) and s.replans[-1].outcome != "running",
+                timeout_s=180,
+                interval_s=0.5,
+                what="the emergency replan",
+            )
+            replan = status.replans[-1]
+            assert replan.outcome == "applied" and replan.down_regions == ["us-east"], replan
+            assert f"{model_name}: min_regions 2 -> 1" in "\n".join(replan.relaxed), replan.relaxed
+            shown = ipnext(stack_config, "plan", "show")
+            assert shown.returncode == 0, shown.stderr
+            assert "planned without the down regions: us-east" in shown.stdout
+            assert f"relaxed {model_name}: survive_region_loss true -> false" in shown.stdout
+            moved_state = await moved(
+                client, model_name, state.plan.revision + 1 if state.plan else 2, started
+            )
         assert set(moved_state.serving_apps) == {"eu-west"}, moved_state.serving_apps
+        assert load.failed() == [], load.failed()[:3]
         print(
             f"us-east down: routed around in {rerouted:.1f}s, emergency plan revision {replan.revision} "
-            f"served in {time.perf_counter() - started:.1f}s"
+            f"served in {time.perf_counter() - started:.1f}s, {len(load.answers)} predictions"
         )
     finally:
         await client.delete_model(model_name)  # before the region's return, so nothing moves back
