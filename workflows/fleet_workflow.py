@@ -195,7 +195,7 @@ class FleetWorkflow:
                 summary="read the fleet's regions and Ray's node table",
             )
         except ActivityError as err:
-            self._state.last_check_error = str(err.cause or err)
+            self._state.last_check_error = _root_cause(err)
             self._publish()
             return
         s = self._state
@@ -282,7 +282,7 @@ class FleetWorkflow:
                 summary=f"route around {', '.join(self._state.down()) or 'no region'}",
             )
         except ActivityError as err:  # tried again at the next check while a region is down
-            workflow.logger.warning("routing around %s failed: %s", self._state.down(), err.cause or err)
+            workflow.logger.warning("routing around %s failed: %s", self._state.down(), _root_cause(err))
 
     async def _replan(self) -> None:
         s = self._state
@@ -342,7 +342,7 @@ class FleetWorkflow:
         try:
             result: FleetReplanResult = await handle
         except ChildWorkflowError as err:
-            s.finish_replan(workflow_id, outcome="failed", detail=str(err.cause or err))
+            s.finish_replan(workflow_id, outcome="failed", detail=_root_cause(err))
         else:
             s.finish_replan(
                 workflow_id,
@@ -384,3 +384,11 @@ class FleetWorkflow:
         if s.last_check_error:
             lines.append(f"last check: {s.last_check_error}")
         workflow.set_current_details("\n\n".join(lines))
+
+
+def _root_cause(err: BaseException) -> str:
+    """The innermost failure's message (a child's activity's ApplicationError, not "Activity
+    task failed"), for the record and the UI."""
+    while isinstance(getattr(err, "cause", None), BaseException):
+        err = err.cause  # type: ignore[attr-defined]
+    return str(err)

@@ -196,6 +196,9 @@ async def test_a_region_down_routes_around_it_at_once_and_an_emergency_replan_mo
             assert shown.returncode == 0, shown.stderr
             assert "planned without the down regions: us-east" in shown.stdout
             assert f"relaxed {model_name}: survive_region_loss true -> false" in shown.stdout
+            regions = ipnext(stack_config, "fleet", "regions")
+            assert regions.returncode == 0, regions.stderr
+            assert f"by test: drill [{replan.workflow_id}]" in regions.stdout, regions.stdout
             moved_state = await moved(
                 client, model_name, state.plan.revision + 1 if state.plan else 2, started
             )

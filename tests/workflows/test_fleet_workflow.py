@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from temporalio import activity
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 from temporalio.worker import Worker
 
@@ -87,6 +88,12 @@ class FakeRegions:
     async def solve(self, input: SolveFleetInput) -> SolveFleetResult:
         self.solved.append(input)
         self.log.append(f"solve {input.down_regions}")
+        if "us-east" in input.down_regions:  # as the planner says when the survivors are too small
+            raise ApplicationError(
+                "wf-model: us-west gets 900.0 QPS, carries 80.0",
+                type="InfeasiblePlanError",
+                non_retryable=True,
+            )
         if not input.down_regions:
             await self.release.wait()
         return SolveFleetResult(
@@ -328,3 +335,17 @@ async def test_every_replan_plans_without_the_regions_fleet_holds_down(temporal:
         await model.terminate()
     assert [s.down_regions for s in fake.solved] == [["eu-west"], ["eu-west"]]
     assert result.down_regions == ["eu-west"] and result.models == ["wf-model"]
+
+
+async def test_an_emergency_replan_that_cannot_plan_is_recorded_and_the_region_stays_down(
+    temporal: Client,
+) -> None:
+    fake = NonEmptyCollect()
+    async with fleet(temporal, fake) as (handle, _):
+        await mark_region(temporal, RegionDownInput(region="us-east", reason="fire", who="alice"))
+        status = await until(temporal, lambda s: bool(s.replans) and s.replans[-1].outcome != "running")
+        described = await handle.describe()
+    failed = status.replans[-1]
+    assert failed.outcome == "failed" and "carries 80.0" in failed.detail, failed
+    assert status.down == ["us-east"] and fake.routed[0] == ["us-east"]  # its callers were still sent away
+    assert described.status == WorkflowExecutionStatus.RUNNING
