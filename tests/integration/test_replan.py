@@ -148,7 +148,8 @@ async def test_a_region_down_routes_around_it_at_once_and_an_emergency_replan_mo
     """On-call takes us-east down (one machine: its node cannot die here, the multi-node drill
     kills it): the routing document sends us-east's callers to eu-west at once, the emergency
     replan plans without us-east, says what it relaxed (`plan show` too), and its capacity move
-    leaves the model serving from eu-west only."""
+    leaves the model serving from eu-west only; `region up` and a normal replan bring it back to
+    both regions. No request fails throughout."""
     availability = {"headroom": 0.2, "min_regions": 2, "survive_region_loss": True}
     spec = one_region_spec(model_name, availability=availability)
     spec = spec.model_copy(
@@ -199,16 +200,25 @@ async def test_a_region_down_routes_around_it_at_once_and_an_emergency_replan_mo
             regions = ipnext(stack_config, "fleet", "regions")
             assert regions.returncode == 0, regions.stderr
             assert f"by test: drill [{replan.workflow_id}]" in regions.stdout, regions.stdout
-            moved_state = await moved(
-                client, model_name, state.plan.revision + 1 if state.plan else 2, started
-            )
-        assert set(moved_state.serving_apps) == {"eu-west"}, moved_state.serving_apps
+            revision = state.plan.revision if state.plan else 1
+            moved_state = await moved(client, model_name, revision + 1, started)
+            assert set(moved_state.serving_apps) == {"eu-west"}, moved_state.serving_apps
+            emergency_s = time.perf_counter() - started
+            # The region returns: a normal replan moves capacity back (min_regions 2 again).
+            back = time.perf_counter()
+            up = ipnext(stack_config, "fleet", "region", "up", "us-east", "--who", "test")
+            assert up.returncode == 0, up.stderr
+            assert "replan fleet-replan/return-" in up.stdout, up.stdout
+            returned = await moved(client, model_name, revision + 2, back)
+            assert sorted(returned.serving_apps) == ["eu-west", "us-east"], returned.serving_apps
         assert load.failed() == [], load.failed()[:3]
         print(
             f"us-east down: routed around in {rerouted:.1f}s, emergency plan revision {replan.revision} "
-            f"served in {time.perf_counter() - started:.1f}s, {len(load.answers)} predictions"
+            f"served in {emergency_s:.1f}s; back in both regions {time.perf_counter() - back:.1f}s after "
+            f"`region up`; {len(load.answers)} predictions, none failed"
         )
     finally:
-        await client.delete_model(model_name)  # before the region's return, so nothing moves back
-        up = ipnext(stack_config, "fleet", "region", "up", "us-east", "--who", "test")
-        assert up.returncode == 0, up.stderr
+        await client.delete_model(model_name)
+        if "us-east" in (await client.fleet_regions()).down:
+            up = ipnext(stack_config, "fleet", "region", "up", "us-east", "--who", "test")
+            assert up.returncode == 0, up.stderr
