@@ -5,12 +5,20 @@ from __future__ import annotations
 
 from pydantic import Field
 from temporalio import activity
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.service import RPCError, RPCStatusCode
 
 from ipnext.activities import _context
 from ipnext.activities.validate import as_application_error
-from ipnext.contracts import Frozen, ModelStatus, ModelWorkflowNames, Workflows
-from ipnext.errors import IpnextError
+from ipnext.contracts import (
+    FLEET_WORKFLOW_ID,
+    FleetWorkflowNames,
+    Frozen,
+    ModelStatus,
+    ModelWorkflowNames,
+    Workflows,
+)
+from ipnext.errors import InfeasiblePlanError, IpnextError
 from ipnext.model import ModelSpec
 from ipnext.plan import (
     DeploymentDemand,
@@ -23,6 +31,7 @@ from ipnext.plan import (
     plan_moves,
 )
 from ipnext.planner import solve
+from ipnext.regions import FleetStatus, Relaxation, lost_region_problems
 from ipnext.registry import ModelState
 from ipnext.replan import PlanStore, StoredPlan, now
 
@@ -33,6 +42,7 @@ __all__ = [
     "SolveFleetInput",
     "SolveFleetResult",
     "solve_fleet_plan",
+    "solve_without",
 ]
 
 # Moves listed in the workflow's result; the stored plan has all of them.
@@ -46,6 +56,7 @@ class ModelEntry(Frozen):
 
 class CollectResult(Frozen):
     models: list[ModelEntry]
+    down_regions: list[str] = Field(default_factory=list)  # held down by the `fleet` workflow
 
 
 class SolveFleetInput(Frozen):
@@ -53,6 +64,7 @@ class SolveFleetInput(Frozen):
     time_limit_s: float
     churn_cost: float
     made_by: str
+    down_regions: list[str] = Field(default_factory=list)  # planned without their pools
 
 
 class SolveFleetResult(Frozen):
@@ -68,6 +80,7 @@ class SolveFleetResult(Frozen):
     moves_total: int
     changed: dict[str, Plan] = Field(default_factory=dict)  # model -> its new plan, where it changed
     plan_file: str
+    relaxed: list[str] = Field(default_factory=list)  # constraints relaxed for the down regions
 
 
 class FleetActivities:
@@ -87,13 +100,29 @@ class FleetActivities:
             if state.state != ModelStatus.DELETING:
                 entries.append(ModelEntry(spec=state.spec, plan=state.plan))
         entries.sort(key=lambda e: e.spec.name)
-        return CollectResult(models=entries)
+        return CollectResult(models=entries, down_regions=await self._down_regions())
+
+    async def _down_regions(self) -> list[str]:
+        """The regions the `fleet` workflow holds down (none when it does not run: a closed run's
+        query would wait for a worker to replay it)."""
+        handle = self._client.get_workflow_handle(FLEET_WORKFLOW_ID)
+        try:
+            described = await handle.describe()
+        except RPCError as err:
+            if err.status == RPCStatusCode.NOT_FOUND:
+                return []
+            raise
+        if described.status != WorkflowExecutionStatus.RUNNING:
+            return []
+        status: FleetStatus = await handle.query(FleetWorkflowNames.REGIONS, result_type=FleetStatus)
+        return status.down
 
 
 @activity.defn
 def solve_fleet_plan(input: SolveFleetInput) -> SolveFleetResult:
     """Solve every model's parts together against the current plans, store the plan, and
     return the per-model plans that changed."""
+    started = now()
     settings = _context.settings()
     fleet = settings.fleet()
     deployments: list[DeploymentDemand] = [d for m in input.models for d in demand_from_model(m.spec)]
@@ -106,11 +135,15 @@ def solve_fleet_plan(input: SolveFleetInput) -> SolveFleetResult:
         input.time_limit_s,
     )
     try:
-        plan = solve(problem, SolveOptions(time_limit_s=input.time_limit_s, churn_cost=input.churn_cost))
+        plan, problem, relaxed = solve_without(
+            problem,
+            input.down_regions,
+            SolveOptions(time_limit_s=input.time_limit_s, churn_cost=input.churn_cost),
+        )
     except IpnextError as err:
         raise as_application_error(err) from None
     store = PlanStore(settings.state_dir)
-    revision = store.latest_revision() + 1
+    revision = store.next_revision()
     plan = plan.model_copy(update={"revision": revision})
     moves = plan_moves(current, plan)
     path = store.save(
@@ -123,6 +156,9 @@ def solve_fleet_plan(input: SolveFleetInput) -> SolveFleetResult:
             plan=plan.to_report(),
             pools=list(fleet.pools),
             units={d.name: {h: o.units for h, o in d.hardware.items()} for d in deployments},
+            down_regions=sorted(input.down_regions),
+            relaxed=relaxed,
+            solve_started_at=started,
         )
     )
     return SolveFleetResult(
@@ -138,7 +174,29 @@ def solve_fleet_plan(input: SolveFleetInput) -> SolveFleetResult:
         moves_total=len(moves),
         changed=_changed_models(input.models, plan, problem),
         plan_file=path.name,
+        relaxed=[str(r) for r in relaxed],
     )
+
+
+def solve_without(
+    problem: PlanningProblem, down: list[str], options: SolveOptions
+) -> tuple[Plan, PlanningProblem, list[Relaxation]]:
+    """Solve `problem`, or with `down` regions lost: the fleet without their pools, relaxing
+    constraints step by step until the surviving regions can meet them (`lost_region_problems`).
+    Returns the plan, the problem it solved and what it relaxed."""
+    if not down:
+        return solve(problem, options), problem, []
+    attempts = lost_region_problems(problem, down)
+    for i, attempt in enumerate(attempts):
+        try:
+            return solve(attempt.problem, options), attempt.problem, attempt.relaxed
+        except InfeasiblePlanError as err:
+            if i == len(attempts) - 1:
+                raise
+            activity.logger.info("without %s: %s; relaxing further", down, err)
+    raise InfeasiblePlanError(
+        f"no problem to solve without {down}"
+    )  # lost_region_problems returns one at least
 
 
 def _changed_models(models: list[ModelEntry], plan: Plan, problem: PlanningProblem) -> dict[str, Plan]:

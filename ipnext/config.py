@@ -26,6 +26,7 @@ from ipnext.specio import format_validation_error, load_yaml, parse_spec
 __all__ = [
     "PartHealthCheckSettings",
     "RaySettings",
+    "RegionSettings",
     "ServeSettings",
     "Settings",
     "TemporalDevSettings",
@@ -69,6 +70,15 @@ class RaySettings(_Section):
     replica_num_cpus: float = Field(default=0, ge=0)  # 1 CPU per replica starves 2-core machines
 
 
+class RegionSettings(_Section):
+    """The `fleet` workflow (lost regions): how often it reads Ray's node table, whether it marks
+    a region down by itself when every node of it is dead, and its replans' time limit."""
+
+    check_seconds: float = Field(default=5.0, gt=0)
+    detect: bool = True
+    replan_time_limit_s: float = Field(default=60.0, gt=0)
+
+
 class TemporalDevSettings(_Section):
     """temporal-dev.yaml: how `ipnext dev up` runs `temporal server start-dev`."""
 
@@ -83,6 +93,7 @@ class TemporalDevSettings(_Section):
             "IpnextModel": "Keyword",
             "IpnextState": "Keyword",
             "IpnextTrafficPercent": "Int",
+            "IpnextRegionsDown": "KeywordList",
         }
     )
 
@@ -101,6 +112,7 @@ class Settings(BaseSettings):
     temporal: TemporalSettings = Field(default_factory=TemporalSettings)
     serve: ServeSettings = Field(default_factory=ServeSettings)
     ray: RaySettings = Field(default_factory=RaySettings)
+    regions: RegionSettings = Field(default_factory=RegionSettings)
     # The file these settings were read from (absolute), None for defaults and the environment.
     _source: Path | None = PrivateAttr(default=None)
 

@@ -18,11 +18,14 @@ from pydantic import BaseModel, ConfigDict
 from temporalio.common import SearchAttributeKey
 
 __all__ = [
+    "FLEET_WORKFLOW_ID",
     "MODEL_KEY",
+    "REGIONS_DOWN_KEY",
     "REPLAN_SCHEDULE_ID",
     "REPLAN_WORKFLOW_ID",
     "STATE_KEY",
     "TRAFFIC_KEY",
+    "FleetWorkflowNames",
     "Frozen",
     "ModelStatus",
     "ModelWorkflowNames",
@@ -32,6 +35,7 @@ __all__ = [
     "RolloutWorkflowNames",
     "SetStatus",
     "Workflows",
+    "fleet_replan_id",
     "model_name_of",
     "model_workflow_id",
     "poll_until",
@@ -59,6 +63,7 @@ class Workflows:
     WATCH = "SnapshotWatchWorkflow"
     FLEET_REPLAN = "FleetReplanWorkflow"
     VALIDATE_MODEL = "ValidateModelWorkflow"
+    FLEET = "FleetWorkflow"
 
 
 class ModelWorkflowNames:
@@ -82,11 +87,26 @@ class RolloutWorkflowNames:
     OVERRIDE_FREEZE = "override_freeze"  # signal FreezeOverride
 
 
+class FleetWorkflowNames:
+    """Handlers of `FleetWorkflow` (id `fleet`): the regions' states."""
+
+    REGIONS = "regions"  # query -> FleetStatus
+    REGION_DOWN = "region_down"  # update RegionDownInput -> RegionChangeResult
+    REGION_UP = "region_up"  # update RegionUpInput -> RegionChangeResult
+
+
 # -- ids ----------------------------------------------------------------------------------
 
 _MODEL_PREFIX = "model/"
 REPLAN_SCHEDULE_ID = "fleet-replan"
 REPLAN_WORKFLOW_ID = "fleet-replan/run"
+FLEET_WORKFLOW_ID = "fleet"
+
+
+def fleet_replan_id(kind: str, number: int) -> str:
+    """A replan FleetWorkflow starts: `fleet-replan/emergency-<n>` (a region went down) or
+    `fleet-replan/return-<n>` (one came back), beside the Schedule's `fleet-replan/run`."""
+    return f"{REPLAN_SCHEDULE_ID}/{kind}-{number}"
 
 
 def model_workflow_id(model: str) -> str:
@@ -118,6 +138,7 @@ def watch_schedule_id(model: str) -> str:
 MODEL_KEY = SearchAttributeKey.for_keyword("IpnextModel")
 STATE_KEY = SearchAttributeKey.for_keyword("IpnextState")
 TRAFFIC_KEY = SearchAttributeKey.for_int("IpnextTrafficPercent")
+REGIONS_DOWN_KEY = SearchAttributeKey.for_keyword_list("IpnextRegionsDown")  # FleetWorkflow's down regions
 
 
 # -- status vocabularies ------------------------------------------------------------------

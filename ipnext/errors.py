@@ -20,6 +20,7 @@ IpnextError
 ├── PartInputError         a request's inputs do not fit a part: the caller's mistake (HTTP 400; also a ValueError)
 ├── GenerationError        a generative part failed one answer: the server's fault (HTTP 500, counted; also a RuntimeError)
 ├── StackError             the dev stack could not start or stop
+├── RegionStateError       a region change was refused: unknown region, no who or reason, the last region up
 ├── KernelInputError       a kernel got a tensor of the wrong shape, dtype, device or range (also a ValueError)
 └── KernelBackendError     backend="triton" was asked for where the kernel cannot run (also a RuntimeError)
 """
@@ -45,6 +46,7 @@ __all__ = [
     "PredictionOverloadedError",
     "PredictionServerError",
     "PredictionTransportError",
+    "RegionStateError",
     "RolloutPausedError",
     "RolloutStoppedError",
     "ServingError",
@@ -194,6 +196,11 @@ class StackError(IpnextError):
     """The dev stack could not start, or a component of it is not reachable."""
 
 
+class RegionStateError(IpnextError, ValueError):
+    """`fleet region down/up` was refused (an unknown region, no `who` or `reason`, the last region
+    up): nothing changed."""
+
+
 class KernelInputError(IpnextError, ValueError):
     """A kernel was called with a tensor of the wrong shape, dtype or device, or with out-of-range data."""
 
@@ -213,6 +220,7 @@ _BY_NAME: dict[str, type[IpnextError]] = {
         ModelExistsError,
         ServingError,
         StackError,
+        RegionStateError,
     )
 }
 

@@ -21,6 +21,7 @@ from ipnext.contracts import Frozen
 from ipnext.errors import IpnextError
 from ipnext.fleet import Pool
 from ipnext.plan import Plan, PlanMove
+from ipnext.regions import Relaxation
 
 __all__ = [
     "FleetReplanInput",
@@ -34,6 +35,10 @@ __all__ = [
 class FleetReplanInput(Frozen):
     time_limit_s: float = Field(default=120.0, gt=0)
     churn_cost: float = Field(default=0.05, ge=0)
+    # Regions planned without (their pools left out; they stay traffic sources), besides those
+    # the `fleet` workflow holds down when the run starts. An emergency replan names them.
+    down_regions: list[str] = Field(default_factory=list)
+    reason: str = ""  # why this run (FleetWorkflow's replans say which region change)
 
 
 class FleetReplanResult(Frozen):
@@ -52,6 +57,9 @@ class FleetReplanResult(Frozen):
     applied_to: list[str] = Field(default_factory=list)  # models told of their new placement
     not_applied: dict[str, str] = Field(default_factory=dict)  # model -> why
     plan_file: str = ""
+    down_regions: list[str] = Field(default_factory=list)  # planned without these regions
+    relaxed: list[str] = Field(default_factory=list)  # constraints relaxed for them, readable
+    reason: str = ""
 
 
 class StoredPlan(Frozen):
@@ -65,6 +73,10 @@ class StoredPlan(Frozen):
     plan: dict[str, Any]  # Plan.to_report()
     pools: list[Pool]  # the fleet's pools when it was solved
     units: dict[str, dict[str, int]]  # deployment -> hardware -> units one replica takes
+    # Plans stored before lost regions existed have neither: none was down, nothing relaxed.
+    down_regions: list[str] = Field(default_factory=list)
+    relaxed: list[Relaxation] = Field(default_factory=list)
+    solve_started_at: datetime | None = None  # when its solve began (see PlanStore.save)
 
     def as_plan(self) -> Plan:
         return Plan.from_report(self.plan)
@@ -80,11 +92,28 @@ class PlanStore:
             return 0
         return int(json.loads(pointer.read_text())["revision"])
 
+    def next_revision(self) -> int:
+        """The number of the next plan: above every stored one (the latest may not be the highest)."""
+        stored = [int(p.stem[4:]) for p in self.folder.glob("rev-*.json")]
+        return max([self.latest_revision(), *stored]) + 1
+
     def save(self, stored: StoredPlan) -> Path:
-        """Write the revision, then move `latest.json` to it (each write atomic by rename)."""
+        """Write the revision, then move `latest.json` to it (each write atomic by rename),
+        unless the latest plan's solve began after this one's: a solve that began earlier knew
+        less (an emergency replan started while the Schedule's run solved, the latter cancelled
+        and finishing last), so it is kept as a revision but never becomes the latest."""
         self.folder.mkdir(parents=True, exist_ok=True)
         path = self.folder / f"rev-{stored.revision:06d}.json"
         _write_atomic(path, stored.model_dump_json(indent=2))
+        latest = self.latest_revision()
+        if (
+            latest
+            and stored.solve_started_at is not None
+            and (self.folder / f"rev-{latest:06d}.json").exists()
+        ):
+            newer = self.load(latest).solve_started_at
+            if newer is not None and newer > stored.solve_started_at:
+                return path
         _write_atomic(self.folder / "latest.json", json.dumps({"revision": stored.revision}))
         return path
 

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import hashlib
 import random
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Annotated
 
 from pydantic import Field
 
 from ipnext.contracts import Frozen
-from ipnext.plan import Plan
+from ipnext.fleet import Fleet
+from ipnext.plan import DeploymentDemand, Plan
 
 __all__ = [
     "ROUTING_PREFIX",
@@ -23,6 +24,7 @@ __all__ = [
     "RoutingDocument",
     "RoutingTable",
     "demand_path",
+    "failover_routes",
     "pick_region",
     "predict_path",
     "routes_from_plan",
@@ -184,3 +186,56 @@ def _pooled(routes: Routes) -> dict[str, float]:
         for region, share in row.items():
             pooled[region] = pooled.get(region, 0.0) + share / len(routes)
     return pooled
+
+
+def failover_routes(
+    routes: Routes, plan: Plan, deployments: list[DeploymentDemand], fleet: Fleet, down: Collection[str]
+) -> Routes:
+    """`routes` (a model's, from `plan`) with the `down` regions taken out, at once, before any
+    replan moved capacity.
+
+    A source that the plan also sends to surviving regions keeps those, in their proportions. A
+    source the plan served only from down regions goes to the surviving regions where every part
+    has replicas, those within the model's latency budget of it (else the nearest ones), in
+    proportion to the capacity each has to spare under the plan (what `survive_region_loss`
+    reserved), or to its whole capacity where none has any to spare. A source with nowhere to
+    go keeps no row (the client then draws from every row pooled)."""
+    down = set(down)
+    if not down:
+        return routes
+    capacity: dict[str, float] = {}  # region -> the QPS the model carries there (its weakest part's)
+    for i, dep in enumerate(deployments):
+        placement = plan.deployments.get(dep.name)
+        replicas = placement.replicas if placement is not None else {}
+        mine = {
+            region: (1 - dep.headroom)
+            * sum(n * dep.hardware[hw].qps for hw, n in by_hw.items() if hw in dep.hardware)
+            for region, by_hw in replicas.items()
+        }
+        capacity = mine if i == 0 else {r: min(c, mine[r]) for r, c in capacity.items() if r in mine}
+    serving = {r: c for r, c in capacity.items() if c > 0 and r not in down}
+    demand = dict(deployments[0].demand_qps) if deployments else {}  # the parts share it
+    load = dict.fromkeys(serving, 0.0)
+    for source, row in routes.items():
+        for region, share in row.items():
+            if region in load:
+                load[region] += demand.get(source, 0.0) * share
+    budget = min((d.latency_budget_ms for d in deployments), default=float("inf"))
+    out: Routes = {}
+    for source, row in sorted(routes.items()):
+        kept = {r: f for r, f in row.items() if r not in down}
+        total = sum(kept.values())
+        if total > 0:
+            out[source] = {r: f / total for r, f in sorted(kept.items())}
+            continue
+        if not serving:
+            continue
+        near = [r for r in serving if fleet.latency(source, r) <= budget]
+        if not near:
+            closest = min(fleet.latency(source, r) for r in serving)
+            near = [r for r in serving if fleet.latency(source, r) == closest]
+        spare = {r: serving[r] - load[r] for r in near if serving[r] - load[r] > 0}
+        weights = spare or {r: serving[r] for r in near}
+        total = sum(weights.values())
+        out[source] = {r: w / total for r, w in sorted(weights.items())}
+    return out

@@ -57,6 +57,7 @@ from ipnext.contracts import (
     validate_workflow_id,
 )
 from ipnext.demand import ModelDemand, model_demand
+from ipnext.entry.fleet import fleet_status, mark_region, region_change
 from ipnext.entry.prediction import AsyncPredictionClient, Prediction, PredictionClient
 from ipnext.errors import (
     IpnextError,
@@ -68,6 +69,7 @@ from ipnext.errors import (
     error_from_type,
 )
 from ipnext.model import ModelSpec, SnapshotSetRequest, check_against_fleet
+from ipnext.regions import FleetStatus, RegionChangeResult, RegionDownInput, RegionUpInput
 from ipnext.registry import (
     DeleteInput,
     DeleteResult,
@@ -510,6 +512,26 @@ class Client:
             if report is not None:
                 reports[region] = report
         return model_demand(name, dict(state.spec.traffic.peak_qps), reports, time.time(), window_seconds)
+
+    # ---- regions (the `fleet` workflow) --------------------------------------------------
+
+    async def region_down(self, region: str, reason: str, who: str) -> RegionChangeResult:
+        """Take `region` out of service until `region_up`: its callers go to surviving regions at
+        once and an emergency replan plans without it (`.replan` names that workflow). A refusal
+        (unknown region, empty `who` or `reason`, the last region up) raises RegionStateError;
+        nothing changed."""
+        change = region_change(RegionDownInput, region=region, reason=reason, who=who)
+        return await mark_region(self.temporal, change)
+
+    async def region_up(self, region: str, who: str, reason: str = "") -> RegionChangeResult:
+        """End a region's outage: a normal replan (`.replan`) moves capacity back."""
+        return await mark_region(
+            self.temporal, region_change(RegionUpInput, region=region, who=who, reason=reason)
+        )
+
+    async def fleet_regions(self) -> FleetStatus:
+        """Every region's state, the replans their changes caused, and the recent changes."""
+        return await fleet_status(self.temporal)
 
     # ---- helpers -------------------------------------------------------------------------
 

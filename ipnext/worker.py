@@ -24,6 +24,7 @@ from ipnext.activities.freeze import freeze_windows
 from ipnext.activities.metadata import WatchActivities, discover_snapshots
 from ipnext.activities.plan import plan_placement
 from ipnext.activities.reconcile import reconcile_serving
+from ipnext.activities.regions import RegionActivities, check_regions
 from ipnext.activities.rollouts import RolloutActivities
 from ipnext.activities.serving import (
     deploy_set_apps,
@@ -35,8 +36,10 @@ from ipnext.activities.serving import (
 from ipnext.activities.validate import validate_model_spec, validate_snapshot_set, verify_pinned_set
 from ipnext.config import Settings, load_settings
 from ipnext.contracts import ModelWorkflowNames, Workflows
+from ipnext.entry.fleet import ensure_fleet_workflow
 from ipnext.temporal import connect_client
 from ipnext.workflows.fleet_replan_workflow import FleetReplanWorkflow
+from ipnext.workflows.fleet_workflow import FleetWorkflow
 from ipnext.workflows.model_workflow import ModelWorkflow
 from ipnext.workflows.rollout_workflow import RolloutWorkflow
 from ipnext.workflows.validate_model_workflow import ValidateModelWorkflow
@@ -50,6 +53,7 @@ WORKFLOWS = [
     SnapshotWatchWorkflow,
     FleetReplanWorkflow,
     ValidateModelWorkflow,
+    FleetWorkflow,
 ]
 # Sync activities (Ray calls, hashing, torch loads) run on these threads.
 ACTIVITY_THREADS = 8
@@ -62,6 +66,7 @@ async def run_worker(
     watch = WatchActivities(client)
     fleet = FleetActivities(client)
     rollouts = RolloutActivities(client)
+    regions = RegionActivities(client)
     stop = stop or asyncio.Event()
     # The factory checker starts beside the worker's own start; a check waits for it if need be.
     threading.Thread(target=_warm_checker, name="factory-checker", daemon=True).start()
@@ -89,6 +94,9 @@ async def run_worker(
                     watch.publish_new_snapshots,
                     fleet.collect_models,
                     solve_fleet_plan,
+                    check_regions,
+                    regions.route_around_regions,
+                    regions.cancel_scheduled_replan,
                 ],
                 activity_executor=executor,
             )
@@ -98,8 +106,10 @@ async def run_worker(
                 # This worker may start because the stack restarted: Serve may have lost every
                 # app. Each model checks now rather than at its next interval.
                 nudge = asyncio.create_task(_ask_models_to_reconcile(client))
+                fleet_started = asyncio.create_task(_ensure_fleet(client, settings))
                 await stop.wait()
                 nudge.cancel()
+                fleet_started.cancel()
 
     finally:
         spec_check.stop_checker()
@@ -116,6 +126,16 @@ async def _ask_models_to_reconcile(client: Client) -> None:
                 await client.get_workflow_handle(execution.id).signal(ModelWorkflowNames.RECONCILE)
     except RPCError as err:
         log.warning("could not ask the models to check their serving: %s", err)
+
+
+async def _ensure_fleet(client: Client, settings: Settings) -> None:
+    """Start the `fleet` workflow (regions' states) unless it runs: every worker start makes
+    sure of it, as `ipnext dev up` starts a worker."""
+    try:
+        run_id = await ensure_fleet_workflow(client, settings)
+        logging.getLogger(__name__).info("fleet workflow running (run %s)", run_id)
+    except RPCError as err:
+        logging.getLogger(__name__).warning("could not start the fleet workflow: %s", err)
 
 
 def _warm_checker() -> None:

@@ -5,6 +5,8 @@ whole fleet (the pure planner, in an activity), stores the plan, and signals eac
 model whose placement changed; the ModelWorkflow applies it as a capacity-only
 transition, make before break. The result (and the run's details in the Temporal UI)
 carry the plan's figures and its moves; `ipnext plan show` reads the stored plan.
+Regions held down (the input's, and those the `fleet` workflow holds) are planned without,
+relaxing what their loss forces; the result says which constraints it relaxed.
 """
 
 from __future__ import annotations
@@ -36,10 +38,12 @@ class FleetReplanWorkflow:
             summary="read models from the registry",
         )
         names = [m.spec.name for m in collected.models]
+        down = sorted(set(input.down_regions) | set(collected.down_regions))
         if not collected.models:
             workflow.set_current_details("no models to plan")
-            return FleetReplanResult(revision=0, models=[])
-        workflow.set_current_details(f"solving {len(names)} models: {', '.join(names[:20])}")
+            return FleetReplanResult(revision=0, models=[], down_regions=down, reason=input.reason)
+        without = f" without {', '.join(down)}" if down else ""
+        workflow.set_current_details(f"solving {len(names)} models{without}: {', '.join(names[:20])}")
         solved = await workflow.execute_activity(
             solve_fleet_plan,
             SolveFleetInput(
@@ -47,10 +51,11 @@ class FleetReplanWorkflow:
                 time_limit_s=input.time_limit_s,
                 churn_cost=input.churn_cost,
                 made_by=f"{workflow.info().workflow_id}/{workflow.info().run_id}",
+                down_regions=down,
             ),
             start_to_close_timeout=timedelta(seconds=input.time_limit_s + 120),
             retry_policy=RETRY,
-            summary=f"solve the fleet ({len(names)} models)",
+            summary=f"solve the fleet ({len(names)} models){without}",
         )
         applied, refused = [], {}
         for model, plan in sorted(solved.changed.items()):
@@ -76,6 +81,9 @@ class FleetReplanWorkflow:
             applied_to=applied,
             not_applied=refused,
             plan_file=solved.plan_file,
+            down_regions=down,
+            relaxed=solved.relaxed,
+            reason=input.reason,
         )
         workflow.set_current_details(_details(result))
         return result
@@ -89,6 +97,12 @@ def _details(r: FleetReplanResult) -> str:
         f"models: {', '.join(r.models)}",
         f"applied to: {', '.join(r.applied_to) or 'none (no placement changed)'}",
     ]
+    if r.reason:
+        lines.insert(1, f"why: {r.reason}")
+    if r.down_regions:
+        lines.append(f"planned without the down regions: {', '.join(r.down_regions)}")
+    if r.relaxed:
+        lines.append("relaxed:\n" + "\n".join(f"- {x}" for x in r.relaxed))
     if r.moves:
         lines.append("moves:\n" + "\n".join(f"- {m}" for m in r.moves[:50]))
     return "\n\n".join(lines)

@@ -1,0 +1,438 @@
+"""Lost regions: what `FleetWorkflow` holds about each region, how a region is judged down from
+Ray's node table, and the planning problem an emergency replan solves without it (with the
+constraints it had to relax, said one by one). Pure code: the workflow and activities call it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from ipnext.contracts import Frozen
+from ipnext.errors import InfeasiblePlanError
+from ipnext.fleet import Fleet, Name
+from ipnext.plan import DeploymentDemand, PlanningProblem
+
+__all__ = [
+    "DOWN_BY_IPNEXT",
+    "EVENTS_KEPT",
+    "FleetState",
+    "FleetStatus",
+    "FleetWorkflowInput",
+    "NodeSighting",
+    "RegionChange",
+    "RegionChangeResult",
+    "RegionDownInput",
+    "RegionEvent",
+    "RegionHealth",
+    "RegionState",
+    "RegionUpInput",
+    "RegionsCheckInput",
+    "RegionsCheckResult",
+    "Relaxation",
+    "ReplanRecord",
+    "detect_changes",
+    "lost_region_problems",
+    "region_resource",
+    "surviving_hosts",
+]
+
+DOWN_BY_IPNEXT = "ipnext"  # `who` of a change ipnext's own node check made
+EVENTS_KEPT = 100  # region events kept in the state (the history has all of them)
+REPLANS_KEPT = 20
+
+
+class RegionHealth(StrEnum):
+    UP = "up"
+    DOWN = "down"
+
+
+def region_resource(region: str) -> str:
+    """The Ray custom resource every node of a region carries."""
+    return f"region:{region}"
+
+
+# -- on-call's doors ---------------------------------------------------------------------
+
+
+def _said(value: str, field: str) -> str:
+    value = value.strip()
+    if not value:
+        raise ValueError(
+            f"{field}: empty; say {'who asks' if field == 'who' else 'why'} (it goes in the audit trail)"
+        )
+    return value
+
+
+class RegionDownInput(Frozen):
+    """`region down`: on-call takes a region out of service (it stays down until `region up`)."""
+
+    region: Name
+    reason: str = Field(min_length=1, max_length=500)
+    who: str = Field(min_length=1, max_length=200)
+
+    @field_validator("reason")
+    @classmethod
+    def _reason(cls, value: str) -> str:
+        return _said(value, "reason")
+
+    @field_validator("who")
+    @classmethod
+    def _who(cls, value: str) -> str:
+        return _said(value, "who")
+
+
+class RegionUpInput(Frozen):
+    """`region up`: the region serves again (a normal replan moves capacity back)."""
+
+    region: Name
+    who: str = Field(min_length=1, max_length=200)
+    reason: str = Field(default="", max_length=500)
+
+    @field_validator("who")
+    @classmethod
+    def _who(cls, value: str) -> str:
+        return _said(value, "who")
+
+
+class RegionChangeResult(Frozen):
+    region: str
+    health: RegionHealth
+    changed: bool  # False: it already was in that state (nothing recorded, no replan)
+    replan: str = ""  # the replan workflow this change starts (or joins), "" for none
+    detail: str = ""
+
+
+# -- the state -----------------------------------------------------------------------------
+
+
+class RegionState(Frozen):
+    region: str
+    health: RegionHealth = RegionHealth.UP
+    since: datetime | None = None  # when it entered this health (None: up since the fleet began)
+    reason: str = ""
+    who: str = ""
+    # Down by ipnext's own node check (who == "ipnext"): it comes up by itself once its nodes are
+    # back. Down by on-call: only `region up` ends it, whatever the nodes do.
+    detected: bool = False
+    replan: str = ""  # the replan this state caused
+    alive_nodes: list[str] = Field(default_factory=list)  # as last seen in Ray's node table
+    dead_nodes: list[str] = Field(default_factory=list)
+
+
+class RegionEvent(Frozen):
+    at: datetime
+    region: str
+    health: RegionHealth
+    who: str
+    reason: str
+    replan: str = ""
+
+
+class ReplanRecord(Frozen):
+    """A replan FleetWorkflow started, and how it ended."""
+
+    workflow_id: str
+    kind: str  # "emergency" (a region went down) or "return" (a region came back)
+    down_regions: list[str]
+    started_at: datetime
+    outcome: str = "running"  # running | applied | failed | superseded
+    revision: int = 0
+    relaxed: list[str] = Field(default_factory=list)
+    detail: str = ""
+
+
+class FleetState(BaseModel):
+    """FleetWorkflow's state, and whole its continue-as-new payload."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    regions: dict[str, RegionState] = Field(default_factory=dict)  # every region of the fleet file
+    events: list[RegionEvent] = Field(default_factory=list)  # the last EVENTS_KEPT
+    replans: list[ReplanRecord] = Field(default_factory=list)  # the last REPLANS_KEPT
+    replans_started: int = 0  # numbers the replan workflow ids
+    # A change not yet replanned: "emergency" (a region went down) or "return" (one came up).
+    replan_due: str | None = None
+    last_check: datetime | None = None
+    last_check_error: str = ""
+
+    def down(self) -> list[str]:
+        return sorted(r for r, s in self.regions.items() if s.health == RegionHealth.DOWN)
+
+    def record(self, event: RegionEvent) -> None:
+        self.events = [*self.events, event][-EVENTS_KEPT:]
+
+    def add_replan(self, replan: ReplanRecord) -> None:
+        self.replans = [*self.replans, replan][-REPLANS_KEPT:]
+
+    def finish_replan(self, workflow_id: str, **update: object) -> None:
+        self.replans = [
+            r.model_copy(update=update) if r.workflow_id == workflow_id else r for r in self.replans
+        ]
+
+
+class FleetStatus(Frozen):
+    """What FleetWorkflow's `regions` query answers."""
+
+    regions: list[RegionState]
+    down: list[str]
+    replans: list[ReplanRecord]
+    events: list[RegionEvent]
+    replan_due: str | None = None
+    last_check: datetime | None = None
+    last_check_error: str = ""
+    updated_at: datetime | None = None
+
+
+class FleetWorkflowInput(Frozen):
+    state: FleetState | None = None  # carried across continue-as-new
+    # How often the workflow reads the fleet file and Ray's node table; False: no node check
+    # (regions go down only by on-call).
+    check_seconds: float = Field(default=5.0, gt=0)
+    detect: bool = True
+    replan_time_limit_s: float = Field(default=60.0, gt=0)
+    churn_cost: float = Field(default=0.05, ge=0)
+    history_limit: int = Field(default=2000, ge=100)
+
+
+# -- detection -------------------------------------------------------------------------------
+
+
+class NodeSighting(Frozen):
+    """One row of Ray's node table: a node, whether Ray holds it alive, the regions it carries."""
+
+    node_id: str
+    alive: bool
+    regions: list[str]
+
+
+class RegionsCheckInput(Frozen):
+    look_at_nodes: bool = True
+
+
+class RegionsCheckResult(Frozen):
+    regions: list[str]  # the fleet file's regions
+    nodes: list[NodeSighting] | None = None  # None: not read (switched off, or Ray did not answer)
+    error: str = ""  # why the nodes were not read
+
+
+class RegionChange(Frozen):
+    region: str
+    health: RegionHealth
+    reason: str
+    alive_nodes: list[str] = Field(default_factory=list)
+    dead_nodes: list[str] = Field(default_factory=list)
+
+
+def _short(node_ids: Iterable[str]) -> str:
+    return ", ".join(n[:12] for n in sorted(node_ids))
+
+
+def detect_changes(regions: dict[str, RegionState], nodes: list[NodeSighting]) -> list[RegionChange]:
+    """What Ray's node table says about each region, against what the state holds.
+
+    A region is down when it had nodes and none of them is alive (a partly lost region still
+    serves). A region no node ever carried (its resources not declared on this cluster) is
+    left as it is. A region ipnext marked down comes up once a node of it is alive again; a
+    region on-call marked down stays down until on-call says `region up`."""
+    changes = []
+    for region, state in sorted(regions.items()):
+        mine = [n for n in nodes if region in n.regions]
+        alive = sorted(n.node_id for n in mine if n.alive)
+        dead = sorted(n.node_id for n in mine if not n.alive)
+        if not mine:
+            continue
+        if state.health == RegionHealth.UP and not alive:
+            changes.append(
+                RegionChange(
+                    region=region,
+                    health=RegionHealth.DOWN,
+                    reason=f"every Ray node of {region} is dead ({_short(dead)})",
+                    dead_nodes=dead,
+                )
+            )
+        elif state.health == RegionHealth.DOWN and state.detected and alive:
+            changes.append(
+                RegionChange(
+                    region=region,
+                    health=RegionHealth.UP,
+                    reason=f"Ray nodes of {region} alive again ({_short(alive)})",
+                    alive_nodes=alive,
+                    dead_nodes=dead,
+                )
+            )
+    return changes
+
+
+# -- the emergency problem -------------------------------------------------------------------
+
+
+class Relaxation(Frozen):
+    """One constraint an emergency replan relaxed for the regions that survive."""
+
+    subject: str  # the model (a group of deployments) or the deployment
+    constraint: str  # min_regions | survive_region_loss | latency_budget_ms
+    was: str
+    now: str
+    why: str
+
+    def __str__(self) -> str:
+        return f"{self.subject}: {self.constraint} {self.was} -> {self.now} ({self.why})"
+
+
+class RelaxedProblem(Frozen):
+    problem: PlanningProblem
+    relaxed: list[Relaxation]
+
+
+def _blocks(deployments: list[DeploymentDemand]) -> list[list[int]]:
+    """Deployment indices placed together (a model's parts share `group`), in the planner's order."""
+    by_group: dict[str, list[int]] = {}
+    blocks: list[list[int]] = []
+    for i, dep in enumerate(deployments):
+        if dep.group is None:
+            blocks.append([i])
+        else:
+            by_group.setdefault(dep.group, []).append(i)
+    return blocks + list(by_group.values())
+
+
+def surviving_hosts(fleet: Fleet, members: list[DeploymentDemand]) -> list[str]:
+    """Regions of `fleet` with a pool that holds a replica of every one of `members`."""
+    hosts = []
+    for region in fleet.regions:
+        fits = all(
+            any(
+                (pool := fleet.pool(region, hw)) is not None and pool.units >= o.units
+                for hw, o in d.hardware.items()
+            )
+            for d in members
+        )
+        if fits:
+            hosts.append(region)
+    return hosts
+
+
+def lost_region_problems(problem: PlanningProblem, down: list[str]) -> list[RelaxedProblem]:
+    """The problems an emergency replan tries in turn, each relaxing more, for the fleet without
+    the `down` regions' pools (they stay traffic sources: their callers still call).
+
+    First: `min_regions` lowered to the regions that can still host each model, and
+    `survive_region_loss` dropped where fewer than two can; a source with no surviving region
+    within the latency budget gets the budget raised to its nearest surviving host (rather than
+    no capacity planned for its callers). Then, should the surviving pools be too small for
+    spare capacity, `survive_region_loss` dropped everywhere; then `min_regions` 1 everywhere.
+    Raises InfeasiblePlanError when no region with pools survives."""
+    fleet = problem.fleet
+    unknown = sorted(set(down) - set(fleet.regions))
+    if unknown:
+        raise InfeasiblePlanError(
+            f"down regions {unknown} are not regions of the fleet {fleet.regions}.",
+            field="down_regions",
+            value=unknown,
+            fix="name regions of the fleet file",
+        )
+    kept = [p for p in fleet.pools if p.region not in down]
+    if not kept:
+        raise InfeasiblePlanError(
+            f"every region with pools is down ({sorted(down)}): nothing is left to plan on.",
+            field="down_regions",
+            value=sorted(down),
+            fix="bring a region back (`ipnext fleet region up REGION --who ...`)",
+        )
+    survivors = fleet.model_copy(update={"pools": kept})
+    deployments = list(problem.deployments)
+    relaxed: list[Relaxation] = []
+    for members in _blocks(deployments):
+        group = [deployments[i] for i in members]
+        subject = group[0].group or group[0].name
+        hosts = surviving_hosts(survivors, group)
+        if not hosts:
+            raise InfeasiblePlanError(
+                f"{subject}: no surviving region has pools for every part (down: {sorted(down)}).",
+                field="down_regions",
+                value=sorted(down),
+                fix="bring a region back, or add pools of its hardware in a surviving region",
+            )
+        update: dict[str, object] = {}
+        need = max(d.min_regions for d in group)
+        if need > len(hosts):
+            update["min_regions"] = len(hosts)
+            relaxed.append(
+                Relaxation(
+                    subject=subject,
+                    constraint="min_regions",
+                    was=str(need),
+                    now=str(len(hosts)),
+                    why=f"only {hosts} can host it with {sorted(down)} down",
+                )
+            )
+        if any(d.survive_region_loss for d in group) and len(hosts) < 2:
+            update["survive_region_loss"] = False
+            relaxed.append(
+                Relaxation(
+                    subject=subject,
+                    constraint="survive_region_loss",
+                    was="true",
+                    now="false",
+                    why=f"only {hosts} can host it: no second region to fail over to",
+                )
+            )
+        budget = min(d.latency_budget_ms for d in group)
+        sources = sorted({s for d in group for s, qps in d.demand_qps.items() if qps > 0})
+        needed = budget
+        for source in sources:
+            nearest = min(survivors.latency(source, r) for r in hosts)
+            if nearest > budget and nearest != float("inf"):
+                needed = max(needed, nearest)
+                relaxed.append(
+                    Relaxation(
+                        subject=subject,
+                        constraint="latency_budget_ms",
+                        was=f"{budget:g}",
+                        now=f"{nearest:g}",
+                        why=f"source {source}: its nearest surviving region is {nearest:g} ms away",
+                    )
+                )
+        if needed > budget:
+            update["latency_budget_ms"] = needed
+        for i in members:
+            deployments[i] = deployments[i].model_copy(update=update)
+    first = PlanningProblem(fleet=survivors, deployments=deployments, current=problem.current)
+    attempts = [RelaxedProblem(problem=first, relaxed=relaxed)]
+    survive = sorted({d.group or d.name for d in deployments if d.survive_region_loss})
+    if survive:
+        deployments = [d.model_copy(update={"survive_region_loss": False}) for d in deployments]
+        relaxed = relaxed + [
+            Relaxation(
+                subject=s,
+                constraint="survive_region_loss",
+                was="true",
+                now="false",
+                why="the surviving pools cannot also hold spare capacity for another lost region",
+            )
+            for s in survive
+        ]
+        attempts.append(
+            RelaxedProblem(problem=first.model_copy(update={"deployments": deployments}), relaxed=relaxed)
+        )
+    spread = sorted({d.group or d.name: d.min_regions for d in deployments if d.min_regions > 1}.items())
+    if spread:
+        deployments = [d.model_copy(update={"min_regions": 1}) for d in deployments]
+        relaxed = relaxed + [
+            Relaxation(
+                subject=s,
+                constraint="min_regions",
+                was=str(n),
+                now="1",
+                why="the surviving pools cannot spread it over more regions",
+            )
+            for s, n in spread
+        ]
+        attempts.append(
+            RelaxedProblem(problem=first.model_copy(update={"deployments": deployments}), relaxed=relaxed)
+        )
+    return attempts
