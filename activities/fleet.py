@@ -1,7 +1,11 @@
-"""Fleet replanning activities: read every model's demand and plan from the registry, solve
-the whole fleet at once, store the plan, and split it back into per-model plans."""
+"""Fleet replanning activities: read every model's demand and plan from the registry and its
+observed demand from the metrics actors, solve the whole fleet at once, store the plan, and
+split it back into per-model plans."""
 
 from __future__ import annotations
+
+import time
+from typing import Any
 
 from pydantic import Field
 from temporalio import activity
@@ -10,6 +14,7 @@ from temporalio.client import Client
 from ipnext.activities import _context
 from ipnext.activities.validate import as_application_error
 from ipnext.contracts import Frozen, ModelStatus, ModelWorkflowNames, Workflows
+from ipnext.demand import DemandReport, DemandSizing, declared_only, model_demand, plan_demand
 from ipnext.errors import IpnextError
 from ipnext.model import ModelSpec
 from ipnext.plan import (
@@ -25,15 +30,22 @@ from ipnext.plan import (
 from ipnext.planner import solve
 from ipnext.registry import ModelState
 from ipnext.replan import PlanStore, StoredPlan, now
+from ipnext.serving.layout import RAY_NAMESPACE, metrics_actor_name
 
 __all__ = [
     "CollectResult",
     "FleetActivities",
     "ModelEntry",
+    "ReadDemandInput",
+    "ReadDemandResult",
     "SolveFleetInput",
     "SolveFleetResult",
+    "read_observed_demand",
     "solve_fleet_plan",
 ]
+
+# How long one metrics actor may take to answer its demand report.
+DEMAND_READ_TIMEOUT_S = 20.0
 
 # Moves listed in the workflow's result; the stored plan has all of them.
 MOVES_SHOWN = 200
@@ -48,11 +60,24 @@ class CollectResult(Frozen):
     models: list[ModelEntry]
 
 
+class ReadDemandInput(Frozen):
+    declared: dict[str, dict[str, float]]  # model -> its traffic.peak_qps
+    interval_s: float | None = None  # the peak is over the windows since then; None: all kept
+
+
+class ReadDemandResult(Frozen):
+    demand: dict[str, DemandSizing]  # model -> what the replan plans each source for
+
+
 class SolveFleetInput(Frozen):
     models: list[ModelEntry]
     time_limit_s: float
     churn_cost: float
     made_by: str
+    # From `read_observed_demand`; a model missing here is planned for its declared demand,
+    # with `demand_note` saying why (observed demand could not be read).
+    demand: dict[str, DemandSizing] = Field(default_factory=dict)
+    demand_note: str = "observed demand not read"
 
 
 class SolveFleetResult(Frozen):
@@ -68,6 +93,7 @@ class SolveFleetResult(Frozen):
     moves_total: int
     changed: dict[str, Plan] = Field(default_factory=dict)  # model -> its new plan, where it changed
     plan_file: str
+    demand: dict[str, DemandSizing] = Field(default_factory=dict)  # model -> what it was planned for
 
 
 class FleetActivities:
@@ -91,12 +117,64 @@ class FleetActivities:
 
 
 @activity.defn
+def read_observed_demand(input: ReadDemandInput) -> ReadDemandResult:
+    """Each model's observed demand, summed over the fleet's regions from their metrics actors,
+    weighed against its declared demand (`ipnext.demand.plan_demand`, with the `demand`
+    settings). A region without an actor never served the model: nothing observed there. An
+    actor that does not answer leaves that model on its declared demand, said in its note (one
+    dead actor must not hold the whole fleet's replan)."""
+    import ray
+
+    settings = _context.settings()
+    regions = list(settings.fleet().regions)
+    window = settings.demand.window_seconds
+    _context.writer()  # connects this process to Ray
+    stamp = time.time()
+    since = stamp - input.interval_s if input.interval_s is not None else None
+    answer: dict[str, DemandSizing] = {}
+    for model, declared in sorted(input.declared.items()):
+        reports: dict[str, DemandReport] = {}
+        failed = []
+        for region in regions:
+            try:
+                actor: Any = ray.get_actor(metrics_actor_name(model, region), namespace=RAY_NAMESPACE)
+            except ValueError:
+                continue  # no metrics actor: the model never served in that region
+            try:
+                raw = ray.get(actor.demand.remote(window), timeout=DEMAND_READ_TIMEOUT_S)
+            except (ray.exceptions.RayError, TimeoutError) as err:
+                failed.append(f"{region}: {type(err).__name__}")
+                continue
+            reports[region] = DemandReport.model_validate(raw)
+        if failed:
+            note = f"observed demand unreadable ({', '.join(failed)}): declared demand planned"
+            answer[model] = declared_only(declared, note)
+            activity.logger.warning("%s: %s", model, note)
+            continue
+        observed = (
+            model_demand(model, declared, reports, time.time(), window, since=since) if reports else None
+        )
+        answer[model] = plan_demand(
+            declared, observed, settings.demand.margin, settings.demand.min_history_seconds, regions
+        )
+    return ReadDemandResult(demand=answer)
+
+
+@activity.defn
 def solve_fleet_plan(input: SolveFleetInput) -> SolveFleetResult:
     """Solve every model's parts together against the current plans, store the plan, and
-    return the per-model plans that changed."""
+    return the per-model plans that changed. Each model is planned for what
+    `read_observed_demand` decided per source, else for its declared demand."""
     settings = _context.settings()
     fleet = settings.fleet()
-    deployments: list[DeploymentDemand] = [d for m in input.models for d in demand_from_model(m.spec)]
+    sizing = {
+        m.spec.name: input.demand.get(m.spec.name)
+        or declared_only(dict(m.spec.traffic.peak_qps), input.demand_note)
+        for m in input.models
+    }
+    deployments: list[DeploymentDemand] = [
+        d for m in input.models for d in demand_from_model(m.spec, sizing[m.spec.name].demand_qps())
+    ]
     current = merge_plans([m.plan for m in input.models if m.plan is not None])
     problem = PlanningProblem(fleet=fleet, deployments=deployments, current=current)
     activity.logger.info(
@@ -123,6 +201,7 @@ def solve_fleet_plan(input: SolveFleetInput) -> SolveFleetResult:
             plan=plan.to_report(),
             pools=list(fleet.pools),
             units={d.name: {h: o.units for h, o in d.hardware.items()} for d in deployments},
+            demand=sizing,
         )
     )
     return SolveFleetResult(
@@ -138,6 +217,7 @@ def solve_fleet_plan(input: SolveFleetInput) -> SolveFleetResult:
         moves_total=len(moves),
         changed=_changed_models(input.models, plan, problem),
         plan_file=path.name,
+        demand=sizing,
     )
 
 

@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import Field
 
 from ipnext.contracts import Frozen
+from ipnext.demand import DemandSizing
 from ipnext.errors import IpnextError
 from ipnext.fleet import Pool
 from ipnext.plan import Plan, PlanMove
@@ -34,6 +35,9 @@ __all__ = [
 class FleetReplanInput(Frozen):
     time_limit_s: float = Field(default=120.0, gt=0)
     churn_cost: float = Field(default=0.05, ge=0)
+    # The Schedule's interval (`ensure_replan_schedule` sets it): observed demand's peak is read
+    # over the windows since one interval ago. None: over all the history the actors keep.
+    interval_s: float | None = Field(default=None, gt=0)
 
 
 class FleetReplanResult(Frozen):
@@ -52,6 +56,9 @@ class FleetReplanResult(Frozen):
     applied_to: list[str] = Field(default_factory=list)  # models told of their new placement
     not_applied: dict[str, str] = Field(default_factory=dict)  # model -> why
     plan_file: str = ""
+    # Per model, what each source was planned for: declared or observed, both figures, and
+    # whether observed exceeds the declared peak_qps (`ipnext.demand.DemandSizing`).
+    demand: dict[str, DemandSizing] = Field(default_factory=dict)
 
 
 class StoredPlan(Frozen):
@@ -65,6 +72,8 @@ class StoredPlan(Frozen):
     plan: dict[str, Any]  # Plan.to_report()
     pools: list[Pool]  # the fleet's pools when it was solved
     units: dict[str, dict[str, int]]  # deployment -> hardware -> units one replica takes
+    # What each model was planned for, per source (plans stored before observed demand: empty).
+    demand: dict[str, DemandSizing] = Field(default_factory=dict)
 
     def as_plan(self) -> Plan:
         return Plan.from_report(self.plan)
