@@ -110,8 +110,9 @@ def _demand_place(path: str | None, save_seconds: float | None) -> tuple[Path | 
 
     Given a path (tests), that one. Inside the Ray actor, the file of its own name under the
     settings' `demand_store()`: the settings of the stack's `IPNEXT_CONFIG`, which every Ray
-    process of the dev stack inherits. Outside an actor, or with settings that cannot be read,
-    the history stays in memory only (logged): it is then lost with the actor."""
+    process of the dev stack inherits. Outside an actor, with settings that cannot be read, or
+    with no config file and no absolute `IPNEXT_DEMAND_DIR`, the history stays in memory only
+    (logged): it is then lost with the actor."""
     every = save_seconds if save_seconds is not None else 5.0
     if path is not None:
         return Path(path), every, False
@@ -133,4 +134,10 @@ def _demand_place(path: str | None, save_seconds: float | None) -> tuple[Path | 
         logger.warning("demand history kept in memory only (settings unreadable: %s)", err)
         return None, every, reconstructed
     every = save_seconds if save_seconds is not None else settings.demand.save_seconds
+    chosen = settings.demand_dir
+    if settings.source is None and (chosen is None or not chosen.is_absolute()):
+        # No config file reached this process (a Ray cluster ipnext did not start, without
+        # IPNEXT_CONFIG): a relative default would land in whatever folder the worker runs in.
+        logger.warning("demand history kept in memory only: no IPNEXT_CONFIG says where to save it")
+        return None, every, reconstructed
     return demand_file(settings.demand_store(), match[1], match[2]), every, reconstructed
