@@ -1,7 +1,11 @@
-"""Fleet replanning activities: read every model's demand and plan from the registry, solve
-the whole fleet at once, store the plan, and split it back into per-model plans."""
+"""Fleet replanning activities: read every model's demand and plan from the registry and its
+observed demand from the metrics actors, solve the whole fleet at once, store the plan, and
+split it back into per-model plans."""
 
 from __future__ import annotations
+
+import time
+from typing import Any
 
 from pydantic import Field
 from temporalio import activity
@@ -18,6 +22,7 @@ from ipnext.contracts import (
     ModelWorkflowNames,
     Workflows,
 )
+from ipnext.demand import DemandReport, DemandSizing, declared_only, model_demand, plan_demand
 from ipnext.errors import InfeasiblePlanError, IpnextError
 from ipnext.model import ModelSpec
 from ipnext.plan import (
@@ -34,16 +39,23 @@ from ipnext.planner import solve
 from ipnext.regions import FleetStatus, Relaxation, lost_region_problems
 from ipnext.registry import ModelState
 from ipnext.replan import PlanStore, StoredPlan, now
+from ipnext.serving.layout import RAY_NAMESPACE, metrics_actor_name
 
 __all__ = [
     "CollectResult",
     "FleetActivities",
     "ModelEntry",
+    "ReadDemandInput",
+    "ReadDemandResult",
     "SolveFleetInput",
     "SolveFleetResult",
+    "read_observed_demand",
     "solve_fleet_plan",
     "solve_without",
 ]
+
+# How long one metrics actor may take to answer its demand report.
+DEMAND_READ_TIMEOUT_S = 20.0
 
 # Moves listed in the workflow's result; the stored plan has all of them.
 MOVES_SHOWN = 200
@@ -59,12 +71,25 @@ class CollectResult(Frozen):
     down_regions: list[str] = Field(default_factory=list)  # held down by the `fleet` workflow
 
 
+class ReadDemandInput(Frozen):
+    declared: dict[str, dict[str, float]]  # model -> its traffic.peak_qps
+    interval_s: float | None = None  # the peak is over the windows since then; None: all kept
+
+
+class ReadDemandResult(Frozen):
+    demand: dict[str, DemandSizing]  # model -> what the replan plans each source for
+
+
 class SolveFleetInput(Frozen):
     models: list[ModelEntry]
     time_limit_s: float
     churn_cost: float
     made_by: str
     down_regions: list[str] = Field(default_factory=list)  # planned without their pools
+    # From `read_observed_demand`; a model missing here is planned for its declared demand,
+    # with `demand_note` saying why (observed demand could not be read).
+    demand: dict[str, DemandSizing] = Field(default_factory=dict)
+    demand_note: str = "observed demand not read"
 
 
 class SolveFleetResult(Frozen):
@@ -81,6 +106,7 @@ class SolveFleetResult(Frozen):
     changed: dict[str, Plan] = Field(default_factory=dict)  # model -> its new plan, where it changed
     plan_file: str
     relaxed: list[str] = Field(default_factory=list)  # constraints relaxed for the down regions
+    demand: dict[str, DemandSizing] = Field(default_factory=dict)  # model -> what it was planned for
 
 
 class FleetActivities:
@@ -119,13 +145,65 @@ class FleetActivities:
 
 
 @activity.defn
+def read_observed_demand(input: ReadDemandInput) -> ReadDemandResult:
+    """Each model's observed demand, summed over the fleet's regions from their metrics actors,
+    weighed against its declared demand (`ipnext.demand.plan_demand`, with the `demand`
+    settings). A region without an actor never served the model: nothing observed there. An
+    actor that does not answer leaves that model on its declared demand, said in its note (one
+    dead actor must not hold the whole fleet's replan)."""
+    import ray
+
+    settings = _context.settings()
+    regions = list(settings.fleet().regions)
+    window = settings.demand.window_seconds
+    _context.writer()  # connects this process to Ray
+    stamp = time.time()
+    since = stamp - input.interval_s if input.interval_s is not None else None
+    answer: dict[str, DemandSizing] = {}
+    for model, declared in sorted(input.declared.items()):
+        reports: dict[str, DemandReport] = {}
+        failed = []
+        for region in regions:
+            try:
+                actor: Any = ray.get_actor(metrics_actor_name(model, region), namespace=RAY_NAMESPACE)
+            except ValueError:
+                continue  # no metrics actor: the model never served in that region
+            try:
+                raw = ray.get(actor.demand.remote(window), timeout=DEMAND_READ_TIMEOUT_S)
+            except (ray.exceptions.RayError, TimeoutError) as err:
+                failed.append(f"{region}: {type(err).__name__}")
+                continue
+            reports[region] = DemandReport.model_validate(raw)
+        if failed:
+            note = f"observed demand unreadable ({', '.join(failed)}): declared demand planned"
+            answer[model] = declared_only(declared, note)
+            activity.logger.warning("%s: %s", model, note)
+            continue
+        observed = (
+            model_demand(model, declared, reports, time.time(), window, since=since) if reports else None
+        )
+        answer[model] = plan_demand(
+            declared, observed, settings.demand.margin, settings.demand.min_history_seconds, regions
+        )
+    return ReadDemandResult(demand=answer)
+
+
+@activity.defn
 def solve_fleet_plan(input: SolveFleetInput) -> SolveFleetResult:
     """Solve every model's parts together against the current plans, store the plan, and
-    return the per-model plans that changed."""
+    return the per-model plans that changed. Each model is planned for what
+    `read_observed_demand` decided per source, else for its declared demand."""
     started = now()
     settings = _context.settings()
     fleet = settings.fleet()
-    deployments: list[DeploymentDemand] = [d for m in input.models for d in demand_from_model(m.spec)]
+    sizing = {
+        m.spec.name: input.demand.get(m.spec.name)
+        or declared_only(dict(m.spec.traffic.peak_qps), input.demand_note)
+        for m in input.models
+    }
+    deployments: list[DeploymentDemand] = [
+        d for m in input.models for d in demand_from_model(m.spec, sizing[m.spec.name].demand_qps())
+    ]
     current = merge_plans([m.plan for m in input.models if m.plan is not None])
     problem = PlanningProblem(fleet=fleet, deployments=deployments, current=current)
     activity.logger.info(
@@ -159,6 +237,7 @@ def solve_fleet_plan(input: SolveFleetInput) -> SolveFleetResult:
             down_regions=sorted(input.down_regions),
             relaxed=relaxed,
             solve_started_at=started,
+            demand=sizing,
         )
     )
     return SolveFleetResult(
@@ -175,6 +254,7 @@ def solve_fleet_plan(input: SolveFleetInput) -> SolveFleetResult:
         changed=_changed_models(input.models, plan, problem),
         plan_file=path.name,
         relaxed=[str(r) for r in relaxed],
+        demand=sizing,
     )
 
 

@@ -3,6 +3,7 @@ through the one Serve config writer and waits until Serve reports it, so retries
 
 from __future__ import annotations
 
+import shutil
 from typing import Any
 
 from pydantic import Field, model_validator
@@ -248,6 +249,8 @@ def teardown_model(input: TeardownInput) -> TeardownResult:
             ray.kill(ray.get_actor(metrics_actor_name(input.model, region), namespace="ipnext"))
         except ValueError:
             pass  # no metrics actor there: the model never served in that region
+    # Its observed demand goes with it: a model published again under the name starts afresh.
+    shutil.rmtree(_context.settings().demand_store() / input.model, ignore_errors=True)
     return TeardownResult(removed=names)
 
 

@@ -63,7 +63,8 @@ def _model(args: argparse.Namespace, settings: Settings) -> None:
         _print_json(state)
         print(fresh.describe(), file=sys.stderr)  # stdout stays JSON
     elif args.verb == "demand":
-        view = asyncio.run(_with_client(settings, lambda c: c.model_demand(args.name, args.window)))
+        window = args.window or settings.demand.window_seconds
+        view = asyncio.run(_with_client(settings, lambda c: c.model_demand(args.name, window)))
         print(
             f"{view.model}: observed over {view.window_seconds:g} s windows, "
             f"{view.history_seconds:.0f} s of history, from routers in {', '.join(view.regions) or 'no region'}"
@@ -262,6 +263,7 @@ def _plan_show(args: argparse.Namespace, settings: Settings) -> None:
         for relaxed in stored.relaxed:
             print(f"  relaxed {relaxed}")
     _print_usage(stored.pools, stored.units, plan)
+    _print_demand(stored.demand)
     print(f"moves against the previous plans: {len(stored.moves)} ({plan.moved_units} units newly placed)")
     for move in stored.moves:
         print(f"  {move}")
@@ -379,6 +381,14 @@ def _plan_schedule(args: argparse.Namespace, settings: Settings) -> None:
                 f"plan revision {result.revision}: {len(result.models)} models, cost {result.cost:.2f}, "
                 f"gap {gap}, {result.moves_total} moves, applied to {result.applied_to or 'none'}"
             )
+            for model, sizing in sorted(result.demand.items()):
+                observed = sorted(src for src, v in sizing.sources.items() if v.used == "observed")
+                over = sizing.over_budget()
+                if observed:
+                    print(
+                        f"  {model}: planned for observed demand from {', '.join(observed)}"
+                        + (f" (over the declared peak_qps: {', '.join(over)})" if over else "")
+                    )
         if args.delete:
             await handle.delete()
             print("replan schedule deleted")
@@ -450,6 +460,30 @@ def _print_usage(pools: list[Any], units: dict[str, dict[str, int]], plan: Any) 
         f"cost {plan.cost:.2f}, objective {objective:.2f}, lower bound {bound} "
         f"({plan.lower_bound_method}), gap {gap}, {plan.status}{seconds}"
     )
+
+
+def _print_demand(demand: dict[str, Any]) -> None:
+    """Per model and source: the demand planned, from which figure, and observed peaks above the
+    declared peak_qps (the owner's budget) flagged OVER BUDGET."""
+    if not demand:
+        return
+    print("demand planned, per model and source (qps):")
+    for model, sizing in sorted(demand.items()):
+        how = (
+            f"observed weighed in ({sizing.history_seconds:.0f} s of history, peak over "
+            f"{sizing.window_seconds:g} s windows, margin {sizing.margin:g})"
+            if sizing.observed
+            else "declared only"
+        )
+        note = f"; {sizing.note}" if sizing.note else ""
+        print(f"  {model}: {how}{note}")
+        for source, s in sorted(sizing.sources.items()):
+            peak = f"{s.observed_peak_qps:g}" if s.observed_peak_qps is not None else "-"
+            excess = f"  OVER BUDGET: observed {peak} > declared {s.declared_qps:g}" if s.over_budget else ""
+            print(
+                f"    {source:14} planned {s.planned_qps:>9g} ({s.used}; declared {s.declared_qps:g}, "
+                f"observed peak {peak}){excess}"
+            )
 
 
 def _print_plan_summary(problem: Any, plan: Any) -> None:
@@ -573,7 +607,9 @@ def _parser() -> argparse.ArgumentParser:
     msub.add_parser("get", help="a model's state as JSON").add_argument("name")
     demand = msub.add_parser("demand", help="declared against observed demand, per source region")
     demand.add_argument("name")
-    demand.add_argument("--window", type=float, default=60.0, help="seconds per window (default 60)")
+    demand.add_argument(
+        "--window", type=float, default=None, help="seconds per window (default: demand.window_seconds, 60)"
+    )
     msub.add_parser("list", help="registered models")
     msub.add_parser("delete", help="tear down serving and delete the model").add_argument("name")
     msub.add_parser(

@@ -24,6 +24,7 @@ from ipnext.fleet import Fleet, load_fleet
 from ipnext.specio import format_validation_error, load_yaml, parse_spec
 
 __all__ = [
+    "DemandSettings",
     "PartHealthCheckSettings",
     "RaySettings",
     "RegionSettings",
@@ -79,6 +80,18 @@ class RegionSettings(_Section):
     replan_time_limit_s: float = Field(default=60.0, gt=0)
 
 
+class DemandSettings(_Section):
+    """Observed demand (`ipnext.demand`): the window rates and peaks are read over, and how the
+    fleet replan plans from it: each source for max(declared, observed peak x (1 + margin)),
+    once a model's history is at least `min_history_seconds` long (declared alone before)."""
+
+    window_seconds: float = Field(default=60.0, gt=0, le=86_400)  # whole 5 s slots
+    margin: float = Field(default=0.2, ge=0, le=10)
+    min_history_seconds: float = Field(default=3600.0, ge=0)
+    # How often a metrics actor saves its history to `<demand_dir>/<model>/<region>.json`.
+    save_seconds: float = Field(default=5.0, gt=0)
+
+
 class TemporalDevSettings(_Section):
     """temporal-dev.yaml: how `ipnext dev up` runs `temporal server start-dev`."""
 
@@ -108,11 +121,15 @@ class Settings(BaseSettings):
     # Validated snapshot files, copied out of training's reach (ipnext/pinned.py); by default
     # `<state_dir>/pinned`. On a multi-node cluster: a folder every node reads.
     pinned_dir: Path | None = None
+    # Observed demand histories, saved by the metrics actors; by default `<state_dir>/demand`.
+    # On a multi-node cluster: a folder the head node (where those actors run) writes.
+    demand_dir: Path | None = None
     temporal_dev_file: Path | None = None
     temporal: TemporalSettings = Field(default_factory=TemporalSettings)
     serve: ServeSettings = Field(default_factory=ServeSettings)
     ray: RaySettings = Field(default_factory=RaySettings)
     regions: RegionSettings = Field(default_factory=RegionSettings)
+    demand: DemandSettings = Field(default_factory=DemandSettings)
     # The file these settings were read from (absolute), None for defaults and the environment.
     _source: Path | None = PrivateAttr(default=None)
 
@@ -173,6 +190,10 @@ class Settings(BaseSettings):
         """The pinned store's folder, absolute (replicas run in other folders)."""
         return (self.pinned_dir or self.state_dir / "pinned").resolve()
 
+    def demand_store(self) -> Path:
+        """The folder of saved demand histories, absolute (the actors run in other folders)."""
+        return (self.demand_dir or self.state_dir / "demand").resolve()
+
     @property
     def ray_address_file(self) -> Path:
         return self.state_dir / "ray-address"
@@ -191,7 +212,7 @@ class Settings(BaseSettings):
             ) from None
 
 
-_PATH_FIELDS = ("fleet_file", "freeze_calendar", "state_dir", "temporal_dev_file", "pinned_dir")
+_PATH_FIELDS = ("fleet_file", "freeze_calendar", "state_dir", "temporal_dev_file", "pinned_dir", "demand_dir")
 
 
 def load_settings(path: str | Path | None = None) -> Settings:

@@ -3,29 +3,46 @@
 Routers count the requests they admit by the caller's source (the `x-ipnext-source` header the
 SDK and CLI send; the serving region when absent) and push their cumulative counts; a model's
 metrics actor folds them into a `DemandHistory` of fixed slots, and a `DemandReport` reads rates
-over any window that is a whole number of slots. Pure: no Ray, no Temporal, no clock (callers
-pass `now`).
+over any window that is a whole number of slots; `plan_demand` decides what the fleet replan
+plans each source for. No Ray, no Temporal, no clock (callers pass `now`); the only side effect
+is a history's own file (`save_history`, `load_history`).
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import os
 import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
+
+from ipnext.contracts import Frozen
 
 __all__ = [
     "DEMAND_SLOT_S",
     "SOURCE_HEADER",
     "DemandHistory",
     "DemandReport",
+    "DemandSizing",
     "ModelDemand",
     "SourceDemand",
+    "SourceSizing",
     "SourceView",
+    "declared_only",
     "demand_report",
+    "load_history",
     "model_demand",
+    "plan_demand",
     "rates",
+    "save_history",
     "valid_source",
 ]
+
+logger = logging.getLogger(__name__)
 
 SOURCE_HEADER = "x-ipnext-source"
 DEMAND_SLOT_S = 5.0  # the history's resolution; report windows are whole numbers of slots
@@ -48,6 +65,7 @@ class DemandHistory(BaseModel):
     replicas: dict[str, dict[str, int]] = Field(default_factory=dict)  # replica -> source -> total
     slots: dict[int, dict[str, int]] = Field(default_factory=dict)  # slot index -> source -> requests
     first_slot: int | None = None  # the first slot anything was recorded in (how long history is)
+    seen: dict[str, int] = Field(default_factory=dict)  # replica -> the slot of its last push
 
     def record(self, replica: str, counts: dict[str, int], now: float) -> None:
         before = self.replicas.get(replica, {})
@@ -62,9 +80,52 @@ class DemandHistory(BaseModel):
         self.replicas[replica] = dict(counts)
         if self.first_slot is None:
             self.first_slot = slot
+        self.seen[replica] = slot
         oldest = slot - int(self.keep_seconds // DEMAND_SLOT_S)
         for old in [s for s in self.slots if s < oldest]:
             del self.slots[old]
+        # Replicas long gone (a restarted Ray gives routers new ids) would pile up in a saved
+        # history: one silent for as long as history is kept is forgotten.
+        for gone in [r for r, last in self.seen.items() if last < oldest]:
+            del self.seen[gone]
+            self.replicas.pop(gone, None)
+
+    def adopt(self, replica: str, counts: dict[str, int], now: float) -> None:
+        """Take a replica's cumulative counts as its baseline without counting them: what a
+        restarted actor that lost its history does with each replica's first push, so that
+        requests of hours ago do not all land in this slot as one false peak."""
+        self.replicas[replica] = dict(counts)
+        self.seen[replica] = int(now // DEMAND_SLOT_S)
+
+
+def save_history(history: DemandHistory, path: Path) -> None:
+    """Write the history as JSON, atomically (a temporary file renamed over the old one), so a
+    reader or a crash mid-write never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(history.model_dump_json())
+    tmp.replace(path)
+
+
+def load_history(path: Path, keep_seconds: float | None = None) -> DemandHistory | None:
+    """The history saved at `path`; None when there is none or it cannot be read. A corrupt or
+    foreign file is logged and left for the next save to replace: demand then starts empty
+    (the replan plans declared demand until enough history builds up again), never fails."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        logger.warning("demand history %s is unreadable (%s): starting empty", path, err)
+        return None
+    try:
+        history = DemandHistory.model_validate_json(text)
+    except (ValidationError, json.JSONDecodeError, ValueError) as err:
+        logger.warning("demand history %s is corrupt, starting empty: %s", path, str(err)[:200])
+        return None
+    if keep_seconds is not None:
+        history.keep_seconds = keep_seconds
+    return history
 
 
 class SourceDemand(BaseModel):
@@ -143,12 +204,16 @@ def model_demand(
     reports: dict[str, DemandReport],
     now: float,
     window_seconds: float,
+    since: float | None = None,
 ) -> ModelDemand:
-    """Add the regions' reports window by window, then read rates as one report would."""
+    """Add the regions' reports window by window, then read rates as one report would; with
+    `since`, only windows that start at or after it count (the replan's peak over its interval)."""
     span = max((r.window_seconds for r in reports.values()), default=window_seconds)
     summed: dict[int, dict[str, int]] = {}
     for report in reports.values():
         for start, counts in report.windows.items():
+            if since is not None and start < since:
+                continue
             bucket = summed.setdefault(start, {})
             for source, n in counts.items():
                 bucket[source] = bucket.get(source, 0) + n
@@ -163,4 +228,88 @@ def model_demand(
         history_seconds=max((r.history_seconds for r in reports.values()), default=0.0),
         regions=sorted(reports),
         sources=views,
+    )
+
+
+class SourceSizing(Frozen):
+    """What the fleet replan planned one source of one model for, and from what."""
+
+    declared_qps: float  # traffic.peak_qps (0 for a source the spec does not name)
+    observed_peak_qps: float | None  # the peak over the replan's interval; None: not used
+    planned_qps: float
+    used: Literal["declared", "observed"]
+    over_budget: bool = False  # observed peak above the declared peak_qps (the owner's budget)
+
+
+class DemandSizing(Frozen):
+    """Per model: whether observed demand was used, and per source the figures the plan used."""
+
+    history_seconds: float = 0.0
+    window_seconds: float = 0.0
+    margin: float = 0.0
+    observed: bool = False  # enough history: observed demand was weighed against declared
+    note: str = ""  # why only declared demand was used, or what was left out
+    sources: dict[str, SourceSizing] = Field(default_factory=dict)
+
+    def demand_qps(self) -> dict[str, float]:
+        return {source: s.planned_qps for source, s in self.sources.items()}
+
+    def over_budget(self) -> list[str]:
+        return [source for source, s in self.sources.items() if s.over_budget]
+
+
+def declared_only(declared: dict[str, float], note: str) -> DemandSizing:
+    sources = {
+        s: SourceSizing(declared_qps=q, observed_peak_qps=None, planned_qps=q, used="declared")
+        for s, q in sorted(declared.items())
+    }
+    return DemandSizing(note=note, sources=sources)
+
+
+def plan_demand(
+    declared: dict[str, float],
+    observed: ModelDemand | None,
+    margin: float,
+    min_history_seconds: float,
+    regions: Iterable[str],
+) -> DemandSizing:
+    """Each source planned for max(declared, observed peak x (1 + margin)) once the history is
+    at least `min_history_seconds` long; declared alone before. A source the spec does not name
+    is planned for its observed figure when it is one of the fleet's `regions` (the planner
+    needs its latencies) and left out, with a note, when it is not."""
+    if observed is None:
+        return declared_only(declared, "no observed demand")
+    if observed.history_seconds < min_history_seconds:
+        note = f"{observed.history_seconds:.0f} s of history, {min_history_seconds:.0f} s needed"
+        return declared_only(declared, note).model_copy(
+            update={"history_seconds": observed.history_seconds, "window_seconds": observed.window_seconds}
+        )
+    known = set(regions)
+    sources: dict[str, SourceSizing] = {}
+    ignored = []
+    for source in sorted(set(declared) | set(observed.sources)):
+        if source not in declared and source not in known:
+            ignored.append(source)
+            continue
+        view = observed.sources.get(source)
+        peak = view.peak_qps if view is not None else 0.0
+        if source not in declared and peak == 0:
+            continue  # requests only in the window still filling: nothing to plan for yet
+        budget = declared.get(source, 0.0)
+        wanted = round(peak * (1 + margin), 6)
+        sources[source] = SourceSizing(
+            declared_qps=budget,
+            observed_peak_qps=peak,
+            planned_qps=max(budget, wanted),
+            used="observed" if wanted > budget else "declared",
+            over_budget=peak > budget,
+        )
+    note = f"sources not in the fleet, not planned: {', '.join(ignored)}" if ignored else ""
+    return DemandSizing(
+        history_seconds=observed.history_seconds,
+        window_seconds=observed.window_seconds,
+        margin=margin,
+        observed=True,
+        note=note,
+        sources=sources,
     )

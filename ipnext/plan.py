@@ -131,14 +131,16 @@ class SolveOptions(Frozen):
     exact_fallback: bool = True
 
 
-def demand_from_model(spec: ModelSpec) -> list[DeploymentDemand]:
+def demand_from_model(spec: ModelSpec, demand_qps: dict[str, float] | None = None) -> list[DeploymentDemand]:
     """Each part is a deployment `<model>/<part>` with the model's traffic and budgets, grouped
-    by model so all parts are placed in the same regions with the same routing."""
+    by model so all parts are placed in the same regions with the same routing. The traffic is
+    the declared `traffic.peak_qps` unless the fleet replan passes what it plans per source
+    (`ipnext.demand.plan_demand`: the larger of declared and observed)."""
     return [
         DeploymentDemand(
             name=f"{spec.name}/{part}",
             hardware=part_spec.hardware,
-            demand_qps=dict(spec.traffic.peak_qps),
+            demand_qps=dict(spec.traffic.peak_qps) if demand_qps is None else dict(demand_qps),
             latency_budget_ms=spec.latency_budget_ms,
             headroom=spec.availability.headroom,
             min_regions=spec.availability.min_regions,

@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import Field
 
 from ipnext.contracts import Frozen
+from ipnext.demand import DemandSizing
 from ipnext.errors import IpnextError
 from ipnext.fleet import Pool
 from ipnext.plan import Plan, PlanMove
@@ -39,6 +40,9 @@ class FleetReplanInput(Frozen):
     # the `fleet` workflow holds down when the run starts. An emergency replan names them.
     down_regions: list[str] = Field(default_factory=list)
     reason: str = ""  # why this run (FleetWorkflow's replans say which region change)
+    # The Schedule's interval (`ensure_replan_schedule` sets it): observed demand's peak is read
+    # over the windows since one interval ago. None: over all the history the actors keep.
+    interval_s: float | None = Field(default=None, gt=0)
 
 
 class FleetReplanResult(Frozen):
@@ -60,6 +64,9 @@ class FleetReplanResult(Frozen):
     down_regions: list[str] = Field(default_factory=list)  # planned without these regions
     relaxed: list[str] = Field(default_factory=list)  # constraints relaxed for them, readable
     reason: str = ""
+    # Per model, what each source was planned for: declared or observed, both figures, and
+    # whether observed exceeds the declared peak_qps (`ipnext.demand.DemandSizing`).
+    demand: dict[str, DemandSizing] = Field(default_factory=dict)
 
 
 class StoredPlan(Frozen):
@@ -77,6 +84,8 @@ class StoredPlan(Frozen):
     down_regions: list[str] = Field(default_factory=list)
     relaxed: list[Relaxation] = Field(default_factory=list)
     solve_started_at: datetime | None = None  # when its solve began (see PlanStore.save)
+    # What each model was planned for, per source (plans stored before observed demand: empty).
+    demand: dict[str, DemandSizing] = Field(default_factory=dict)
 
     def as_plan(self) -> Plan:
         return Plan.from_report(self.plan)

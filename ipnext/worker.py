@@ -19,7 +19,7 @@ from temporalio.service import RPCError
 from temporalio.worker import Worker
 
 from ipnext.activities import spec_check
-from ipnext.activities.fleet import FleetActivities, solve_fleet_plan
+from ipnext.activities.fleet import FleetActivities, read_observed_demand, solve_fleet_plan
 from ipnext.activities.freeze import freeze_windows
 from ipnext.activities.metadata import WatchActivities, discover_snapshots
 from ipnext.activities.plan import plan_placement
@@ -93,6 +93,7 @@ async def run_worker(
                     watch.ensure_watch_schedule,
                     watch.publish_new_snapshots,
                     fleet.collect_models,
+                    read_observed_demand,
                     solve_fleet_plan,
                     check_regions,
                     regions.route_around_regions,

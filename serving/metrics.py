@@ -1,41 +1,85 @@
 """The metrics store: the detached actor per (model, region) that router replicas and
 self-measuring parts push their cumulative counters to (`ipnext.counters`), and that rollout
 gates read and diff; routers also push their requests by source, its observed demand
-(`ipnext.demand`)."""
+(`ipnext.demand`), which the actor saves to a file so that it outlives the actor."""
 
 from __future__ import annotations
 
 import logging
+import re
 import time
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
 from ipnext.counters import LATENCY_LAYOUT, MetricsSnapshot, SetCounters, percentile
-from ipnext.demand import DemandHistory, demand_report
+from ipnext.demand import DemandHistory, demand_report, load_history, save_history
 
 __all__ = [
     "LATENCY_LAYOUT",
     "MetricsSnapshot",
     "MetricsStore",
     "SetCounters",
+    "demand_file",
     "percentile",
 ]
 
 logger = logging.getLogger(__name__)
 
+# The actor's name (`serving.layout.metrics_actor_name`) past its prefix is `<model>/<region>`.
+_ACTOR_NAME = re.compile(r"^ipnext-metrics/([a-z][a-z0-9-]*)/([a-z][a-z0-9-]*)$")
+
+
+def demand_file(folder: Path, model: str, region: str) -> Path:
+    """Where the metrics actor of (model, region) saves its demand history."""
+    return folder / model / f"{region}.json"
+
 
 class MetricsStore:
-    """Body of the detached actor `ipnext-metrics/<model>/<region>` (wrapped by ray.remote)."""
+    """Body of the detached actor `ipnext-metrics/<model>/<region>` (wrapped by ray.remote).
 
-    def __init__(self) -> None:
+    Counters live in memory only: the routers' next pushes refill them. Demand history is saved
+    to `demand_file` every `demand.save_seconds` and loaded when the actor is (re)created, so a
+    restart loses at most those last seconds, and not even those for a router that keeps running
+    (its next cumulative push is diffed against the counts saved for it). No file, or a corrupt
+    one: the history starts empty and the actor says so in its log."""
+
+    def __init__(self, demand_path: str | None = None, save_seconds: float | None = None) -> None:
         self._by_replica: dict[str, dict[str, SetCounters]] = {}
-        # Lost with the actor (it restarts empty): the routers' next pushes count from zero.
-        self._demand = DemandHistory()
+        self._demand_path, self._save_seconds, reconstructed = _demand_place(demand_path, save_seconds)
+        loaded = load_history(self._demand_path) if self._demand_path is not None else None
+        self._demand = loaded or DemandHistory()
+        # Restarted without its history: each router's first push is its baseline, not new demand
+        # (its cumulative counts since it started would land in one slot as a false peak).
+        self._adopt = reconstructed and loaded is None
+        self._saved_at = time.monotonic()
+        self._dirty = False
+        if self._demand_path is not None:
+            how = "loaded" if loaded is not None else "no saved history, starting empty"
+            logger.info("demand history %s: %s", self._demand_path, how)
 
     def push_demand(self, replica: str, counts: dict[str, int]) -> None:
         """A router replica's cumulative requests by source."""
-        self._demand.record(replica, {str(k): int(v) for k, v in counts.items()}, time.time())
+        parsed = {str(k): int(v) for k, v in counts.items()}
+        if self._adopt and replica not in self._demand.replicas:
+            self._demand.adopt(replica, parsed, time.time())
+        else:
+            self._demand.record(replica, parsed, time.time())
+        self._dirty = True
+        if time.monotonic() - self._saved_at >= self._save_seconds:
+            self.save_demand()
+
+    def save_demand(self) -> None:
+        """Write the history now (the actor does every `save_seconds` as routers push)."""
+        self._saved_at = time.monotonic()
+        if self._demand_path is None or not self._dirty:
+            return
+        try:
+            save_history(self._demand, self._demand_path)
+            self._dirty = False
+        except OSError as err:  # a full or read-only disk: keep serving from memory, say so
+            logger.warning("cannot save demand history to %s: %s", self._demand_path, err)
 
     def demand(self, window_seconds: float = 60.0) -> dict[str, Any]:
         """The `ipnext.demand.DemandReport` of this (model, region), over windows of that length."""
@@ -59,3 +103,41 @@ class MetricsStore:
             for app, parsed in counters.items():
                 total[app] = total.get(app, SetCounters()).plus(parsed)
         return MetricsSnapshot(sets=total, replicas=self._by_replica).model_dump()
+
+
+def _demand_place(path: str | None, save_seconds: float | None) -> tuple[Path | None, float, bool]:
+    """Where this actor saves its demand history, how often, and whether Ray restarted it.
+
+    Given a path (tests), that one. Inside the Ray actor, the file of its own name under the
+    settings' `demand_store()`: the settings of the stack's `IPNEXT_CONFIG`, which every Ray
+    process of the dev stack inherits. Outside an actor, with settings that cannot be read, or
+    with no config file and no absolute `IPNEXT_DEMAND_DIR`, the history stays in memory only
+    (logged): it is then lost with the actor."""
+    every = save_seconds if save_seconds is not None else 5.0
+    if path is not None:
+        return Path(path), every, False
+    import ray
+
+    if not ray.is_initialized():  # a bare MetricsStore (unit tests)
+        return None, every, False
+    context = ray.get_runtime_context()
+    match = _ACTOR_NAME.match(context.get_actor_name() or "")
+    reconstructed = match is not None and context.was_current_actor_reconstructed
+    if match is None:
+        return None, every, reconstructed
+    from ipnext.config import load_settings
+    from ipnext.errors import IpnextError
+
+    try:
+        settings = load_settings()
+    except (IpnextError, OSError) as err:
+        logger.warning("demand history kept in memory only (settings unreadable: %s)", err)
+        return None, every, reconstructed
+    every = save_seconds if save_seconds is not None else settings.demand.save_seconds
+    chosen = settings.demand_dir
+    if settings.source is None and (chosen is None or not chosen.is_absolute()):
+        # No config file reached this process (a Ray cluster ipnext did not start, without
+        # IPNEXT_CONFIG): a relative default would land in whatever folder the worker runs in.
+        logger.warning("demand history kept in memory only: no IPNEXT_CONFIG says where to save it")
+        return None, every, reconstructed
+    return demand_file(settings.demand_store(), match[1], match[2]), every, reconstructed

@@ -31,7 +31,10 @@ async def ensure_replan_schedule(
     client: Client, task_queue: str, every: timedelta, input: FleetReplanInput, note: str = ""
 ) -> None:
     """Create the replan Schedule, or change its interval and input in place (its paused
-    state is kept). A run still going when the next is due makes the next one skip."""
+    state is kept). A run still going when the next is due makes the next one skip. Each run
+    is told the interval, over which it reads the peak of observed demand."""
+    if input.interval_s is None:
+        input = input.model_copy(update={"interval_s": every.total_seconds()})
     schedule = Schedule(
         action=ScheduleActionStartWorkflow(
             Workflows.FLEET_REPLAN,

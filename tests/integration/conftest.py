@@ -29,6 +29,9 @@ EXAMPLE_MODEL = REPO / "examples" / "click_ranker" / "model.yaml"
 # A serving model checks Serve against its record this often (30 s by default): the restart
 # drill is repaired within seconds.
 RECONCILE_SECONDS = 5.0
+# Observed demand in drill time: 5 s windows, 10 s of history before a replan weighs it in, the
+# metrics actors saving their history every second (defaults: 60 s, an hour, 5 s).
+DEMAND_SETTINGS = {"window_seconds": 5, "margin": 0.2, "min_history_seconds": 10, "save_seconds": 1}
 
 
 @pytest.fixture(scope="session")
@@ -38,6 +41,7 @@ def stack_config() -> Iterator[Path]:
     path = scratch_config(base, REPO / "config")
     config = yaml.safe_load(path.read_text())
     config["serve"]["reconcile_seconds"] = RECONCILE_SECONDS
+    config["demand"] = DEMAND_SETTINGS
     path.write_text(yaml.safe_dump(config))
     yield path
 

@@ -1,26 +1,36 @@
 """Fleet replanning on the real dev stack: the Schedule's run reads the registry, solves the
 fleet, stores the plan (`ipnext plan show`), leaves an unchanged model alone, and moves a
-model whose pools got expensive to another region, make before break, while it serves."""
+model whose pools got expensive to another region, make before break, while it serves; and
+a model sent 3x its declared peak is planned for what it was sent, its demand history kept
+across its metrics actor's restart."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from datetime import timedelta
 from pathlib import Path
 
 import httpx
 import pytest
+import ray
 import yaml
 
 from ipnext.config import Settings
 from ipnext.contracts import REPLAN_SCHEDULE_ID, ModelStatus, poll_until
+from ipnext.demand import SOURCE_HEADER, ModelDemand
 from ipnext.entry.schedules import ensure_replan_schedule, trigger_and_wait
+from ipnext.model import HardwareOption
+from ipnext.plan import Plan
 from ipnext.registry import ModelState
-from ipnext.replan import FleetReplanInput
+from ipnext.replan import FleetReplanInput, PlanStore
 from ipnext.sdk import Client
+from ipnext.serving.control import connect
+from ipnext.serving.layout import RAY_NAMESPACE, metrics_actor_name
+from ipnext.serving.metrics import demand_file
 from ipnext.temporal import connect_client
 
-from .conftest import one_region_spec, train_version
+from .conftest import DEMAND_SETTINGS, one_region_spec, train_version
 from .load import Load
 from .test_cli import ipnext
 from .test_lifecycle import serve_apps
@@ -222,3 +232,161 @@ async def test_a_region_down_routes_around_it_at_once_and_an_emergency_replan_mo
         if "us-east" in (await client.fleet_regions()).down:
             up = ipnext(stack_config, "fleet", "region", "up", "us-east", "--who", "test")
             assert up.returncode == 0, up.stderr
+
+
+DECLARED_QPS = 4.0  # small: 3x it is 12 requests/s through the router, light on 2 cores
+DENSE_QPS = 6.0  # what the spec says one dense replica serves: 4 x 1.2 fits one, 3x needs more
+
+
+async def paced(base_url: str, path: str, qps: float, seconds: float) -> list[int]:
+    """Open loop: a request every 1/qps s from us-east for `seconds`, each on its own task, so a
+    slow answer never delays the next send. The answers' statuses."""
+    statuses: list[int] = []
+    async with httpx.AsyncClient(base_url=base_url, timeout=30, headers={SOURCE_HEADER: "us-east"}) as http:
+
+        async def one(i: int) -> None:
+            reply = await http.post(path, json={"inputs": {"user": i % 40, "items": [1, 2, 3]}})
+            statuses.append(reply.status_code)
+
+        loop = asyncio.get_running_loop()
+        start, tasks = loop.time(), []
+        for i in range(int(qps * seconds)):
+            await asyncio.sleep(max(0.0, start + i / qps - loop.time()))
+            tasks.append(asyncio.create_task(one(i)))
+        await asyncio.gather(*tasks)
+    return statuses
+
+
+async def observed(client: Client, model: str) -> ModelDemand:
+    """The model's observed demand (no region in `regions` while its metrics actor restarts: the
+    router answers 503 and the SDK reads that region as having recorded nothing)."""
+    return await client.model_demand(model, DEMAND_SETTINGS["window_seconds"])
+
+
+def dense_replicas(plan: Plan, model: str) -> int:
+    placement = plan.deployments[f"{model}/dense"]
+    return sum(n for by_hw in placement.replicas.values() for n in by_hw.values())
+
+
+async def test_observed_demand_above_the_declared_peak_sizes_the_next_replan(
+    stack: Settings, stack_config: Path, client: Client, model_name: str
+) -> None:
+    spec = one_region_spec(model_name, traffic={"peak_qps": {"us-east": DECLARED_QPS}})
+    parts = {
+        "dense": spec.parts["dense"].model_copy(
+            update={"hardware": {"cpu-std": HardwareOption(units=1, qps=DENSE_QPS)}}
+        ),
+        "embed": spec.parts["embed"].model_copy(
+            update={"hardware": {"cpu-highmem": HardwareOption(units=2, qps=12)}}
+        ),
+    }
+    rollout = spec.rollout.model_copy(update={"steps": [100], "min_requests": 10})
+    spec = spec.model_copy(update={"parts": parts, "rollout": rollout})
+    await client.publish_model(spec)
+    folder, _ = train_version(stack, model_name, "v1")
+    published = await client.publish_snapshot(model_name, folder)
+    state = await client.wait_until_serving(model_name, published.set_id)
+    assert state.plan is not None and dense_replicas(state.plan, model_name) == 1  # sized for 4 qps
+
+    temporal = await connect_client(stack)
+    await ensure_replan_schedule(
+        temporal, stack.temporal.task_queue, timedelta(hours=6), FleetReplanInput(time_limit_s=20)
+    )
+    schedule = temporal.get_schedule_handle(REPLAN_SCHEDULE_ID)
+    await schedule.pause(note="held by the test: runs only when triggered")
+    path = f"/us-east/models/{model_name}/predict"
+    try:
+        # 1. Three times the declared peak for more than two demand windows (one whole window
+        # at least falls inside it, whatever the clock).
+        started = time.perf_counter()
+        statuses = await paced(
+            stack.serve_url, path, 3 * DECLARED_QPS, 2.5 * DEMAND_SETTINGS["window_seconds"]
+        )
+        assert statuses and all(code == 200 for code in statuses), sorted(set(statuses))
+        seen = await poll_until(
+            lambda: observed(client, model_name),
+            lambda d: (
+                d is not None
+                and d.sources.get("us-east") is not None
+                and d.sources["us-east"].requests >= len(statuses)
+            ),
+            timeout_s=30,
+            interval_s=0.5,
+            what="every request sent in the model's observed demand",
+        )
+        east = seen.sources["us-east"]
+        print(
+            f"observed: {east.requests} requests, peak {east.peak_qps:g} qps over "
+            f"{seen.window_seconds:g} s windows (declared {DECLARED_QPS:g}), "
+            f"{time.perf_counter() - started:.1f}s"
+        )
+
+        # 2. The metrics actor restarts (its process dies): its history comes back from its file.
+        saved = demand_file(stack.demand_store(), model_name, "us-east")
+        await poll_until(
+            lambda: asyncio.to_thread(saved.exists), bool, timeout_s=15, interval_s=0.2, what=str(saved)
+        )
+        connect(stack.ray_address())
+        actor = ray.get_actor(metrics_actor_name(model_name, "us-east"), namespace=RAY_NAMESPACE)
+        ray.kill(actor, no_restart=False)
+        killed = time.perf_counter()
+        again = await poll_until(
+            lambda: observed(client, model_name),
+            lambda d: d.regions == ["us-east"],  # its router's region reports again
+            timeout_s=60,
+            interval_s=0.5,
+            what="the restarted metrics actor's demand history",
+        )
+        # Nothing lost; the peak may only have grown (the window that was filling has ended).
+        assert again.sources["us-east"].requests >= east.requests
+        assert again.sources["us-east"].peak_qps >= east.peak_qps
+        print(f"metrics actor restarted with its history in {time.perf_counter() - killed:.1f}s")
+
+        # 3. The triggered replan plans the observed peak x (1 + margin), and says so.
+        result = await trigger_and_wait(temporal, timeout_s=180)
+        sizing = result.demand[model_name]
+        planned = sizing.sources["us-east"]
+        print(f"replan {result.revision}: {planned}")
+        assert sizing.observed and planned.used == "observed" and planned.over_budget
+        assert planned.declared_qps == DECLARED_QPS and planned.observed_peak_qps is not None
+        assert planned.observed_peak_qps >= max(east.peak_qps, 2 * DECLARED_QPS)  # 3x sent
+        assert planned.planned_qps == pytest.approx(
+            planned.observed_peak_qps * (1 + DEMAND_SETTINGS["margin"])
+        )
+        assert model_name in result.applied_to, result
+        stored = PlanStore(stack.state_dir).load(result.revision)
+        assert stored.demand[model_name] == sizing
+        replicas = dense_replicas(stored.as_plan(), model_name)
+        assert (
+            replicas > 1
+            and replicas * DENSE_QPS * (1 - spec.availability.headroom) >= planned.planned_qps - 1e-6
+        )
+        shown = ipnext(stack_config, "plan", "show")
+        assert shown.returncode == 0, shown.stderr
+        assert f"{model_name}: observed weighed in" in shown.stdout
+        assert (
+            f"OVER BUDGET: observed {planned.observed_peak_qps:g} > declared {DECLARED_QPS:g}" in shown.stdout
+        )
+
+        # 4. The model serves the new plan (a capacity move, under light traffic for its gates).
+        moving = time.perf_counter()
+        async with Load(stack.serve_url, path, workers=1):
+            state = await poll_until(
+                lambda: client.get_model(model_name),
+                lambda s: (
+                    s.plan is not None
+                    and dense_replicas(s.plan, model_name) == replicas
+                    and s.state == ModelStatus.SERVING
+                    and s.rollout is not None
+                    and s.rollout.state.value == "completed"
+                ),
+                timeout_s=180,
+                interval_s=0.5,
+                what=f"{model_name} serving {replicas} dense replicas",
+            )
+        print(f"{model_name} moved to {replicas} dense replicas in {time.perf_counter() - moving:.1f}s")
+        assert state.serving_set == published.set_id
+    finally:
+        await schedule.delete()
+        await client.delete_model(model_name)
+    assert not saved.exists()  # a deleted model's demand history goes with it

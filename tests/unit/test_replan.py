@@ -1,22 +1,35 @@
 """Fleet replanning pieces without a server: durations, plan diffs and merges, the plan store,
-and the solve activity splitting a fleet plan back into per-model plans."""
+the solve activity splitting a fleet plan back into per-model plans, and observed demand read
+from the metrics actors and planned (`ipnext plan show` saying so)."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+import time
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from temporalio.testing import ActivityEnvironment
 
 from ipnext.activities import _context
 from ipnext.activities import fleet as fleet_activities
-from ipnext.activities.fleet import ModelEntry, SolveFleetInput, SolveFleetResult
+from ipnext.activities.fleet import (
+    ModelEntry,
+    ReadDemandInput,
+    ReadDemandResult,
+    SolveFleetInput,
+    SolveFleetResult,
+)
 from ipnext.config import load_settings
+from ipnext.demand import DemandHistory, ModelDemand, SourceView, demand_report, plan_demand
 from ipnext.errors import IpnextError
 from ipnext.model import load_model_spec
 from ipnext.plan import DeploymentPlacement, Plan, merge_plans, placement_revision, plan_moves
-from ipnext.replan import PlanStore
+from ipnext.replan import PlanStore, StoredPlan, now
 
 REPO = Path(__file__).resolve().parents[2]
 RANKER = REPO / "examples" / "click_ranker" / "model.yaml"
@@ -137,3 +150,138 @@ def test_placement_revision_changes_only_with_the_layout() -> None:
     other_hw = {"m/a": DeploymentPlacement(replicas={"us-east": {"cpu": 2, "gpu": 1}}, fractions={})}
     assert placement_revision(old, other_hw) == 5
     assert placement_revision(None, counts) == 1
+
+
+def test_solve_plans_observed_demand_above_the_budget_and_plan_show_flags_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = tmp_path / "ipnext.yaml"
+    config.write_text(f"fleet_file: {REPO / 'config' / 'fleet.dev.yaml'}\nstate_dir: state\n")
+    monkeypatch.setattr(_context, "settings", lambda: load_settings(config))
+    ranker = load_model_spec(RANKER)  # declares us-east 60, eu-west 30
+    seen = ModelDemand(
+        model=ranker.name,
+        window_seconds=60,
+        history_seconds=7200,
+        regions=["us-east"],
+        sources={"us-east": SourceView(declared_qps=60, requests=60_000, rate_qps=900, peak_qps=1000)},
+    )
+    sizing = plan_demand(dict(ranker.traffic.peak_qps), seen, 0.2, 3600, ["us-east", "eu-west"])
+    env = ActivityEnvironment()
+    entries = [ModelEntry(spec=ranker, plan=None)]
+    declared: SolveFleetResult = env.run(
+        fleet_activities.solve_fleet_plan,
+        SolveFleetInput(models=entries, time_limit_s=20, churn_cost=0.05, made_by="test"),
+    )
+    observed: SolveFleetResult = env.run(
+        fleet_activities.solve_fleet_plan,
+        SolveFleetInput(
+            models=entries, time_limit_s=20, churn_cost=0.05, made_by="test", demand={ranker.name: sizing}
+        ),
+    )
+
+    def dense_replicas(result: SolveFleetResult) -> int:
+        placement = result.changed[ranker.name].deployments[f"{ranker.name}/dense"]
+        return sum(n for by_hw in placement.replicas.values() for n in by_hw.values())
+
+    # dense serves 300 qps a replica, 20% kept as headroom: 1200 + 30 qps need at least 6.
+    assert dense_replicas(declared) == 1 and dense_replicas(observed) >= 6
+    assert declared.demand[ranker.name].note == "observed demand not read"
+    east = observed.demand[ranker.name].sources["us-east"]
+    assert (east.used, east.planned_qps, east.observed_peak_qps, east.over_budget) == (
+        "observed",
+        1200,
+        1000,
+        True,
+    )
+    stored = PlanStore(tmp_path / "state").load()
+    assert stored.demand == observed.demand
+    shown = subprocess.run(
+        [sys.executable, "-m", "ipnext.cli", "--config", str(config), "plan", "show"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert "feed-ranker: observed weighed in (7200 s of history" in shown.stdout
+    assert "OVER BUDGET: observed 1000 > declared 60" in shown.stdout
+    assert "planned        30 (declared; declared 30, observed peak 0)" in shown.stdout
+
+
+def test_a_plan_stored_before_observed_demand_still_loads(tmp_path: Path) -> None:
+    store = PlanStore(tmp_path)
+    plan = _plan({"m/a": {"us-east": {"cpu": 1}}})
+    stored = StoredPlan(
+        revision=1,
+        created_at=now(),
+        made_by="t",
+        models=["m"],
+        moves=[],
+        plan=plan.to_report(),
+        pools=[],
+        units={},
+    )
+    data = json.loads(stored.model_dump_json())
+    del data["demand"]
+    store.folder.mkdir(parents=True)
+    (store.folder / "rev-000001.json").write_text(json.dumps(data))
+    (store.folder / "latest.json").write_text(json.dumps({"revision": 1}))
+    assert store.load().demand == {}
+
+
+class _FakeActor:
+    def __init__(self, report: dict[str, Any] | Exception) -> None:
+        self.report = report
+        self.demand = self
+
+    def remote(self, window: float) -> dict[str, Any] | Exception:
+        return self.report
+
+
+def test_reading_observed_demand_sums_regions_and_a_dead_actor_leaves_declared(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import ray
+
+    config = tmp_path / "ipnext.yaml"
+    config.write_text(
+        f"fleet_file: {REPO / 'config' / 'fleet.dev.yaml'}\nstate_dir: state\n"
+        "demand: {window_seconds: 10, margin: 0.5, min_history_seconds: 30}\n"
+    )
+    monkeypatch.setattr(_context, "settings", lambda: load_settings(config))
+    monkeypatch.setattr(_context, "writer", lambda: None)
+    now = time.time()
+    start = int(now // 10) * 10 - 10  # the last ended window
+    east, west = DemandHistory(), DemandHistory()
+    east.record("r", {"us-east": 0}, start - 60)  # a minute of history before it
+    east.record("r", {"us-east": 40}, start + 1)
+    west.record("r", {"us-east": 20}, start + 2)
+    actors: dict[str, Any] = {
+        "ipnext-metrics/m/us-east": _FakeActor(demand_report(east, now, 10).model_dump(mode="json")),
+        "ipnext-metrics/m/eu-west": _FakeActor(demand_report(west, now, 10).model_dump(mode="json")),
+        "ipnext-metrics/dead/us-east": _FakeActor(ray.exceptions.RayActorError()),
+    }
+
+    def get_actor(name: str, namespace: str) -> Any:
+        if name not in actors:
+            raise ValueError(name)
+        return actors[name]
+
+    def get(value: Any, timeout: float) -> Any:
+        if isinstance(value, Exception):
+            raise value
+        return value
+
+    monkeypatch.setattr(ray, "get_actor", get_actor)
+    monkeypatch.setattr(ray, "get", get)
+    declared = {"m": {"us-east": 2.0}, "dead": {"us-east": 2.0}, "quiet": {"us-east": 2.0}}
+    result: ReadDemandResult = ActivityEnvironment().run(
+        fleet_activities.read_observed_demand, ReadDemandInput(declared=declared, interval_s=3600)
+    )
+    m = result.demand["m"]
+    assert m.observed and m.window_seconds == 10 and m.history_seconds >= 60
+    assert m.sources["us-east"].observed_peak_qps == 6.0  # 60 requests over both regions in 10 s
+    assert m.sources["us-east"].planned_qps == 9.0 and m.sources["us-east"].used == "observed"
+    dead, quiet = result.demand["dead"], result.demand["quiet"]
+    assert not dead.observed and "RayActorError" in dead.note and dead.demand_qps() == {"us-east": 2.0}
+    assert not quiet.observed and quiet.note == "no observed demand"

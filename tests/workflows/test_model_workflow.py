@@ -13,10 +13,19 @@ from pathlib import Path
 import pytest
 from temporalio import activity
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowUpdateFailedError
+from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
-from ipnext.activities.fleet import CollectResult, ModelEntry, SolveFleetInput, SolveFleetResult
+from ipnext.activities.fleet import (
+    CollectResult,
+    ModelEntry,
+    ReadDemandInput,
+    ReadDemandResult,
+    SolveFleetInput,
+    SolveFleetResult,
+)
 from ipnext.contracts import REPLAN_SCHEDULE_ID, RolloutState, poll_until, rollout_workflow_id
+from ipnext.demand import SourceSizing, declared_only
 from ipnext.entry.schedules import ensure_replan_schedule, trigger_and_wait
 from ipnext.registry import ApplyPlanInput, ModelState, ModelWorkflowInput, PublishResult
 from ipnext.replan import FleetReplanInput, FleetReplanResult
@@ -347,12 +356,27 @@ async def test_a_replan_outlives_the_failed_rollout_that_was_to_carry_it(tempora
 
 class FakeFleet:
     """The replan activities at their seam: the registry read is real (the running model
-    workflow's state), the solve returns a fixed new placement for `wf-model` and one for a
-    model that does not exist."""
+    workflow's state), the observed demand read answers once and then fails as a dead Ray
+    would, the solve returns a fixed new placement for `wf-model` and one for a model that
+    does not exist."""
 
     def __init__(self, client: Client) -> None:
         self.client = client
         self.solved: list[SolveFleetInput] = []
+        self.read: list[ReadDemandInput] = []
+
+    @activity.defn(name="read_observed_demand")
+    async def read_demand(self, input: ReadDemandInput) -> ReadDemandResult:
+        self.read.append(input)
+        if len(self.read) > 1:
+            raise ApplicationError("Ray is down", type="StackError", non_retryable=True)
+        observed = SourceSizing(
+            declared_qps=10, observed_peak_qps=30, planned_qps=36, used="observed", over_budget=True
+        )
+        sizing = declared_only(input.declared["wf-model"], "").model_copy(
+            update={"observed": True, "sources": {"us-east": observed}}
+        )
+        return ReadDemandResult(demand={"wf-model": sizing})
 
     @activity.defn(name="collect_models")
     async def collect(self) -> CollectResult:
@@ -378,6 +402,7 @@ class FakeFleet:
             moves_total=2,
             changed={"wf-model": plan_in("eu-west", 2), "no-such-model": gone},
             plan_file="rev-000001.json",
+            demand=input.demand,
         )
 
 
@@ -388,7 +413,7 @@ async def test_scheduled_fleet_replan_hands_models_their_new_placement(temporal:
         temporal,
         task_queue=queue,
         workflows=WORKFLOWS,
-        activities=[*fake.activities(), fleet.collect, fleet.solve],
+        activities=[*fake.activities(), fleet.collect, fleet.read_demand, fleet.solve],
     )
     model = await temporal.start_workflow(
         "ModelWorkflow", ModelWorkflowInput(spec=SPEC), id="model/wf-model", task_queue=queue
@@ -420,6 +445,13 @@ async def test_scheduled_fleet_replan_hands_models_their_new_placement(temporal:
     assert state.serving_apps == {"eu-west": "app-1-r2"}
     assert described.schedule.state.paused and described.schedule.state.note == "on-call: hold capacity moves"
     assert [i.every for i in described.schedule.spec.intervals] == [timedelta(hours=6)]
+    # Observed demand: read over the schedule's interval, planned, and said in the result; when
+    # it cannot be read the replan goes on with declared demand and says why.
+    assert fleet.read[0].declared == {"wf-model": dict(SPEC.traffic.peak_qps)}
+    assert fleet.read[0].interval_s == timedelta(hours=6).total_seconds()
+    assert fleet.solved[0].demand["wf-model"].sources["us-east"].planned_qps == 36
+    assert result.demand["wf-model"].over_budget() == ["us-east"]
+    assert fleet.solved[1].demand == {} and "Ray is down" in fleet.solved[1].demand_note
 
 
 async def test_a_replan_that_only_changes_replica_counts_applies_in_place(temporal: Client) -> None:
