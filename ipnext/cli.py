@@ -1,6 +1,6 @@
 """The `ipnext` command line: the SDK's verbs plus the dev stack and the demo.
 
-ipnext dev up|down|status | hold|release NAME [--why W]
+ipnext dev up [--nodes single|per-region] | down | status | hold|release NAME [--why W]
 ipnext model publish FILE | get NAME | demand NAME [--window S] | list | adopt NAME | delete NAME
 ipnext snapshot publish MODEL FOLDER [--wait [--timeout S]] [--override-freeze REASON --who NAME]
 ipnext rollout status|watch MODEL | pause|abort|override-freeze MODEL --reason R [--who W] | resume MODEL
@@ -230,7 +230,9 @@ def _serve(args: argparse.Namespace, settings: Settings) -> None:
     from ipnext.serving.control import connect, get_writer
 
     connect(settings.ray_address())
-    config = ray.get(get_writer(settings.serve.host, settings.serve.port).export.remote())
+    config = ray.get(
+        get_writer(settings.serve.host, settings.serve.port, settings.proxy_location).export.remote()
+    )
     ray.shutdown()
     text = yaml.safe_dump(config, sort_keys=False)
     if args.output:
@@ -391,13 +393,14 @@ def _print_plan_summary(problem: Any, plan: Any) -> None:
 
 
 def _dev(args: argparse.Namespace, settings: Settings) -> None:
-    from ipnext.devstack import COMPONENTS, DevStack
+    from ipnext.devstack import DevStack
 
     stack = DevStack(settings, config_path=Path(args.config) if args.config else None)
     if args.verb in ("hold", "release"):
-        if args.name not in COMPONENTS:
+        names = stack.components()
+        if args.name not in names:
             raise StackError(
-                f"`dev {args.verb}` needs a component name, one of {', '.join(COMPONENTS)}; got {args.name!r}",
+                f"`dev {args.verb}` needs a component name, one of {', '.join(names)}; got {args.name!r}",
                 field="name",
             )
         if args.verb == "hold":
@@ -409,7 +412,7 @@ def _dev(args: argparse.Namespace, settings: Settings) -> None:
             stack.release(args.name)
             print(f"{args.name} released: the supervisor starts it again if it is down")
     elif args.verb == "up":
-        stack.up()
+        stack.up(nodes=args.nodes)
     elif args.verb == "down":
         stack.down()
     else:
@@ -489,6 +492,13 @@ def _parser() -> argparse.ArgumentParser:
     dev.add_argument("verb", choices=["up", "down", "status", "hold", "release"])
     dev.add_argument("name", nargs="?", help="hold / release: the component (temporal, ray, worker)")
     dev.add_argument("--why", default="held by hand", help="hold: why, shown by `dev status`")
+    dev.add_argument(
+        "--nodes",
+        choices=["single", "per-region"],
+        default=None,
+        help="up: one Ray node holding every region (default: setting ray.nodes), or a head and one "
+        "Ray node per region of the fleet, with Serve's proxy on each",
+    )
     dev.set_defaults(run=_dev)
 
     model = sub.add_parser("model", help="register, inspect and delete models")

@@ -27,6 +27,7 @@ from ipnext.routing import (
     succeed,
 )
 from ipnext.serving.layout import (
+    HEAD_NODE_RESOURCE,
     ROUTING_APP,
     deployed_routing,
     render_routing_app,
@@ -230,6 +231,18 @@ def test_the_routing_app_renders_into_a_valid_serve_config_and_reads_back() -> N
     ServeDeploySchema.model_validate(render_serve_config({ROUTING_APP: app}, "127.0.0.1", 8000))
     assert deployed_routing(app) == table
     assert deployed_routing(None) == RoutingTable()
+
+
+def test_the_routing_app_runs_on_the_head_node_and_a_per_region_cluster_has_a_proxy_per_node() -> None:
+    """The one global ingress must outlive any region's node: it asks for the resource Ray gives
+    the head alone; and a cluster of region nodes answers through each node's proxy."""
+    app = render_routing_app(RoutingTable())
+    [deployment] = app["deployments"]
+    assert deployment["ray_actor_options"]["resources"] == {HEAD_NODE_RESOURCE: pytest.approx(0.001)}
+    assert not any(key.startswith("region:") for key in deployment["ray_actor_options"]["resources"])
+    every_node = render_serve_config({ROUTING_APP: app}, "127.0.0.1", 8000, proxy_location="EveryNode")
+    assert ServeDeploySchema.model_validate(every_node).proxy_location == "EveryNode"
+    assert render_serve_config({}, "127.0.0.1", 8000)["proxy_location"] == "HeadOnly"
 
 
 async def _get(service: RoutingService, path: str, method: str = "GET") -> tuple[int, dict[str, object]]:
