@@ -18,6 +18,7 @@ from ipnext.plan import DeploymentPlacement, Plan
 from ipnext.routing import (
     RoutingDocument,
     RoutingTable,
+    fallback_order,
     pick_region,
     predict_path,
     routes_from_plan,
@@ -199,6 +200,51 @@ def test_the_picked_region_is_one_the_source_is_routed_to(
     region = pick_region(doc, source, key, random.Random(0))
     allowed = set(routes[source]) if source in routes else {r for row in routes.values() for r in row}
     assert region in allowed
+
+
+def test_the_fallback_order_is_the_draw_then_the_sources_row_then_the_other_sources_regions() -> None:
+    """A caller whose region is lost tries its own row's other regions by fraction first, then
+    the regions the plan gives other sources (by pooled fraction): a source routed only to its
+    own region still has somewhere to go."""
+    doc = document(
+        {
+            "us-east": {"us-east": 0.6, "eu-west": 0.1, "ap-south": 0.3},
+            "eu-west": {"eu-west": 1.0},
+            "sa-east": {"sa-east": 1.0},
+        }
+    )
+    for key in ("user-1", "user-2", "user-3"):
+        first = pick_region(doc, "us-east", key=key)
+        order = fallback_order(doc, "us-east", key=key)
+        assert order[0] == first
+        rest = [r for r in ["us-east", "ap-south", "eu-west"] if r != first]
+        assert order == [first, *rest, "sa-east"]
+    local = document({"us-east": {"us-east": 1.0}, "eu-west": {"eu-west": 0.5, "ap-south": 0.5}})
+    assert fallback_order(local, "us-east") == ["us-east", "ap-south", "eu-west"]  # ties by name
+    assert fallback_order(document({}), "us-east") == []
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(
+    st.dictionaries(
+        st.sampled_from(["us-east", "eu-west", "ap-south"]),
+        st.dictionaries(
+            st.sampled_from(["us-east", "eu-west", "ap-south"]),
+            st.floats(min_value=0.01, max_value=1.0),
+            min_size=1,
+        ),
+        min_size=1,
+    ),
+    st.sampled_from(["us-east", "eu-west", "ap-south", None]),
+    st.one_of(st.none(), st.text(max_size=8)),
+)
+def test_the_fallback_order_lists_every_serving_region_once_starting_with_the_pick(
+    routes: dict[str, dict[str, float]], source: str | None, key: str | None
+) -> None:
+    doc = document(routes)
+    order = fallback_order(doc, source, key, random.Random(0))
+    assert sorted(order) == sorted({r for row in doc.routes.values() for r in row})
+    assert order[0] == pick_region(doc, source, key, random.Random(0))
 
 
 # ---- its route --------------------------------------------------------------------------------
