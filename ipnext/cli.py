@@ -430,11 +430,12 @@ def _dev_status(stack: Any, settings: Settings) -> int:
         print("ipnext dev stack is not up")
         return 1
     holds = stack.holds()
+    width = max(10, *(len(name) for name in record["processes"]))  # node-<region> names run long
     for name, proc in record["processes"].items():
         state = "up" if process_alive(proc["pid"]) else "DOWN"
         if name in holds:
             state += f", held since {holds[name]['at']} ({holds[name]['why']})"
-        print(f"{name:10} {state:6} pid {proc['pid']:<8} log {proc['log']}")
+        print(f"{name:{width}} {state:6} pid {proc['pid']:<8} log {proc['log']}")
     supervision = read_status(stack.state_dir)
     restarts = supervision.get("restarts", [])
     if SUPERVISOR in record["processes"]:

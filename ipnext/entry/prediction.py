@@ -85,9 +85,9 @@ class AsyncPredictionClient:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """`url`: the serving HTTP address (settings' `serve`, when None). `timeout_s`: a
-        request's deadline, every region it tries included; `region_timeout_s`: how long one
-        region may take to answer before the next is tried; `region_down_s`: how long a region
-        that did not answer is tried last."""
+        request's deadline, every region it tries included; `region_timeout_s`: how long a region
+        may take to answer before the next is tried (the last one left has the rest of the
+        deadline); `region_down_s`: how long a region that did not answer is tried last."""
         self.url = url or load_settings().serve_url
         self._clock = clock
         self._rng = random.Random()
@@ -190,7 +190,9 @@ class AsyncPredictionClient:
         while index < len(order):
             target = order[index]
             index += 1
-            limit = min(self._region_timeout_s, deadline - self._clock())
+            limit = deadline - self._clock()
+            if index < len(order):  # the last region left may take what is left of the deadline
+                limit = min(self._region_timeout_s, limit)
             if limit <= 0:
                 break
             tried.append(target)

@@ -482,6 +482,22 @@ async def test_a_region_that_does_not_answer_in_time_is_passed_over_within_the_d
             await aclient.predict(MODEL, 1, region="us-east")
 
 
+async def test_the_last_region_left_has_the_rest_of_the_deadline(serving: FakeServing) -> None:
+    """A model served in one region waits for it as long as the deadline allows: passing it over
+    would leave nowhere to go."""
+    serving.route({"us-east": {"us-east": 1.0}})
+
+    async def slow(request: httpx.Request) -> httpx.Response:
+        if not request.url.path.endswith("/routing"):
+            await asyncio.sleep(0.5)
+        return serving.handle(request)
+
+    transport = httpx.MockTransport(slow)
+    async with AsyncPredictionClient(URL, transport=transport, timeout_s=5, region_timeout_s=0.1) as aclient:
+        assert (await aclient.predict(MODEL, 1, source="us-east")).region == "us-east"
+    assert [r for r, _ in serving.posts] == ["us-east"]
+
+
 async def test_a_stream_fails_over_before_its_first_piece(serving: FakeServing) -> None:
     serving.streams[("eu-west", MODEL)] = pieces("elsewhere")
     serving.streams[("us-east", MODEL)] = pieces("lost")
