@@ -646,6 +646,9 @@ def _ray_head() -> None:
     ray_dir = settings.state_dir / "ray"
     ray_dir.mkdir(parents=True, exist_ok=True)
     ray.init(
+        # Always a new cluster: with no address, Ray joins the one named in its folder's
+        # `ray_current_cluster`, which a region node's `ray start` wrote for the head now gone.
+        address="local",
         num_cpus=settings.ray.num_cpus or os.cpu_count(),
         resources=resources,
         include_dashboard=False,
