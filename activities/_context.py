@@ -20,4 +20,4 @@ def writer() -> object:
 
     current = settings()
     connect(current.ray_address())
-    return get_writer(current.serve.host, current.serve.port)
+    return get_writer(current.serve.host, current.serve.port, current.proxy_location)

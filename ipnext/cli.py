@@ -1,6 +1,6 @@
 """The `ipnext` command line: the SDK's verbs plus the dev stack and the demo.
 
-ipnext dev up|down|status | hold|release NAME [--why W]
+ipnext dev up [--nodes single|per-region] | down | status | hold|release NAME [--why W]
 ipnext model publish FILE | get NAME | demand NAME [--window S] | list | adopt NAME | delete NAME
 ipnext snapshot publish MODEL FOLDER [--wait [--timeout S]] [--override-freeze REASON --who NAME]
 ipnext rollout status|watch MODEL | pause|abort|override-freeze MODEL --reason R [--who W] | resume MODEL
@@ -232,7 +232,9 @@ def _serve(args: argparse.Namespace, settings: Settings) -> None:
     from ipnext.serving.control import connect, get_writer
 
     connect(settings.ray_address())
-    config = ray.get(get_writer(settings.serve.host, settings.serve.port).export.remote())
+    config = ray.get(
+        get_writer(settings.serve.host, settings.serve.port, settings.proxy_location).export.remote()
+    )
     ray.shutdown()
     text = yaml.safe_dump(config, sort_keys=False)
     if args.output:
@@ -501,13 +503,14 @@ def _print_plan_summary(problem: Any, plan: Any) -> None:
 
 
 def _dev(args: argparse.Namespace, settings: Settings) -> None:
-    from ipnext.devstack import COMPONENTS, DevStack
+    from ipnext.devstack import DevStack
 
     stack = DevStack(settings, config_path=Path(args.config) if args.config else None)
     if args.verb in ("hold", "release"):
-        if args.name not in COMPONENTS:
+        names = stack.components()
+        if args.name not in names:
             raise StackError(
-                f"`dev {args.verb}` needs a component name, one of {', '.join(COMPONENTS)}; got {args.name!r}",
+                f"`dev {args.verb}` needs a component name, one of {', '.join(names)}; got {args.name!r}",
                 field="name",
             )
         if args.verb == "hold":
@@ -519,7 +522,7 @@ def _dev(args: argparse.Namespace, settings: Settings) -> None:
             stack.release(args.name)
             print(f"{args.name} released: the supervisor starts it again if it is down")
     elif args.verb == "up":
-        stack.up()
+        stack.up(nodes=args.nodes)
     elif args.verb == "down":
         stack.down()
     else:
@@ -537,11 +540,12 @@ def _dev_status(stack: Any, settings: Settings) -> int:
         print("ipnext dev stack is not up")
         return 1
     holds = stack.holds()
+    width = max(10, *(len(name) for name in record["processes"]))  # node-<region> names run long
     for name, proc in record["processes"].items():
         state = "up" if process_alive(proc["pid"]) else "DOWN"
         if name in holds:
             state += f", held since {holds[name]['at']} ({holds[name]['why']})"
-        print(f"{name:10} {state:6} pid {proc['pid']:<8} log {proc['log']}")
+        print(f"{name:{width}} {state:6} pid {proc['pid']:<8} log {proc['log']}")
     supervision = read_status(stack.state_dir)
     restarts = supervision.get("restarts", [])
     if SUPERVISOR in record["processes"]:
@@ -599,6 +603,13 @@ def _parser() -> argparse.ArgumentParser:
     dev.add_argument("verb", choices=["up", "down", "status", "hold", "release"])
     dev.add_argument("name", nargs="?", help="hold / release: the component (temporal, ray, worker)")
     dev.add_argument("--why", default="held by hand", help="hold: why, shown by `dev status`")
+    dev.add_argument(
+        "--nodes",
+        choices=["single", "per-region"],
+        default=None,
+        help="up: one Ray node holding every region (default: setting ray.nodes), or a head and one "
+        "Ray node per region of the fleet, with Serve's proxy on each",
+    )
     dev.set_defaults(run=_dev)
 
     model = sub.add_parser("model", help="register, inspect and delete models")

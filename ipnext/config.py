@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
@@ -69,6 +69,15 @@ class RaySettings(_Section):
     address: str | None = None  # None: the dev stack starts a local cluster
     num_cpus: int | None = Field(default=None, gt=0)
     replica_num_cpus: float = Field(default=0, ge=0)  # 1 CPU per replica starves 2-core machines
+    # What `ipnext dev up` starts: one node with every region's resources, or a head (no region)
+    # and one worker node per region of the fleet (`--nodes per-region`), so a region can be lost.
+    nodes: Literal["single", "per-region"] = "single"
+    # How the per-region stack's GCS checks its nodes (Ray's defaults, 3 s x 5 failures, declare
+    # a killed node dead after about 15 s): every period, each check given the period; after
+    # `failure_threshold` failed checks in a row the node is dead.
+    health_check_period_ms: int = Field(default=1000, ge=100)
+    health_check_failure_threshold: int = Field(default=4, ge=1)
+    node_object_store_bytes: int = Field(default=200 * 1024 * 1024, ge=80 * 1024 * 1024)  # per region node
 
 
 class RegionSettings(_Section):
@@ -177,6 +186,12 @@ class Settings(BaseSettings):
     @property
     def serve_url(self) -> str:
         return f"http://{self.serve.host}:{self.serve.port}"
+
+    @property
+    def proxy_location(self) -> str:
+        """Where Serve runs its HTTP proxies: on every node of a per-region stack (so each region
+        answers through a proxy of its own), on the head alone otherwise."""
+        return "EveryNode" if self.ray.nodes == "per-region" else "HeadOnly"
 
     @property
     def ui_url(self) -> str:

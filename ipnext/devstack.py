@@ -8,6 +8,12 @@ supervisor (ipnext.entry.supervisor) that starts again a component that dies.
 waits until they are gone. `ipnext dev hold NAME` keeps a component from being
 restarted (crash drills hold what they crash) until `ipnext dev release NAME`.
 
+`ipnext dev up --nodes per-region` (setting `ray.nodes`) starts the Ray head with no region's
+resources and one Ray worker node per region of the fleet (`node-<region>`, a `ray start
+--block` holding only that region's `region:` and `hw:` resources), with Serve's proxy on every
+node: losing a region is killing its node's processes (`crash("node-<region>")`), as in a real
+cluster. The head's GCS declares a killed node dead within seconds (settings `ray.health_check_*`).
+
 Every process it starts (and every one the supervisor starts again) reads the same config: the
 file the command read (`--config`, `IPNEXT_CONFIG` or `config/ipnext.yaml`), passed on as an
 absolute `IPNEXT_CONFIG`; each log says it on its start line.
@@ -36,13 +42,24 @@ from ipnext.config import Settings, load_settings
 from ipnext.contracts import PollTimeoutError, wait_until
 from ipnext.errors import StackError
 
-__all__ = ["COMPONENTS", "DevStack", "process_alive", "stack_processes"]
+__all__ = ["COMPONENTS", "DevStack", "component_names", "node_component", "process_alive", "stack_processes"]
 
 STACK_ID_ENV = "IPNEXT_STACK_ID"
+NODE_ENV = "IPNEXT_RAY_NODE"  # the region of a per-region node, inherited by its raylet and workers
+NODE_PREFIX = "node-"  # the component of a region's node: node-<region>
+NODE_STARTED = "Ray runtime started"  # what `ray start` prints once its node has joined
+_NODE_PORT_FLAGS = (
+    "--node-manager-port",
+    "--object-manager-port",
+    "--metrics-export-port",
+    "--dashboard-agent-listen-port",
+    "--dashboard-agent-grpc-port",
+    "--runtime-env-agent-port",
+)
 START_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 30.0
 WORKER_GCS_PATIENCE_S = 7 * 24 * 3600  # how long the worker's Ray driver waits for a lost cluster
-COMPONENTS = ("temporal", "ray", "worker")  # what `dev up` starts, in order (the supervisor last)
+COMPONENTS = ("temporal", "ray", "worker")  # what `dev up` starts, in order (+ nodes: component_names)
 SUPERVISOR = "supervisor"
 
 
@@ -115,20 +132,38 @@ def scratch_config(base: Path, config_dir: Path) -> Path:
     return path
 
 
-def stack_processes(stack_id: str) -> list[int]:
-    """Every process carrying this stack's id in its environment (Ray workers inherit it)."""
-    needle = f"{STACK_ID_ENV}={stack_id}".encode()
+def stack_processes(stack_id: str, node: str | None = None) -> list[int]:
+    """Every process carrying this stack's id in its environment (Ray workers inherit it); with
+    `node`, only those of that region's node (its `ray start`, raylet, agents and workers)."""
+    needles = [f"{STACK_ID_ENV}={stack_id}".encode()]
+    if node is not None:
+        needles.append(f"{NODE_ENV}={node}".encode())
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
-            if needle in (entry / "environ").read_bytes().split(b"\0"):
-                if process_alive(int(entry.name)):
-                    found.append(int(entry.name))
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            if all(needle in environ for needle in needles) and process_alive(int(entry.name)):
+                found.append(int(entry.name))
         except OSError:
             continue
     return sorted(found)
+
+
+def node_component(region: str) -> str:
+    """The dev stack's name for a region's Ray node (`dev status`, `hold`, `crash`)."""
+    return f"{NODE_PREFIX}{region}"
+
+
+def _node_region(name: str) -> str | None:
+    return name.removeprefix(NODE_PREFIX) if name.startswith(NODE_PREFIX) else None
+
+
+def component_names(record: dict[str, Any] | None) -> list[str]:
+    """The stack's components in start order: temporal, ray, each region's node, worker."""
+    nodes = sorted(n for n in (record or {}).get("processes", {}) if _node_region(n) is not None)
+    return ["temporal", "ray", *nodes, "worker"]
 
 
 class DevStack:
@@ -170,17 +205,22 @@ class DevStack:
 
     # ---- holds ---------------------------------------------------------------------------
 
+    def components(self) -> list[str]:
+        """What this stack runs (its record's nodes included), in start order."""
+        record = self.read_record()
+        return component_names(record) if record else list(COMPONENTS)
+
     def hold(self, name: str, why: str = "held by hand") -> None:
         """Keep the supervisor from starting `name` again until `release`."""
-        if name not in COMPONENTS:
-            raise StackError(f"{name}: only {', '.join(COMPONENTS)} can be held", field="name")
+        if name not in self.components():
+            raise StackError(f"{name}: only {', '.join(self.components())} can be held", field="name")
         self.holds_dir.mkdir(parents=True, exist_ok=True)
         at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         (self.holds_dir / name).write_text(json.dumps({"why": why, "at": at}))
 
     def release(self, name: str) -> None:
-        if name not in COMPONENTS:
-            raise StackError(f"{name}: only {', '.join(COMPONENTS)} can be held", field="name")
+        if name not in self.components() and not (self.holds_dir / name).exists():
+            raise StackError(f"{name}: only {', '.join(self.components())} can be held", field="name")
         (self.holds_dir / name).unlink(missing_ok=True)
 
     def held(self, name: str) -> bool:
@@ -197,21 +237,37 @@ class DevStack:
 
     # ---- up ------------------------------------------------------------------------------
 
-    def up(self) -> dict[str, Any]:
+    def up(self, nodes: str | None = None) -> dict[str, Any]:
+        """Start the stack; `nodes` (`single` or `per-region`) overrides the `ray.nodes` setting."""
+        mode = nodes or self.settings.ray.nodes
+        if mode not in ("single", "per-region"):
+            raise StackError(
+                f"--nodes {mode!r} is not a layout", field="nodes", fix="use single or per-region"
+            )
+        if mode == "per-region" and self.settings.ray.address is not None:
+            raise StackError(
+                f"--nodes per-region starts a Ray cluster of its own, but ray.address is {self.settings.ray.address}.",
+                field="nodes",
+                fix="unset RAY_ADDRESS (ray.address), or leave --nodes out to use that cluster",
+            )
         if self.is_up():
-            self.log(f"ipnext dev stack is already up (state in {self.state_dir})")
             running = self.read_record() or {}
+            self.log(
+                f"ipnext dev stack is already up, {running.get('nodes', 'single')} nodes (state in {self.state_dir})"
+            )
             if not self.supervised():  # the supervisor died: the stack is up, supervise it again
-                self._start_supervisor(self._env(running["stack_id"]), running)
+                self._start_supervisor(
+                    self._env(running["stack_id"], running.get("nodes", "single")), running
+                )
             self._print_urls()
             return running
         if self.read_record():
             self.down(quiet=True)  # a half-dead stack from an earlier run
         (self.state_dir / "logs").mkdir(parents=True, exist_ok=True)
-        self.log(f"starting the ipnext dev stack: {self.settings.describe_source()}")
+        self.log(f"starting the ipnext dev stack ({mode} nodes): {self.settings.describe_source()}")
         stack_id = uuid.uuid4().hex
-        env = self._env(stack_id)
-        record: dict[str, Any] = {"stack_id": stack_id, "processes": {}}
+        env = self._env(stack_id, mode)
+        record: dict[str, Any] = {"stack_id": stack_id, "nodes": mode, "processes": {}}
         started = time.monotonic()
         try:
             if self.settings.temporal.address is None:
@@ -232,11 +288,14 @@ class DevStack:
         self._print_urls()
         return record
 
-    def _env(self, stack_id: str) -> dict[str, str]:
+    def _env(self, stack_id: str, nodes: str = "single") -> dict[str, str]:
         env = dict(os.environ)
         env.update(
             {
                 STACK_ID_ENV: stack_id,
+                # Every process of the stack knows its layout: the Ray head, the supervisor, and
+                # the worker, whose Serve config writer puts a proxy on every node (per-region).
+                "IPNEXT_RAY__NODES": nodes,
                 "RAY_AUTH_MODE": "disabled",
                 "RAY_USAGE_STATS_ENABLED": "0",
                 "PYTHONUNBUFFERED": "1",
@@ -260,6 +319,11 @@ class DevStack:
             raise StackError(f"no {name} in this dev stack to crash")
         self.hold(name, "crash drill")  # down on purpose: the supervisor leaves it to `start`
         pid = record["processes"][name]["pid"]
+        region = _node_region(name)
+        if region is not None:  # a lost region: its node's `ray start`, raylet, agents and workers
+            killed = self._kill_node(record, name, region)
+            self.log(f"  crashed {name} (pid {pid} and {killed} processes of its node)")
+            return
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)
         while process_alive(pid):
@@ -270,13 +334,34 @@ class DevStack:
             self._kill_ray_leftovers(record)
         self.log(f"  crashed {name} (pid {pid})")
 
+    def _kill_node(self, record: dict[str, Any], name: str, region: str) -> int:
+        """SIGKILL every process of a region's node at once; returns how many there were."""
+        doomed = set(stack_processes(record["stack_id"], node=region))
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(record["processes"][name]["pid"], signal.SIGKILL)
+        for pid in doomed:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        doomed.add(record["processes"][name]["pid"])
+
+        def reap() -> bool:
+            for pid in doomed:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, os.WNOHANG)
+            return not any(process_alive(p) for p in doomed)
+
+        with contextlib.suppress(PollTimeoutError):
+            wait_until(reap, bool, timeout_s=10, interval_s=0.05)
+        return len(doomed)
+
     def _kill_ray_leftovers(self, record: dict[str, Any]) -> None:
         """Every process of this stack outside the other components' sessions: what is left of
-        a Ray cluster whose head died (raylet, GCS, Serve's proxy holding its port, replicas)."""
+        a Ray cluster whose head died (raylet, GCS, Serve's proxy holding its port, replicas),
+        the region nodes of a per-region stack included (they join the new head)."""
         others = {
             os.getpgid(p["pid"])
             for n, p in record["processes"].items()
-            if n != "ray" and process_alive(p["pid"])
+            if n != "ray" and _node_region(n) is None and process_alive(p["pid"])
         }
         others.add(os.getpgid(0))  # this process's own (the supervisor, or a drill's test)
         killed = []
@@ -295,10 +380,16 @@ class DevStack:
         record = self.read_record()
         if record is None:
             raise StackError("the dev stack is not up")
-        env = self._env(record["stack_id"])
+        env = self._env(record["stack_id"], record.get("nodes", "single"))
         starts = {"worker": self._start_worker, "temporal": self._start_temporal, "ray": self._start_ray}
+        region = _node_region(name)
+        if region is not None and name in record["processes"]:
+            self._kill_node(record, name, region)  # what is left of it (a raylet outliving `ray start`)
+            self._start_nodes([region], env, record)
+            self.release(name)
+            return
         if name not in starts:
-            raise StackError(f"{name}: only {sorted(starts)} can be started alone")
+            raise StackError(f"{name}: only {sorted(starts)} and the record's nodes can be started alone")
         if name == "ray":
             self._kill_ray_leftovers(record)
         starts[name](env, record)
@@ -408,9 +499,68 @@ class DevStack:
                 fix="stop what holds it or set serve.port in ipnext.yaml (IPNEXT_SERVE__PORT)",
             )
         self.settings.ray_address_file.unlink(missing_ok=True)
-        proc = self._spawn("ray", [sys.executable, "-m", "ipnext.devstack", "ray-head"], env, record)
+        per_region = record.get("nodes") == "per-region"
+        head_env = env
+        if per_region:  # the GCS checks each node: a killed region is declared dead in seconds
+            period = self.settings.ray.health_check_period_ms
+            head_env = {
+                **env,
+                "RAY_health_check_period_ms": str(period),
+                "RAY_health_check_timeout_ms": str(period),
+                "RAY_health_check_failure_threshold": str(self.settings.ray.health_check_failure_threshold),
+            }
+        proc = self._spawn("ray", [sys.executable, "-m", "ipnext.devstack", "ray-head"], head_env, record)
         self._wait("ray", proc, self.settings.ray_address_file.exists, record)
         self.log(f"  ray cluster up at {self.settings.ray_address()} (pid {proc.pid})")
+        if per_region:
+            self._start_nodes(list(self.settings.fleet().regions), env, record)
+
+    def _start_nodes(self, regions: list[str], env: dict[str, str], record: dict[str, Any]) -> None:
+        """One Ray worker node per region, started together: each `ray start --block` joins the
+        head with only its region's resources, and lives as long as its node."""
+        fleet = self.settings.fleet()
+        address = self.settings.ray_address()
+        ray_cli = Path(sys.executable).parent / "ray"
+        for region in regions:
+            resources = {f"region:{region}": 1000.0}
+            for pool in fleet.pools:
+                if pool.region == region:
+                    key = f"hw:{pool.hardware}"
+                    resources[key] = resources.get(key, 0.0) + pool.units
+            name = node_component(region)
+            log_path = self.state_dir / "logs" / f"{name}.log"
+            offset = log_path.stat().st_size if log_path.exists() else 0
+            argv = [
+                str(ray_cli),
+                "start",
+                "--address",
+                address,
+                "--node-ip-address",
+                "127.0.0.1",
+                "--num-cpus",
+                str(self.settings.ray.num_cpus or os.cpu_count() or 1),
+                "--resources",
+                json.dumps(resources),
+                "--object-store-memory",
+                str(self.settings.ray.node_object_store_bytes),
+                "--disable-usage-stats",
+                "--block",
+            ]
+            # Every node of this machine needs ports of its own: some defaults are one fixed port
+            # (the agent's 52365), and nodes started together pick the same "free" ones.
+            for flag in _NODE_PORT_FLAGS:
+                argv[-2:-2] = [flag, str(free_port())]
+            proc = self._spawn(name, argv, {**env, NODE_ENV: region}, record)
+
+            def joined(path: Path = log_path, start: int = offset) -> bool:
+                with path.open("rb") as log:
+                    log.seek(start)
+                    return NODE_STARTED.encode() in log.read()
+
+            # One at a time: Ray numbers a node's log files by what it finds in the session folder,
+            # so nodes started together write into each other's logs.
+            self._wait(name, proc, joined, record)
+            self.log(f"  ray node {name} up (pid {proc.pid})")
 
     def _start_supervisor(self, env: dict[str, str], record: dict[str, Any]) -> None:
         from ipnext.entry.supervisor import read_status
@@ -441,7 +591,7 @@ class DevStack:
         if supervisor and process_alive(supervisor["pid"]):
             self._stop(SUPERVISOR, supervisor["pid"])
             record = self.read_record() or record  # what it started last, if it was restarting one
-        for name in reversed(COMPONENTS):
+        for name in reversed(component_names(record)):
             proc = record["processes"].get(name)
             if proc and process_alive(proc["pid"]):
                 self._stop(name, proc["pid"])
@@ -485,15 +635,20 @@ def _ray_head() -> None:
     from ipnext.serving.layout import PROXY_TIMEOUT_S
 
     settings = load_settings()
-    print(f"ipnext ray head: {settings.describe_source()}", flush=True)
+    print(f"ipnext ray head: {settings.describe_source()}, {settings.ray.nodes} nodes", flush=True)
     fleet = settings.fleet()
-    resources: dict[str, float] = {f"region:{r}": 1000.0 for r in fleet.regions}
-    for pool in fleet.pools:
-        key = f"hw:{pool.hardware}"
-        resources[key] = resources.get(key, 0.0) + pool.units
+    resources: dict[str, float] = {}
+    if settings.ray.nodes == "single":  # else each region's node holds its own (DevStack._start_nodes)
+        resources = {f"region:{r}": 1000.0 for r in fleet.regions}
+        for pool in fleet.pools:
+            key = f"hw:{pool.hardware}"
+            resources[key] = resources.get(key, 0.0) + pool.units
     ray_dir = settings.state_dir / "ray"
     ray_dir.mkdir(parents=True, exist_ok=True)
     ray.init(
+        # Always a new cluster: with no address, Ray joins the one named in its folder's
+        # `ray_current_cluster`, which a region node's `ray start` wrote for the head now gone.
+        address="local",
         num_cpus=settings.ray.num_cpus or os.cpu_count(),
         resources=resources,
         include_dashboard=False,
@@ -503,6 +658,7 @@ def _ray_head() -> None:
         log_to_driver=False,
     )
     serve.start(
+        proxy_location=settings.proxy_location,
         http_options={
             "host": settings.serve.host,
             "port": settings.serve.port,

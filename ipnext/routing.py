@@ -25,6 +25,7 @@ __all__ = [
     "RoutingTable",
     "demand_path",
     "failover_routes",
+    "fallback_order",
     "pick_region",
     "predict_path",
     "routes_from_plan",
@@ -155,6 +156,30 @@ def pick_region(
         row = _pooled(document.routes)
     salted = None if key is None else f"region\x00{document.model}\x00{key}"
     return weighted_draw(row, salted, rng)
+
+
+def fallback_order(
+    document: RoutingDocument,
+    source: str | None,
+    key: str | None = None,
+    rng: random.Random | None = None,
+) -> list[str]:
+    """Every serving region of the document, in the order a caller from `source` tries them when
+    one does not answer: the region `pick_region` draws, then the rest of the source's row by
+    fraction (largest first), then the regions that serve only other sources, by their pooled
+    fraction. The last are the plan's answer for other callers, not for this source's latency
+    budget: a way out while a region is lost, until a replan routes the source again. Empty
+    when the document routes nowhere."""
+    first = pick_region(document, source, key, rng)
+    if first is None:
+        return []
+    order = [first]
+    row = document.routes.get(source, {}) if source is not None else {}
+    for weights in (row, _pooled(document.routes)):
+        for region in sorted(weights, key=lambda r: (-weights[r], r)):
+            if region not in order:
+                order.append(region)
+    return order
 
 
 def weighted_draw(

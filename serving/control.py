@@ -28,6 +28,7 @@ from ipnext.serving.layout import (
     DeployedRouter,
     deployed_router,
     deployed_routing,
+    head_node_options,
     render_routing_app,
     render_serve_config,
 )
@@ -45,9 +46,10 @@ __all__ = [
 class ServeConfigWriter:
     """Body of the detached writer actor. Sync methods: Ray runs them serially."""
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, proxy_location: str = "HeadOnly") -> None:
         self._host = host
         self._port = port
+        self._proxy_location = proxy_location
         self._apps: dict[str, dict[str, Any]] = {}
         self._applies = 0
         self._adopt_running_apps()
@@ -57,6 +59,7 @@ class ServeConfigWriter:
         from ray.serve.context import _get_global_client
 
         serve.start(
+            proxy_location=self._proxy_location,
             http_options={"host": self._host, "port": self._port, "request_timeout_s": PROXY_TIMEOUT_S},
             logging_config={"enable_access_log": False},
         )
@@ -80,7 +83,7 @@ class ServeConfigWriter:
             desired[app["name"]] = app
         if desired == self._apps and self._applies:
             return self._applies
-        config = render_serve_config(desired, self._host, self._port)
+        config = render_serve_config(desired, self._host, self._port, self._proxy_location)
         self._client().deploy_apps(ServeDeploySchema.model_validate(config))
         self._apps = desired
         self._applies += 1
@@ -90,7 +93,7 @@ class ServeConfigWriter:
         """Apply the whole desired config again, unchanged: Serve lost apps the writer holds."""
         from ray.serve.schema import ServeDeploySchema
 
-        config = render_serve_config(self._apps, self._host, self._port)
+        config = render_serve_config(self._apps, self._host, self._port, self._proxy_location)
         self._client().deploy_apps(ServeDeploySchema.model_validate(config))
         self._applies += 1
         return self._applies
@@ -133,7 +136,7 @@ class ServeConfigWriter:
         return sorted(self._apps)
 
     def export(self) -> dict[str, Any]:
-        return render_serve_config(self._apps, self._host, self._port)
+        return render_serve_config(self._apps, self._host, self._port, self._proxy_location)
 
 
 _connected: str | None = None  # the cluster address this process attached to
@@ -161,7 +164,9 @@ def connect(address: str) -> None:
         _connected = address
 
 
-def get_writer(host: str, port: int) -> Any:
+def get_writer(host: str, port: int, proxy_location: str = "HeadOnly") -> Any:
+    """The one writer, created if it is not there yet; pinned to the head node, so it outlives
+    a lost region (a writer that comes back empty-handed would adopt, not lose, the apps)."""
     return (
         ray.remote(ServeConfigWriter)
         .options(
@@ -169,10 +174,10 @@ def get_writer(host: str, port: int) -> Any:
             namespace=RAY_NAMESPACE,
             lifetime="detached",
             get_if_exists=True,
-            num_cpus=0,
             max_restarts=-1,
+            **head_node_options(),
         )
-        .remote(host, port)
+        .remote(host, port, proxy_location)
     )
 
 

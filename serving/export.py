@@ -12,7 +12,7 @@ import ray
 from ray.util import metrics
 
 from ipnext.counters import LATENCY_LAYOUT
-from ipnext.serving.layout import RAY_NAMESPACE
+from ipnext.serving.layout import RAY_NAMESPACE, head_node_options
 from ipnext.serving.metrics import MetricsStore
 
 __all__ = ["METRICS_PUSH_SECONDS", "CounterPusher", "PartPrometheus", "RouterPrometheus", "push_forever"]
@@ -43,8 +43,10 @@ async def push_forever(
             namespace=RAY_NAMESPACE,
             lifetime="detached",
             get_if_exists=True,
-            num_cpus=0,
             max_restarts=-1,
+            # On the head node: the gates read it and demand history lives in it, so it must
+            # not die with the region whose replicas push to it.
+            **head_node_options(),
         )
         .remote()
     )

@@ -18,6 +18,7 @@ from ipnext.rollout import RouterConfig, scaled_replicas
 from ipnext.routing import ROUTING_PREFIX, RoutingTable
 
 __all__ = [
+    "HEAD_NODE_RESOURCE",
     "PROXY_TIMEOUT_S",
     "ROUTER_DEPLOYMENT",
     "ROUTER_IMPORT_PATH",
@@ -35,6 +36,7 @@ __all__ = [
     "SetIngressConfig",
     "deployed_router",
     "deployed_routing",
+    "head_node_options",
     "metrics_actor_name",
     "part_deployment_name",
     "render_router_app",
@@ -60,6 +62,11 @@ ROUTING_IMPORT_PATH = "ipnext.serving.routing_app:routing_app"
 # Serve's proxy gives up on a request after this long (its 408 comes after the router was
 # cancelled, so nothing counts it): only a backstop, above every deadline a router enforces.
 PROXY_TIMEOUT_S = MAX_DEADLINE_SECONDS + 30
+# Ray gives this resource (1 unit) to the head node alone, on every cluster. What must outlive
+# a lost region (the Serve config writer, the metrics actors, the routing app) asks for a sliver
+# of it, so it runs on the head and never on a region's node; on a one-node stack, the same node.
+HEAD_NODE_RESOURCE = "node:__internal_head__"
+_HEAD_SHARE = 0.001
 # A replica asks for a sliver of its region so it lands on a node of that region
 # without the region count limiting how many replicas fit.
 _REGION_SHARE = 0.001
@@ -233,6 +240,11 @@ def set_app_plan(
     )
 
 
+def head_node_options() -> dict[str, Any]:
+    """Ray actor options that pin an actor to the head node (see HEAD_NODE_RESOURCE)."""
+    return {"num_cpus": 0, "resources": {HEAD_NODE_RESOURCE: _HEAD_SHARE}}
+
+
 def _actor_options(
     region: str, num_cpus: float, hardware: str | None = None, units: int = 0
 ) -> dict[str, Any]:
@@ -333,7 +345,8 @@ def deployed_router(app: dict[str, Any]) -> DeployedRouter:
 
 def render_routing_app(table: RoutingTable) -> dict[str, Any]:
     """The routing app: every model's routing document rides in its `user_config`, so a change
-    reconfigures it in place. Global: its replica asks for no region."""
+    reconfigures it in place. Global: its replica asks for no region, and runs on the head node,
+    so clients find their fallback regions while any region is lost."""
     return {
         "name": ROUTING_APP,
         "route_prefix": ROUTING_PREFIX,
@@ -343,7 +356,7 @@ def render_routing_app(table: RoutingTable) -> dict[str, Any]:
             {
                 "name": ROUTING_DEPLOYMENT,
                 "num_replicas": 1,
-                "ray_actor_options": {"num_cpus": 0},
+                "ray_actor_options": head_node_options(),
                 "user_config": table.model_dump(mode="json"),
             }
         ],
@@ -359,10 +372,14 @@ def deployed_routing(app: dict[str, Any] | None) -> RoutingTable:
     return RoutingTable.model_validate(deployment.get("user_config") or {})
 
 
-def render_serve_config(apps: dict[str, dict[str, Any]], host: str, port: int) -> dict[str, Any]:
-    """The whole multi-app config, in the schema `serve deploy` and KubeRay's RayService take."""
+def render_serve_config(
+    apps: dict[str, dict[str, Any]], host: str, port: int, proxy_location: str = "HeadOnly"
+) -> dict[str, Any]:
+    """The whole multi-app config, in the schema `serve deploy` and KubeRay's RayService take.
+    `proxy_location`: `HeadOnly`, or `EveryNode` on a cluster of one node per region (each
+    node's proxy binds the same host and port; see Settings.proxy_location)."""
     return {
-        "proxy_location": "HeadOnly",
+        "proxy_location": proxy_location,
         "http_options": {"host": host, "port": port, "request_timeout_s": PROXY_TIMEOUT_S},
         "logging_config": {"enable_access_log": False},
         "applications": [apps[name] for name in sorted(apps)],

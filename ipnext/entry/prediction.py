@@ -6,7 +6,11 @@
 
 The serving region for a caller's source comes from the model's routing document
 (`GET /models/<name>/routing`, see ipnext.routing), cached for the document's TTL; a 404 from
-the chosen region fetches the document once more and tries again. No Temporal connection.
+the chosen region fetches the document once more and tries again. A region that does not
+answer (no connection, a broken one, no answer within `region_timeout_s`, or Serve's proxy
+answering for a router it cannot reach) is passed over for the next region of
+`routing.fallback_order`, while the request's deadline (`timeout_s`) lasts, and tried last for
+`region_down_s` after. No Temporal connection.
 Failures are `PredictionError`s carrying the HTTP status: 400 `PredictionBadRequestError`,
 404 `PredictionNotFoundError`, 5xx `PredictionServerError`, none `PredictionTransportError`.
 """
@@ -18,7 +22,7 @@ import json
 import random
 import threading
 import time
-from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Iterator
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -36,12 +40,21 @@ from ipnext.errors import (
     PredictionServerError,
     PredictionTransportError,
 )
-from ipnext.routing import RoutingDocument, demand_path, pick_region, predict_path, routing_path
+from ipnext.routing import RoutingDocument, demand_path, fallback_order, predict_path, routing_path
 
 __all__ = ["AsyncPredictionClient", "Prediction", "PredictionClient"]
 
 # Above the router's default deadline (30 s), so a slow model answers 504 before the client gives up.
 DEFAULT_TIMEOUT_S = 40.0
+# A region that gives no answer within this long is passed over for the next one (the request
+# may then run twice: predictions are reads). Above what a healthy model takes, far below the
+# deadline, so a lost region costs one such wait, not the request.
+DEFAULT_REGION_TIMEOUT_S = 10.0
+# How long a region that did not answer is tried last, by every request of this client.
+DEFAULT_REGION_DOWN_S = 30.0
+# Serve's proxy speaks for a router it could not reach (its replica died: 500; none to send to:
+# 503); a router's own error answers carry an `error_id`, and shedding carries `Retry-After`.
+_PROXY_FAILURES = (500, 502, 503)
 T = TypeVar("T")
 
 
@@ -66,13 +79,22 @@ class AsyncPredictionClient:
         url: str | None = None,
         *,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        region_timeout_s: float = DEFAULT_REGION_TIMEOUT_S,
+        region_down_s: float = DEFAULT_REGION_DOWN_S,
         transport: httpx.AsyncBaseTransport | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """`url`: the serving HTTP address (settings' `serve`, when None)."""
+        """`url`: the serving HTTP address (settings' `serve`, when None). `timeout_s`: a
+        request's deadline, every region it tries included; `region_timeout_s`: how long a region
+        may take to answer before the next is tried (the last one left has the rest of the
+        deadline); `region_down_s`: how long a region that did not answer is tried last."""
         self.url = url or load_settings().serve_url
         self._clock = clock
         self._rng = random.Random()
+        self._timeout_s = timeout_s
+        self._region_timeout_s = region_timeout_s
+        self._region_down_s = region_down_s
+        self._down: dict[str, float] = {}  # region -> until when it is tried last
         self._documents: dict[str, tuple[RoutingDocument, float]] = {}  # model -> (document, fetched at)
         self._http = httpx.AsyncClient(base_url=self.url, timeout=timeout_s, transport=transport)
 
@@ -98,8 +120,13 @@ class AsyncPredictionClient:
             return cached
         try:
             response = await self._http.get(routing_path(model))
-        except httpx.TransportError as err:
-            raise _transport_error(err, model, None, self.url) from None
+        except httpx.TransportError:
+            # Once more, on a new connection: a kept-alive one may lead to a lost node's proxy
+            # (every node's proxy shares the serving port).
+            try:
+                response = await self._http.get(routing_path(model))
+            except httpx.TransportError as err:
+                raise _transport_error(err, model, None, self.url) from None
         return self._store(model, response)
 
     async def demand(self, model: str, region: str, window_seconds: float = 60.0) -> DemandReport | None:
@@ -126,15 +153,97 @@ class AsyncPredictionClient:
         region: str | None = None,
         key: str | None = None,
     ) -> Prediction:
-        """POST to the region the routing document picks for `source` (or to `region`, if given).
-        `key` makes both the region and the set sticky for that key."""
+        """POST to the region the routing document picks for `source` (or to `region`, if given:
+        then to that region only). `key` makes both the region and the set sticky for that key.
+        A region that does not answer is passed over for the next (see the module's docstring)."""
         body = _body(inputs, key)
-        target = region or self._region(await self.routing(model), source, key)
-        response = await self._post(model, target, body, source)
-        if response.status_code == 404 and region is None:
-            target = self._region(await self.routing(model, refresh=True), source, key)
-            response = await self._post(model, target, body, source)
+        deadline = self._clock() + self._timeout_s
+
+        async def attempt(target: str, limit: float) -> httpx.Response:
+            return await _within(
+                self._http.post(predict_path(model, target), json=body, headers=_source_header(source)),
+                limit,
+            )
+
+        response, target = await self._failover(model, source, key, region, deadline, attempt)
         return _prediction(response, model, target)
+
+    async def _failover(
+        self,
+        model: str,
+        source: str | None,
+        key: str | None,
+        region: str | None,
+        deadline: float,
+        attempt: Callable[[str, float], Awaitable[httpx.Response]],
+    ) -> tuple[httpx.Response, str]:
+        """Send by `attempt` to the regions in fallback order until one answers: the answer (to
+        read, and close if streamed) and its region. A 404 fetches the document again, once."""
+        if region is not None:
+            order = [region]
+        else:
+            order = self._order(await self.routing(model), source, key)
+        refreshed = region is not None
+        failure: PredictionError | None = None
+        tried: list[str] = []
+        index = 0
+        while index < len(order):
+            target = order[index]
+            index += 1
+            limit = deadline - self._clock()
+            if index < len(order):  # the last region left may take what is left of the deadline
+                limit = min(self._region_timeout_s, limit)
+            if limit <= 0:
+                break
+            tried.append(target)
+            try:
+                response = await attempt(target, limit)
+            except httpx.TransportError as err:
+                failure = _transport_error(err, model, target, self.url)
+            except TimeoutError:
+                failure = PredictionTransportError(
+                    f"predict {model} in {target}: no answer within {limit:.1f}s from {self.url}",
+                    model=model,
+                    region=target,
+                )
+            else:
+                if response.status_code == 404 and not refreshed:
+                    await response.aclose()
+                    refreshed = True
+                    order, index = self._order(await self.routing(model, refresh=True), source, key), 0
+                    continue
+                if not _proxy_failure(response):
+                    self._down.pop(target, None)
+                    return response, target
+                await response.aread()
+                failure = _status_error(response, model, target)
+                await response.aclose()
+            self._down[target] = self._clock() + self._region_down_s
+        if failure is None:  # the deadline passed before a region was tried
+            failure = PredictionTransportError(
+                f"predict {model}: the deadline of {self._timeout_s:.1f}s passed", model=model
+            )
+        if len(tried) > 1:
+            raise type(failure)(
+                f"predict {model}: none of {', '.join(tried)} answered; the last: {failure}",
+                status_code=failure.status_code,
+                model=model,
+                region=failure.region,
+                error_id=failure.error_id,
+            ) from failure
+        raise failure
+
+    def _order(self, document: RoutingDocument, source: str | None, key: str | None) -> list[str]:
+        """The regions to try, in fallback order, those that did not answer lately last."""
+        order = fallback_order(document, source, key, self._rng)
+        if not order:
+            raise PredictionNotFoundError(
+                f"model {document.model!r} routes no traffic anywhere (routing generation {document.generation}).",
+                model=document.model,
+                fix="wait until a snapshot set serves (`ipnext model get " + document.model + "`)",
+            )
+        now = self._clock()
+        return sorted(order, key=lambda r: self._down.get(r, 0.0) > now)
 
     async def predict_stream(
         self,
@@ -149,35 +258,28 @@ class AsyncPredictionClient:
         other model answers in one piece). Leaving the loop early closes the connection, which
         cancels the request in the part."""
         body = {**_body(inputs, key), "stream": True}
-        target = region or self._region(await self.routing(model), source, key)
-        for attempt in range(2):
-            try:
-                async with self._http.stream(
-                    "POST", predict_path(model, target), json=body, headers=_source_header(source)
-                ) as response:
-                    if response.status_code == 404 and region is None and attempt == 0:
-                        target = self._region(await self.routing(model, refresh=True), source, key)
-                        continue
-                    if response.status_code != 200:
-                        await response.aread()
-                        raise _status_error(response, model, target)
-                    async for line in response.aiter_lines():
-                        piece = _event(line, model, target)
-                        if piece is not None:
-                            yield piece
-                    return
-            except httpx.TransportError as err:
-                raise _transport_error(err, model, target, self.url) from None
+        deadline = self._clock() + self._timeout_s
 
-    async def _post(
-        self, model: str, region: str, body: dict[str, Any], source: str | None
-    ) -> httpx.Response:
-        try:
-            return await self._http.post(
-                predict_path(model, region), json=body, headers=_source_header(source)
+        async def attempt(target: str, limit: float) -> httpx.Response:
+            # Until the answer's head: once pieces flow, the stream is this region's.
+            request = self._http.build_request(
+                "POST", predict_path(model, target), json=body, headers=_source_header(source)
             )
+            return await _within(self._http.send(request, stream=True), limit)
+
+        response, target = await self._failover(model, source, key, region, deadline, attempt)
+        try:
+            if response.status_code != 200:
+                await response.aread()
+                raise _status_error(response, model, target)
+            async for line in response.aiter_lines():
+                piece = _event(line, model, target)
+                if piece is not None:
+                    yield piece
         except httpx.TransportError as err:
-            raise _transport_error(err, model, region, self.url) from None
+            raise _transport_error(err, model, target, self.url) from None
+        finally:
+            await response.aclose()
 
     def _cached(self, model: str) -> RoutingDocument | None:
         entry = self._documents.get(model)
@@ -190,16 +292,6 @@ class AsyncPredictionClient:
         document = _document(response, model, self.url)
         self._documents[model] = (document, self._clock())
         return document
-
-    def _region(self, document: RoutingDocument, source: str | None, key: str | None) -> str:
-        region = pick_region(document, source, key, self._rng)
-        if region is None:
-            raise PredictionNotFoundError(
-                f"model {document.model!r} routes no traffic anywhere (routing generation {document.generation}).",
-                model=document.model,
-                fix="wait until a snapshot set serves (`ipnext model get " + document.model + "`)",
-            )
-        return region
 
 
 class PredictionClient:
@@ -276,6 +368,23 @@ def _body(inputs: Any, key: str | None) -> dict[str, Any]:
     if key is not None:
         body["key"] = key
     return body
+
+
+async def _within(call: Awaitable[T], limit: float) -> T:
+    """`call`, given `limit` seconds (TimeoutError after them; the request is cancelled)."""
+    async with asyncio.timeout(limit):
+        return await call
+
+
+def _proxy_failure(response: httpx.Response) -> bool:
+    """Serve's proxy answered for a router it could not reach (the region's node is lost, or its
+    router replica died): a 5xx that is neither a router's answer (those carry an `error_id`)
+    nor shedding (`Retry-After`: the region is up and says when to come back)."""
+    if response.status_code not in _PROXY_FAILURES or "retry-after" in response.headers:
+        return False
+    if response.headers.get("content-type", "").startswith("application/json"):
+        return False  # a router's (or the routing app's) own words
+    return True
 
 
 def _source_header(source: str | None) -> dict[str, str]:

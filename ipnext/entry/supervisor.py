@@ -1,11 +1,12 @@
 """The dev stack's supervisor: a process of its own that starts again a component of the stack
-(the Temporal dev server, the Ray head, the worker) that died.
+(the Temporal dev server, the Ray head, a region's Ray node, the worker) that died.
 
 `ipnext dev up` starts it last and `ipnext dev down` stops it first, so it never fights a
 shutdown. Every `CHECK_INTERVAL_S` it looks at the stack's record (`<state>/dev.json`); a
 component whose process is gone is started again the way `dev up` started it (a Ray head that
 died takes its leftover processes with it first; it comes back at a new address, which the
-worker follows). What it did is in `<state>/supervisor.json`, which `ipnext dev status` shows.
+worker follows; a per-region stack's nodes come back with it, joined to the new head). A region's
+node is started again only while the head is up and not held. What it did is in `<state>/supervisor.json`, which `ipnext dev status` shows.
 
 Bounded: a component that needs more than `RESTART_LIMIT` restarts in `RESTART_WINDOW_S` is
 left down and marked `gave_up` (a crash loop is a bug to read in its log, not something to
@@ -47,7 +48,6 @@ CHECK_INTERVAL_S = 1.0
 RESTART_LIMIT = 5  # restarts of one component within RESTART_WINDOW_S; more: it is left down
 RESTART_WINDOW_S = 600.0
 RESTARTS_KEPT = 50  # the newest restarts kept in supervisor.json
-ORDER = ("temporal", "ray", "worker")  # what others need comes back first
 
 
 @dataclass
@@ -113,16 +113,22 @@ class Supervisor:
 
     def check_once(self) -> bool:
         """One pass over the stack; False once there is no stack to supervise."""
-        from ipnext.devstack import process_alive
+        from ipnext.devstack import component_names, process_alive
 
         self._reap()
         record = self.stack.read_record()
         if record is None:
             return False
-        for name in ORDER:
+        for name in component_names(record):
+            record = self.stack.read_record() or record  # a restart of the head restarts the nodes too
             proc = record["processes"].get(name)
             if proc is None or process_alive(proc["pid"]) or self.stack.held(name):
                 continue
+            head = record["processes"].get("ray")
+            if name.startswith("node-") and (
+                self.stack.held("ray") or head is None or not process_alive(head["pid"])
+            ):
+                continue  # a node joins a head: it comes back with (or after) the head
             if name in self.status["gave_up"]:
                 continue
             now = time.monotonic()

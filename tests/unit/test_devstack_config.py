@@ -13,6 +13,7 @@ import yaml
 
 from ipnext.config import load_settings
 from ipnext.devstack import DevStack, process_alive
+from ipnext.errors import StackError
 
 
 @pytest.fixture
@@ -68,3 +69,24 @@ def test_each_component_log_starts_with_the_config_it_was_started_with(
     first, second = (stack.state_dir / "logs" / "worker.log").read_text().splitlines()[:2]
     assert first.startswith("--- ") and f"starts worker with config {path.resolve()}:" in first, first
     assert second == f"child reads {path.resolve()}", second
+
+
+def test_the_node_layout_reaches_every_process_and_per_region_needs_a_cluster_of_its_own(
+    elsewhere: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--nodes per-region` is handed on (IPNEXT_RAY__NODES: the head starts no region, the
+    writer puts a proxy on every node); it refuses an existing cluster before starting anything."""
+    path = _config(tmp_path / "conf")
+    stack = DevStack(config_path=path)
+    assert stack.settings.proxy_location == "HeadOnly"
+    env = stack._env("s1", "per-region")
+    monkeypatch.setenv("IPNEXT_RAY__NODES", env["IPNEXT_RAY__NODES"])
+    assert load_settings(env["IPNEXT_CONFIG"]).proxy_location == "EveryNode"
+    monkeypatch.delenv("IPNEXT_RAY__NODES")
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    with pytest.raises(StackError, match="per-region starts a Ray cluster of its own") as raised:
+        DevStack(config_path=path).up(nodes="per-region")
+    assert raised.value.field == "nodes"
+    assert not (tmp_path / "conf" / "state" / "dev.json").exists()
+    with pytest.raises(StackError, match="not a layout"):
+        DevStack(config_path=path).up(nodes="per-zone")

@@ -18,6 +18,7 @@ from ipnext.plan import DeploymentPlacement, Plan
 from ipnext.routing import (
     RoutingDocument,
     RoutingTable,
+    fallback_order,
     pick_region,
     predict_path,
     routes_from_plan,
@@ -27,6 +28,7 @@ from ipnext.routing import (
     succeed,
 )
 from ipnext.serving.layout import (
+    HEAD_NODE_RESOURCE,
     ROUTING_APP,
     deployed_routing,
     render_routing_app,
@@ -200,6 +202,51 @@ def test_the_picked_region_is_one_the_source_is_routed_to(
     assert region in allowed
 
 
+def test_the_fallback_order_is_the_draw_then_the_sources_row_then_the_other_sources_regions() -> None:
+    """A caller whose region is lost tries its own row's other regions by fraction first, then
+    the regions the plan gives other sources (by pooled fraction): a source routed only to its
+    own region still has somewhere to go."""
+    doc = document(
+        {
+            "us-east": {"us-east": 0.6, "eu-west": 0.1, "ap-south": 0.3},
+            "eu-west": {"eu-west": 1.0},
+            "sa-east": {"sa-east": 1.0},
+        }
+    )
+    for key in ("user-1", "user-2", "user-3"):
+        first = pick_region(doc, "us-east", key=key)
+        order = fallback_order(doc, "us-east", key=key)
+        assert order[0] == first
+        rest = [r for r in ["us-east", "ap-south", "eu-west"] if r != first]
+        assert order == [first, *rest, "sa-east"]
+    local = document({"us-east": {"us-east": 1.0}, "eu-west": {"eu-west": 0.5, "ap-south": 0.5}})
+    assert fallback_order(local, "us-east") == ["us-east", "ap-south", "eu-west"]  # ties by name
+    assert fallback_order(document({}), "us-east") == []
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(
+    st.dictionaries(
+        st.sampled_from(["us-east", "eu-west", "ap-south"]),
+        st.dictionaries(
+            st.sampled_from(["us-east", "eu-west", "ap-south"]),
+            st.floats(min_value=0.01, max_value=1.0),
+            min_size=1,
+        ),
+        min_size=1,
+    ),
+    st.sampled_from(["us-east", "eu-west", "ap-south", None]),
+    st.one_of(st.none(), st.text(max_size=8)),
+)
+def test_the_fallback_order_lists_every_serving_region_once_starting_with_the_pick(
+    routes: dict[str, dict[str, float]], source: str | None, key: str | None
+) -> None:
+    doc = document(routes)
+    order = fallback_order(doc, source, key, random.Random(0))
+    assert sorted(order) == sorted({r for row in doc.routes.values() for r in row})
+    assert order[0] == pick_region(doc, source, key, random.Random(0))
+
+
 # ---- its route --------------------------------------------------------------------------------
 
 
@@ -230,6 +277,18 @@ def test_the_routing_app_renders_into_a_valid_serve_config_and_reads_back() -> N
     ServeDeploySchema.model_validate(render_serve_config({ROUTING_APP: app}, "127.0.0.1", 8000))
     assert deployed_routing(app) == table
     assert deployed_routing(None) == RoutingTable()
+
+
+def test_the_routing_app_runs_on_the_head_node_and_a_per_region_cluster_has_a_proxy_per_node() -> None:
+    """The one global ingress must outlive any region's node: it asks for the resource Ray gives
+    the head alone; and a cluster of region nodes answers through each node's proxy."""
+    app = render_routing_app(RoutingTable())
+    [deployment] = app["deployments"]
+    assert deployment["ray_actor_options"]["resources"] == {HEAD_NODE_RESOURCE: pytest.approx(0.001)}
+    assert not any(key.startswith("region:") for key in deployment["ray_actor_options"]["resources"])
+    every_node = render_serve_config({ROUTING_APP: app}, "127.0.0.1", 8000, proxy_location="EveryNode")
+    assert ServeDeploySchema.model_validate(every_node).proxy_location == "EveryNode"
+    assert render_serve_config({}, "127.0.0.1", 8000)["proxy_location"] == "HeadOnly"
 
 
 async def _get(service: RoutingService, path: str, method: str = "GET") -> tuple[int, dict[str, object]]:

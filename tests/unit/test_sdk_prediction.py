@@ -5,7 +5,9 @@ Temporal."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,6 +57,8 @@ class FakeServing:
     posts: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # (region, body)
     sources: list[str | None] = field(default_factory=list)  # each post's x-ipnext-source header
     down: bool = False
+    lost: set[str] = field(default_factory=set)  # regions whose connections fail (a lost node's proxy)
+    unreachable: set[str] = field(default_factory=set)  # regions Serve's proxy cannot reach: its 500
 
     def route(self, routes: dict[str, dict[str, float]], generation: int = 1) -> None:
         self.documents[MODEL] = RoutingDocument(
@@ -75,6 +79,12 @@ class FakeServing:
         region, _, model, _ = path.strip("/").split("/")
         body = json.loads(request.content)
         self.posts.append((region, body))
+        if region in self.lost:
+            raise httpx.RemoteProtocolError(
+                "Server disconnected without sending a response.", request=request
+            )
+        if region in self.unreachable:  # the proxy's own words: plain text, no Retry-After
+            return httpx.Response(500, text="Internal Server Error")
         self.sources.append(request.headers.get("x-ipnext-source"))
         if body.get("stream"):
             pieces = self.streams.get((region, model))
@@ -395,6 +405,107 @@ async def test_a_stream_refetches_once_after_a_404(serving: FakeServing) -> None
     assert [p.region for p in replies] == ["eu-west"] and serving.fetches == 2
     with sync_client(serving) as client, pytest.raises(PredictionNotFoundError):
         list(client.predict_stream(MODEL, {}, region="us-east"))
+
+
+# ---- a region that does not answer ---------------------------------------------------------------
+
+
+def test_a_lost_region_is_passed_over_for_the_next_in_fallback_order_and_tried_last_after(
+    serving: FakeServing,
+) -> None:
+    """us-east's callers are routed to us-east alone; with its node lost, they are answered from
+    the region other sources use, and later requests go there first until region_down_s passed."""
+    serving.lost.add("us-east")
+    clock = Clock()
+    client = PredictionClient(
+        URL, transport=httpx.MockTransport(serving.handle), clock=clock, region_down_s=30.0
+    )
+    with client:
+        assert client.predict(MODEL, 1, source="us-east").region == "eu-west"
+        assert [r for r, _ in serving.posts] == ["us-east", "eu-west"]
+        assert client.predict(MODEL, 1, source="us-east").region == "eu-west"
+        assert [r for r, _ in serving.posts][2:] == ["eu-west"]  # not tried again while it is down
+        serving.lost.clear()
+        clock.now += 31
+        assert client.predict(MODEL, 1, source="us-east").region == "us-east"  # back first
+
+
+def test_a_proxy_failure_fails_over_but_a_routers_own_error_or_shedding_does_not(
+    serving: FakeServing,
+) -> None:
+    serving.unreachable.add("us-east")
+    with sync_client(serving) as client:
+        assert client.predict(MODEL, 1, source="us-east").region == "eu-west"
+    serving.unreachable.clear()
+    serving.posts.clear()
+    serving.routers[("us-east", MODEL)] = lambda body: (500, {"error_id": "e1", "message": "part failed"})
+    with sync_client(serving) as client, pytest.raises(PredictionServerError, match="part failed"):
+        client.predict(MODEL, 1, source="us-east")
+    serving.routers[("us-east", MODEL)] = lambda body: (503, "Request dropped due to backpressure")
+    with sync_client(serving) as client, pytest.raises(PredictionOverloadedError):
+        client.predict(MODEL, 1, source="us-east")
+    assert {r for r, _ in serving.posts} == {"us-east"}  # answers, each from the region asked
+
+
+async def test_a_region_that_does_not_answer_in_time_is_passed_over_within_the_deadline(
+    serving: FakeServing,
+) -> None:
+    """A hung region (a proxy that accepted the connection, a router that never answers): after
+    region_timeout_s the next region answers; with every region hung the deadline ends it."""
+    hung: set[str] = {"us-east"}
+
+    async def handle(request: httpx.Request) -> httpx.Response:
+        region = request.url.path.strip("/").split("/")[0]
+        if region in hung:
+            await asyncio.sleep(30)
+        return serving.handle(request)
+
+    def client() -> AsyncPredictionClient:
+        return AsyncPredictionClient(
+            URL, transport=httpx.MockTransport(handle), timeout_s=1.0, region_timeout_s=0.3
+        )
+
+    async with client() as aclient:
+        started = time.monotonic()
+        reply = await aclient.predict(MODEL, 1, source="us-east")
+        print(f"answered from {reply.region} {time.monotonic() - started:.2f}s after the first try")
+        assert reply.region == "eu-west"
+    hung.add("eu-west")
+    async with client() as aclient:
+        with pytest.raises(PredictionTransportError, match="none of us-east, eu-west answered") as raised:
+            await aclient.predict(MODEL, 1, source="us-east")
+        assert raised.value.status_code is None and raised.value.model == MODEL
+    hung.clear()
+    async with client() as aclient:  # an explicit region is that region only
+        serving.lost.add("us-east")
+        with pytest.raises(PredictionTransportError):
+            await aclient.predict(MODEL, 1, region="us-east")
+
+
+async def test_the_last_region_left_has_the_rest_of_the_deadline(serving: FakeServing) -> None:
+    """A model served in one region waits for it as long as the deadline allows: passing it over
+    would leave nowhere to go."""
+    serving.route({"us-east": {"us-east": 1.0}})
+
+    async def slow(request: httpx.Request) -> httpx.Response:
+        if not request.url.path.endswith("/routing"):
+            await asyncio.sleep(0.5)
+        return serving.handle(request)
+
+    transport = httpx.MockTransport(slow)
+    async with AsyncPredictionClient(URL, transport=transport, timeout_s=5, region_timeout_s=0.1) as aclient:
+        assert (await aclient.predict(MODEL, 1, source="us-east")).region == "us-east"
+    assert [r for r, _ in serving.posts] == ["us-east"]
+
+
+async def test_a_stream_fails_over_before_its_first_piece(serving: FakeServing) -> None:
+    serving.streams[("eu-west", MODEL)] = pieces("elsewhere")
+    serving.streams[("us-east", MODEL)] = pieces("lost")
+    serving.lost.add("us-east")
+    async with async_client(serving) as aclient:
+        replies = [p async for p in aclient.predict_stream(MODEL, {}, source="us-east")]
+    assert {p.region for p in replies} == {"eu-west"}
+    assert [r for r, _ in serving.posts] == ["us-east", "eu-west"]
 
 
 # ---- the control client delegates, with no Temporal call ----------------------------------------

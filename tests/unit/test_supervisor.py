@@ -104,3 +104,43 @@ def test_no_record_means_nothing_to_supervise(tmp_path: Path) -> None:
     stack.alive.kill()
     stack.read_record = lambda: None  # type: ignore[method-assign]
     assert not Supervisor(stack, log=lambda _: None).check_once()
+
+
+def test_a_regions_node_comes_back_only_while_its_head_is_up(tmp_path: Path) -> None:
+    """A per-region stack: a dead node joins the head, so it waits for a dead or held head, and
+    a head that comes back brings its nodes with it (they are not started twice)."""
+    stack = _Stack(tmp_path)
+    dead = _dead_pid()
+    stack.processes.update(
+        ray={"pid": dead, "log": "ray.log"}, **{"node-us-east": {"pid": dead, "log": "node.log"}}
+    )
+    stack.processes["worker"] = {"pid": stack.alive.pid, "log": "worker.log"}
+    stack.holds.add("ray")
+    try:
+        supervisor = Supervisor(stack, log=lambda _: None)
+        supervisor.check_once()
+        assert stack.started == []  # the head is held: its node stays down with it
+        stack.holds.clear()
+        real_start = stack.start
+
+        def start_with_nodes(name: str) -> None:  # DevStack.start("ray") restarts the nodes
+            real_start(name)
+            if name == "ray":
+                real_start("node-us-east")
+
+        stack.start = start_with_nodes  # type: ignore[method-assign]
+        supervisor.check_once()
+        assert stack.started == ["ray", "node-us-east"]  # once, with the head
+        stack.processes["node-us-east"] = {"pid": _dead_pid(), "log": "node.log"}
+        supervisor.check_once()
+        assert stack.started == ["ray", "node-us-east", "node-us-east"]  # alone, the head being up
+    finally:
+        stack.alive.kill()
+
+
+def test_the_components_run_in_start_order_with_the_regions_nodes_after_the_head() -> None:
+    from ipnext.devstack import component_names
+
+    record = {"processes": {n: {} for n in ("worker", "node-eu-west", "ray", "temporal", "node-ap-south")}}
+    assert component_names(record) == ["temporal", "ray", "node-ap-south", "node-eu-west", "worker"]
+    assert component_names(None) == ["temporal", "ray", "worker"]
