@@ -247,9 +247,17 @@ def main() -> None:
         if row == "replan":
             for size in args.replan_sizes:
                 for seed in args.seeds:
-                    result = _replan(seed, size, limit, args.reference_limit, args.churn)
+                    try:
+                        result = _replan(seed, size, limit, args.reference_limit, args.churn)
+                    except (
+                        InfeasiblePlanError,
+                        PlanningTimeoutError,
+                    ) as err:  # a failed row, not a failed run
+                        result = {"row": "replan", "deployments": size, "seed": seed, "failed": str(err)}
+                        print(f"replan {size:>4} seed {seed}: FAILED {err}", flush=True)
+                    else:
+                        print(_replan_line(result), flush=True)
                     results.append(result)
-                    print(_replan_line(result), flush=True)
             continue
         problem = generate(args.seed, n, regions, hardware, utilization=utilization)
         for method in ("ipnext", "first-fit", "plain-mip"):

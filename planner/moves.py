@@ -13,13 +13,12 @@ import time
 import numpy as np
 import scipy.sparse as sp
 
-from ipnext.plan import Plan
 from ipnext.planner.backend import solve_model
 from ipnext.planner.formulation import BlockModel, build
 from ipnext.planner.instance import Instance
 from ipnext.planner.pricing import BlockChoice, choices_from_values, usage_of
 
-__all__ = ["choices_of", "fewer_moves", "fewest_moves", "fewest_moves_model", "moved_units_of", "values_of"]
+__all__ = ["fewer_moves", "fewest_moves", "fewest_moves_model", "moved_units_of"]
 
 log = logging.getLogger(__name__)
 
@@ -139,55 +138,3 @@ def fewest_moves_model(
 def moved_units_of(inst: Instance, x: dict[int, int]) -> int:
     """Units that option counts `x` (option -> replicas) newly place against the current plan."""
     return int(sum(max(0, n - inst.opt_current[o]) * inst.opt_units[o] for o, n in x.items()))
-
-
-def values_of(inst: Instance, model: BlockModel, choices: dict[int, BlockChoice]) -> np.ndarray:
-    """The model's variables at block choices covering its blocks (a MIP start)."""
-    values = np.zeros(len(model.lb))
-    x_col = {int(o): k for k, o in enumerate(model.opts)}
-    f_col = {int(t): model.n_x + k for k, t in enumerate(model.routes)}
-    y_col = {key: model.n_x + model.n_f + k for k, key in enumerate(model.y_keys)}
-    for b, choice in choices.items():
-        for o, n in choice.x.items():
-            if o in x_col:
-                values[x_col[o]] = n
-                if n > 0 and (b, int(inst.opt_r[o])) in y_col:
-                    values[y_col[b, int(inst.opt_r[o])]] = 1.0
-        for t, share in choice.f.items():
-            if t in f_col:
-                values[f_col[t]] = share
-    if model.n_z:
-        z0 = model.n_x + model.n_f + model.n_y
-        values[z0:] = np.maximum(values[: model.n_x] - inst.opt_current[model.opts], 0.0)
-    return values
-
-
-def choices_of(inst: Instance, plan: Plan) -> dict[int, BlockChoice]:
-    """A plan as block choices of `inst` (its problem's deployments, pools and routes)."""
-    option = {(int(inst.opt_d[o]), int(inst.opt_r[o]), int(inst.opt_h[o])): o for o in range(len(inst.opt_d))}
-    route = {
-        (int(inst.route_b[t]), int(inst.route_s[t]), int(inst.route_r[t])): t
-        for t in range(len(inst.route_b))
-    }
-    r_index = {r: k for k, r in enumerate(inst.regions)}
-    h_index = {h: k for k, h in enumerate(inst.hardware)}
-    out: dict[int, BlockChoice] = {}
-    for b, members in enumerate(inst.blocks):
-        x: dict[int, int] = {}
-        f: dict[int, float] = {}
-        cost = 0.0
-        for i in members:
-            placement = plan.deployments[inst.problem.deployments[i].name]
-            for region, by_hw in placement.replicas.items():
-                for hw, n in by_hw.items():
-                    if n > 0:
-                        o = option[i, r_index[region], h_index[hw]]
-                        x[o] = n
-                        cost += float(inst.opt_cost[o] * n)
-            for source, row in placement.fractions.items():
-                for region, share in row.items():
-                    t = route.get((b, r_index[source], r_index[region]))
-                    if t is not None and share > 0:
-                        f[t] = share
-        out[b] = BlockChoice(b, x, f, cost, -np.inf, cost)
-    return out
