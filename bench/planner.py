@@ -8,18 +8,18 @@ plain MIP of the same formulation (HiGHS, same time limit), all in this process.
     .venv/bin/python bench/planner.py --rows replan --replan-sizes 20 --seeds 2 --churn 0.5
 
 Prints one line per (row, method) and writes bench/results/planner.json (the replan rows alone:
-bench/results/planner-replan.json). A replan row: a start plan; every (deployment, source)
-demand times a factor drawn from [0.95, 1.05]; the from-scratch optimum of the new demand (an
-exact MIP); the fewest units any plan within 1% of that optimum moves against the start plan
-(an exact MIP; where it cannot close in the time limit, its bound); ipnext's replan against
-the start plan; the goals: cost <= 1.01 x optimum, moved units <= 1.25 x that fewest.
+bench/results/planner-replan.json). A replan row: a start plan; every (model, source) demand
+times a factor drawn from [0.95, 1.05] (a model's parts share it: `generator.changed_demand`);
+the from-scratch optimum of the new demand (an exact MIP); the fewest units any plan within 1%
+of that optimum moves against the start plan (an exact MIP; where it cannot close in the time
+limit, its bound); ipnext's replan against the start plan, and the one-objective replan it
+replaced as the baseline; the goals: cost <= 1.01 x optimum, moved units <= 1.25 x that fewest.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import random
 import resource
 import time
 from pathlib import Path
@@ -32,7 +32,7 @@ from ipnext.planner.backend import solve_model
 from ipnext.planner.decompose import decompose
 from ipnext.planner.first_fit import solve as first_fit
 from ipnext.planner.formulation import build
-from ipnext.planner.generator import generate
+from ipnext.planner.generator import changed_demand, generate
 from ipnext.planner.instance import compile_problem
 from ipnext.planner.moves import fewest_moves_model, moved_units_of
 from ipnext.planner.pricing import choices_from_values
@@ -71,26 +71,6 @@ def _ours(problem: PlanningProblem, limit: float) -> dict[str, Any]:
     }
 
 
-def _changed(problem: PlanningProblem, seed: int) -> PlanningProblem:
-    """The 5% demand change: every (deployment, source) demand times its own factor drawn
-    uniformly from [0.95, 1.05] (seeded)."""
-    rng = random.Random(seed)
-    return problem.model_copy(
-        update={
-            "deployments": [
-                d.model_copy(
-                    update={
-                        "demand_qps": {
-                            s: q * rng.uniform(0.95, 1.05) for s, q in sorted(d.demand_qps.items())
-                        }
-                    }
-                )
-                for d in problem.deployments
-            ]
-        }
-    )
-
-
 def _replan(seed: int, n: int, limit: float, reference_limit: float, churn: float | None) -> dict[str, Any]:
     """One row of the replan goal: a start plan, a 5% demand change, then (a) the from-scratch
     optimum cost of the changed demand (exact MIP; on rows it cannot close in
@@ -111,7 +91,7 @@ def _replan(seed: int, n: int, limit: float, reference_limit: float, churn: floa
     started = time.monotonic()
     start = solve(problem, SolveOptions(time_limit_s=limit))
     out["start_seconds"] = time.monotonic() - started
-    changed = _changed(problem, seed)
+    changed = changed_demand(problem, seed)  # the 5% change
     inst = compile_problem(changed)
     blocks = list(range(len(inst.blocks)))
 

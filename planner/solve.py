@@ -28,11 +28,13 @@ EXACT_MAX_VARIABLES = 1500
 # A replan may cost this share more than the proven lower bound of the cheapest plan (so at
 # most this share more than the optimum) to move fewer units.
 REPLAN_COST_SLACK = 0.01
-# Of a replan's time limit on the scalable path: the cheapest plan and its bound by then, the
-# moves cut in the rest.
-REPLAN_SCRATCH_SHARE = 0.6
 # Up to this many options the second phase tries the whole fewest-moves MIP before neighbourhoods.
 WHOLE_MOVES_MAX_OPTIONS = 20_000
+# Of a replan's time left on the scalable path, the first phase's share: the rest is for the
+# second, whole (it closed in about a second at 100 deployments) or by neighbourhoods (slower,
+# but the first phase needs most of the time at fleet scale: at 1,000 deployments on 2 loaded
+# cores its first pricing round did not finish in 60% of 60 s).
+REPLAN_SCRATCH_SHARE = {"whole": 0.6, "neighbourhoods": 0.85}
 
 
 def solve(problem: PlanningProblem, options: SolveOptions | None = None) -> Plan:
@@ -60,7 +62,7 @@ def solve(problem: PlanningProblem, options: SolveOptions | None = None) -> Plan
     # repaired in the rest; 5% stays for writing the plan. A replan's first phase has a share.
     left = deadline - time.monotonic()
     if replan:
-        left *= REPLAN_SCRATCH_SHARE
+        left *= REPLAN_SCRATCH_SHARE["whole" if _whole_moves(inst) else "neighbourhoods"]
     result = decompose(
         inst,
         churn=0.0 if replan else churn,
@@ -91,7 +93,7 @@ def _fewer_moves(
     cap = max((1 + REPLAN_COST_SLACK) * bound, (1 + REPLAN_COST_SLACK / 2) * found) - tolerance
     cap = max(cap, found)
     choices, proven = cheapest, False
-    if len(inst.opt_d) <= WHOLE_MOVES_MAX_OPTIONS:
+    if _whole_moves(inst):
         # The fewest-moves MIP is far easier than the cheapest-plan one (the current plan
         # nearly fits the new demand): whole, it closed in about a second at 100 deployments.
         whole, proven = fewest_moves(inst, cap, churn, max(1.0, 0.5 * (end - time.monotonic())))
@@ -100,6 +102,10 @@ def _fewer_moves(
     if not proven:
         choices = fewer_moves(inst, choices, cap, churn, end)
     return choices
+
+
+def _whole_moves(inst: Instance) -> bool:
+    return len(inst.opt_d) <= WHOLE_MOVES_MAX_OPTIONS
 
 
 def _moves(inst: Instance, choices: dict[int, BlockChoice]) -> int:
