@@ -22,8 +22,9 @@ import argparse
 import json
 import resource
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ipnext.errors import InfeasiblePlanError, PlanningTimeoutError
 from ipnext.plan import PlanningProblem, SolveOptions, plan_moves
@@ -49,6 +50,7 @@ ROWS: dict[str, tuple[int, int, int, float, float]] = {
     # size in --replan-sizes and seed in --seeds (the deployments here are not used).
     "replan": (100, 4, 2, 0.5, 30),
 }
+T = TypeVar("T")
 CAP = 1.01  # the replan goal: cost within 1% of the from-scratch optimum,
 MOVES_GOAL = 1.25  # moving at most 1.25x the fewest units any plan within that 1% moves
 
@@ -89,7 +91,7 @@ def _replan(seed: int, n: int, limit: float, reference_limit: float, churn: floa
         "reference_time_limit_s": reference_limit,
     }
     started = time.monotonic()
-    start = solve(problem, SolveOptions(time_limit_s=limit))
+    start = _stage("the start plan", solve, problem, SolveOptions(time_limit_s=limit))
     out["start_seconds"] = time.monotonic() - started
     changed = changed_demand(problem, seed)  # the 5% change
     inst = compile_problem(changed)
@@ -102,7 +104,7 @@ def _replan(seed: int, n: int, limit: float, reference_limit: float, churn: floa
     )
     current = changed.model_copy(update={"current": start})
     started = time.monotonic()  # (c)
-    plan = solve(current, options)
+    plan = _stage("ipnext's replan", solve, current, options)
     seconds = time.monotonic() - started
     assert check_plan(changed, plan) == []
     units = {d.name: d.hardware for d in changed.deployments}
@@ -119,7 +121,7 @@ def _replan(seed: int, n: int, limit: float, reference_limit: float, churn: floa
     }
 
     started = time.monotonic()  # the baseline: one objective, cost + churn_cost x moved units
-    weighted = _weighted(current, limit, options.churn_cost)
+    weighted = _stage("the one-objective baseline", _weighted, current, limit, options.churn_cost)
     out["weighted_baseline"] = {**weighted, "seconds": time.monotonic() - started}
 
     started = time.monotonic()  # (a)
@@ -130,7 +132,7 @@ def _replan(seed: int, n: int, limit: float, reference_limit: float, churn: floa
     bound = sol.bound
     exact = sol.status == "optimal"
     if not exact:
-        scratch = solve(changed, SolveOptions(time_limit_s=limit))
+        scratch = _stage("ipnext from scratch", solve, changed, SolveOptions(time_limit_s=limit))
         assert check_plan(changed, scratch) == []
         best = min(best, scratch.cost, plan.cost)
         bound = max(bound, scratch.lower_bound or 0.0)
@@ -167,9 +169,21 @@ def _replan(seed: int, n: int, limit: float, reference_limit: float, churn: floa
     return out
 
 
+class RowFailed(Exception):
+    """A planner run of a replan row failed (on a loaded machine, out of time)."""
+
+
+def _stage(name: str, fn: Callable[..., T], *args: Any) -> T:
+    try:
+        return fn(*args)
+    except (InfeasiblePlanError, PlanningTimeoutError) as err:
+        raise RowFailed(f"{name}: {err}") from None
+
+
 def _weighted(problem: PlanningProblem, limit: float, churn: float) -> dict[str, Any]:
     """What the planner did before its replan had two phases: one objective, cost + churn x
     moved units (the exact MIP where it is small enough and closes, else the decomposition)."""
+    deadline = time.monotonic() + limit  # the time shares of the planner before
     inst = compile_problem(problem)
     blocks = list(range(len(inst.blocks)))
     model = build(inst, blocks, pool_capacity=inst.pool_units, churn_cost=churn)
@@ -179,12 +193,12 @@ def _weighted(problem: PlanningProblem, limit: float, churn: float) -> dict[str,
         if sol.status == "optimal" and sol.values is not None:
             choices = choices_from_values(inst, model, sol.values, churn, blocks)
     if choices is None:
-        left = 0.6 * limit
+        left = deadline - time.monotonic()
         choices = decompose(
             inst,
             churn=churn,
             deadline=time.monotonic() + 0.55 * left,
-            hard_deadline=time.monotonic() + 0.95 * left,
+            hard_deadline=deadline - 0.05 * limit,
         ).choices
     return {
         "cost": sum(float(inst.opt_cost[o] * n) for c in choices.values() for o, n in c.x.items()),

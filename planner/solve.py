@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 
+from ipnext.errors import PlanningTimeoutError
 from ipnext.plan import DeploymentPlacement, Plan, PlanningProblem, SolveOptions
 from ipnext.planner.backend import solve_model
 from ipnext.planner.decompose import decompose
@@ -30,11 +31,10 @@ EXACT_MAX_VARIABLES = 1500
 REPLAN_COST_SLACK = 0.01
 # Up to this many options the second phase tries the whole fewest-moves MIP before neighbourhoods.
 WHOLE_MOVES_MAX_OPTIONS = 20_000
-# Of a replan's time left on the scalable path, the first phase's share: the rest is for the
-# second, whole (it closed in about a second at 100 deployments) or by neighbourhoods (slower,
-# but the first phase needs most of the time at fleet scale: at 1,000 deployments on 2 loaded
-# cores its first pricing round did not finish in 60% of 60 s).
-REPLAN_SCRATCH_SHARE = {"whole": 0.6, "neighbourhoods": 0.85}
+# Of a replan's time left on the scalable path, the first phase's share; the second, whole,
+# closed in about a second at 100 deployments, and by neighbourhoods it stops when it must.
+# (At 1,000 deployments on 2 loaded cores the first pricing round did not finish in 60% of 60 s.)
+REPLAN_SCRATCH_SHARE = 0.85
 
 
 def solve(problem: PlanningProblem, options: SolveOptions | None = None) -> Plan:
@@ -46,6 +46,7 @@ def solve(problem: PlanningProblem, options: SolveOptions | None = None) -> Plan
     replan = churn > 0
     blocks = list(range(len(inst.blocks)))
     end = deadline - 0.05 * options.time_limit_s  # the rest is for writing the plan
+    unfinished: tuple[dict[int, BlockChoice], float] | None = None  # an exact MIP's best and bound
     if options.exact_fallback:
         # A replan's first phase is the cheapest plan: no churn in the objective.
         whole = build(inst, blocks, pool_capacity=inst.pool_units, churn_cost=0.0 if replan else churn)
@@ -58,24 +59,40 @@ def solve(problem: PlanningProblem, options: SolveOptions | None = None) -> Plan
                     choices = _fewer_moves(inst, choices, sol.bound, churn, end)
                     method = f"exact MIP (HiGHS) of the cost, solved to optimality{_SECOND_PHASE}"
                 return _plan(inst, choices, churn, sol.bound, method, started)
+            if replan and sol.values is not None:
+                # Kept for the first phase: the decomposition below has less time in a replan.
+                unfinished = (choices_from_values(inst, whole, sol.values, churn, blocks), sol.bound)
     # Prices move for a little over half the time left, the bound is tightened and the plan
     # repaired in the rest; 5% stays for writing the plan. A replan's first phase has a share.
     left = deadline - time.monotonic()
     if replan:
-        left *= REPLAN_SCRATCH_SHARE["whole" if _whole_moves(inst) else "neighbourhoods"]
-    result = decompose(
-        inst,
-        churn=0.0 if replan else churn,
-        deadline=time.monotonic() + 0.55 * left,
-        hard_deadline=time.monotonic() + left - 0.05 * options.time_limit_s,
-        workers=options.workers,
-    )
-    choices = result.choices
-    method = f"Lagrangian bound at the column generation's best pool prices (block MIPs, {result.iterations} rounds)"
+        left *= REPLAN_SCRATCH_SHARE
+    try:
+        result = decompose(
+            inst,
+            churn=0.0 if replan else churn,
+            deadline=time.monotonic() + 0.55 * left,
+            hard_deadline=time.monotonic() + left - 0.05 * options.time_limit_s,
+            workers=options.workers,
+        )
+    except PlanningTimeoutError:
+        if unfinished is None:
+            raise
+        choices, bound = unfinished[0], max(unfinished[1], 0.0)  # costs are never negative
+        method = "exact MIP (HiGHS) of the cost, stopped at its time limit"
+    else:
+        choices, bound = result.choices, result.lower_bound
+        method = f"Lagrangian bound at the column generation's best pool prices (block MIPs, {result.iterations} rounds)"
+        if unfinished is not None:  # the better plan and the better bound of the two
+            if _total_cost(inst, unfinished[0]) < _total_cost(inst, choices):
+                choices = unfinished[0]
+            if unfinished[1] > bound:
+                bound = unfinished[1]
+                method = "exact MIP (HiGHS) of the cost, stopped at its time limit"
     if replan:
-        choices = _fewer_moves(inst, choices, result.lower_bound, churn, end)
+        choices = _fewer_moves(inst, choices, bound, churn, end)
         method += _SECOND_PHASE
-    return _plan(inst, choices, churn, result.lower_bound, method, started)
+    return _plan(inst, choices, churn, bound, method, started)
 
 
 _SECOND_PHASE = f", then the fewest moved units found within {100 * REPLAN_COST_SLACK:g}% of its bound"
@@ -88,7 +105,7 @@ def _fewer_moves(
     most `REPLAN_COST_SLACK` more than `bound`, a proven lower bound of the cost. When the
     cheapest plan found is further than half the slack from the bound (the bound may be the
     loose one), within half the slack of that plan instead."""
-    found = sum(_cost(inst, c) for c in cheapest.values())
+    found = _total_cost(inst, cheapest)
     tolerance = 1e-6 * max(1.0, found)  # the solver's feasibility tolerance on the cost row
     cap = max((1 + REPLAN_COST_SLACK) * bound, (1 + REPLAN_COST_SLACK / 2) * found) - tolerance
     cap = max(cap, found)
@@ -112,8 +129,8 @@ def _moves(inst: Instance, choices: dict[int, BlockChoice]) -> int:
     return sum(moved_units_of(inst, c.x) for c in choices.values())
 
 
-def _cost(inst: Instance, choice: BlockChoice) -> float:
-    return float(sum(inst.opt_cost[o] * n for o, n in choice.x.items()))
+def _total_cost(inst: Instance, choices: dict[int, BlockChoice]) -> float:
+    return float(sum(inst.opt_cost[o] * n for c in choices.values() for o, n in c.x.items()))
 
 
 def _plan(
