@@ -11,7 +11,12 @@ import pytest
 
 from ipnext.plan import Plan, PlanningProblem, SolveOptions, plan_moves
 from ipnext.planner import check_plan, solve
+from ipnext.planner.backend import solve_model
+from ipnext.planner.formulation import build
 from ipnext.planner.generator import changed_demand, generate
+from ipnext.planner.instance import compile_problem
+from ipnext.planner.moves import moved_units_of
+from ipnext.planner.pricing import choices_from_values
 from ipnext.planner.solve import REPLAN_COST_SLACK
 from tests.unit.exact_mip import exact_fewest_moves, exact_optimum
 
@@ -83,22 +88,36 @@ def test_free_moves_give_the_cheapest_plan() -> None:
 
 
 @pytest.mark.parametrize(("seed", "deployments", "utilization"), CHANGED)
-def test_neighbourhood_search_alone_meets_the_goal(
+def test_fleet_scale_replan_moves_no_more_than_one_objective(
     seed: int, deployments: int, utilization: float, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Fleets too large for the whole fewest-moves MIP cut moves a few blocks at a time."""
+    """Fleets too large for the whole fewest-moves MIP: the one-objective replan, then fewer
+    moves a few blocks at a time, within 0.5% of its cost."""
     # The module, not the function `ipnext.planner.solve` that the package exports under its name.
     monkeypatch.setattr(importlib.import_module("ipnext.planner.solve"), "WHOLE_MOVES_MAX_OPTIONS", 0)
     problem, start = _replan_case(seed, deployments, utilization)
     optimum = exact_optimum(problem.model_copy(update={"current": None}), churn_cost=0.0)
     assert optimum is not None
-    fewest = exact_fewest_moves(problem, (1 + REPLAN_COST_SLACK) * optimum)
-    assert fewest is not None
+    inst = compile_problem(problem)
+    blocks = list(range(len(inst.blocks)))
+    one = build(inst, blocks, pool_capacity=inst.pool_units, churn_cost=0.05)
+    sol = solve_model(one, time_limit_s=20, relative_gap=1e-9)
+    assert sol.status == "optimal" and sol.values is not None
+    before = sum(
+        moved_units_of(inst, c.x) for c in choices_from_values(inst, one, sol.values, 0.05, blocks).values()
+    )
     plan = solve(problem, SolveOptions(time_limit_s=20, workers=1, exact_fallback=False))
     assert check_plan(problem, plan) == []
     print(
-        f"seed {seed}: cost/optimum {plan.cost / optimum:.4f}, moved {plan.moved_units} (fewest {fewest:g})"
+        f"seed {seed}: cost/optimum {plan.cost / optimum:.4f}, moved {plan.moved_units} (one objective {before})"
     )
     assert plan.cost <= (1 + REPLAN_COST_SLACK) * optimum * (1 + 1e-9)
-    assert plan.moved_units == _moved(problem, start, plan)
-    assert plan.moved_units <= 1.25 * fewest + 1e-9
+    assert plan.moved_units == _moved(problem, start, plan) <= before
+    # Where a plan within 0.5% of the one-objective plan's cost moves fewer units, so does this.
+    one_cost = float(
+        sum(inst.opt_cost[k] * round(v) for k, v in zip(one.opts, sol.values[: one.n_x], strict=True))
+    )
+    fewest = exact_fewest_moves(problem, (1 + REPLAN_COST_SLACK / 2) * one_cost * (1 - 1e-6))
+    assert fewest is not None
+    if round(fewest) < before:
+        assert plan.moved_units < before
