@@ -4,10 +4,16 @@ plain MIP of the same formulation (HiGHS, same time limit), all in this process.
     .venv/bin/python bench/planner.py                 # every row (the large ones take long)
     .venv/bin/python bench/planner.py --rows 20 100   # some rows
     .venv/bin/python bench/planner.py --rows 1000 --time-limit 600          # more time than the row's
-    .venv/bin/python bench/planner.py --rows replan --deployments 20 --churn 0.05 5 --seed 2
-        # small enough for the exact path: how few units a replan can move at each churn cost
+    .venv/bin/python bench/planner.py --rows replan   # the replan goal: 20 and 100 deployments, seeds 1-5
+    .venv/bin/python bench/planner.py --rows replan --replan-sizes 20 --seeds 2 --churn 0.5
 
-Prints one line per (row, method) and writes bench/results/planner.json.
+Prints one line per (row, method) and writes bench/results/planner.json (the replan rows alone:
+bench/results/planner-replan.json). A replan row: a start plan; every (model, source) demand
+times a factor drawn from [0.95, 1.05] (a model's parts share it: `generator.changed_demand`);
+the from-scratch optimum of the new demand (an exact MIP); the fewest units any plan within 1%
+of that optimum moves against the start plan (an exact MIP; where it cannot close in the time
+limit, its bound); ipnext's replan against the start plan, and the one-objective replan it
+replaced as the baseline; the goals: cost <= 1.01 x optimum, moved units <= 1.25 x that fewest.
 """
 
 from __future__ import annotations
@@ -16,17 +22,22 @@ import argparse
 import json
 import resource
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ipnext.errors import InfeasiblePlanError, PlanningTimeoutError
-from ipnext.plan import Plan, PlanningProblem, SolveOptions
+from ipnext.plan import PlanningProblem, SolveOptions, plan_moves
 from ipnext.planner import check_plan, solve
 from ipnext.planner.backend import solve_model
+from ipnext.planner.decompose import decompose
 from ipnext.planner.first_fit import solve as first_fit
 from ipnext.planner.formulation import build
-from ipnext.planner.generator import generate
+from ipnext.planner.generator import changed_demand, generate
 from ipnext.planner.instance import compile_problem
+from ipnext.planner.moves import fewest_moves_model, moved_units_of
+from ipnext.planner.pricing import choices_from_values
+from ipnext.planner.solve import EXACT_MAX_VARIABLES
 
 # name: (deployments, regions, hardware, utilization, time limit s)
 ROWS: dict[str, tuple[int, int, int, float, float]] = {
@@ -35,8 +46,13 @@ ROWS: dict[str, tuple[int, int, int, float, float]] = {
     "1000": (1000, 16, 4, 0.5, 60),
     "10000": (10000, 16, 4, 0.5, 300),
     "300-tight": (300, 8, 3, 0.9, 60),
-    "replan": (100, 4, 2, 0.5, 30),  # 5% demand change, against the plan of the unchanged demand
+    # A 5% demand change, replanned against the plan of the unchanged demand: one row per
+    # size in --replan-sizes and seed in --seeds (the deployments here are not used).
+    "replan": (100, 4, 2, 0.5, 30),
 }
+T = TypeVar("T")
+CAP = 1.01  # the replan goal: cost within 1% of the from-scratch optimum,
+MOVES_GOAL = 1.25  # moving at most 1.25x the fewest units any plan within that 1% moves
 
 
 def _ours(problem: PlanningProblem, limit: float) -> dict[str, Any]:
@@ -57,55 +73,153 @@ def _ours(problem: PlanningProblem, limit: float) -> dict[str, Any]:
     }
 
 
-def _replan(problem: PlanningProblem, limit: float, seed: int, churns: list[float]) -> dict[str, Any]:
-    """Plan, change every deployment's demand by up to +-5%, then plan again against the first
-    plan (churn counted, at each of `churns`) and from scratch; compare the units each moves
-    against the first plan."""
-    import random
-
-    from ipnext.plan import plan_moves
-
-    started = time.monotonic()
-    first = solve(problem, SolveOptions(time_limit_s=limit))
-    rng = random.Random(seed)
-    changed = problem.model_copy(
-        update={
-            "deployments": [
-                d.model_copy(
-                    update={"demand_qps": {s: q * rng.uniform(0.95, 1.05) for s, q in d.demand_qps.items()}}
-                )
-                for d in problem.deployments
-            ]
-        }
-    )
-    units = {d.name: {h: o.units for h, o in d.hardware.items()} for d in problem.deployments}
-
-    def moved(plan: Plan) -> int:
-        return sum(
-            max(0, m.after - m.before) * units[m.deployment][m.hardware] for m in plan_moves(first, plan)
-        )
-
-    scratch = solve(changed, SolveOptions(time_limit_s=limit))
-    assert check_plan(changed, scratch) == []
+def _replan(seed: int, n: int, limit: float, reference_limit: float, churn: float | None) -> dict[str, Any]:
+    """One row of the replan goal: a start plan, a 5% demand change, then (a) the from-scratch
+    optimum cost of the changed demand (exact MIP; on rows it cannot close in
+    `reference_limit`, the cheapest of its best, ipnext's from-scratch plan and ipnext's
+    replan, which is a plan of the same demand, and the better of the bounds), (c) ipnext's
+    replan (`solve` with `current=`, in `limit`), (b) the fewest units moved by any plan
+    costing at most 1.01 x that optimum (exact MIP, current plan = the start plan; its bound
+    where it cannot close)."""
+    _, regions, hardware, utilization, _ = ROWS["replan"]
+    problem = generate(seed, n, regions, hardware, utilization=utilization)
     out: dict[str, Any] = {
-        "method": "ipnext replan",
-        "first_status": first.status,
-        "moved_units_from_scratch": moved(scratch),
-        "cost_from_scratch": scratch.cost,
+        "row": "replan",
+        "deployments": n,
+        "seed": seed,
+        "time_limit_s": limit,
+        "reference_time_limit_s": reference_limit,
     }
-    for churn in churns:
-        again = solve(
-            changed.model_copy(update={"current": first}), SolveOptions(time_limit_s=limit, churn_cost=churn)
-        )
-        assert check_plan(changed, again) == []
-        out[f"churn {churn}"] = {
-            "moved_units": moved(again),
-            "moved_ratio": moved(again) / max(1, moved(scratch)),
-            "cost": again.cost,
-            "status": again.status,
-        }
-    out["seconds"] = time.monotonic() - started
+    started = time.monotonic()
+    start = _stage("the start plan", solve, problem, SolveOptions(time_limit_s=limit))
+    out["start_seconds"] = time.monotonic() - started
+    changed = changed_demand(problem, seed)  # the 5% change
+    inst = compile_problem(changed)
+    blocks = list(range(len(inst.blocks)))
+
+    options = (
+        SolveOptions(time_limit_s=limit)
+        if churn is None
+        else SolveOptions(time_limit_s=limit, churn_cost=churn)
+    )
+    current = changed.model_copy(update={"current": start})
+    started = time.monotonic()  # (c)
+    plan = _stage("ipnext's replan", solve, current, options)
+    seconds = time.monotonic() - started
+    assert check_plan(changed, plan) == []
+    units = {d.name: d.hardware for d in changed.deployments}
+    moved = sum(
+        max(0, m.after - m.before) * units[m.deployment][m.hardware].units for m in plan_moves(start, plan)
+    )
+    assert moved == plan.moved_units, (moved, plan.moved_units)
+    out["ipnext"] = {
+        "cost": plan.cost,
+        "moved_units": moved,
+        "churn_cost": options.churn_cost,
+        "status": plan.status,
+        "seconds": seconds,
+    }
+
+    started = time.monotonic()  # the baseline: one objective, cost + churn_cost x moved units
+    weighted = _stage("the one-objective baseline", _weighted, current, limit, options.churn_cost)
+    out["weighted_baseline"] = {**weighted, "seconds": time.monotonic() - started}
+
+    started = time.monotonic()  # (a)
+    sol = solve_model(
+        build(inst, blocks, pool_capacity=inst.pool_units), time_limit_s=reference_limit, relative_gap=1e-9
+    )
+    best = sol.objective if sol.values is not None else float("inf")
+    bound = sol.bound
+    exact = sol.status == "optimal"
+    if not exact:
+        scratch = _stage("ipnext from scratch", solve, changed, SolveOptions(time_limit_s=limit))
+        assert check_plan(changed, scratch) == []
+        best = min(best, scratch.cost, plan.cost)
+        bound = max(bound, scratch.lower_bound or 0.0)
+        exact = best - bound <= 1e-9 * best
+    out["optimum"] = {"cost": best, "bound": bound, "exact": exact, "seconds": time.monotonic() - started}
+
+    started = time.monotonic()  # (b)
+    cap = CAP * best
+    cur = compile_problem(current)
+    model = fewest_moves_model(cur, blocks, cost_cap=cap, pool_capacity=cur.pool_units)
+    fewest = solve_model(model, time_limit_s=reference_limit, relative_gap=1e-9)
+    out["fewest_moves"] = {
+        "cost_cap": cap,
+        "moved_units": round(fewest.objective) if fewest.values is not None else None,
+        "bound": fewest.bound,
+        "exact": fewest.status == "optimal",
+        "seconds": time.monotonic() - started,
+    }
+    reference = fewest.objective if fewest.status == "optimal" else fewest.bound
+    out["cost_ratio"] = plan.cost / best
+    out["cost_ratio_to_bound"] = plan.cost / bound if bound > 0 else None
+    out["moves_ratio"] = moved / reference if reference > 1e-9 else (1.0 if moved == 0 else None)
+    out["weighted_baseline"]["cost_ratio"] = weighted["cost"] / best
+    out["weighted_baseline"]["moves_ratio"] = (
+        weighted["moved_units"] / reference
+        if reference > 1e-9
+        else (1.0 if weighted["moved_units"] == 0 else None)
+    )
+    # The cost goal against the optimum where it is proven, else against the best known plan
+    # (cost_ratio_to_bound says how far that can be off); the moves goal against the fewest
+    # moves where the MIP closed, else its bound (which only makes the goal harder).
+    out["cost_goal"] = plan.cost <= CAP * best * (1 + 1e-9)
+    out["moves_goal"] = moved <= MOVES_GOAL * reference + 1e-6
     return out
+
+
+class RowFailed(Exception):
+    """A planner run of a replan row failed (on a loaded machine, out of time)."""
+
+
+def _stage(name: str, fn: Callable[..., T], *args: Any) -> T:
+    try:
+        return fn(*args)
+    except (InfeasiblePlanError, PlanningTimeoutError) as err:
+        raise RowFailed(f"{name}: {err}") from None
+
+
+def _weighted(problem: PlanningProblem, limit: float, churn: float) -> dict[str, Any]:
+    """What the planner did before its replan had two phases: one objective, cost + churn x
+    moved units (the exact MIP where it is small enough and closes, else the decomposition)."""
+    deadline = time.monotonic() + limit  # the time shares of the planner before
+    inst = compile_problem(problem)
+    blocks = list(range(len(inst.blocks)))
+    model = build(inst, blocks, pool_capacity=inst.pool_units, churn_cost=churn)
+    choices = None
+    if len(model.lb) <= EXACT_MAX_VARIABLES:
+        sol = solve_model(model, time_limit_s=0.4 * limit, relative_gap=1e-9)
+        if sol.status == "optimal" and sol.values is not None:
+            choices = choices_from_values(inst, model, sol.values, churn, blocks)
+    if choices is None:
+        left = deadline - time.monotonic()
+        choices = decompose(
+            inst,
+            churn=churn,
+            deadline=time.monotonic() + 0.55 * left,
+            hard_deadline=deadline - 0.05 * limit,
+        ).choices
+    return {
+        "cost": sum(float(inst.opt_cost[o] * n) for c in choices.values() for o, n in c.x.items()),
+        "moved_units": sum(moved_units_of(inst, c.x) for c in choices.values()),
+    }
+
+
+def _replan_line(r: dict[str, Any]) -> str:
+    """One table row: deployments, seed, cost / optimum, moved / fewest moves, the two goals."""
+    fewest = r["fewest_moves"]
+    reference = fewest["moved_units"] if fewest["exact"] else f"bound {fewest['bound']:.1f}"
+    return (
+        f"replan {r['deployments']:>4} seed {r['seed']}: cost/opt {r['cost_ratio']:.4f}"
+        f"{'' if r['optimum']['exact'] else ' (vs best known; vs bound ' + format(r['cost_ratio_to_bound'], '.4f') + ')'}"
+        f" [{'pass' if r['cost_goal'] else 'FAIL'}], moved {r['ipnext']['moved_units']} vs fewest {reference}"
+        f" = {r['moves_ratio'] if r['moves_ratio'] is None else format(r['moves_ratio'], '.3f')}"
+        f" [{'pass' if r['moves_goal'] else 'FAIL'}]; one-objective baseline: cost/opt"
+        f" {r['weighted_baseline']['cost_ratio']:.4f}, moved {r['weighted_baseline']['moved_units']};"
+        f" replan {r['ipnext']['seconds']:.1f}s,"
+        f" optimum {r['optimum']['seconds']:.1f}s, fewest-moves MIP {fewest['seconds']:.1f}s"
+    )
 
 
 def _first_fit(problem: PlanningProblem) -> dict[str, Any]:
@@ -141,31 +255,45 @@ def main() -> None:
         "--time-limit", type=float, help="every row's time limit, in seconds (default: the row's)"
     )
     parser.add_argument(
-        "--churn", type=float, nargs="*", default=[0.05], help="churn costs the replan rows replan at"
+        "--seeds", type=int, nargs="*", default=[1, 2, 3, 4, 5], help="the replan rows' seeds"
     )
-    parser.add_argument("--deployments", type=int, help="the replan row's size (default 100)")
-    parser.add_argument("--out", type=Path, default=Path("bench/results/planner.json"))
+    parser.add_argument(
+        "--replan-sizes", type=int, nargs="*", default=[20, 100], help="the replan rows' deployments"
+    )
+    parser.add_argument(
+        "--reference-limit",
+        type=float,
+        default=120,
+        help="the replan rows' exact MIPs' time limit, in seconds",
+    )
+    parser.add_argument("--churn", type=float, help="the replan's churn cost (default: SolveOptions')")
+    parser.add_argument(
+        "--out", type=Path, help="default bench/results/planner.json (planner-replan.json for --rows replan)"
+    )
     args = parser.parse_args()
+    out = args.out or Path(
+        "bench/results/planner-replan.json" if args.rows == ["replan"] else "bench/results/planner.json"
+    )
     results = []
     for row in args.rows:
         n, regions, hardware, utilization, limit = ROWS[row]
         limit = args.time_limit or limit
-        if row == "replan" and args.deployments:
-            n = args.deployments
-        problem = generate(args.seed, n, regions, hardware, utilization=utilization)
         if row == "replan":
-            result = {
-                "row": row,
-                "deployments": n,
-                "time_limit_s": limit,
-                **_replan(problem, limit, args.seed, args.churn),
-            }
-            results.append(result)
-            print(
-                json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in result.items()}),
-                flush=True,
-            )
+            for size in args.replan_sizes:
+                for seed in args.seeds:
+                    try:
+                        result = _replan(seed, size, limit, args.reference_limit, args.churn)
+                    except (
+                        InfeasiblePlanError,
+                        PlanningTimeoutError,
+                    ) as err:  # a failed row, not a failed run
+                        result = {"row": "replan", "deployments": size, "seed": seed, "failed": str(err)}
+                        print(f"replan {size:>4} seed {seed}: FAILED {err}", flush=True)
+                    else:
+                        print(_replan_line(result), flush=True)
+                    results.append(result)
             continue
+        problem = generate(args.seed, n, regions, hardware, utilization=utilization)
         for method in ("ipnext", "first-fit", "plain-mip"):
             if method == "ipnext":
                 run = _ours(problem, limit)
@@ -177,18 +305,22 @@ def main() -> None:
             results.append(result)
             shown = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in result.items()}
             print(json.dumps(shown), flush=True)
-    ours = {r["row"]: r for r in results if r["method"] == "ipnext"}
+    ours = {r["row"]: r for r in results if r.get("method") == "ipnext"}
     for r in results:
-        if r["method"] != "ipnext" and "objective" in r and "objective" in ours.get(r["row"], {}):
+        if (
+            r.get("method", "ipnext") != "ipnext"
+            and "objective" in r
+            and "objective" in ours.get(r["row"], {})
+        ):
             r["ours_over_this"] = ours[r["row"]]["objective"] / r["objective"]
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     # Worker processes of the block solves: the largest one (ru_maxrss of children is a max).
     child_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(
         json.dumps({"results": results, "peak_rss_mb": peak_mb, "worker_peak_rss_mb": child_mb}, indent=2)
     )
-    print(f"peak RSS {peak_mb:.0f} MB (largest worker {child_mb:.0f} MB); wrote {args.out}")
+    print(f"peak RSS {peak_mb:.0f} MB (largest worker {child_mb:.0f} MB); wrote {out}")
 
 
 if __name__ == "__main__":

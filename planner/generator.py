@@ -15,7 +15,7 @@ from ipnext.fleet import Fleet, HardwareClass, Pool
 from ipnext.model import HardwareOption
 from ipnext.plan import DeploymentDemand, PlanningProblem
 
-__all__ = ["generate"]
+__all__ = ["changed_demand", "generate"]
 
 
 def generate(
@@ -104,3 +104,21 @@ def generate(
         latency_ms=latency,
     )
     return PlanningProblem(fleet=fleet, deployments=demands)
+
+
+def changed_demand(problem: PlanningProblem, seed: int, change: float = 0.05) -> PlanningProblem:
+    """The same problem with its demand changed: each (deployment, source) demand times a factor
+    drawn uniformly from [1 - change, 1 + change], one factor per group and source (a model's
+    parts serve the same traffic, so their demand moves together)."""
+    rng = random.Random(seed)
+    factors: dict[tuple[str, str], float] = {}
+    deployments = []
+    for dep in problem.deployments:
+        demand = {}
+        for source, qps in sorted(dep.demand_qps.items()):
+            key = (dep.group or f"#{dep.name}", source)
+            if key not in factors:
+                factors[key] = rng.uniform(1 - change, 1 + change)
+            demand[source] = qps * factors[key]
+        deployments.append(dep.model_copy(update={"demand_qps": demand}))
+    return problem.model_copy(update={"deployments": deployments})

@@ -1,7 +1,10 @@
 """An exact placement MIP written separately from ipnext.planner (pywraplp + SCIP, plain loops):
-the oracle the global planner's tests compare against."""
+the oracle the global planner's tests compare against (the cheapest objective, and the fewest
+units moved against the current plan within a cost cap)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from ortools.linear_solver import pywraplp
 
@@ -12,13 +15,45 @@ def exact_optimum(
     problem: PlanningProblem, churn_cost: float = 0.05, time_limit_s: float = 60
 ) -> float | None:
     """The optimal objective, or None if the problem is infeasible."""
+    built = _model(problem, time_limit_s)
+    if built is None:
+        return None
+    solver, cost, moved = built
+    solver.Minimize(cost + churn_cost * moved)
+    return _solve(solver)
+
+
+def exact_fewest_moves(problem: PlanningProblem, cost_cap: float, time_limit_s: float = 60) -> float | None:
+    """The fewest units any plan costing at most `cost_cap` newly places against
+    `problem.current` (units x replicas above the current count, summed), or None if none."""
+    built = _model(problem, time_limit_s)
+    if built is None:
+        return None
+    solver, cost, moved = built
+    solver.Add(cost <= cost_cap)
+    solver.Minimize(moved)
+    return _solve(solver)
+
+
+def _solve(solver: pywraplp.Solver) -> float | None:
+    status = solver.Solve()
+    if status == pywraplp.Solver.INFEASIBLE:
+        return None
+    assert status == pywraplp.Solver.OPTIMAL, f"oracle did not finish: status {status}"
+    return float(solver.Objective().Value())
+
+
+def _model(problem: PlanningProblem, time_limit_s: float) -> tuple[pywraplp.Solver, Any, Any] | None:
+    """The constraints, the cost and the moved units (0 without a current plan); None when a
+    source has no region within its budget."""
     fleet = problem.fleet
     solver = pywraplp.Solver.CreateSolver("SCIP")
     solver.SetTimeLimit(int(time_limit_s * 1000))
     inf = solver.infinity()
     x: dict[tuple[str, str, str], pywraplp.Variable] = {}
     f: dict[tuple[str, str, str], pywraplp.Variable] = {}
-    objective = 0
+    cost: Any = 0
+    moved: Any = 0
     for dep in problem.deployments:
         current = problem.current.deployments.get(dep.name) if problem.current else None
         for region in fleet.regions:
@@ -28,12 +63,12 @@ def exact_optimum(
                     continue
                 var = solver.IntVar(0, pool.units // option.units, f"x_{dep.name}_{region}_{hw}")
                 x[dep.name, region, hw] = var
-                objective += pool.unit_cost * option.units * var
+                cost += pool.unit_cost * option.units * var
                 if problem.current is not None:
                     before = current.replicas.get(region, {}).get(hw, 0) if current else 0
-                    moved = solver.NumVar(0, inf, "")
-                    solver.Add(moved >= var - before)
-                    objective += churn_cost * option.units * moved
+                    new = solver.NumVar(0, inf, "")
+                    solver.Add(new >= var - before)
+                    moved += option.units * new
     groups: dict[str, list[str]] = {}
     for dep in problem.deployments:
         groups.setdefault(dep.group or f"#{dep.name}", []).append(dep.name)
@@ -92,9 +127,4 @@ def exact_optimum(
             )
             <= pool.units
         )
-    solver.Minimize(objective)
-    status = solver.Solve()
-    if status == pywraplp.Solver.INFEASIBLE:
-        return None
-    assert status == pywraplp.Solver.OPTIMAL, f"oracle did not finish: status {status}"
-    return float(solver.Objective().Value())
+    return solver, cost, moved
