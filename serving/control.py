@@ -3,7 +3,8 @@
 Serve replaces the whole multi-app config on every apply, so two writers would erase
 each other's apps. All changes go through one detached actor, `ipnext-serve-writer`,
 whose methods run one at a time; it keeps the desired state of every app, renders
-the whole declarative config and applies it.
+the whole declarative config and applies it. Holding every model's set apps, it is also
+where each autoscaled deployment's burst bound is computed (`layout.burst_bounds`).
 """
 
 from __future__ import annotations
@@ -26,8 +27,11 @@ from ipnext.serving.layout import (
     ROUTING_APP,
     WRITER_ACTOR,
     DeployedRouter,
+    PoolEnvelope,
+    burst_bounds,
     deployed_router,
     deployed_routing,
+    plan_bounds,
     render_routing_app,
     render_serve_config,
 )
@@ -48,8 +52,12 @@ class ServeConfigWriter:
     def __init__(self, host: str, port: int) -> None:
         self._host = host
         self._port = port
-        self._apps: dict[str, dict[str, Any]] = {}
+        self._apps: dict[str, dict[str, Any]] = {}  # as rendered from the records: the plans' bounds
         self._applies = 0
+        # The fleet's pools and burst setting, as the last activity that applied passed them; a
+        # restarted writer has none until then and bounds every deployment at its floor.
+        self._envelope: PoolEnvelope | None = None
+        self._deployed: dict[str, Any] | None = None  # the whole config last applied
         self._adopt_running_apps()
 
     def _client(self) -> Any:
@@ -68,30 +76,44 @@ class ServeConfigWriter:
         for name, app in (details.get("applications") or {}).items():
             config = app.get("deployed_app_config")
             if config:
-                self._apps[name] = config
+                self._apps[name] = plan_bounds(config)  # Serve holds them with their burst
 
-    def apply(self, upserts: list[dict[str, Any]], removals: list[str]) -> int:
+    def _render(self, apps: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        return render_serve_config(burst_bounds(apps, self._envelope), self._host, self._port)
+
+    def apply(
+        self, upserts: list[dict[str, Any]], removals: list[str], envelope: dict[str, Any] | None = None
+    ) -> int:
+        """Upsert and remove apps, and apply the whole config when it changed. `envelope` (a
+        PoolEnvelope) replaces the pools the burst bounds are computed from: one model's apps
+        change what every other deployment of their pools may burst into."""
         from ray.serve.schema import ServeDeploySchema
 
+        if envelope is not None:
+            self._envelope = PoolEnvelope.model_validate(envelope)
         desired = copy.deepcopy(self._apps)
         for name in removals:
             desired.pop(name, None)
         for app in upserts:
             desired[app["name"]] = app
-        if desired == self._apps and self._applies:
+        config = self._render(desired)
+        if desired == self._apps and config == self._deployed and self._applies:
             return self._applies
-        config = render_serve_config(desired, self._host, self._port)
         self._client().deploy_apps(ServeDeploySchema.model_validate(config))
         self._apps = desired
+        self._deployed = config
         self._applies += 1
         return self._applies
 
-    def redeploy(self) -> int:
+    def redeploy(self, envelope: dict[str, Any] | None = None) -> int:
         """Apply the whole desired config again, unchanged: Serve lost apps the writer holds."""
         from ray.serve.schema import ServeDeploySchema
 
-        config = render_serve_config(self._apps, self._host, self._port)
+        if envelope is not None:
+            self._envelope = PoolEnvelope.model_validate(envelope)
+        config = self._render(self._apps)
         self._client().deploy_apps(ServeDeploySchema.model_validate(config))
+        self._deployed = config
         self._applies += 1
         return self._applies
 
@@ -133,7 +155,8 @@ class ServeConfigWriter:
         return sorted(self._apps)
 
     def export(self) -> dict[str, Any]:
-        return render_serve_config(self._apps, self._host, self._port)
+        """The whole config as Serve gets it: every deployment with its burst bound."""
+        return self._render(self._apps)
 
 
 _connected: str | None = None  # the cluster address this process attached to
@@ -253,7 +276,9 @@ def wait_apps_gone(names: list[str], timeout_s: float) -> None:
 
 
 def wait_router_generation(app: str, generation: int, timeout_s: float) -> None:
-    """Block until the router of `app` has applied `generation` (its reconfigure ran)."""
+    """Block until every replica of the router of `app` has applied `generation`: one replica
+    answers it, then the app is RUNNING (a router scales to several replicas, and Serve holds
+    the app DEPLOYING until each of them ran the reconfigure that one already ran)."""
     from ray import serve
 
     handle = serve.get_deployment_handle(ROUTER_DEPLOYMENT, app_name=app)
@@ -263,3 +288,4 @@ def wait_router_generation(app: str, generation: int, timeout_s: float) -> None:
         return applied
 
     wait_generation(app, current, generation, timeout_s)
+    wait_apps_running([app], timeout_s)
