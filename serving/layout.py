@@ -372,16 +372,24 @@ def _floor_replicas(deployment: dict[str, Any]) -> int:
 
 
 def pool_usage(
-    apps: Mapping[str, dict[str, Any]], skip_model: str | None = None
+    apps: Mapping[str, dict[str, Any]],
+    skip_model: str | None = None,
+    running: Mapping[str, Mapping[str, int]] | None = None,
 ) -> dict[tuple[str, str], int]:
     """Units per (region, hardware) pool that the plans of the rendered set apps take (their
-    replica floors x units per replica), leaving out the apps of `skip_model`."""
+    replica floors x units per replica), leaving out the apps of `skip_model`; with `running`
+    (app -> deployment -> replicas Serve runs), what the running replicas take instead."""
     used: dict[tuple[str, str], int] = {}
-    for app in apps.values():
+    for name, app in apps.items():
         if skip_model is not None and (app.get("args") or {}).get("model") == skip_model:
             continue
         for region, hardware, deployment, units in _part_deployments(app):
-            used[(region, hardware)] = used.get((region, hardware), 0) + _floor_replicas(deployment) * units
+            replicas = (
+                _floor_replicas(deployment)
+                if running is None
+                else running.get(name, {}).get(deployment["name"], 0)
+            )
+            used[(region, hardware)] = used.get((region, hardware), 0) + replicas * units
     return used
 
 

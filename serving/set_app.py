@@ -161,17 +161,21 @@ class SetInfo:
         self._config = SetIngressConfig()
         self._running: dict[str, int] = {}
         self._read_at = -_STATUS_TTL_S
+        # One status read at a time: Serve's status pickles the autoscaling policy, and two
+        # threads in it at once race (one raises).
+        self._reading = asyncio.Lock()
 
     def reconfigure(self, config: dict[str, Any]) -> None:
         self._config = SetIngressConfig.model_validate(config)
 
     async def describe(self) -> SetDescription:
-        if time.monotonic() - self._read_at >= _STATUS_TTL_S:
-            self._read_at = time.monotonic()
-            try:
-                self._running = await asyncio.to_thread(self._read_running)
-            except Exception:  # the controller is away: the last counts (or the plan's) hold
-                pass
+        async with self._reading:
+            if time.monotonic() - self._read_at >= _STATUS_TTL_S:
+                self._read_at = time.monotonic()
+                try:
+                    self._running = await asyncio.to_thread(self._read_running)
+                except Exception:  # the controller is away: the last counts (or the plan's) hold
+                    pass
         return self._args.describe(self._config.running_capacity(self._running))
 
     def _read_running(self) -> dict[str, int]:

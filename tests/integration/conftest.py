@@ -29,6 +29,16 @@ EXAMPLE_MODEL = REPO / "examples" / "click_ranker" / "model.yaml"
 # A serving model checks Serve against its record this often (30 s by default): the restart
 # drill is repaired within seconds.
 RECONCILE_SECONDS = 5.0
+# Serve's autoscaler, short enough for a 15 s load step to scale up and back down (Serve's
+# defaults: 30 s up, 600 s down, a 30 s look-back, metrics every 10 s). One router replica per
+# model and region: the doors drill measures one replica's bounds.
+AUTOSCALING = {
+    "upscale_delay_s": 1.0,
+    "downscale_delay_s": 4.0,
+    "look_back_period_s": 3.0,
+    "metrics_interval_s": 1.0,
+    "router_max_replicas": 1,
+}
 
 
 @pytest.fixture(scope="session")
@@ -38,6 +48,7 @@ def stack_config() -> Iterator[Path]:
     path = scratch_config(base, REPO / "config")
     config = yaml.safe_load(path.read_text())
     config["serve"]["reconcile_seconds"] = RECONCILE_SECONDS
+    config["serve"]["autoscaling"] = AUTOSCALING
     path.write_text(yaml.safe_dump(config))
     yield path
 
