@@ -7,6 +7,9 @@ plan at full size, each router's weights, the routing document), compares it wit
 writer holds and what Serve lists, and pushes only what differs, through the one writer (which
 stays Temporal-agnostic). So `ipnext dev down && ipnext dev up` on the same state, a Ray
 restart or a lost writer is repaired within one interval, with no command from anyone.
+Replica counts are the autoscaler's between replans: what is compared is each deployment's
+autoscaling bounds as the plan renders them (its floor; the writer adds the burst ceiling),
+never how many replicas run.
 
 A running rollout checks its own serving the same way (`RolloutWorkflow`, at the start of each
 bake, every interval of it, and when its counters vanish), with its own desired state in the
