@@ -21,7 +21,14 @@ from ipnext.contracts import poll_until
 from ipnext.model import ModelSpec
 from ipnext.sdk import Client
 from ipnext.serving.control import connect, get_writer
-from ipnext.serving.layout import SET_IMPORT_PATH, part_deployment_name, pool_usage, set_app_name
+from ipnext.serving.layout import (
+    SET_DEPLOYMENT,
+    SET_IMPORT_PATH,
+    SetDescription,
+    part_deployment_name,
+    pool_usage,
+    set_app_name,
+)
 
 from .conftest import one_region_spec, train_version
 from .load import OpenLoop, Sent
@@ -97,12 +104,17 @@ async def test_load_step_scales_inside_the_envelope(stack: Settings, client: Cli
     started = time.perf_counter()
     stop = asyncio.Event()
 
+    ingress = serve.get_deployment_handle(SET_DEPLOYMENT, app_name=app)
+    described: list[tuple[int, float]] = []  # (running replicas, the capacity the ingress answered)
+
     async def sample() -> None:
         while not stop.is_set():
             counts = await asyncio.to_thread(running, sorted(set_apps))
             usage = pool_usage(set_apps, running=counts)
             at = time.perf_counter() - started
             samples.append((at, counts.get(app, {}), usage))
+            description: SetDescription = await ingress.describe.remote()
+            described.append((counts.get(app, {}).get(DENSE, 0), description.deployments["dense"][DENSE]))
             print(
                 f"t={at:5.1f}s {model_name}: {counts.get(app, {})}  pools in use {dict(sorted(usage.items()))}"
             )
@@ -145,6 +157,10 @@ async def test_load_step_scales_inside_the_envelope(stack: Settings, client: Cli
     )
     assert failed == [], failed[:3]
     assert peak > floor, "the 4x phase never scaled the deployment up"
+    # What routers weigh deployments by follows the running replicas, not the plan's.
+    qps = PART_MAX_ONGOING / SERVICE_S
+    print(f"capacity the set ingress answered (running replicas, QPS): {sorted(set(described))}")
+    assert any(n > floor and capacity == n * qps for n, capacity in described), described
     for at, counts, usage in samples:
         assert counts.get(DENSE, 0) <= ceiling, f"t={at:.1f}s: {counts} above the envelope's {ceiling}"
         over = {pool: units for pool, units in usage.items() if units > pools.get(pool, 0)}

@@ -22,6 +22,7 @@ from ipnext.planner import solve
 from ipnext.rollout_steps import RolloutStep, new_set_scales, old_set_scales
 from ipnext.serving.layout import (
     PoolEnvelope,
+    SetDescription,
     SetIngressConfig,
     burst_bounds,
     plan_bounds,
@@ -239,3 +240,22 @@ def test_a_first_placement_is_solved_against_the_residual_pools(
     everything = {(p.region, p.hardware): p.units for p in dev_fleet.pools}
     with pytest.raises(InfeasiblePlanError, match="every pool"):
         residual_fleet(dev_fleet, everything)
+
+
+def test_a_router_weighs_a_parts_deployments_by_what_its_set_answers_now() -> None:
+    from ipnext.serving.router import _SetRoute
+
+    route = _SetRoute.__new__(_SetRoute)  # its handles need Serve; what they are does not matter
+    # Built in the sorted order of the deployments' names: highmem, then std (the plan's 400, 600).
+    route.deployments = {"dense": (["highmem handle", "std handle"], [400.0, 600.0])}  # type: ignore[list-item]
+    described = SetDescription(
+        set_id="m@1",
+        dag=[("input", "dense"), ("dense", "output")],
+        order=["dense"],
+        deployments={"dense": {"dense-cpu-highmem": 400.0, "dense-cpu-std": 1500.0}},
+    )
+    route.follow(described)
+    assert route.deployments["dense"] == (["highmem handle", "std handle"], [400.0, 1500.0])
+    # A description that no longer names the same deployments leaves the weights alone.
+    route.follow(described.model_copy(update={"deployments": {"dense": {"dense-cpu-std": 9.0}}}))
+    assert route.deployments["dense"][1] == [400.0, 1500.0]
