@@ -89,16 +89,14 @@ class ReconcileResult(Frozen):
 
 @activity.defn
 def reconcile_serving(input: ReconcileInput) -> ReconcileResult:
-    from ray import serve
-
-    from ipnext.serving.control import raise_if_failed, wait_apps_running
+    from ipnext.serving.control import raise_if_failed, serve_applications, wait_apps_running
 
     current = _context.settings()
     writer: Any = _context.writer()
     model = input.spec.name
     store = str(current.pinned_store())
     known = _ray_get(writer.app_names.remote())
-    listed = serve.status().applications
+    listed = serve_applications()
     repaired: list[str] = []
     upserts: list[dict[str, Any]] = []
 
@@ -178,7 +176,7 @@ def reconcile_serving(input: ReconcileInput) -> ReconcileResult:
         if before is None:
             publish_routing(writer, model, input.plan, current.serve.routing_ttl_seconds)
             repaired.append(f"routing document of {model}: lost (the writer holds none)")
-        elif ROUTING_APP not in serve.status().applications:
+        elif ROUTING_APP not in serve_applications():
             _ray_get(writer.redeploy.remote())
             wait_apps_running([ROUTING_APP], APPS_RUNNING_TIMEOUT_S, activity.heartbeat)
             repaired.append(f"{ROUTING_APP}: missing in Serve")

@@ -40,6 +40,7 @@ __all__ = [
     "ServeConfigWriter",
     "connect",
     "get_writer",
+    "serve_applications",
     "wait_apps_gone",
     "wait_apps_running",
     "wait_router_generation",
@@ -159,6 +160,21 @@ class ServeConfigWriter:
         return self._render(self._apps)
 
 
+_status_lock = threading.Lock()
+
+
+def serve_applications() -> dict[str, Any]:
+    """`serve.status().applications`, one call at a time in this process: with autoscaled
+    deployments Serve's status pickles their policy module by value, registering and
+    unregistering it around the call, and two threads in it at once make one raise
+    ("is not registered for pickle by value"). Activities run in threads, so every status
+    read of ipnext goes through here."""
+    from ray import serve
+
+    with _status_lock:
+        return dict(serve.status().applications)
+
+
 _connected: str | None = None  # the cluster address this process attached to
 _connect_lock = threading.Lock()
 
@@ -212,10 +228,9 @@ def wait_apps_running(
     names: list[str], timeout_s: float, heartbeat: Callable[[str], None] = lambda _: None
 ) -> None:
     """Block until every named app is RUNNING; a failed deploy raises with Serve's message."""
-    from ray import serve
 
     def check() -> str | None:
-        apps = serve.status().applications
+        apps = serve_applications()
         raise_if_failed(names, apps)
         pending = []
         for name in names:
@@ -234,9 +249,7 @@ def wait_apps_running(
 def raise_if_failed(names: list[str], apps: dict[str, Any] | None = None) -> None:
     """Raise ServingError with Serve's message if a named app failed to deploy or is unhealthy."""
     if apps is None:
-        from ray import serve
-
-        apps = serve.status().applications
+        apps = serve_applications()
     for name in names:
         app = apps.get(name)
         status = str(app.status) if app else "MISSING"
@@ -266,10 +279,9 @@ def wait_generation(app: str, current: Callable[[], int], generation: int, timeo
 
 def wait_apps_gone(names: list[str], timeout_s: float) -> None:
     """Block until Serve no longer lists any of the named apps."""
-    from ray import serve
 
     def check() -> str | None:
-        left = sorted(set(names) & set(serve.status().applications))
+        left = sorted(set(names) & set(serve_applications()))
         return f"Serve apps still present after {timeout_s:.0f}s: {left}" if left else None
 
     _wait(check, timeout_s, 0.5)

@@ -18,6 +18,7 @@ from starlette.requests import Request
 
 from ipnext.model import import_factory
 from ipnext.pinned import load_verified, pinned_path
+from ipnext.serving.control import serve_applications
 from ipnext.serving.export import CounterPusher, PartPrometheus
 from ipnext.serving.layout import (
     SET_DEPLOYMENT,
@@ -161,9 +162,7 @@ class SetInfo:
         self._config = SetIngressConfig()
         self._running: dict[str, int] = {}
         self._read_at = -_STATUS_TTL_S
-        # One status read at a time: Serve's status pickles the autoscaling policy, and two
-        # threads in it at once race (one raises).
-        self._reading = asyncio.Lock()
+        self._reading = asyncio.Lock()  # one read at a time; the others wait and reuse it
 
     def reconfigure(self, config: dict[str, Any]) -> None:
         self._config = SetIngressConfig.model_validate(config)
@@ -179,7 +178,7 @@ class SetInfo:
         return self._args.describe(self._config.running_capacity(self._running))
 
     def _read_running(self) -> dict[str, int]:
-        app = serve.status().applications.get(self._app)
+        app = serve_applications().get(self._app)
         if app is None:
             return {}
         return running_replicas(

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import threading
 import time
 
 import pytest
@@ -20,7 +19,7 @@ from ipnext.config import Settings
 from ipnext.contracts import poll_until
 from ipnext.model import ModelSpec
 from ipnext.sdk import Client
-from ipnext.serving.control import connect, get_writer
+from ipnext.serving.control import connect, get_writer, serve_applications
 from ipnext.serving.layout import (
     SET_DEPLOYMENT,
     SET_IMPORT_PATH,
@@ -52,14 +51,9 @@ def drill_spec(name: str) -> ModelSpec:
     return ModelSpec.model_validate(data)
 
 
-_status_lock = threading.Lock()
-
-
 def running(apps: list[str]) -> dict[str, dict[str, int]]:
-    """Replicas RUNNING per deployment of each named app, from serve.status() (one call at a
-    time: two threads in it at once race in Serve's pickling of the autoscaling policy)."""
-    with _status_lock:
-        status = serve.status().applications
+    """Replicas RUNNING per deployment of each named app, from serve.status()."""
+    status = serve_applications()
     return {
         app: {name: int(d.replica_states.get("RUNNING", 0)) for name, d in status[app].deployments.items()}
         for app in apps
