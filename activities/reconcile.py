@@ -7,6 +7,9 @@ plan at full size, each router's weights, the routing document), compares it wit
 writer holds and what Serve lists, and pushes only what differs, through the one writer (which
 stays Temporal-agnostic). So `ipnext dev down && ipnext dev up` on the same state, a Ray
 restart or a lost writer is repaired within one interval, with no command from anyone.
+Replica counts are the autoscaler's between replans: what is compared is each deployment's
+autoscaling bounds as the plan renders them (its floor; the writer adds the burst ceiling),
+never how many replicas run.
 
 A running rollout checks its own serving the same way (`RolloutWorkflow`, at the start of each
 bake, every interval of it, and when its counters vanish), with its own desired state in the
@@ -34,9 +37,9 @@ from pydantic import Field
 from temporalio import activity
 
 from ipnext.activities import _context
-from ipnext.activities.serving import APPS_RUNNING_TIMEOUT_S, publish_routing
+from ipnext.activities.serving import APPS_RUNNING_TIMEOUT_S, pool_envelope, publish_routing
 from ipnext.activities.validate import as_application_error
-from ipnext.config import PartHealthCheckSettings
+from ipnext.config import AutoscalingSettings, PartHealthCheckSettings
 from ipnext.contracts import Frozen
 from ipnext.errors import ServingError
 from ipnext.model import ModelSpec, SnapshotSet
@@ -86,23 +89,27 @@ class ReconcileResult(Frozen):
 
 @activity.defn
 def reconcile_serving(input: ReconcileInput) -> ReconcileResult:
-    from ray import serve
-
-    from ipnext.serving.control import raise_if_failed, wait_apps_running
+    from ipnext.serving.control import raise_if_failed, serve_applications, wait_apps_running
 
     current = _context.settings()
     writer: Any = _context.writer()
     model = input.spec.name
     store = str(current.pinned_store())
     known = _ray_get(writer.app_names.remote())
-    listed = serve.status().applications
+    listed = serve_applications()
     repaired: list[str] = []
     upserts: list[dict[str, Any]] = []
 
     # The serving set's apps at the plan's full size (a rollout's: both sets at their sizes).
-    cpus, checks = current.ray.replica_num_cpus, current.serve.part_health_check
+    cpus, checks, scaling = (
+        current.ray.replica_num_cpus,
+        current.serve.part_health_check,
+        current.serve.autoscaling,
+    )
     wanted_sets = (
-        _rollout_sets(input, store, cpus, checks) if input.sets else _serving_sets(input, store, cpus, checks)
+        _rollout_sets(input, store, cpus, checks, scaling)
+        if input.sets
+        else _serving_sets(input, store, cpus, checks, scaling)
     )
     held = _ray_get(writer.app_configs.remote(sorted(wanted_sets)))
     for name, app in wanted_sets.items():
@@ -124,6 +131,7 @@ def reconcile_serving(input: ReconcileInput) -> ReconcileResult:
             max_ongoing_requests=input.spec.router.max_ongoing_requests,
             max_queued_requests=input.spec.router.max_queued_requests,
             router=input.spec.router,
+            max_replicas=scaling.router_max_replicas,
         )
         floor = max(input.generation_floor, config.generation)
         generation = max(had.config.generation if had else 0, floor)
@@ -146,7 +154,7 @@ def reconcile_serving(input: ReconcileInput) -> ReconcileResult:
         else:
             why = f"{name}: router missing in Serve"
         config = wanted.config.model_copy(update={"generation": generation})
-        upserts.append(render_router_app(model, region, config, input.spec.router))
+        upserts.append(render_router_app(model, region, config, input.spec.router, scaling))
         generations[region] = generation
         repaired.append(why)
 
@@ -154,9 +162,9 @@ def reconcile_serving(input: ReconcileInput) -> ReconcileResult:
     if upserts:
         missing_only = all(_held_equal(app, held, routers) for app in upserts)
         if missing_only:  # the writer holds them all: Serve lost them
-            _ray_get(writer.redeploy.remote())
+            _ray_get(writer.redeploy.remote(pool_envelope(current)))
         else:
-            _ray_get(writer.apply.remote(upserts, []))
+            _ray_get(writer.apply.remote(upserts, [], pool_envelope(current)))
     try:
         if names:
             activity.logger.warning("reconcile %s: repairing %s", model, "; ".join(repaired))
@@ -168,7 +176,7 @@ def reconcile_serving(input: ReconcileInput) -> ReconcileResult:
         if before is None:
             publish_routing(writer, model, input.plan, current.serve.routing_ttl_seconds)
             repaired.append(f"routing document of {model}: lost (the writer holds none)")
-        elif ROUTING_APP not in serve.status().applications:
+        elif ROUTING_APP not in serve_applications():
             _ray_get(writer.redeploy.remote())
             wait_apps_running([ROUTING_APP], APPS_RUNNING_TIMEOUT_S, activity.heartbeat)
             repaired.append(f"{ROUTING_APP}: missing in Serve")
@@ -180,13 +188,17 @@ def reconcile_serving(input: ReconcileInput) -> ReconcileResult:
 
 
 def _serving_sets(
-    input: ReconcileInput, store: str, replica_num_cpus: float, health_check: PartHealthCheckSettings
+    input: ReconcileInput,
+    store: str,
+    replica_num_cpus: float,
+    health_check: PartHealthCheckSettings,
+    autoscaling: AutoscalingSettings,
 ) -> dict[str, dict[str, Any]]:
     """An idle model's serving set: its apps at the plan's full size, named as the record says."""
     apps: dict[str, dict[str, Any]] = {}
     for region, name in sorted(input.apps.items()):
         plan = set_app_plan(input.spec, input.serving_set, input.plan, region, store)
-        app = render_set_app(plan, replica_num_cpus, health_check)
+        app = render_set_app(plan, replica_num_cpus, health_check, autoscaling)
         if app["name"] != name:
             raise as_application_error(
                 ServingError(
@@ -199,7 +211,11 @@ def _serving_sets(
 
 
 def _rollout_sets(
-    input: ReconcileInput, store: str, replica_num_cpus: float, health_check: PartHealthCheckSettings
+    input: ReconcileInput,
+    store: str,
+    replica_num_cpus: float,
+    health_check: PartHealthCheckSettings,
+    autoscaling: AutoscalingSettings,
 ) -> dict[str, dict[str, Any]]:
     """A rollout's sets: each set's apps, in every region of its plan, at its step's size."""
     apps: dict[str, dict[str, Any]] = {}
@@ -209,7 +225,7 @@ def _rollout_sets(
         regions = sorted({r for p in target.plan.deployments.values() for r in p.regions()})
         for region in regions:
             plan = set_app_plan(input.spec, target.snapshot_set, target.plan, region, store, scale, shares)
-            app = render_set_app(plan, replica_num_cpus, health_check)
+            app = render_set_app(plan, replica_num_cpus, health_check, autoscaling)
             apps[app["name"]] = app
     return apps
 

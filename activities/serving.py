@@ -11,6 +11,7 @@ from temporalio import activity
 
 from ipnext.activities import _context
 from ipnext.activities.validate import as_application_error
+from ipnext.config import Settings
 from ipnext.contracts import Frozen
 from ipnext.errors import ServingError
 from ipnext.model import DEFAULT_ROUTER_MAX_ONGOING, ModelSpec, RouterSpec, SnapshotSet
@@ -20,6 +21,7 @@ from ipnext.routing import routing_document
 from ipnext.serving.layout import (
     ROUTING_APP,
     DeployedRouter,
+    PoolEnvelope,
     metrics_actor_name,
     render_router_app,
     render_set_app,
@@ -38,6 +40,7 @@ __all__ = [
     "TeardownInput",
     "TeardownResult",
     "deploy_set_apps",
+    "pool_envelope",
     "read_metrics",
     "remove_apps",
     "route_traffic",
@@ -113,6 +116,16 @@ def _heartbeat(detail: str) -> None:
     activity.heartbeat(detail)
 
 
+def pool_envelope(settings: Settings) -> dict[str, Any]:
+    """The fleet's pools and the burst setting, as the writer bounds every deployment's burst
+    by them (`layout.burst_bounds`); passed with every apply, so a fleet file changed under a
+    running worker takes effect at its next one."""
+    pools: dict[str, dict[str, int]] = {}
+    for pool in settings.fleet().pools:
+        pools.setdefault(pool.region, {})[pool.hardware] = pool.units
+    return PoolEnvelope(pools=pools, burst=settings.serve.autoscaling.burst).model_dump(mode="json")
+
+
 @activity.defn
 def deploy_set_apps(input: DeploySetInput) -> DeploySetResult:
     from ipnext.serving.control import wait_apps_running
@@ -126,10 +139,12 @@ def deploy_set_apps(input: DeploySetInput) -> DeploySetResult:
     }
     writer: Any = _context.writer()
     upserts = [
-        render_set_app(p, current.ray.replica_num_cpus, current.serve.part_health_check)
+        render_set_app(
+            p, current.ray.replica_num_cpus, current.serve.part_health_check, current.serve.autoscaling
+        )
         for p in plans.values()
     ]
-    _ray_get(writer.apply.remote(upserts, []))
+    _ray_get(writer.apply.remote(upserts, [], pool_envelope(current)))
     try:
         wait_apps_running([p.name for p in plans.values()], APPS_RUNNING_TIMEOUT_S, _heartbeat)
         # A set brought to its plan's full size carries the model on that plan (a first rollout,
@@ -162,6 +177,7 @@ def route_traffic(input: RouteInput) -> RouteResult:
     from ipnext.serving.control import wait_apps_running, wait_router_generation
 
     writer: Any = _context.writer()
+    autoscaling = _context.settings().serve.autoscaling
     generations: dict[str, int] = {}
     started: list[str] = []  # routers that did not exist: Serve starts them
     router = input.router or RouterSpec(max_ongoing_requests=input.router_max_ongoing_requests)
@@ -183,13 +199,14 @@ def route_traffic(input: RouteInput) -> RouteResult:
             max_ongoing_requests=router.max_ongoing_requests,
             max_queued_requests=router.max_queued_requests,
             router=router,
+            max_replicas=autoscaling.router_max_replicas,
         )
         if wanted == current:
             generations[region] = generation
             continue
         config = wanted.config.model_copy(update={"generation": generation + 1})
         generations[region] = config.generation
-        upserts.append(render_router_app(input.model, region, config, router))
+        upserts.append(render_router_app(input.model, region, config, router, autoscaling))
     if upserts:
         _ray_get(writer.apply.remote(upserts, []))
     try:

@@ -24,6 +24,7 @@ from ipnext.fleet import Fleet, load_fleet
 from ipnext.specio import format_validation_error, load_yaml, parse_spec
 
 __all__ = [
+    "AutoscalingSettings",
     "DemandSettings",
     "PartHealthCheckSettings",
     "RaySettings",
@@ -55,6 +56,23 @@ class PartHealthCheckSettings(_Section):
     timeout_s: float = Field(default=20.0, gt=0, allow_inf_nan=False)
 
 
+class AutoscalingSettings(_Section):
+    """How each deployment of a serving set scales between replans, inside the plan's envelope
+    (Serve's `autoscaling_config`): from the plan's replicas up to the plan's replicas plus its
+    share of `burst` x its pool's unallocated units. Serve's own defaults are 30 s up, 600 s
+    down, a 30 s look-back and a 10 s metrics push; tests shorten them."""
+
+    target_ongoing_requests: float = Field(default=2.0, gt=0, allow_inf_nan=False)  # per replica
+    # Share (0-1) of each pool's units no plan takes that its deployments may burst into.
+    burst: float = Field(default=1.0, ge=0, le=1, allow_inf_nan=False)
+    upscale_delay_s: float = Field(default=30.0, ge=0, allow_inf_nan=False)
+    downscale_delay_s: float = Field(default=600.0, ge=0, allow_inf_nan=False)
+    look_back_period_s: float = Field(default=30.0, gt=0, allow_inf_nan=False)
+    metrics_interval_s: float = Field(default=10.0, gt=0, allow_inf_nan=False)
+    # A model's router replicas in a region: 1 to this many, scaling on their own requests.
+    router_max_replicas: int = Field(default=4, ge=1, le=64)
+
+
 class ServeSettings(_Section):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, gt=0, lt=65536)
@@ -63,6 +81,7 @@ class ServeSettings(_Section):
     # How often a serving model checks that Serve serves what its record says (and repairs it).
     reconcile_seconds: float = Field(default=30.0, ge=1)
     part_health_check: PartHealthCheckSettings = Field(default_factory=PartHealthCheckSettings)
+    autoscaling: AutoscalingSettings = Field(default_factory=AutoscalingSettings)
 
 
 class RaySettings(_Section):

@@ -3,7 +3,8 @@
 Serve replaces the whole multi-app config on every apply, so two writers would erase
 each other's apps. All changes go through one detached actor, `ipnext-serve-writer`,
 whose methods run one at a time; it keeps the desired state of every app, renders
-the whole declarative config and applies it.
+the whole declarative config and applies it. Holding every model's set apps, it is also
+where each autoscaled deployment's burst bound is computed (`layout.burst_bounds`).
 """
 
 from __future__ import annotations
@@ -26,9 +27,12 @@ from ipnext.serving.layout import (
     ROUTING_APP,
     WRITER_ACTOR,
     DeployedRouter,
+    PoolEnvelope,
+    burst_bounds,
     deployed_router,
     deployed_routing,
     head_node_options,
+    plan_bounds,
     render_routing_app,
     render_serve_config,
 )
@@ -37,6 +41,7 @@ __all__ = [
     "ServeConfigWriter",
     "connect",
     "get_writer",
+    "serve_applications",
     "wait_apps_gone",
     "wait_apps_running",
     "wait_router_generation",
@@ -50,8 +55,12 @@ class ServeConfigWriter:
         self._host = host
         self._port = port
         self._proxy_location = proxy_location
-        self._apps: dict[str, dict[str, Any]] = {}
+        self._apps: dict[str, dict[str, Any]] = {}  # as rendered from the records: the plans' bounds
         self._applies = 0
+        # The fleet's pools and burst setting, as the last activity that applied passed them; a
+        # restarted writer has none until then and bounds every deployment at its floor.
+        self._envelope: PoolEnvelope | None = None
+        self._deployed: dict[str, Any] | None = None  # the whole config last applied
         self._adopt_running_apps()
 
     def _client(self) -> Any:
@@ -71,30 +80,46 @@ class ServeConfigWriter:
         for name, app in (details.get("applications") or {}).items():
             config = app.get("deployed_app_config")
             if config:
-                self._apps[name] = config
+                self._apps[name] = plan_bounds(config)  # Serve holds them with their burst
 
-    def apply(self, upserts: list[dict[str, Any]], removals: list[str]) -> int:
+    def _render(self, apps: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        return render_serve_config(
+            burst_bounds(apps, self._envelope), self._host, self._port, self._proxy_location
+        )
+
+    def apply(
+        self, upserts: list[dict[str, Any]], removals: list[str], envelope: dict[str, Any] | None = None
+    ) -> int:
+        """Upsert and remove apps, and apply the whole config when it changed. `envelope` (a
+        PoolEnvelope) replaces the pools the burst bounds are computed from: one model's apps
+        change what every other deployment of their pools may burst into."""
         from ray.serve.schema import ServeDeploySchema
 
+        if envelope is not None:
+            self._envelope = PoolEnvelope.model_validate(envelope)
         desired = copy.deepcopy(self._apps)
         for name in removals:
             desired.pop(name, None)
         for app in upserts:
             desired[app["name"]] = app
-        if desired == self._apps and self._applies:
+        config = self._render(desired)
+        if desired == self._apps and config == self._deployed and self._applies:
             return self._applies
-        config = render_serve_config(desired, self._host, self._port, self._proxy_location)
         self._client().deploy_apps(ServeDeploySchema.model_validate(config))
         self._apps = desired
+        self._deployed = config
         self._applies += 1
         return self._applies
 
-    def redeploy(self) -> int:
+    def redeploy(self, envelope: dict[str, Any] | None = None) -> int:
         """Apply the whole desired config again, unchanged: Serve lost apps the writer holds."""
         from ray.serve.schema import ServeDeploySchema
 
-        config = render_serve_config(self._apps, self._host, self._port, self._proxy_location)
+        if envelope is not None:
+            self._envelope = PoolEnvelope.model_validate(envelope)
+        config = self._render(self._apps)
         self._client().deploy_apps(ServeDeploySchema.model_validate(config))
+        self._deployed = config
         self._applies += 1
         return self._applies
 
@@ -136,7 +161,23 @@ class ServeConfigWriter:
         return sorted(self._apps)
 
     def export(self) -> dict[str, Any]:
-        return render_serve_config(self._apps, self._host, self._port, self._proxy_location)
+        """The whole config as Serve gets it: every deployment with its burst bound."""
+        return self._render(self._apps)
+
+
+_status_lock = threading.Lock()
+
+
+def serve_applications() -> dict[str, Any]:
+    """`serve.status().applications`, one call at a time in this process: with autoscaled
+    deployments Serve's status pickles their policy module by value, registering and
+    unregistering it around the call, and two threads in it at once make one raise
+    ("is not registered for pickle by value"). Activities run in threads, so every status
+    read of ipnext goes through here."""
+    from ray import serve
+
+    with _status_lock:
+        return dict(serve.status().applications)
 
 
 _connected: str | None = None  # the cluster address this process attached to
@@ -194,10 +235,9 @@ def wait_apps_running(
     names: list[str], timeout_s: float, heartbeat: Callable[[str], None] = lambda _: None
 ) -> None:
     """Block until every named app is RUNNING; a failed deploy raises with Serve's message."""
-    from ray import serve
 
     def check() -> str | None:
-        apps = serve.status().applications
+        apps = serve_applications()
         raise_if_failed(names, apps)
         pending = []
         for name in names:
@@ -216,9 +256,7 @@ def wait_apps_running(
 def raise_if_failed(names: list[str], apps: dict[str, Any] | None = None) -> None:
     """Raise ServingError with Serve's message if a named app failed to deploy or is unhealthy."""
     if apps is None:
-        from ray import serve
-
-        apps = serve.status().applications
+        apps = serve_applications()
     for name in names:
         app = apps.get(name)
         status = str(app.status) if app else "MISSING"
@@ -248,17 +286,18 @@ def wait_generation(app: str, current: Callable[[], int], generation: int, timeo
 
 def wait_apps_gone(names: list[str], timeout_s: float) -> None:
     """Block until Serve no longer lists any of the named apps."""
-    from ray import serve
 
     def check() -> str | None:
-        left = sorted(set(names) & set(serve.status().applications))
+        left = sorted(set(names) & set(serve_applications()))
         return f"Serve apps still present after {timeout_s:.0f}s: {left}" if left else None
 
     _wait(check, timeout_s, 0.5)
 
 
 def wait_router_generation(app: str, generation: int, timeout_s: float) -> None:
-    """Block until the router of `app` has applied `generation` (its reconfigure ran)."""
+    """Block until every replica of the router of `app` has applied `generation`: one replica
+    answers it, then the app is RUNNING (a router scales to several replicas, and Serve holds
+    the app DEPLOYING until each of them ran the reconfigure that one already ran)."""
     from ray import serve
 
     handle = serve.get_deployment_handle(ROUTER_DEPLOYMENT, app_name=app)
@@ -268,3 +307,4 @@ def wait_router_generation(app: str, generation: int, timeout_s: float) -> None:
         return applied
 
     wait_generation(app, current, generation, timeout_s)
+    wait_apps_running([app], timeout_s)

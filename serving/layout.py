@@ -5,12 +5,14 @@ Pure code (no Ray imports): the Serve config writer, the activities and the test
 
 from __future__ import annotations
 
+import copy
+import math
 from collections.abc import Mapping
 from typing import Any
 
 from pydantic import Field
 
-from ipnext.config import PartHealthCheckSettings
+from ipnext.config import AutoscalingSettings, PartHealthCheckSettings
 from ipnext.contracts import Frozen
 from ipnext.model import MAX_DEADLINE_SECONDS, BatchingSpec, ChoiceSpec, ModelSpec, RouterSpec, SnapshotSet
 from ipnext.plan import Plan
@@ -29,21 +31,26 @@ __all__ = [
     "SET_IMPORT_PATH",
     "DeployedRouter",
     "PartHostArgs",
+    "PoolEnvelope",
     "RouterAppArgs",
     "SetAppArgs",
     "SetAppPlan",
     "SetDescription",
     "SetIngressConfig",
+    "burst_bounds",
     "deployed_router",
     "deployed_routing",
     "head_node_options",
     "metrics_actor_name",
     "part_deployment_name",
+    "plan_bounds",
+    "pool_usage",
     "render_router_app",
     "render_routing_app",
     "render_serve_config",
     "render_set_app",
     "router_app_name",
+    "running_replicas",
     "set_app_name",
     "set_app_plan",
 ]
@@ -139,10 +146,22 @@ class SetAppArgs(Frozen):
 
 
 class SetIngressConfig(Frozen):
-    """The set ingress's `user_config`: capacity per part deployment, which changes with the
-    replica counts, so it reconfigures in place instead of restarting the app."""
+    """The set ingress's `user_config`: capacity per part deployment at the plan's replicas,
+    which changes with them, so it reconfigures in place instead of restarting the app; and the
+    QPS of one replica of each, by which the ingress follows the replicas Serve runs."""
 
     capacity: dict[str, float] = Field(default_factory=dict)  # part deployment -> QPS
+    qps_per_replica: dict[str, float] = Field(default_factory=dict)  # part deployment -> QPS
+
+    def running_capacity(self, running: Mapping[str, int]) -> dict[str, float]:
+        """Capacity per part deployment from the replicas Serve runs (an autoscaled deployment
+        runs more than the plan's); the plan's capacity where none is known to run."""
+        return {
+            name: running[name] * self.qps_per_replica[name]
+            if running.get(name, 0) > 0 and name in self.qps_per_replica
+            else planned
+            for name, planned in self.capacity.items()
+        }
 
 
 class SetDescription(Frozen):
@@ -173,6 +192,7 @@ class DeployedRouter(Frozen):
     max_ongoing_requests: int | None = None
     max_queued_requests: int | None = None  # None: rendered before queues were bounded
     router: RouterSpec = Field(default_factory=RouterSpec)
+    max_replicas: int | None = None  # autoscaled from 1 to this; None: one fixed replica (older)
 
 
 class SetAppPlan(Frozen):
@@ -255,12 +275,19 @@ def _actor_options(
 
 
 def render_set_app(
-    app: SetAppPlan, replica_num_cpus: float, health_check: PartHealthCheckSettings | None = None
+    app: SetAppPlan,
+    replica_num_cpus: float,
+    health_check: PartHealthCheckSettings | None = None,
+    autoscaling: AutoscalingSettings | None = None,
 ) -> dict[str, Any]:
     """The set app's Serve config. Its part deployments carry the health check of the settings
     (`serve.part_health_check`; its defaults when None): Serve calls `PartHost.check_health`
-    every period and replaces a replica after 3 failures in a row."""
+    every period and replaces a replica after 3 failures in a row. Each scales on its own load
+    (`serve.autoscaling`) from the app's replicas up: rendered here with `max_replicas` equal
+    to them, the plan's bounds; the writer raises each to its share of the pool's unallocated
+    units when it renders the whole config (`burst_bounds`)."""
     health_check = health_check or PartHealthCheckSettings()
+    autoscaling = autoscaling or AutoscalingSettings()
     deployments: list[dict[str, Any]] = [
         {
             "name": SET_DEPLOYMENT,
@@ -271,7 +298,12 @@ def render_set_app(
                     part_deployment_name(part, hw): n * app.qps[part][hw]
                     for part, by_hw in app.replicas.items()
                     for hw, n in by_hw.items()
-                }
+                },
+                qps_per_replica={
+                    part_deployment_name(part, hw): app.qps[part][hw]
+                    for part, by_hw in app.replicas.items()
+                    for hw in by_hw
+                },
             ).model_dump(mode="json"),
         }
     ]
@@ -280,7 +312,11 @@ def render_set_app(
         for hw, n in sorted(by_hw.items()):
             deployment: dict[str, Any] = {
                 "name": part_deployment_name(part, hw),
-                "num_replicas": n,
+                # Serve refuses num_replicas beside autoscaling_config: the plan's replicas are
+                # the floor, a rollout step's share of them moves it.
+                "autoscaling_config": _autoscaling_config(
+                    n, n, autoscaling.target_ongoing_requests, autoscaling
+                ),
                 "ray_actor_options": _actor_options(
                     app.args.region, replica_num_cpus, hw, app.units[part][hw]
                 ),
@@ -302,13 +338,135 @@ def render_set_app(
     }
 
 
+def _autoscaling_config(
+    min_replicas: int, max_replicas: int, target: float, settings: AutoscalingSettings
+) -> dict[str, Any]:
+    return {
+        "min_replicas": min_replicas,
+        "max_replicas": max_replicas,
+        "target_ongoing_requests": target,
+        "upscale_delay_s": settings.upscale_delay_s,
+        "downscale_delay_s": settings.downscale_delay_s,
+        "look_back_period_s": settings.look_back_period_s,
+        "metrics_interval_s": settings.metrics_interval_s,
+    }
+
+
+class PoolEnvelope(Frozen):
+    """What the writer needs to bound every deployment's burst: each (region, hardware) pool's
+    units (the fleet's) and the share of the units no plan takes that deployments may use."""
+
+    pools: dict[str, dict[str, int]] = Field(default_factory=dict)  # region -> hardware -> units
+    burst: float = Field(default=1.0, ge=0, le=1)
+
+
+def _part_deployments(app: dict[str, Any]) -> list[tuple[str, str, dict[str, Any], int]]:
+    """The part deployments of a rendered set app: (region, hardware, deployment, units per
+    replica); none for apps of other kinds."""
+    if app.get("import_path") != SET_IMPORT_PATH:
+        return []
+    region = str((app.get("args") or {}).get("region", ""))
+    found = []
+    for deployment in app.get("deployments") or []:
+        resources = (deployment.get("ray_actor_options") or {}).get("resources") or {}
+        for key, units in resources.items():
+            if key.startswith("hw:"):
+                found.append((region, key[3:], deployment, int(units)))
+    return found
+
+
+def _floor_replicas(deployment: dict[str, Any]) -> int:
+    """The replicas a deployment's plan gives it: its autoscaling floor, or its fixed count."""
+    scaling = deployment.get("autoscaling_config")
+    if scaling is not None:
+        return int(scaling.get("min_replicas", 1))
+    return int(deployment.get("num_replicas", 1))
+
+
+def pool_usage(
+    apps: Mapping[str, dict[str, Any]],
+    skip_model: str | None = None,
+    running: Mapping[str, Mapping[str, int]] | None = None,
+) -> dict[tuple[str, str], int]:
+    """Units per (region, hardware) pool that the plans of the rendered set apps take (their
+    replica floors x units per replica), leaving out the apps of `skip_model`; with `running`
+    (app -> deployment -> replicas Serve runs), what the running replicas take instead."""
+    used: dict[tuple[str, str], int] = {}
+    for name, app in apps.items():
+        if skip_model is not None and (app.get("args") or {}).get("model") == skip_model:
+            continue
+        for region, hardware, deployment, units in _part_deployments(app):
+            replicas = (
+                _floor_replicas(deployment)
+                if running is None
+                else running.get(name, {}).get(deployment["name"], 0)
+            )
+            used[(region, hardware)] = used.get((region, hardware), 0) + replicas * units
+    return used
+
+
+def burst_bounds(
+    apps: Mapping[str, dict[str, Any]], envelope: PoolEnvelope | None
+) -> dict[str, dict[str, Any]]:
+    """The apps with each autoscaled part deployment's `max_replicas` raised from its floor by
+    its share of `envelope.burst` x its pool's unallocated units (pool units minus every
+    floor in it), the share being its floor's part of the pool's floors. Rounded down, so the
+    maxima of a pool never sum past its units; a pool the plans already fill (or one the
+    envelope does not name) leaves every maximum at its floor."""
+    pools = envelope.pools if envelope is not None else {}
+    used = pool_usage(apps)
+    spare = {
+        key: max(0, pools.get(key[0], {}).get(key[1], 0) - taken) * (envelope.burst if envelope else 0)
+        for key, taken in used.items()
+    }
+    bounded = copy.deepcopy(dict(apps))
+    for app in bounded.values():
+        for region, hardware, deployment, units in _part_deployments(app):
+            scaling = deployment.get("autoscaling_config")
+            if scaling is None or units <= 0:
+                continue
+            floor = int(scaling["min_replicas"])
+            taken = used[(region, hardware)]
+            share = floor * units / taken if taken else 0.0
+            scaling["max_replicas"] = max(
+                1, floor + math.floor(share * spare[(region, hardware)] / units + 1e-9)
+            )
+    return bounded
+
+
+def plan_bounds(app: dict[str, Any]) -> dict[str, Any]:
+    """A set app as `render_set_app` renders it from the bounded one Serve holds (its part
+    deployments' maxima back at their floors), so a writer that adopts Serve's apps compares
+    them with what the record renders."""
+    plain = copy.deepcopy(app)
+    for _, _, deployment, _ in _part_deployments(plain):
+        scaling = deployment.get("autoscaling_config")
+        if scaling is not None:
+            scaling["max_replicas"] = max(1, int(scaling["min_replicas"]))
+    return plain
+
+
+def running_replicas(replica_states: Mapping[str, Mapping[str, int]]) -> dict[str, int]:
+    """Replicas RUNNING per deployment, from Serve's status (deployment -> state -> count)."""
+    return {name: int(states.get("RUNNING", 0)) for name, states in replica_states.items()}
+
+
 def _empty(args: SetAppArgs, *fields: str) -> set[str] | None:
     """Fields left out of the rendered args when empty, so models that do not use them render
     the same config as before they existed (no restart of their set apps)."""
     return {f for f in fields if not getattr(args, f)} or None
 
 
-def render_router_app(model: str, region: str, config: RouterConfig, router: RouterSpec) -> dict[str, Any]:
+def render_router_app(
+    model: str,
+    region: str,
+    config: RouterConfig,
+    router: RouterSpec,
+    autoscaling: AutoscalingSettings | None = None,
+) -> dict[str, Any]:
+    """The router app: its replicas scale with its requests from 1 to
+    `autoscaling.router_max_replicas`, each aiming at half its `max_ongoing_requests`."""
+    autoscaling = autoscaling or AutoscalingSettings()
     args = RouterAppArgs(model=model, region=region, router=router)
     return {
         "name": router_app_name(model, region),
@@ -318,7 +476,13 @@ def render_router_app(model: str, region: str, config: RouterConfig, router: Rou
         "deployments": [
             {
                 "name": ROUTER_DEPLOYMENT,
-                "num_replicas": 1,
+                # A router only awaits: it scales on requests held, well before its cap.
+                "autoscaling_config": _autoscaling_config(
+                    1,
+                    autoscaling.router_max_replicas,
+                    max(1.0, router.max_ongoing_requests / 2),
+                    autoscaling,
+                ),
                 "max_ongoing_requests": router.max_ongoing_requests,  # see RouterSpec
                 # Beyond the queue Serve's proxy refuses at once: 503 and Retry-After, never an
                 # unbounded wait (and never counted against a set: the router never saw it).
@@ -335,11 +499,13 @@ def render_router_app(model: str, region: str, config: RouterConfig, router: Rou
 def deployed_router(app: dict[str, Any]) -> DeployedRouter:
     """The router fields of an app rendered by `render_router_app` (or adopted from Serve)."""
     [router] = app["deployments"]  # a router app holds the one router deployment
+    scaling = router.get("autoscaling_config")
     return DeployedRouter(
         config=RouterConfig.model_validate(router["user_config"]),
         max_ongoing_requests=router.get("max_ongoing_requests"),
         max_queued_requests=router.get("max_queued_requests"),
         router=RouterAppArgs.model_validate(app["args"]).router,
+        max_replicas=int(scaling["max_replicas"]) if scaling is not None else None,
     )
 
 

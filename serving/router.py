@@ -45,6 +45,10 @@ __all__ = ["NonFiniteOutputsError", "Router", "router_app"]
 
 logger = logging.getLogger("ray.serve")
 
+# How often a router asks each set's ingress for its capacity, which follows the replicas Serve
+# runs: a part on two hardware classes is split by what each deployment runs now.
+CAPACITY_REFRESH_S = 2.0
+
 
 class _SetRoute:
     """A router's view of one set app: its DAG, its choice nodes and a handle per part deployment."""
@@ -59,6 +63,15 @@ class _SetRoute:
             names = sorted(capacity)
             handles = [serve.get_deployment_handle(n, app_name=app) for n in names]
             self.deployments[part] = (handles, [max(capacity[n], 1e-9) for n in names])
+
+    def follow(self, described: SetDescription) -> None:
+        """Take the set's capacity per part deployment as its ingress now reads it (the replicas
+        Serve runs); the handles stay."""
+        for part, (handles, _) in list(self.deployments.items()):
+            capacity = described.deployments.get(part, {})
+            names = sorted(capacity)
+            if len(names) == len(handles):
+                self.deployments[part] = (handles, [max(capacity[n], 1e-9) for n in names])
 
     def handle(self, part: str, rng: random.Random) -> DeploymentHandle:
         handles, weights = self.deployments[part]
@@ -103,6 +116,19 @@ class Router:
             lambda: dict(self._demand),
         )
         self._prometheus = RouterPrometheus()
+        self._following: asyncio.Task[None] | None = None
+
+    async def _follow_capacity(self) -> None:
+        while True:
+            await asyncio.sleep(CAPACITY_REFRESH_S)
+            for app, route in list(self._routes.items()):
+                try:
+                    described: SetDescription = await serve.get_deployment_handle(
+                        SET_DEPLOYMENT, app_name=app
+                    ).describe.remote()
+                except Exception:  # a set going away, or its ingress restarting: next round
+                    continue
+                route.follow(described)
 
     async def reconfigure(self, config: dict[str, Any]) -> None:
         new = RouterConfig.model_validate(config)
@@ -118,6 +144,8 @@ class Router:
         self._routes = routes
         self._config = new
         self._pusher.ensure_running()
+        if self._following is None or self._following.done():
+            self._following = asyncio.create_task(self._follow_capacity())
 
     def generation(self) -> int:
         return self._config.generation

@@ -4,8 +4,10 @@ builder the rendered Serve config imports by path (`layout.SET_IMPORT_PATH`)."""
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import os
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,7 @@ from starlette.requests import Request
 
 from ipnext.model import import_factory
 from ipnext.pinned import load_verified, pinned_path
+from ipnext.serving.control import serve_applications
 from ipnext.serving.export import CounterPusher, PartPrometheus
 from ipnext.serving.layout import (
     SET_DEPLOYMENT,
@@ -25,9 +28,13 @@ from ipnext.serving.layout import (
     SetIngressConfig,
     metrics_actor_name,
     part_deployment_name,
+    running_replicas,
 )
 
 __all__ = ["PartHost", "SetInfo", "set_app"]
+
+# How long the ingress reuses Serve's status for the running replicas (one controller call).
+_STATUS_TTL_S = 1.0
 
 
 @serve.deployment(ray_actor_options={"num_cpus": 0})
@@ -145,21 +152,44 @@ class PartHost:
 
 @serve.deployment(ray_actor_options={"num_cpus": 0})
 class SetInfo:
-    """The set app's ingress: tells routers the set's DAG, parts and per-deployment capacity."""
+    """The set app's ingress: tells routers the set's DAG, parts and per-deployment capacity,
+    which follows the replicas Serve runs (autoscaled between replans), not the plan's."""
 
     def __init__(self, args: SetAppArgs, parts: dict[str, DeploymentHandle]) -> None:
         self._args = args
+        self._app = serve.get_replica_context().app_name
         self._parts = parts  # bound so Serve deploys them with this app
         self._config = SetIngressConfig()
+        self._running: dict[str, int] = {}
+        self._read_at = -_STATUS_TTL_S
+        self._reading = asyncio.Lock()  # one read at a time; the others wait and reuse it
 
     def reconfigure(self, config: dict[str, Any]) -> None:
         self._config = SetIngressConfig.model_validate(config)
 
-    def describe(self) -> SetDescription:
-        return self._args.describe(self._config.capacity)
+    async def describe(self) -> SetDescription:
+        async with self._reading:
+            if time.monotonic() - self._read_at >= _STATUS_TTL_S:
+                self._read_at = time.monotonic()
+                try:
+                    self._running = await asyncio.to_thread(self._read_running)
+                except Exception:  # the controller is away: the last counts (or the plan's) hold
+                    pass
+        return self._args.describe(self._config.running_capacity(self._running))
+
+    def _read_running(self) -> dict[str, int]:
+        app = serve_applications().get(self._app)
+        if app is None:
+            return {}
+        return running_replicas(
+            {
+                name: {str(getattr(state, "value", state)): n for state, n in d.replica_states.items()}
+                for name, d in app.deployments.items()
+            }
+        )
 
     async def __call__(self, request: Request) -> dict[str, Any]:
-        return self.describe().model_dump(mode="json")
+        return (await self.describe()).model_dump(mode="json")
 
 
 def set_app(args: dict[str, Any]) -> serve.Application:

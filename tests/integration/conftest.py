@@ -32,6 +32,16 @@ RECONCILE_SECONDS = 5.0
 # Observed demand in drill time: 5 s windows, 10 s of history before a replan weighs it in, the
 # metrics actors saving their history every second (defaults: 60 s, an hour, 5 s).
 DEMAND_SETTINGS = {"window_seconds": 5, "margin": 0.2, "min_history_seconds": 10, "save_seconds": 1}
+# Serve's autoscaler, short enough for a 15 s load step to scale up and back down (Serve's
+# defaults: 30 s up, 600 s down, a 30 s look-back, metrics every 10 s). One router replica per
+# model and region: the doors drill measures one replica's bounds.
+AUTOSCALING = {
+    "upscale_delay_s": 1.0,
+    "downscale_delay_s": 4.0,
+    "look_back_period_s": 3.0,
+    "metrics_interval_s": 1.0,
+    "router_max_replicas": 1,
+}
 
 
 @pytest.fixture(scope="session")
@@ -42,6 +52,7 @@ def stack_config() -> Iterator[Path]:
     config = yaml.safe_load(path.read_text())
     config["serve"]["reconcile_seconds"] = RECONCILE_SECONDS
     config["demand"] = DEMAND_SETTINGS
+    config["serve"]["autoscaling"] = AUTOSCALING
     path.write_text(yaml.safe_dump(config))
     yield path
 

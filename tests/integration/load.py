@@ -1,5 +1,6 @@
-"""A bounded closed-loop client on loopback: `workers` callers, each sending its next request
-when the last one answered, recording every answer (status, set, parts) until stopped."""
+"""Load on loopback: a bounded closed loop (`workers` callers, each sending its next request
+when the last one answered, recording every answer until stopped), and an open loop of
+Poisson arrivals in phases of set rates (`OpenLoop`)."""
 
 from __future__ import annotations
 
@@ -86,3 +87,65 @@ class Load:
                 except (httpx.HTTPError, ValueError) as err:
                     self.answers.append(Answer(at, 0, None, {}, f"{type(err).__name__}: {err}"))
                     await asyncio.sleep(0.05)  # nothing listens (a restart): do not spin on the cores
+
+
+@dataclass
+class Sent:
+    """One request of an open loop: when it was sent (seconds since the loop started), its
+    status (0: no HTTP answer) and how long its answer took."""
+
+    at: float
+    status: int
+    latency_s: float
+    error: str = ""
+
+
+@dataclass
+class OpenLoop:
+    """Open-loop load on loopback: Poisson arrivals at `phases`' rates (each (seconds, requests
+    per second), one after the other), each request sent at its time whether or not earlier
+    ones answered, so a slow server builds a queue instead of slowing the load down."""
+
+    base_url: str
+    path: str
+    phases: list[tuple[float, float]]
+    inputs: Callable[[int], dict[str, Any]] = lambda n: {"user": n % 40, "items": [1, 2, 3]}
+    seed: int = 1
+    sent: list[Sent] = field(default_factory=list)
+
+    def phase_bounds(self) -> list[tuple[float, float]]:
+        """(start, end) of each phase, in seconds since the loop started."""
+        bounds, start = [], 0.0
+        for seconds, _ in self.phases:
+            bounds.append((start, start + seconds))
+            start += seconds
+        return bounds
+
+    async def run(self) -> None:
+        import random
+
+        rng = random.Random(self.seed)
+        limits = httpx.Limits(max_connections=1000, max_keepalive_connections=200)
+        async with httpx.AsyncClient(base_url=self.base_url, timeout=60, limits=limits) as http:
+            started = time.perf_counter()
+            tasks: list[asyncio.Task[None]] = []
+            n = 0
+            for (start, end), (_, rate) in zip(self.phase_bounds(), self.phases, strict=True):
+                at = start + rng.expovariate(rate)
+                while at < end:
+                    delay = started + at - time.perf_counter()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                    tasks.append(asyncio.create_task(self._send(http, started, at, n)))
+                    n += 1
+                    at += rng.expovariate(rate)
+            await asyncio.gather(*tasks)
+
+    async def _send(self, http: httpx.AsyncClient, started: float, at: float, n: int) -> None:
+        sent = time.perf_counter()
+        try:
+            reply = await http.post(self.path, json={"inputs": self.inputs(n)})
+            error = "" if reply.status_code == 200 else reply.text[:200]
+            self.sent.append(Sent(at, reply.status_code, time.perf_counter() - sent, error))
+        except httpx.HTTPError as err:
+            self.sent.append(Sent(at, 0, time.perf_counter() - sent, f"{type(err).__name__}: {err}"))

@@ -122,7 +122,21 @@ def test_render_set_app(example_spec: ModelSpec, snapshot_set: SnapshotSet, plan
     assert sorted(by_name) == ["dense-cpu-std", "embed-cpu-highmem", "set"]
 
     embed = by_name["embed-cpu-highmem"]
-    assert embed["num_replicas"] == 3
+    # Autoscaled (Serve refuses num_replicas beside it), rendered at the plan's bounds: the
+    # writer raises max_replicas by the deployment's share of its pool's unallocated units.
+    assert "num_replicas" not in embed
+    assert (embed["autoscaling_config"]["min_replicas"], embed["autoscaling_config"]["max_replicas"]) == (
+        3,
+        3,
+    )
+    assert embed["autoscaling_config"]["target_ongoing_requests"] == 2
+    assert (
+        embed["autoscaling_config"]["upscale_delay_s"],
+        embed["autoscaling_config"]["downscale_delay_s"],
+    ) == (
+        30,
+        600,
+    )
     assert embed["ray_actor_options"]["num_cpus"] == 0.25
     resources = embed["ray_actor_options"]["resources"]
     assert set(resources) == {"region:us-east", "hw:cpu-highmem"}
@@ -130,7 +144,7 @@ def test_render_set_app(example_spec: ModelSpec, snapshot_set: SnapshotSet, plan
     assert 0 < resources["region:us-east"] < 1
 
     dense = by_name["dense-cpu-std"]
-    assert dense["num_replicas"] == 1
+    assert dense["autoscaling_config"]["min_replicas"] == 1
     assert dense["ray_actor_options"]["resources"]["hw:cpu-std"] == 1
     assert set(dense["ray_actor_options"]["resources"]) == {"region:us-east", "hw:cpu-std"}
 
@@ -143,7 +157,10 @@ def test_render_set_app(example_spec: ModelSpec, snapshot_set: SnapshotSet, plan
     ingress = by_name["set"]
     assert ingress["num_replicas"] == 1
     assert set(ingress["ray_actor_options"]["resources"]) == {"region:us-east"}
-    assert ingress["user_config"] == {"capacity": {"embed-cpu-highmem": 1200, "dense-cpu-std": 300}}
+    assert ingress["user_config"] == {
+        "capacity": {"embed-cpu-highmem": 1200, "dense-cpu-std": 300},
+        "qps_per_replica": {"embed-cpu-highmem": 400, "dense-cpu-std": 300},
+    }
 
 
 def test_render_set_app_in_the_other_region(
@@ -152,7 +169,7 @@ def test_render_set_app_in_the_other_region(
     rendered = render_set_app(set_app_plan(example_spec, snapshot_set, plan, "eu-west", PINNED), 0)
     assert rendered["name"] == "feed-ranker.eu-west.s7.r4"
     by_name = {d["name"]: d for d in rendered["deployments"]}
-    assert by_name["embed-cpu-highmem"]["num_replicas"] == 1
+    assert by_name["embed-cpu-highmem"]["autoscaling_config"]["min_replicas"] == 1
     assert all("region:eu-west" in d["ray_actor_options"]["resources"] for d in by_name.values())
 
 
@@ -167,7 +184,14 @@ def test_render_router_app() -> None:
     assert rendered["args"] == {"model": MODEL, "region": "us-east"}  # the defaults: as before limits
     [router] = rendered["deployments"]
     assert router["name"] == "router"
-    assert router["num_replicas"] == 1
+    # Router replicas scale with their requests, from 1 to the setting, aiming at half their cap.
+    assert "num_replicas" not in router
+    scaling = router["autoscaling_config"]
+    assert (scaling["min_replicas"], scaling["max_replicas"], scaling["target_ongoing_requests"]) == (
+        1,
+        4,
+        50,
+    )
     assert router["max_ongoing_requests"] == RouterSpec().max_ongoing_requests == 100  # not Serve's 5
     # A bounded queue in Serve's proxy: the next request gets 503 and Retry-After at once.
     assert router["max_queued_requests"] == 100
@@ -242,8 +266,14 @@ def test_deployed_router_reads_back_what_was_rendered() -> None:
     router = RouterSpec(max_ongoing_requests=12, max_queued_requests=7, deadline_seconds=4)
     rendered = render_router_app(MODEL, "us-east", config, router)
     assert deployed_router(rendered) == DeployedRouter(
-        config=config, max_ongoing_requests=12, max_queued_requests=7, router=router
+        config=config, max_ongoing_requests=12, max_queued_requests=7, router=router, max_replicas=4
     )
+    # A router rendered before routers scaled reads back as one fixed replica: reconcile and
+    # route_traffic see it differs and render it again.
+    fixed = render_router_app(MODEL, "us-east", config, router)
+    del fixed["deployments"][0]["autoscaling_config"]
+    fixed["deployments"][0]["num_replicas"] = 1
+    assert deployed_router(fixed).max_replicas is None
     plain = RouterConfig(generation=1, weights={"a": 100})
     assert deployed_router(render_router_app(MODEL, "us-east", plain, RouterSpec())).config == plain
     # A router rendered before queues and limits existed reads back as such: the reconcile
