@@ -94,17 +94,25 @@ def process_alive(pid: int) -> bool:
         return True
 
 
+_HANDED: set[int] = set()  # ports free_port returned in this process (not bound yet, maybe)
+
+
 def free_port() -> int:
     """A free port below Linux's ephemeral range (32768+), so that the random ports Ray and
-    Temporal take for themselves cannot grab it between this check and the server's bind."""
+    Temporal take for themselves cannot grab it between this check and the server's bind.
+    Never one it returned before in this process: a node's six port flags are drawn before
+    any is bound, and Ray refuses a node whose components share a port."""
     rng = random.Random()
     while True:
         port = rng.randrange(20000, 32000)
+        if port in _HANDED:
+            continue
         with socket.socket() as sock:
             try:
                 sock.bind(("127.0.0.1", port))
             except OSError:
                 continue
+            _HANDED.add(port)
             return port
 
 

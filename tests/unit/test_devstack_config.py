@@ -90,3 +90,13 @@ def test_the_node_layout_reaches_every_process_and_per_region_needs_a_cluster_of
     assert not (tmp_path / "conf" / "state" / "dev.json").exists()
     with pytest.raises(StackError, match="not a layout"):
         DevStack(config_path=path).up(nodes="per-zone")
+
+
+def test_free_port_never_hands_the_same_port_twice_in_a_process() -> None:
+    """A region node's port flags are drawn before any is bound: two draws must differ, or Ray
+    refuses the node ("trying to use a port number ... used by other components")."""
+    from ipnext.devstack import free_port
+
+    ports = [free_port() for _ in range(400)]
+    assert len(set(ports)) == len(ports)
+    assert all(20000 <= p < 32000 for p in ports)
