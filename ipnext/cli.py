@@ -686,7 +686,11 @@ def _parser() -> argparse.ArgumentParser:
     psolve = psub.add_parser("solve", help="solve a fleet + demand file into a plan (JSON)")
     psolve.add_argument("--fleet", required=True, type=Path)
     psolve.add_argument("--demand", required=True, type=Path)
-    psolve.add_argument("--current", help="the current plan (JSON from an earlier solve): moves cost churn")
+    psolve.add_argument(
+        "--current",
+        help="the current plan (JSON from an earlier solve): a replan, the cheapest plan's cost "
+        "within 1%% with the fewest units moved (--churn-cost 0: cheapest only)",
+    )
     psolve.add_argument("--time-limit", type=float, default=60.0, help="seconds for the whole command")
     psolve.add_argument("--churn-cost", type=float, default=0.05)
     psolve.add_argument("--out", required=True)
