@@ -93,6 +93,8 @@ class RouteResult(Frozen):
 
 class RemoveAppsInput(Frozen):
     names: list[str]
+    # False for apps of a down region: Serve drops them once their node is dead, or at once.
+    wait: bool = True
 
 
 class ReadMetricsInput(Frozen):
@@ -245,7 +247,8 @@ def remove_apps(input: RemoveAppsInput) -> None:
 
     writer: Any = _context.writer()
     _ray_get(writer.apply.remote([], input.names))
-    wait_apps_gone(input.names, APPS_RUNNING_TIMEOUT_S)
+    if input.wait:
+        wait_apps_gone(input.names, APPS_RUNNING_TIMEOUT_S)
 
 
 @activity.defn

@@ -36,6 +36,7 @@ __all__ = [
     "ReplanRecord",
     "detect_changes",
     "lost_region_problems",
+    "region_nodes",
     "region_resource",
     "surviving_hosts",
 ]
@@ -231,16 +232,35 @@ def _short(node_ids: Iterable[str]) -> str:
     return ", ".join(n[:12] for n in sorted(node_ids))
 
 
-def detect_changes(regions: dict[str, RegionState], nodes: list[NodeSighting]) -> list[RegionChange]:
+def region_nodes(
+    region: str, state: RegionState, nodes: list[NodeSighting], *, remember: bool = True
+) -> list[NodeSighting]:
+    """The nodes of `region` in Ray's node table: those whose resources name it and, with
+    `remember`, those the state last saw in it. Ray lists a dead node with no resources at all,
+    so only its id ties it to its region; a node last seen alive there and gone from the table
+    is counted dead."""
+    if not remember:
+        return [n for n in nodes if region in n.regions]
+    known = set(state.alive_nodes) | set(state.dead_nodes)
+    mine = [n for n in nodes if region in n.regions or n.node_id in known]
+    listed = {n.node_id for n in nodes}
+    gone = sorted(set(state.alive_nodes) - listed)
+    return mine + [NodeSighting(node_id=node_id, alive=False, regions=[region]) for node_id in gone]
+
+
+def detect_changes(
+    regions: dict[str, RegionState], nodes: list[NodeSighting], *, remember: bool = True
+) -> list[RegionChange]:
     """What Ray's node table says about each region, against what the state holds.
 
     A region is down when it had nodes and none of them is alive (a partly lost region still
-    serves). A region no node ever carried (its resources not declared on this cluster) is
-    left as it is. A region ipnext marked down comes up once a node of it is alive again; a
-    region on-call marked down stays down until on-call says `region up`."""
+    serves; its nodes as `region_nodes` finds them). A region no node ever carried (its
+    resources not declared on this cluster) is left as it is. A region ipnext marked down comes
+    up once a node of it is alive again; a region on-call marked down stays down until on-call
+    says `region up`."""
     changes = []
     for region, state in sorted(regions.items()):
-        mine = [n for n in nodes if region in n.regions]
+        mine = region_nodes(region, state, nodes, remember=remember)
         alive = sorted(n.node_id for n in mine if n.alive)
         dead = sorted(n.node_id for n in mine if not n.alive)
         if not mine:

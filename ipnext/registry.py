@@ -54,6 +54,8 @@ class ApplyPlanInput(Frozen):
 
     plan: Plan
     fleet_revision: int
+    # Regions down when it was planned (planned without them): the move leaves them alone.
+    down_regions: list[str] = Field(default_factory=list)
 
 
 class ReconcileRecord(Frozen):
@@ -236,6 +238,10 @@ class RolloutInput(Frozen):
     # Continue as new once the history holds this many events (or the server suggests it).
     history_limit: int = Field(default=10_000, ge=100)
     progress: RolloutProgress | None = None  # where a continued run goes on from
+    # Regions down (a capacity move planned without them): their nodes are gone, so nothing of
+    # theirs is deployed, routed, waited on or gated; their callers reach other regions through
+    # the routing document. Their old apps are removed without waiting.
+    down_regions: list[str] = Field(default_factory=list)
 
 
 class RolloutResult(Frozen):

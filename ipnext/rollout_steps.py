@@ -27,6 +27,7 @@ __all__ = [
     "deploy_scale",
     "initial_traffic",
     "is_gradual",
+    "lost_apps",
     "new_set_scales",
     "old_set_scales",
     "part_weights",
@@ -36,6 +37,7 @@ __all__ = [
     "start_weights",
     "step_routes",
     "traffic_split",
+    "without_down_regions",
 ]
 
 Weights = dict[str, dict[str, float]]  # region -> set app -> percent
@@ -129,8 +131,44 @@ def cutover_weights(input: RolloutInput, new_apps: dict[str, str]) -> Weights:
     """Router weights once the new set (or placement) takes all traffic: each serving region's
     router to its new app, and the router of every other region the model's traffic comes from
     (or that served before) to the app of the region that takes its traffic, so callers of its
-    URL keep getting answers."""
-    return serving_weights(input.plan, new_apps, input.old_apps)
+    URL keep getting answers. A down region's router is left out: it has no node to run on."""
+    weights = serving_weights(input.plan, new_apps, input.old_apps)
+    return {r: w for r, w in weights.items() if r not in input.down_regions}
+
+
+def lost_apps(input: RolloutInput) -> list[str]:
+    """The old apps of the input's down regions (their replicas died with the region's node)."""
+    return sorted(app for region, app in input.old_apps.items() if region in input.down_regions)
+
+
+def without_down_regions(input: RolloutInput) -> RolloutInput:
+    """The rollout as it runs while `down_regions` are down: their old apps and the old plan's
+    replicas there dropped, so no step deploys, routes to, waits on or gates a region that has
+    no node (Serve would wait forever for a replica it cannot place). The same input without
+    down regions."""
+    if not input.down_regions:
+        return input
+    down = set(input.down_regions)
+
+    def strip(plan: Plan) -> Plan:
+        return plan.model_copy(
+            update={
+                "deployments": {
+                    name: d.model_copy(
+                        update={"replicas": {r: hw for r, hw in d.replicas.items() if r not in down}}
+                    )
+                    for name, d in plan.deployments.items()
+                }
+            }
+        )
+
+    return input.model_copy(
+        update={
+            "plan": strip(input.plan),
+            "old_plan": strip(input.old_plan) if input.old_plan is not None else None,
+            "old_apps": {r: app for r, app in input.old_apps.items() if r not in down},
+        }
+    )
 
 
 def serving_weights(plan: Plan, apps: dict[str, str], also: Iterable[str] = ()) -> Weights:

@@ -93,7 +93,8 @@ class FleetReplanWorkflow:
             handle = workflow.get_external_workflow_handle(model_workflow_id(model))
             try:
                 await handle.signal(
-                    ModelWorkflowNames.APPLY_PLAN, ApplyPlanInput(plan=plan, fleet_revision=solved.revision)
+                    ModelWorkflowNames.APPLY_PLAN,
+                    ApplyPlanInput(plan=plan, fleet_revision=solved.revision, down_regions=down),
                 )
                 applied.append(model)
             except FailureError as err:  # deleted since it was read

@@ -41,6 +41,7 @@ with workflow.unsafe.imports_passed_through():
         RegionUpInput,
         ReplanRecord,
         detect_changes,
+        region_nodes,
     )
     from ipnext.replan import FleetReplanInput, FleetReplanResult
     from ipnext.workflows.signals import NO_PAYLOAD, update_input
@@ -51,6 +52,9 @@ DOWN_EXAMPLE = '{"region": "eu-west", "reason": "power loss in the data center",
 UP_EXAMPLE = '{"region": "eu-west", "who": "alice"}'
 REFUSED = "RegionStateError"  # the type of a refused region change (ipnext.errors.RegionStateError)
 EMERGENCY, RETURN = "emergency", "return"
+# Ray lists a dead node without its resources: since this patch a region's nodes are also the
+# ones its state last saw (by id), so a killed node makes its region down. Older runs replay without.
+DEAD_NODES_PATCH = "dead-nodes-by-id"
 
 
 @workflow.defn
@@ -205,9 +209,10 @@ class FleetWorkflow:
         for region in [r for r in s.regions if r not in seen.regions]:
             del s.regions[region]  # gone from the fleet file
         if seen.nodes is not None:
-            changes = detect_changes(s.regions, seen.nodes)
+            remember = workflow.patched(DEAD_NODES_PATCH)
+            changes = detect_changes(s.regions, seen.nodes, remember=remember)
             for region, state in list(s.regions.items()):
-                mine = [n for n in seen.nodes if region in n.regions]
+                mine = region_nodes(region, state, seen.nodes, remember=remember)
                 s.regions[region] = state.model_copy(
                     update={
                         "alive_nodes": sorted(n.node_id for n in mine if n.alive),

@@ -76,6 +76,8 @@ RECONCILE_PATCH = "serving-reconcile"
 # A rollout that ended without rolling back (terminated) leaves the split where it was: since
 # this patch the model puts its routers back on the serving set at once and records it.
 RESTORE_PATCH = "restore-after-outside-end"
+# Runs started before a capacity move left the down regions alone replay without telling the rollout.
+DOWN_REGIONS_PATCH = "capacity-move-without-down-regions"
 PUBLISH_EXAMPLE = '{"request": {"model": ..., "version": ..., "parts": {...}}, "who": ...}'
 DELETE_EXAMPLE = '{"who": "<who deletes>"}'
 # A continued rollout bakes its step again from a fresh window, so one run must hold a step
@@ -435,6 +437,7 @@ class ModelWorkflow:
                 kind="capacity",
                 old_plan=record.plan,
                 history_limit=self._rollout_history_limit(),
+                down_regions=list(pending.down_regions) if workflow.patched(DOWN_REGIONS_PATCH) else [],
             ),
             ActiveRollout(
                 workflow_id=child_id,

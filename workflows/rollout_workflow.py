@@ -106,6 +106,8 @@ SERVING_CHECK_PATCH = "rollout-serving-check"  # runs started before bakes check
 CANCEL_ABORTS_PATCH = "rollout-cancel-aborts"
 # Runs started before a bake read its baseline ahead of its first serving check replay the old order.
 BASELINE_FIRST_PATCH = "bake-baseline-first"
+# Runs started before a capacity move removed a down region's apps (without waiting) replay without.
+LOST_APPS_PATCH = "remove-down-regions-apps"
 CANCELLATION = "Temporal cancellation request"  # who, on the record, for a cancel from the UI or CLI
 BAKE_EXTENSION = 3  # too few requests: the bake may last up to this many times its length
 FREEZE_CALENDAR = "freeze calendar"
@@ -141,7 +143,11 @@ def _counters_lost(before: ReadMetricsResult, after: ReadMetricsResult) -> bool:
 class RolloutWorkflow:
     @workflow.init
     def __init__(self, input: RolloutInput) -> None:
-        self._input = input
+        # With regions down (a capacity move planned without them) the rollout runs as if they
+        # had never served: nothing of theirs deployed, routed, waited on or gated. Their old
+        # apps are removed at the end without waiting (no node to wait on).
+        self._lost = steps.lost_apps(input)
+        self._input = input = steps.without_down_regions(input)
         # Derived from the input alone, so never carried over: the steps (with sync: independent,
         # every step of each changed part in turn), those parts, and the routers' weights before.
         self._steps = steps.rollout_steps(input)
@@ -335,10 +341,13 @@ class RolloutWorkflow:
             else:
                 self._publish_all()
             await self._walk(p.continued_at)
-            old = sorted(set(input.old_apps.values()) - set(p.new_apps.values()))
+            old = sorted(set(self._input.old_apps.values()) - set(p.new_apps.values()))
             if old:
                 self._enter(RolloutState.RUNNING, "removing the old set")
                 await self._remove(old)
+            if self._lost and workflow.patched(LOST_APPS_PATCH):
+                self._enter(RolloutState.RUNNING, f"removing the down regions' apps {', '.join(self._lost)}")
+                await self._remove(self._lost, wait=False)
             if p.abort is not None and self._cancel_aborts:
                 what = "a cancellation" if p.cancelled else f"an abort by {p.abort.who}"
                 p.detail = f"{what} came after the last bake: too late to roll back, the rollout completed"
@@ -787,10 +796,10 @@ class RolloutWorkflow:
         )
         return list(result.windows)
 
-    async def _remove(self, names: list[str]) -> None:
+    async def _remove(self, names: list[str], *, wait: bool = True) -> None:
         await workflow.execute_activity(
             remove_apps,
-            RemoveAppsInput(names=names),
+            RemoveAppsInput(names=names) if wait else RemoveAppsInput(names=names, wait=False),
             start_to_close_timeout=QUICK_TIMEOUT * 4,
             retry_policy=RETRY,
             summary=f"remove {', '.join(names)}",

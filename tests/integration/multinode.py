@@ -28,7 +28,9 @@ HEAD = "head"
 
 
 def three_region_fleet() -> dict[str, Any]:
-    """Three regions of two CPU pools each, every region 40 ms from the others."""
+    """Three regions, every one 40 ms from the others: us-east and eu-west with two CPU pools
+    each, ap-south with cpu-std only, so a model with a cpu-highmem part has two regions to
+    live in, and losing one of them relaxes its `min_regions`."""
     return {
         "regions": list(REGIONS),
         "hardware": {"cpu-std": {"kind": "cpu"}, "cpu-highmem": {"kind": "cpu"}},
@@ -36,6 +38,7 @@ def three_region_fleet() -> dict[str, Any]:
             {"region": region, "hardware": hardware, "units": units, "unit_cost": cost}
             for region in REGIONS
             for hardware, units, cost in (("cpu-std", 8, 1.0), ("cpu-highmem", 4, 1.6))
+            if region != "ap-south" or hardware == "cpu-std"
         ],
         "latency_ms": {a: {b: 1 if a == b else 40 for b in REGIONS} for a in REGIONS},
     }

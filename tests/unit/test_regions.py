@@ -29,6 +29,7 @@ from ipnext.regions import (
     RegionUpInput,
     detect_changes,
     lost_region_problems,
+    region_nodes,
 )
 from ipnext.replan import PlanStore, StoredPlan
 from ipnext.routing import failover_routes, routes_from_plan
@@ -90,6 +91,27 @@ def test_a_region_is_down_when_every_node_of_it_is_dead_and_not_before() -> None
     # A region no node carries (the single-node stack declares them all on one node, or none) is
     # never judged.
     assert detect_changes(states, [NodeSighting(node_id="head", alive=False, regions=[])]) == []
+
+
+def test_a_killed_node_ray_lists_without_its_resources_makes_its_region_down() -> None:
+    # What Ray's table holds seconds after a region's node is killed: the node, dead, with no
+    # resources left to say which region it carried; only the state's last sighting ties it.
+    states = _states(**{"us-east": (RegionHealth.UP, False), "eu-west": (RegionHealth.UP, False)})
+    states["eu-west"] = states["eu-west"].model_copy(update={"alive_nodes": ["w1"]})
+    states["us-east"] = states["us-east"].model_copy(update={"alive_nodes": ["e1", "e2"]})
+    nodes = [
+        NodeSighting(node_id="w1", alive=False, regions=[]),
+        NodeSighting(node_id="e1", alive=True, regions=["us-east"]),  # e2 gone from the table
+    ]
+    changes = detect_changes(states, nodes)
+    assert [(c.region, c.health) for c in changes] == [("eu-west", RegionHealth.DOWN)]
+    assert changes[0].dead_nodes == ["w1"]
+    assert [(n.node_id, n.alive) for n in region_nodes("us-east", states["us-east"], nodes)] == [
+        ("e1", True),
+        ("e2", False),
+    ]
+    # Without the state's memory (runs that replay from before it) the region was never judged.
+    assert detect_changes(states, nodes, remember=False) == []
 
 
 def test_a_region_ipnext_found_down_comes_up_with_its_nodes_but_one_on_call_holds_down_stays() -> None:

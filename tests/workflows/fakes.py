@@ -85,6 +85,7 @@ class FakeServing:
         self.counted: dict[str, dict[str, float]] = {}  # region -> app -> percent counted
         self.gated: str | None = None
         self.removed: list[str] = []
+        self.removed_unwaited: list[str] = []  # apps of a down region: removed, never waited on
         self.generation = 0
         self.windows: list[FreezeWindow] = []
         self.bad_apps: set[str] = set()
@@ -184,6 +185,8 @@ class FakeServing:
     @activity.defn(name="remove_apps")
     async def remove(self, input: RemoveAppsInput) -> None:
         self.removed.extend(input.names)
+        if not input.wait:
+            self.removed_unwaited.extend(input.names)
 
     @activity.defn(name="teardown_model")
     async def teardown(self, input: TeardownInput) -> TeardownResult:

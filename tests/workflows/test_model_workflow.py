@@ -313,6 +313,38 @@ async def test_replanned_placement_moves_capacity_make_before_break(temporal: Cl
     assert state.pending_plan is None
 
 
+async def test_a_plan_made_without_a_down_region_never_deploys_routes_or_waits_there_and_the_return_brings_it_back(
+    temporal: Client,
+) -> None:
+    fake = FakeServing()
+    worker, handle = await start(temporal, fake)
+    async with worker:
+        await handle.execute_update("publish", request("v1"), result_type=PublishResult)
+        await until(handle, lambda s: s.serving_set == "wf-model@1")
+        assert fake.weights == {"us-east": {"app-1": 100.0}}
+        # us-east's node is gone: the emergency plan serves its callers from eu-west.
+        emergency = ApplyPlanInput(plan=plan_in("eu-west", 2), fleet_revision=8, down_regions=["us-east"])
+        await handle.signal("apply_plan", emergency)
+        state = await until(handle, lambda s: s.plan is not None and s.plan.revision == 2)
+        routed_while_down = list(fake.routes[1:])
+        deployed_while_down = list(fake.scales[1:])
+        # us-east back: the return plan deploys and routes there again.
+        fake.routes.clear()
+        await handle.signal("apply_plan", ApplyPlanInput(plan=plan_in("us-east", 3), fleet_revision=9))
+        back = await until(handle, lambda s: s.plan is not None and s.plan.revision == 3)
+    # Nothing of us-east's deployed, routed or waited on while it was down; its app removed
+    # without waiting; the new placement took the traffic at once (nothing left there to step from).
+    assert deployed_while_down == [("wf-model@1", 2, 1.0)]
+    assert routed_while_down and all("us-east" not in weights for weights in routed_while_down)
+    assert routed_while_down[-1] == {"eu-west": {"app-1-r2": 100.0}}
+    assert fake.removed_unwaited == ["app-1"]
+    assert state.serving_apps == {"eu-west": "app-1-r2"}
+    assert state.rollout is not None and state.rollout.state.value == "completed"
+    assert back.serving_apps == {"us-east": "app-1-r3"}
+    assert fake.routes[-1]["us-east"] == {"app-1-r3": 100.0}
+    assert fake.removed[-1] == "app-1-r2" and fake.removed_unwaited == ["app-1"]
+
+
 async def test_placement_replanned_before_anything_serves_is_used_by_the_first_rollout(
     temporal: Client,
 ) -> None:
