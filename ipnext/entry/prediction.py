@@ -191,7 +191,11 @@ class AsyncPredictionClient:
             target = order[index]
             index += 1
             limit = deadline - self._clock()
-            if index < len(order):  # the last region left may take what is left of the deadline
+            # The last region worth trying may take what is left of the deadline: regions that
+            # failed lately come last, and a slow but live region must not be given up for one
+            # that is known not to answer (a dead region's proxy may hold the request to its end).
+            now = self._clock()
+            if any(self._down.get(other, 0.0) <= now for other in order[index:]):
                 limit = min(self._region_timeout_s, limit)
             if limit <= 0:
                 break

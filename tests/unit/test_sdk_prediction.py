@@ -498,6 +498,27 @@ async def test_the_last_region_left_has_the_rest_of_the_deadline(serving: FakeSe
     assert [r for r, _ in serving.posts] == ["us-east"]
 
 
+async def test_a_slow_live_region_is_not_given_up_for_one_known_down(serving: FakeServing) -> None:
+    """eu-west's router is gone (its callers failed over, so the client knows it): us-east, slow
+    under load but live, keeps the rest of the deadline instead of losing its request to the
+    region known not to answer."""
+    serving.route({"us-east": {"us-east": 1.0}, "eu-west": {"eu-west": 1.0}})
+    serving.lost.add("eu-west")
+
+    async def slow(request: httpx.Request) -> httpx.Response:
+        if "/us-east/" in request.url.path:
+            await asyncio.sleep(0.5)
+        return serving.handle(request)
+
+    transport = httpx.MockTransport(slow)
+    async with AsyncPredictionClient(URL, transport=transport, timeout_s=5, region_timeout_s=0.1) as aclient:
+        # A caller of eu-west: eu-west fails, us-east (the last left) answers; eu-west is known down.
+        assert (await aclient.predict(MODEL, 1, source="eu-west")).region == "us-east"
+        serving.posts.clear()
+        assert (await aclient.predict(MODEL, 1, source="us-east")).region == "us-east"
+    assert [r for r, _ in serving.posts] == ["us-east"]
+
+
 async def test_a_stream_fails_over_before_its_first_piece(serving: FakeServing) -> None:
     serving.streams[("eu-west", MODEL)] = pieces("elsewhere")
     serving.streams[("us-east", MODEL)] = pieces("lost")
