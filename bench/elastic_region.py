@@ -283,7 +283,7 @@ async def measure(
             returned_s = None
             if elastic:  # the return replan and both regions serving again, after the load if need be
                 try:
-                    state = await poll_until(
+                    await poll_until(
                         lambda: client.get_model(MODEL),
                         lambda s: (
                             return_done(seen)
@@ -297,7 +297,6 @@ async def measure(
                         what="serving from both regions on the return plan",
                     )
                     returned_s = round(time.perf_counter() - back, 1)
-                    revision = state.plan.revision if state.plan else revision
                 except PollTimeoutError:
                     pass
             stop.set()
@@ -335,7 +334,6 @@ async def measure(
             for at, apps, plan in seen.get("_serving", {}).get("changes", [])
         ],
         both_regions_again_after_return_s=returned_s,
-        final_plan_revision=revision,
     )
     return result
 
