@@ -13,7 +13,8 @@ their peak, any pool oversubscribed by running replicas x units, and the p99 rec
 (from the end of the 4x phase until every later second's p99 is within twice the first
 phase's). Reported: elastic over static for the 4x phase's p99 and for failures.
 
-Prints one line per mode and writes bench/results/elastic.json.
+Prints one line per mode and writes bench/results/elastic.json. `--scenario region` runs the
+region loss instead (bench/elastic_region.py, its options after it).
 """
 
 from __future__ import annotations
@@ -198,7 +199,18 @@ def ratio(a: float | None, b: float | None) -> float | None:
 
 
 def main() -> None:
+    scenario = argparse.ArgumentParser(add_help=False)
+    scenario.add_argument("--scenario", choices=("step", "region"), default="step")
+    chosen, rest = scenario.parse_known_args()
+    if chosen.scenario == "region":
+        import elastic_region  # bench/ is this script's folder, on sys.path
+
+        elastic_region.main(rest)
+        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--scenario", choices=("step", "region"), default="step", help="region: the region loss"
+    )
     parser.add_argument(
         "--phases", type=float, nargs=3, default=[60.0, 120.0, 120.0], help="1x, 4x, 1x seconds"
     )
