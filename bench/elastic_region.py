@@ -26,6 +26,7 @@ import json
 import math
 import os
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -48,28 +49,11 @@ from ipnext.sdk import AsyncPredictionClient, Client
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "bench-region"
-REGIONS = ("us-east", "eu-west", "ap-south")
+THREE_REGIONS = REPO / "examples" / "planning" / "fleet-3-regions.yaml"  # us-east, eu-west, ap-south
 SOURCES = ("us-east", "eu-west")  # the two regions the model can live in (ap-south has no highmem)
 LOST, SURVIVOR = "eu-west", "us-east"
 INPUTS = {"user": 3, "items": [1, 2, 3]}
 PHASES = ("before", "after kill", "after return")
-
-
-def three_region_fleet() -> dict[str, Any]:
-    """us-east and eu-west with two CPU pools each, ap-south with cpu-std only, every region
-    40 ms from the others: the model (a cpu-highmem part) lives in two regions, and losing one
-    relaxes its `min_regions`."""
-    return {
-        "regions": list(REGIONS),
-        "hardware": {"cpu-std": {"kind": "cpu"}, "cpu-highmem": {"kind": "cpu"}},
-        "pools": [
-            {"region": region, "hardware": hardware, "units": units, "unit_cost": cost}
-            for region in REGIONS
-            for hardware, units, cost in (("cpu-std", 8, 1.0), ("cpu-highmem", 4, 1.6))
-            if region != "ap-south" or hardware == "cpu-std"
-        ],
-        "latency_ms": {a: {b: 1 if a == b else 40 for b in REGIONS} for a in REGIONS},
-    }
 
 
 def spec() -> ModelSpec:
@@ -345,7 +329,7 @@ def run_mode(elastic: bool, args: argparse.Namespace) -> dict[str, Any]:
     # Short path: Ray's unix sockets live under the state folder and must stay under 107 bytes.
     base = Path(tempfile.mkdtemp(prefix="ipn-bregion-", dir="/tmp"))
     config = scratch_config(base, REPO / "config")
-    (base / "fleet.yaml").write_text(yaml.safe_dump(three_region_fleet()))
+    shutil.copyfile(THREE_REGIONS, base / "fleet.yaml")
     data = yaml.safe_load(config.read_text())
     data["serve"]["reconcile_seconds"] = 5.0
     data["ray"] = {"nodes": "per-region"}

@@ -1,12 +1,13 @@
-"""A dev stack of real nodes for region drills: a Ray head and one Ray node per region of a
-3-region fleet of its own (`ipnext dev up --nodes per-region`), on ports and in a state folder
-of its own, beside the session's single-node stack. Test modules import the fixture
+"""A dev stack of real nodes for region drills: a Ray head and one Ray node per region of the
+3-region fleet in examples/planning/fleet-3-regions.yaml (`ipnext dev up --nodes per-region`), on
+ports and in a state folder of its own, beside the session's single-node stack. Test modules import the fixture
 `per_region_stack` (module-scoped: one stack per module that uses it) and the helpers."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -23,25 +24,9 @@ from ipnext.devstack import WORKER_GCS_PATIENCE_S, DevStack, scratch_config, sta
 
 from .conftest import RECONCILE_SECONDS, REPO
 
-REGIONS = ("us-east", "eu-west", "ap-south")
+THREE_REGIONS = REPO / "examples" / "planning" / "fleet-3-regions.yaml"
+REGIONS = ("us-east", "eu-west", "ap-south")  # the regions of that fleet
 HEAD = "head"
-
-
-def three_region_fleet() -> dict[str, Any]:
-    """Three regions, every one 40 ms from the others: us-east and eu-west with two CPU pools
-    each, ap-south with cpu-std only, so a model with a cpu-highmem part has two regions to
-    live in, and losing one of them relaxes its `min_regions`."""
-    return {
-        "regions": list(REGIONS),
-        "hardware": {"cpu-std": {"kind": "cpu"}, "cpu-highmem": {"kind": "cpu"}},
-        "pools": [
-            {"region": region, "hardware": hardware, "units": units, "unit_cost": cost}
-            for region in REGIONS
-            for hardware, units, cost in (("cpu-std", 8, 1.0), ("cpu-highmem", 4, 1.6))
-            if region != "ap-south" or hardware == "cpu-std"
-        ],
-        "latency_ms": {a: {b: 1 if a == b else 40 for b in REGIONS} for a in REGIONS},
-    }
 
 
 @dataclass
@@ -59,7 +44,7 @@ def per_region_stack() -> Iterator[PerRegionStack]:
     # Short path: Ray's unix sockets live under the state folder and must stay under 107 bytes.
     base = Path(tempfile.mkdtemp(prefix="ipn-nodes-", dir="/tmp"))
     path = scratch_config(base, REPO / "config")
-    (base / "fleet.yaml").write_text(yaml.safe_dump(three_region_fleet()))
+    shutil.copyfile(THREE_REGIONS, base / "fleet.yaml")
     config = yaml.safe_load(path.read_text())
     config["serve"]["reconcile_seconds"] = RECONCILE_SECONDS
     config["ray"] = {"nodes": "per-region"}
