@@ -53,6 +53,7 @@ from ipnext.serving.layout import (
     render_router_app,
     render_set_app,
     router_app_name,
+    router_max_replicas,
     set_app_plan,
 )
 
@@ -131,7 +132,7 @@ def reconcile_serving(input: ReconcileInput) -> ReconcileResult:
             max_ongoing_requests=input.spec.router.max_ongoing_requests,
             max_queued_requests=input.spec.router.max_queued_requests,
             router=input.spec.router,
-            max_replicas=scaling.router_max_replicas,
+            max_replicas=router_max_replicas(input.spec.router, scaling),
         )
         floor = max(input.generation_floor, config.generation)
         generation = max(had.config.generation if had else 0, floor)

@@ -26,6 +26,7 @@ from ipnext.serving.layout import (
     render_router_app,
     render_set_app,
     router_app_name,
+    router_max_replicas,
     set_app_plan,
 )
 
@@ -201,7 +202,7 @@ def route_traffic(input: RouteInput) -> RouteResult:
             max_ongoing_requests=router.max_ongoing_requests,
             max_queued_requests=router.max_queued_requests,
             router=router,
-            max_replicas=autoscaling.router_max_replicas,
+            max_replicas=router_max_replicas(router, autoscaling),
         )
         if wanted == current:
             generations[region] = generation

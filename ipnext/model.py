@@ -221,6 +221,9 @@ class RouterSpec(_Spec):
     # the next one is refused at once (503 with Retry-After), never queued without bound. A
     # refusal is overload, not the model's failure: it is not counted against any set.
     max_queued_requests: int = Field(default=100, ge=1, le=100_000)
+    # Router replicas per region at most: Serve scales them from 1 on the requests they hold.
+    # Not given: the platform's `serve.autoscaling.router_max_replicas` (4 by default).
+    max_replicas: int | None = Field(default=None, ge=1, le=64)
     retry_after_seconds: int = Field(default=1, ge=0, le=3600)
     # Every request's deadline, across all its hops (a stream: the whole stream). Past it the
     # router answers 504 and counts a failed request of the set that served it, so the gates see

@@ -464,8 +464,8 @@ def render_router_app(
     router: RouterSpec,
     autoscaling: AutoscalingSettings | None = None,
 ) -> dict[str, Any]:
-    """The router app: its replicas scale with its requests from 1 to
-    `autoscaling.router_max_replicas`, each aiming at half its `max_ongoing_requests`."""
+    """The router app: its replicas scale with its requests from 1 to `router_max_replicas`,
+    each aiming at half its `max_ongoing_requests`."""
     autoscaling = autoscaling or AutoscalingSettings()
     args = RouterAppArgs(model=model, region=region, router=router)
     return {
@@ -479,7 +479,7 @@ def render_router_app(
                 # A router only awaits: it scales on requests held, well before its cap.
                 "autoscaling_config": _autoscaling_config(
                     1,
-                    autoscaling.router_max_replicas,
+                    router_max_replicas(router, autoscaling),
                     max(1.0, router.max_ongoing_requests / 2),
                     autoscaling,
                 ),
@@ -494,6 +494,11 @@ def render_router_app(
             }
         ],
     }
+
+
+def router_max_replicas(router: RouterSpec, autoscaling: AutoscalingSettings) -> int:
+    """A model's router replicas per region at most: its spec's, else the platform's setting."""
+    return router.max_replicas or autoscaling.router_max_replicas
 
 
 def deployed_router(app: dict[str, Any]) -> DeployedRouter:

@@ -1,7 +1,8 @@
 """Load step on the real stack: a part of fixed capacity per replica (it awaits a fixed service
 time, at most 5 requests at once: no CPU) under open-loop Poisson load at 1x its declared peak,
 then 4x, then 1x. Its deployment scales up and back down inside the plan's envelope (the
-plan's replicas to its share of the pool's unallocated units), no request fails, and no pool
+plan's replicas to its share of the pool's unallocated units), so do its routers (1 to the
+model's `router.max_replicas`), no request fails, and no pool
 is ever oversubscribed by the replicas Serve runs. The p99 recovery time is printed
 (`bench/elastic.py` runs the full length against a static plan)."""
 
@@ -21,11 +22,13 @@ from ipnext.model import ModelSpec
 from ipnext.sdk import Client
 from ipnext.serving.control import connect, get_writer, serve_applications
 from ipnext.serving.layout import (
+    ROUTER_DEPLOYMENT,
     SET_DEPLOYMENT,
     SET_IMPORT_PATH,
     SetDescription,
     part_deployment_name,
     pool_usage,
+    router_app_name,
     set_app_name,
 )
 
@@ -39,6 +42,7 @@ SERVICE_S = 0.4  # the dense part's fixed service time
 PART_MAX_ONGOING = 5  # Serve's default per replica: capacity 5 / 0.4 s = 12.5 requests/s
 PHASES_S = (5.0, 12.0, 12.0)  # 1x, 4x, 1x (bench/elastic.py: minutes)
 DENSE = part_deployment_name("dense", "cpu-std")
+ROUTERS_MAX = 3  # the model's router replicas in a region at most (the session's setting: 1)
 
 
 def drill_spec(name: str) -> ModelSpec:
@@ -46,8 +50,10 @@ def drill_spec(name: str) -> ModelSpec:
     data["parts"]["dense"]["config"]["delay_ms"] = SERVICE_S * 1000
     # Its spec's QPS is its real capacity per replica, so the plan is what a replica can carry.
     data["parts"]["dense"]["hardware"] = {"cpu-std": {"units": 1, "qps": PART_MAX_ONGOING / SERVICE_S}}
-    # The 4x phase queues at the router until replicas start: room for it, never a 503.
-    data["router"] = {"max_ongoing_requests": 2000, "max_queued_requests": 2000}
+    # A router replica holds 8 requests at once, aiming at 4: the 4x phase (about 8-20 in
+    # flight) scales the routers too, up to 3. What waits beyond them queues in Serve's proxy,
+    # with room for the whole phase: never a 503.
+    data["router"] = {"max_ongoing_requests": 8, "max_queued_requests": 2000, "max_replicas": ROUTERS_MAX}
     return ModelSpec.model_validate(data)
 
 
@@ -86,6 +92,7 @@ async def test_load_step_scales_inside_the_envelope(stack: Settings, client: Cli
     await client.wait_until_serving(model_name, published.set_id)
     connect(stack.ray_address())
     app = set_app_name(model_name, "us-east", 1, 1)
+    router_app = router_app_name(model_name, "us-east")
     pools = {(p.region, p.hardware): p.units for p in stack.fleet().pools}
     exported = ray.get(get_writer(stack.serve.host, stack.serve.port).export.remote(), timeout=60)
     set_apps = {a["name"]: a for a in exported["applications"] if a["import_path"] == SET_IMPORT_PATH}
@@ -100,17 +107,20 @@ async def test_load_step_scales_inside_the_envelope(stack: Settings, client: Cli
 
     ingress = serve.get_deployment_handle(SET_DEPLOYMENT, app_name=app)
     described: list[tuple[int, float]] = []  # (running replicas, the capacity the ingress answered)
+    routers: list[int] = []  # running router replicas, each sample
 
     async def sample() -> None:
         while not stop.is_set():
-            counts = await asyncio.to_thread(running, sorted(set_apps))
+            counts = await asyncio.to_thread(running, [*sorted(set_apps), router_app])
             usage = pool_usage(set_apps, running=counts)
             at = time.perf_counter() - started
             samples.append((at, counts.get(app, {}), usage))
+            routers.append(counts.get(router_app, {}).get(ROUTER_DEPLOYMENT, 0))
             description: SetDescription = await ingress.describe.remote()
             described.append((counts.get(app, {}).get(DENSE, 0), description.deployments["dense"][DENSE]))
             print(
-                f"t={at:5.1f}s {model_name}: {counts.get(app, {})}  pools in use {dict(sorted(usage.items()))}"
+                f"t={at:5.1f}s {model_name}: {counts.get(app, {})} routers {routers[-1]}  "
+                f"pools in use {dict(sorted(usage.items()))}"
             )
             await asyncio.sleep(1.0)
 
@@ -121,14 +131,14 @@ async def test_load_step_scales_inside_the_envelope(stack: Settings, client: Cli
         [(PHASES_S[0], PEAK_QPS), (PHASES_S[1], 4 * PEAK_QPS), (PHASES_S[2], PEAK_QPS)],
     )
     await load.run()
-    # Back down: after the load, the deployment returns to the plan's replicas (Serve waits
-    # its downscale delay first).
+    # Back down: after the load, the deployment returns to the plan's replicas and the routers
+    # to one (Serve waits its downscale delay first).
     await poll_until(
-        lambda: asyncio.to_thread(running, [app]),
-        lambda counts: counts.get(app, {}).get(DENSE) == floor,
+        lambda: asyncio.to_thread(running, [app, router_app]),
+        lambda counts: counts.get(app, {}).get(DENSE) == floor and counts[router_app][ROUTER_DEPLOYMENT] == 1,
         timeout_s=90,
         interval_s=1.0,
-        what=f"{DENSE} back at its floor of {floor}",
+        what=f"{DENSE} back at its floor of {floor} and one router",
     )
     stop.set()
     await sampler
@@ -141,6 +151,7 @@ async def test_load_step_scales_inside_the_envelope(stack: Settings, client: Cli
     print(
         f"load step: {len(load.sent)} requests, {len(failed)} failed; p99 1x {baseline * 1000:.0f} ms, "
         f"4x {p99(step) * 1000:.0f} ms; {DENSE} {floor} -> {peak} (ceiling {ceiling}) -> {floor}; "
+        f"routers 1 -> {max(routers)} (ceiling {ROUTERS_MAX}) -> 1; "
         f"p99 recovery {recovery_s(load.sent, step_end, baseline)} s after the step"
     )
     by_second: dict[int, list[float]] = {}
@@ -151,6 +162,7 @@ async def test_load_step_scales_inside_the_envelope(stack: Settings, client: Cli
     )
     assert failed == [], failed[:3]
     assert peak > floor, "the 4x phase never scaled the deployment up"
+    assert 1 < max(routers) <= ROUTERS_MAX, f"routers {routers}: the 4x phase never scaled them within 1..3"
     # What routers weigh deployments by follows the running replicas, not the plan's.
     qps = PART_MAX_ONGOING / SERVICE_S
     print(f"capacity the set ingress answered (running replicas, QPS): {sorted(set(described))}")

@@ -196,14 +196,18 @@ def test_render_router_app() -> None:
     # A bounded queue in Serve's proxy: the next request gets 503 and Retry-After at once.
     assert router["max_queued_requests"] == 100
     assert router["backpressure_config"] == {"status_code": 503, "retry_after_s": 1}
-    tight = RouterSpec(max_ongoing_requests=12, deadline_seconds=2.5, max_json_depth=8)
+    tight = RouterSpec(max_ongoing_requests=12, deadline_seconds=2.5, max_json_depth=8, max_replicas=2)
     rendered_tight = render_router_app(MODEL, "us-east", config, tight)
     assert rendered_tight["deployments"][0]["max_ongoing_requests"] == 12
+    # A model's own ceiling on its routers wins over the platform's setting.
+    assert rendered_tight["deployments"][0]["autoscaling_config"]["max_replicas"] == 2
+    assert deployed_router(rendered_tight).max_replicas == 2
     # Only what differs from the defaults rides in the args (the router enforces it).
     assert rendered_tight["args"]["router"] == {
         "max_ongoing_requests": 12,
         "deadline_seconds": 2.5,
         "max_json_depth": 8,
+        "max_replicas": 2,
     }
     assert router["user_config"] == {
         "generation": 5,
