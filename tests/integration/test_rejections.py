@@ -86,9 +86,9 @@ async def test_a_factory_the_worker_cannot_import_creates_nothing(stack: Setting
     """The worker imports the factories (in a child process), not this test's process."""
     name = f"f{uuid.uuid4().hex[:6]}"
     data = one_region_spec(name).model_dump(mode="json")
-    data["parts"]["dense"]["factory"] = "ipnext_missing_module_q7:DensePart"
+    data["parts"]["dense"]["factory"] = "ipnext.examples.missing_module_q7:DensePart"  # allowed, absent
     with pytest.raises(
-        SpecError, match=r"parts\.dense\.factory: .*'ipnext_missing_module_q7' does not import"
+        SpecError, match=r"parts\.dense\.factory: .*'ipnext\.examples\.missing_module_q7' does not import"
     ):
         await client.publish_model(ModelSpec.model_validate(data))
     with pytest.raises(RPCError):

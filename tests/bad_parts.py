@@ -1,0 +1,33 @@
+"""Part factories that misbehave when validation builds them with their weights, named by the
+tests of activities/spec_check.py and by the publish drill; they import cleanly, so a spec
+naming them passes the import check and fails only where the part is built."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+PAGE_BYTES = 4096
+CHUNK_BYTES = 64 * 1024**2
+ALLOCATE_BYTES = 2 * 1024**3  # twice the 1 GiB validation limit the tests set
+
+
+def sleeps_forever(weights: dict[str, Any], config: dict[str, Any]) -> object:
+    while True:
+        time.sleep(3600)
+
+
+def exits(weights: dict[str, Any], config: dict[str, Any]) -> object:
+    os._exit(7)
+
+
+def allocates(weights: dict[str, Any], config: dict[str, Any]) -> object:
+    """Touch ALLOCATE_BYTES page by page, keeping every chunk, so each page is really used."""
+    chunks = []
+    for _ in range(ALLOCATE_BYTES // CHUNK_BYTES):
+        chunk = bytearray(CHUNK_BYTES)
+        for offset in range(0, CHUNK_BYTES, PAGE_BYTES):
+            chunk[offset] = 1
+        chunks.append(chunk)
+    return chunks
