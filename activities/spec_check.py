@@ -121,10 +121,12 @@ def check_part_in_child(
     timeout_s: float = SPEC_CHECK_TIMEOUT_S,
     memory_bytes: int | None = None,
     prefixes: Sequence[str] | None = None,
+    budget_s: float | None = None,
 ) -> None:
     """Build `part` from its pinned weights in a forked process (`validation.check_part_fits`);
     raise its error: a SnapshotError when the weights do not fit, a SpecError when the part's
-    code hangs, exits or runs out of memory, CheckerError for the checker's own faults."""
+    code hangs, exits or runs out of memory, CheckerError for the checker's own faults.
+    `budget_s`: the whole set's time, of which `timeout_s` is what was left for this part."""
     request = {
         "job": "part",
         "spec": spec.model_dump_json(),
@@ -141,6 +143,7 @@ def check_part_in_child(
         fix="make the part build from its weights quickly, within the memory its weights need",
         timeout_s=timeout_s,
         memory_bytes=memory_bytes,
+        budget_s=budget_s,
     )
 
 
@@ -149,12 +152,20 @@ def _list(prefixes: Sequence[str] | None) -> list[str] | None:
 
 
 def _raise_for(
-    answer: dict[str, Any], what: str, *, field: str, fix: str, timeout_s: float, memory_bytes: int | None
+    answer: dict[str, Any],
+    what: str,
+    *,
+    field: str,
+    fix: str,
+    timeout_s: float,
+    memory_bytes: int | None,
+    budget_s: float | None = None,
 ) -> None:
     """Raise the error a check's answer stands for; return if it passed."""
     if answer.get("timeout"):
+        of = f"what was left of the set's {budget_s:g} s, " if budget_s is not None else ""
         raise SpecError(
-            f"{what} did not finish within {timeout_s:.3g} s (the check was killed; {TIMEOUT_SETTING}).",
+            f"{what} did not finish within {timeout_s:.3g} s (the check was killed; {of}{TIMEOUT_SETTING}).",
             field=field,
             fix=f"{fix}, or have the worker's operator raise {TIMEOUT_SETTING}",
         )

@@ -119,6 +119,7 @@ def validate_snapshot_set(input: ValidateSetInput) -> ValidateSetResult:
                 left,
                 code.validation_memory_bytes,
                 code.factory_prefixes,
+                budget_s=code.validation_timeout_s,
             )
     except IpnextError as err:
         raise as_application_error(err) from None

@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment
 
 from ipnext.activities import _context, spec_check
 from ipnext.activities.spec_check import CheckerError, check_factories_in_child, check_part_in_child
-from ipnext.activities.validate import validate_model_spec
+from ipnext.activities.validate import ValidateSetInput, validate_model_spec, validate_snapshot_set
 from ipnext.config import ModelCodeSettings, Settings
 from ipnext.contracts import wait_until
 from ipnext.errors import SnapshotError, SpecError
@@ -280,3 +281,28 @@ def test_a_factory_outside_the_list_is_refused_before_it_is_imported(
 
 def test_the_activity_passes_an_allowed_spec(example_spec: ModelSpec, worker_settings: Settings) -> None:
     validate_model_spec(ValidateSpecInput(spec=example_spec))
+
+
+def test_a_sets_builds_share_one_timeout_and_the_refusal_says_so(
+    example_spec: ModelSpec, trained: Trained, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The snapshot publish's activity: pinned in the worker, built in the child, refused."""
+    settings = Settings(
+        fleet_file=DEV_FLEET,
+        snapshot_roots=[trained.root],
+        state_dir=tmp_path,
+        model_code=ModelCodeSettings(
+            factory_prefixes=PREFIXES, validation_timeout_s=3, validation_memory_bytes=GIB
+        ),
+    )
+    monkeypatch.setattr(_context, "settings", lambda: settings)
+    spec = with_factory(example_spec, "tests.bad_parts:sleeps_forever")
+    with pytest.raises(ApplicationError) as info:
+        ActivityEnvironment().run(validate_snapshot_set, ValidateSetInput(spec=spec, request=trained.request))
+    assert info.value.type == "SpecError" and info.value.non_retryable
+    assert "building part embed with snapshot" in str(info.value)
+    assert "what was left of the set's 3 s, model_code.validation_timeout_s" in str(info.value)
+    done = ActivityEnvironment().run(
+        validate_snapshot_set, ValidateSetInput(spec=example_spec, request=trained.request)
+    )
+    assert sorted(done.parts) == ["dense", "embed"]
