@@ -5,6 +5,7 @@ naming them passes the import check and fails only where the part is built."""
 from __future__ import annotations
 
 import os
+import signal
 import time
 from typing import Any
 
@@ -22,6 +23,12 @@ def exits(weights: dict[str, Any], config: dict[str, Any]) -> object:
     os._exit(7)
 
 
+def killed(weights: dict[str, Any], config: dict[str, Any]) -> object:
+    """Ends as the kernel's out-of-memory killer would end it."""
+    os.kill(os.getpid(), signal.SIGKILL)
+    return None
+
+
 def allocates(weights: dict[str, Any], config: dict[str, Any]) -> object:
     """Touch ALLOCATE_BYTES page by page, keeping every chunk, so each page is really used."""
     chunks = []
@@ -31,3 +38,10 @@ def allocates(weights: dict[str, Any], config: dict[str, Any]) -> object:
             chunk[offset] = 1
         chunks.append(chunk)
     return chunks
+
+
+def torch_allocates(weights: dict[str, Any], config: dict[str, Any]) -> object:
+    """Ask torch for ALLOCATE_BYTES at once: its allocator fails with a RuntimeError, not a MemoryError."""
+    import torch
+
+    return torch.ones(ALLOCATE_BYTES // 4, dtype=torch.float32)

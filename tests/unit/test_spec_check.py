@@ -230,6 +230,18 @@ def test_a_part_that_allocates_twice_the_limit_runs_out_of_memory(
     build(example_spec, trained, "ipnext.examples.click_ranker.parts:EmbeddingPart")
 
 
+def test_torchs_own_out_of_memory_error_is_named_as_such(example_spec: ModelSpec, trained: Trained) -> None:
+    with pytest.raises(SpecError, match=r"ran out of memory: .* \(.*RuntimeError: .*can't allocate memory"):
+        build(example_spec, trained, "tests.bad_parts:torch_allocates", memory_bytes=GIB)
+
+
+def test_a_part_killed_by_a_signal_is_refused_naming_it(example_spec: ModelSpec, trained: Trained) -> None:
+    with pytest.raises(
+        SpecError, match=r"was killed by SIGKILL \(the kernel's out-of-memory killer, or an operator\)"
+    ):
+        build(example_spec, trained, "tests.bad_parts:killed")
+
+
 def test_a_part_that_exits_the_process_is_refused(example_spec: ModelSpec, trained: Trained) -> None:
     with pytest.raises(
         SpecError, match=r"building part embed .*: the check process ended with code 7 and no answer"
