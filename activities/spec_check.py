@@ -170,11 +170,13 @@ def _raise_for(
             fix=f"{fix}, or have the worker's operator raise {TIMEOUT_SETTING}",
         )
     if "out_of_memory" in answer:
-        limit = f"{memory_bytes / 1024**3:g} GiB" if memory_bytes else "the machine's"
-        detail = answer["out_of_memory"]
+        detail = f" ({answer['out_of_memory']})" if answer["out_of_memory"] else ""
+        if memory_bytes:
+            why = f"the check may use {memory_bytes / 1024**3:g} GiB of private memory ({MEMORY_SETTING})"
+        else:
+            why = f"the machine had no more for it ({MEMORY_SETTING} was not set)"
         raise SpecError(
-            f"{what} ran out of memory: the check may use {limit} of private memory "
-            f"({MEMORY_SETTING}){f' ({detail})' if detail else ''}.",
+            f"{what} ran out of memory: {why}{detail}.",
             field=field,
             fix=f"{fix}, or have the worker's operator raise {MEMORY_SETTING}",
         )

@@ -47,19 +47,12 @@ def complete_set(
     return {**{p: serving[p] for p in missing}, **request.parts}
 
 
-def validate_snapshot(
-    spec: ModelSpec,
-    part: str,
-    ref: SnapshotRef,
-    roots: list[Path],
-    store: Path,
-    prefixes: Sequence[str] | None = None,
-) -> None:
+def validate_snapshot(spec: ModelSpec, part: str, ref: SnapshotRef, roots: list[Path], store: Path) -> None:
     """Pin the part's file into `store` (ipnext/pinned.py) and check the pinned copy: raise a
     SnapshotError naming the part, the snapshot and what is wrong; return if it fits. What is
     checked is what replicas will load, whatever happens to the training file afterwards.
     In this process: the worker runs `check_part_fits` in a child instead."""
-    check_part_fits(spec, part, ref, pin_snapshot(spec, part, ref, roots, store), prefixes)
+    check_part_fits(spec, part, ref, pin_snapshot(spec, part, ref, roots, store))
 
 
 def pin_snapshot(spec: ModelSpec, part: str, ref: SnapshotRef, roots: list[Path], store: Path) -> Path:
