@@ -1,10 +1,14 @@
-"""A model spec's factory check, run in a process forked for it from a warm checker.
+"""A model's code, run in a process forked for it from a warm checker, with a time and memory limit.
 
-Importing a model's factories runs the model owner's code. It never runs in the worker: each
-check runs in a fresh process (a module that hangs, crashes, leaks or changes global state at
-import harms only that process, which is killed after its timeout), and the caller's machine
-never imports the model's code at all (the SDK asks the worker to check). This is the seam a
-later sandbox (limits, no network) hardens.
+Importing a model's factories runs the model owner's code, and so does building a part with
+its weights. Neither runs in the worker: each check runs in a fresh process (a module that
+hangs, crashes, leaks, allocates without bound or changes global state harms only that
+process, which is killed after its timeout and may use only so much memory), and the
+caller's machine never imports the model's code at all (the SDK asks the worker to check).
+Before any of it, the worker refuses a factory outside `model_code.factory_prefixes`
+(`ipnext.model.check_factories_allowed`); the check refuses one whose callable is defined
+outside them. Two jobs: `factories` imports a spec's factories (at `publish_model`), `part`
+builds one part from its pinned weights and checks the tensors it expects (at each publish).
 
 Starting a Python process that imports torch costs a second or more on a small machine, and
 every model registration pays for a check. So the worker keeps one warm *checker*: a child
@@ -15,15 +19,18 @@ processes take part in a check:
       └──────────── its own socket pair, one per check ──────────────┘
 
 - The worker makes a socket pair per check and hands one end to the checker over the control
-  socket (SCM_RIGHTS), then writes the request (`{"spec", "timeout_s"}`, one JSON line) on
-  the other and reads one JSON line back.
+  socket (SCM_RIGHTS), then writes the request (the job, its spec and arguments,
+  `timeout_s` and `memory_bytes`, one JSON line) on the other and reads one JSON line back.
 - The checker forks a supervisor per handed socket and goes back to waiting. It imports no
   owner code, so every check sees the owner's modules as they are on disk now.
-- The supervisor forks the check, which imports the factories with its output going to a
-  file, and writes its answer (`{"error": null}` or `{"error": {"type", "message"}}`) to
-  another. The supervisor kills the check at its timeout, or when the worker hangs up, and
-  answers for it: the check's answer, `{"timeout": true}`, or `{"exit": code, "tail": ...}`
-  when it ended without one (owner code that calls `os._exit`, or crashes the interpreter).
+- The supervisor forks the check, which lowers its RLIMIT_DATA to `memory_bytes` (private
+  writable memory: the heap and anonymous maps a runaway allocation grows; not the address
+  space, which torch reserves far beyond what it uses), runs the job with its output going to
+  a file, and writes its answer (`{"error": null}`, `{"error": {"type", "message"}}` or
+  `{"out_of_memory": detail}`) to another. The supervisor kills the check at its timeout, or
+  when the worker hangs up, and answers for it: the check's answer, `{"timeout": true}`, or
+  `{"exit": code, "tail": ...}` when it ended without one (owner code that calls `os._exit`,
+  crashes the interpreter, or is killed: a negative code is the signal).
 
 Faults: the checker ends when the control socket closes (the worker exited or was killed),
 so it never outlives the worker. If the checker has died, or was started with an environment
@@ -39,6 +46,7 @@ import contextlib
 import importlib
 import json
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -46,15 +54,19 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
+from pathlib import Path
 from typing import IO, Any
 
 from ipnext.errors import IpnextError, SpecError, error_from_type
-from ipnext.model import ModelSpec, check_factories
+from ipnext.model import ModelSpec, SnapshotRef, check_factories
+from ipnext.validation import check_part_fits
 
 __all__ = [
     "SPEC_CHECK_TIMEOUT_S",
     "CheckerError",
     "check_factories_in_child",
+    "check_part_in_child",
     "start_checker",
     "stop_checker",
 ]
@@ -65,6 +77,10 @@ PRELOAD = ("torch",)
 CHECKER_START_TIMEOUT_S = 120.0  # a torch import on a busy two-core machine
 ANSWER_GRACE_S = 10.0  # beyond a check's timeout, how long the supervisor has to answer
 _POLL_S = 0.01  # how often the supervisor looks at its check and its caller
+TIMEOUT_SETTING = "model_code.validation_timeout_s"
+MEMORY_SETTING = "model_code.validation_memory_bytes"
+# How torch and the OS word a failed allocation that is not a MemoryError.
+_OUT_OF_MEMORY_WORDS = ("can't allocate memory", "Cannot allocate memory")
 
 
 class CheckerError(RuntimeError):
@@ -74,24 +90,108 @@ class CheckerError(RuntimeError):
 # ---- the worker's side ---------------------------------------------------------------------
 
 
-def check_factories_in_child(spec: ModelSpec, timeout_s: float = SPEC_CHECK_TIMEOUT_S) -> None:
+def check_factories_in_child(
+    spec: ModelSpec,
+    timeout_s: float = SPEC_CHECK_TIMEOUT_S,
+    memory_bytes: int | None = None,
+    prefixes: Sequence[str] | None = None,
+) -> None:
     """Import every part's factory in a forked process; raise its error as an IpnextError.
 
     Raises SpecError for the spec's faults (a factory that does not import, is not callable,
-    hangs past `timeout_s` or exits the process) and CheckerError for the checker's own."""
-    answer = _checker().check(spec.model_dump_json(), timeout_s)
+    is defined outside `prefixes`, hangs past `timeout_s`, needs more than `memory_bytes` or
+    exits the process) and CheckerError for the checker's own."""
+    request = {"job": "factories", "spec": spec.model_dump_json(), "prefixes": _list(prefixes)}
+    answer = _checker().check(request, timeout_s, memory_bytes)
+    _raise_for(
+        answer,
+        f"model {spec.name}: importing its factories",
+        field="parts.*.factory",
+        fix="make the factory modules import quickly, with no work at import time",
+        timeout_s=timeout_s,
+        memory_bytes=memory_bytes,
+    )
+
+
+def check_part_in_child(
+    spec: ModelSpec,
+    part: str,
+    ref: SnapshotRef,
+    pinned: Path,
+    timeout_s: float = SPEC_CHECK_TIMEOUT_S,
+    memory_bytes: int | None = None,
+    prefixes: Sequence[str] | None = None,
+    budget_s: float | None = None,
+) -> None:
+    """Build `part` from its pinned weights in a forked process (`validation.check_part_fits`);
+    raise its error: a SnapshotError when the weights do not fit, a SpecError when the part's
+    code hangs, exits or runs out of memory, CheckerError for the checker's own faults.
+    `budget_s`: the whole set's time, of which `timeout_s` is what was left for this part."""
+    request = {
+        "job": "part",
+        "spec": spec.model_dump_json(),
+        "part": part,
+        "ref": ref.model_dump_json(),
+        "pinned": str(pinned),
+        "prefixes": _list(prefixes),
+    }
+    answer = _checker().check(request, timeout_s, memory_bytes)
+    _raise_for(
+        answer,
+        f"model {spec.name}: building part {part} with snapshot {ref.snapshot_id}",
+        field=f"parts.{part}.factory",
+        fix="make the part build from its weights quickly, within the memory its weights need",
+        timeout_s=timeout_s,
+        memory_bytes=memory_bytes,
+        budget_s=budget_s,
+    )
+
+
+def _list(prefixes: Sequence[str] | None) -> list[str] | None:
+    return None if prefixes is None else list(prefixes)
+
+
+def _raise_for(
+    answer: dict[str, Any],
+    what: str,
+    *,
+    field: str,
+    fix: str,
+    timeout_s: float,
+    memory_bytes: int | None,
+    budget_s: float | None = None,
+) -> None:
+    """Raise the error a check's answer stands for; return if it passed."""
     if answer.get("timeout"):
+        of = f"what was left of the set's {budget_s:g} s, " if budget_s is not None else ""
         raise SpecError(
-            f"model {spec.name}: importing its factories did not finish within {timeout_s:g} s.",
-            field="parts.*.factory",
-            fix="make the factory modules import quickly, with no work at import time",
+            f"{what} did not finish within {timeout_s:.3g} s (the check was killed; {of}{TIMEOUT_SETTING}).",
+            field=field,
+            fix=f"{fix}, or have the worker's operator raise {TIMEOUT_SETTING}",
+        )
+    if "out_of_memory" in answer:
+        detail = f" ({answer['out_of_memory']})" if answer["out_of_memory"] else ""
+        if memory_bytes:
+            why = f"the check may use {memory_bytes / 1024**3:g} GiB of private memory ({MEMORY_SETTING})"
+        else:
+            why = f"the machine had no more for it ({MEMORY_SETTING} was not set)"
+        raise SpecError(
+            f"{what} ran out of memory: {why}{detail}.",
+            field=field,
+            fix=f"{fix}, or have the worker's operator raise {MEMORY_SETTING}",
         )
     if "exit" in answer:
+        code = int(answer["exit"])
+        if code < 0:
+            how = f"was killed by {signal.Signals(-code).name}"
+            if -code == signal.SIGKILL:
+                how += " (the kernel's out-of-memory killer, or an operator)"
+        else:
+            how = f"ended with code {code}"
         raise SpecError(
-            f"model {spec.name}: the factory check process ended with code {answer['exit']} "
-            f"and no answer ({answer.get('tail') or 'no output'}).",
-            field="parts.*.factory",
-            fix="check that the factory modules import on the worker without exiting the process",
+            f"{what}: the check process {how} and no answer ({answer.get('tail') or 'no output'}).",
+            field=field,
+            fix=f"{fix}, without exiting the process",
         )
     if answer.get("error") is not None:
         raise error_from_type(str(answer["error"]["type"]), str(answer["error"]["message"]))
@@ -153,7 +253,7 @@ class _Checker:
     def alive(self) -> bool:
         return self.process.poll() is None and self.environment == _environment()
 
-    def check(self, spec_json: str, timeout_s: float) -> dict[str, Any]:
+    def check(self, request: dict[str, Any], timeout_s: float, memory_bytes: int | None) -> dict[str, Any]:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         with ours:
             try:
@@ -165,7 +265,8 @@ class _Checker:
                 theirs.close()
             ours.settimeout(timeout_s + ANSWER_GRACE_S)
             try:
-                ours.sendall((json.dumps({"spec": spec_json, "timeout_s": timeout_s}) + "\n").encode())
+                limits = {"timeout_s": timeout_s, "memory_bytes": memory_bytes}
+                ours.sendall((json.dumps({**request, **limits}) + "\n").encode())
                 with ours.makefile("rb") as reader:
                     line = reader.readline()
             except OSError as err:
@@ -241,7 +342,7 @@ def _supervise(conn: socket.socket) -> None:
     pid = os.fork()
     if pid == 0:
         conn.close()
-        _check(str(request["spec"]), answer_file, output_file)
+        _check(request, answer_file, output_file)
     deadline = time.monotonic() + timeout_s
     status: int | None = None
     caller_gone = False
@@ -278,25 +379,53 @@ def _supervise(conn: socket.socket) -> None:
     conn.sendall((json.dumps(answer) + "\n").encode())
 
 
-def _check(spec_json: str, answer_file: IO[bytes], output_file: IO[bytes]) -> None:
-    """The check itself: import the factories, write the answer, exit. Never returns."""
+def _check(request: dict[str, Any], answer_file: IO[bytes], output_file: IO[bytes]) -> None:
+    """The check itself: limit its memory, run the job, write the answer, exit. Never returns."""
     os.dup2(output_file.fileno(), 1)
     os.dup2(output_file.fileno(), 2)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    if request.get("memory_bytes"):
+        _limit_memory(int(request["memory_bytes"]))
     importlib.invalidate_caches()  # modules written since the checker started must be found
-    error: dict[str, str] | None = None
+    answer: dict[str, Any] = {"error": None}
+    out_of_memory = False
     try:
-        check_factories(ModelSpec.model_validate_json(spec_json))
+        _run(request)
+    except MemoryError:
+        out_of_memory = True  # answered below, once the frames holding the memory are gone
     except IpnextError as err:
-        error = {"type": type(err).__name__, "message": str(err)}
+        answer = {"error": {"type": type(err).__name__, "message": str(err)}}
     except BaseException as err:  # the owner's code may raise anything, SystemExit included
-        error = {"type": "SpecError", "message": f"factory check failed: {type(err).__name__}: {err}"}
+        answer = {
+            "error": {"type": "SpecError", "message": f"factory check failed: {type(err).__name__}: {err}"}
+        }
+    if out_of_memory:
+        answer = {"out_of_memory": None}
+    elif answer["error"] is not None and any(w in answer["error"]["message"] for w in _OUT_OF_MEMORY_WORDS):
+        answer = {"out_of_memory": answer["error"]["message"][-300:]}
     with contextlib.suppress(BaseException):
         sys.stdout.flush()
         sys.stderr.flush()
-    answer_file.write((json.dumps({"error": error}) + "\n").encode())
+    answer_file.write((json.dumps(answer) + "\n").encode())
     answer_file.flush()
     os._exit(0)
+
+
+def _limit_memory(memory_bytes: int) -> None:
+    """Cap the private memory this process may hold, and its owner code may not raise it."""
+    _soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    limit = memory_bytes if hard == resource.RLIM_INFINITY else min(memory_bytes, hard)
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+
+
+def _run(request: dict[str, Any]) -> None:
+    spec = ModelSpec.model_validate_json(request["spec"])
+    prefixes = request.get("prefixes")
+    if request["job"] == "factories":
+        check_factories(spec, prefixes)
+    else:
+        ref = SnapshotRef.model_validate_json(request["ref"])
+        check_part_fits(spec, str(request["part"]), ref, Path(request["pinned"]), prefixes)
 
 
 def _read(file: IO[bytes]) -> str:

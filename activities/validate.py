@@ -1,24 +1,27 @@
 """Validate activities: a model spec against the fleet and its code (in a child process), a
-snapshot set against its parts."""
+snapshot set against its parts (pinned here, built with its weights in a child process)."""
 
 from __future__ import annotations
+
+import time
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from ipnext.activities import _context
-from ipnext.activities.spec_check import check_factories_in_child
+from ipnext.activities.spec_check import TIMEOUT_SETTING, check_factories_in_child, check_part_in_child
 from ipnext.contracts import Frozen
-from ipnext.errors import IpnextError
+from ipnext.errors import IpnextError, SpecError
 from ipnext.model import (
     ModelSpec,
     SnapshotRef,
     SnapshotSet,
     SnapshotSetRequest,
     check_against_fleet,
+    check_factories_allowed,
 )
 from ipnext.registry import ValidateSpecInput
-from ipnext.validation import complete_set, validate_snapshot
+from ipnext.validation import complete_set, pin_snapshot
 
 __all__ = [
     "ValidateSetInput",
@@ -48,11 +51,17 @@ def as_application_error(err: IpnextError) -> ApplicationError:
 
 @activity.defn
 def validate_model_spec(input: ValidateSpecInput) -> None:
-    """The spec against the worker's fleet, then its factories imported in a child process
-    (`activities/spec_check.py`): the model's code never runs in the worker itself."""
+    """The spec against the worker's fleet and its factory allow-list, then its factories
+    imported in a child process with the validation limits (`activities/spec_check.py`): the
+    model's code never runs in the worker itself."""
+    current = _context.settings()
+    code = current.model_code
     try:
-        check_against_fleet(input.spec, _context.settings().fleet())
-        check_factories_in_child(input.spec)
+        check_against_fleet(input.spec, current.fleet())
+        check_factories_allowed(input.spec, code.factory_prefixes)
+        check_factories_in_child(
+            input.spec, code.validation_timeout_s, code.validation_memory_bytes, code.factory_prefixes
+        )
     except IpnextError as err:
         raise as_application_error(err) from None
 
@@ -82,13 +91,36 @@ def verify_pinned_set(input: VerifyPinnedInput) -> VerifyPinnedResult:
 
 @activity.defn
 def validate_snapshot_set(input: ValidateSetInput) -> ValidateSetResult:
+    """Pin each new snapshot here (no model code), then build its part with the weights in a
+    child process: the parts' builds share one `validation_timeout_s`, so the activity's own
+    timeout is never what ends a hanging build."""
     current = _context.settings()
-    roots, store = current.snapshot_roots, current.pinned_store()
+    roots, store, code = current.snapshot_roots, current.pinned_store(), current.model_code
+    deadline = time.monotonic() + code.validation_timeout_s
     try:
+        check_factories_allowed(input.spec, code.factory_prefixes)  # the setting may have narrowed
         parts = complete_set(input.spec, input.request, input.serving_parts)
         for part in sorted(input.request.parts):
             activity.heartbeat(part)
-            validate_snapshot(input.spec, part, parts[part], roots, store)
+            pinned = pin_snapshot(input.spec, part, parts[part], roots, store)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise SpecError(
+                    f"model {input.spec.name}: building its parts did not finish within "
+                    f"{code.validation_timeout_s:g} s (part {part} not started; {TIMEOUT_SETTING}).",
+                    field=f"parts.{part}",
+                    fix=f"have the worker's operator raise {TIMEOUT_SETTING}",
+                )
+            check_part_in_child(
+                input.spec,
+                part,
+                parts[part],
+                pinned,
+                left,
+                code.validation_memory_bytes,
+                code.factory_prefixes,
+                budget_s=code.validation_timeout_s,
+            )
     except IpnextError as err:
         raise as_application_error(err) from None
     return ValidateSetResult(parts=parts)

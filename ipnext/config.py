@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StringConstraints, ValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from ipnext.errors import SpecError, StackError
@@ -26,6 +26,7 @@ from ipnext.specio import format_validation_error, load_yaml, parse_spec
 __all__ = [
     "AutoscalingSettings",
     "DemandSettings",
+    "ModelCodeSettings",
     "PartHealthCheckSettings",
     "RaySettings",
     "RegionSettings",
@@ -120,6 +121,34 @@ class DemandSettings(_Section):
     save_seconds: float = Field(default=5.0, gt=0)
 
 
+# A module path, or a package's with a trailing dot: `ipnext.` covers every module under ipnext,
+# `acme.parts` covers acme.parts and its submodules. Never empty (that would allow everything).
+FactoryPrefix = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*\.?$")]
+GIB = 1024**3
+
+
+class ModelCodeSettings(_Section):
+    """Which model code the worker may import, and the limits of the child process it runs in.
+
+    A part's factory module must fall under one of `factory_prefixes` (checked before anything
+    imports it); validation imports the factories, and builds each part with its weights, in a
+    process forked for it that may run `validation_timeout_s` and use `validation_memory_bytes`
+    of private memory (its RLIMIT_DATA), so owner code that hangs, exits or allocates without
+    bound fails that validation, not the worker (activities/spec_check.py)."""
+
+    factory_prefixes: list[FactoryPrefix] = Field(default_factory=lambda: ["ipnext."], min_length=1)
+    # Bounded by the 2 min the activities that wait on a validation are given
+    # (activities.VALIDATE_TIMEOUT), answers included.
+    validation_timeout_s: float = Field(default=60.0, gt=0, le=100, allow_inf_nan=False)
+    # Measured (CPU torch, 2 cores): the warm checker holds 215 MiB of private data after
+    # importing torch; a check that builds an example's parts with their weights (click ranker,
+    # request ranker, tiny LLM) 234-252 MiB, its RSS about 200 MiB, its virtual size up to
+    # 830 MiB (why the limit is on data, not address space, which torch's thread arenas and
+    # stacks reserve without using, and more so with more cores). 4 GiB leaves room for larger
+    # weights; raise it for parts whose weights are bigger.
+    validation_memory_bytes: int = Field(default=4 * GIB, ge=512 * 1024**2)
+
+
 class TemporalDevSettings(_Section):
     """temporal-dev.yaml: how `ipnext dev up` runs `temporal server start-dev`."""
 
@@ -158,6 +187,7 @@ class Settings(BaseSettings):
     ray: RaySettings = Field(default_factory=RaySettings)
     regions: RegionSettings = Field(default_factory=RegionSettings)
     demand: DemandSettings = Field(default_factory=DemandSettings)
+    model_code: ModelCodeSettings = Field(default_factory=ModelCodeSettings)
     # The file these settings were read from (absolute), None for defaults and the environment.
     _source: Path | None = PrivateAttr(default=None)
 

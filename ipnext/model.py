@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -23,6 +23,7 @@ __all__ = [
     "DAG_INPUT",
     "DAG_OUTPUT",
     "DEFAULT_ROUTER_MAX_ONGOING",
+    "FACTORY_PREFIXES_SETTING",
     "MAX_DEADLINE_SECONDS",
     "MAX_IN_FLIGHT",
     "MAX_REPLICA_QPS",
@@ -48,9 +49,11 @@ __all__ = [
     "WatchSpec",
     "check_against_fleet",
     "check_factories",
+    "check_factories_allowed",
     "fleet_capacity_qps",
     "import_factory",
     "load_model_spec",
+    "module_allowed",
 ]
 
 DEFAULT_ROUTER_MAX_ONGOING = 100
@@ -547,11 +550,48 @@ def _check_traffic_fits(spec: ModelSpec, fleet: Fleet) -> None:
     )
 
 
-def import_factory(factory: str) -> Callable[..., Any]:
-    """Resolve "module:callable"; errors say which part of the path failed."""
+FACTORY_PREFIXES_SETTING = "model_code.factory_prefixes"
+
+
+def module_allowed(module: str, prefixes: Sequence[str]) -> bool:
+    """Whether `module` falls under one of `prefixes`: one ending in "." covers the modules of
+    that package (`ipnext.` covers `ipnext.examples.parts`), one without covers that module and
+    its submodules. Never a bare string prefix: `ipnext` does not cover `ipnext_evil`."""
+    for prefix in prefixes:
+        if prefix.endswith("."):
+            if module.startswith(prefix) and len(module) > len(prefix):
+                return True
+        elif module == prefix or module.startswith(prefix + "."):
+            return True
+    return False
+
+
+def check_factories_allowed(spec: ModelSpec, prefixes: Sequence[str]) -> None:
+    """Refuse a spec naming a factory outside `prefixes`, before anything imports it: importing
+    a module runs its code, so the module path is the boundary the operator sets."""
+    for part, part_spec in spec.parts.items():
+        module = part_spec.factory.partition(":")[0]
+        if not module_allowed(module, prefixes):
+            raise SpecError(
+                f"parts.{part}.factory: {part_spec.factory!r} is outside the modules this worker may "
+                f"import ({FACTORY_PREFIXES_SETTING}: {list(prefixes)}); nothing was imported.",
+                field=f"parts.{part}.factory",
+                value=part_spec.factory,
+                fix=f"name a factory under one of those prefixes, or, if {module!r} is trusted to run "
+                f"in the control plane's validation, have the worker's operator add its package to "
+                f"{FACTORY_PREFIXES_SETTING}",
+            )
+
+
+def import_factory(factory: str, prefixes: Sequence[str] | None = None) -> Callable[..., Any]:
+    """Resolve "module:callable"; errors say which part of the path failed. With `prefixes`, the
+    callable must also be defined under them: an allowed module may import `os.system`, say,
+    and a spec must not reach it through that module."""
     module_name, _, attr = factory.partition(":")
     try:
         module = importlib.import_module(module_name)
+    except MemoryError:
+        raise  # the caller's memory limit, not a module that does not import
     except Exception as err:  # an import can fail in any way; report it, whatever it is
         raise SpecError(
             f"factory {factory!r}: module {module_name!r} does not import ({type(err).__name__}: {err}).",
@@ -567,13 +607,23 @@ def import_factory(factory: str) -> Callable[..., Any]:
             value=factory,
             fix="name a class or function of that module as module:callable",
         )
+    if prefixes is not None:
+        origin = getattr(target, "__module__", None) or type(target).__module__
+        if not isinstance(origin, str) or not module_allowed(origin, prefixes):
+            raise SpecError(
+                f"factory {factory!r}: {attr} is defined in {origin!r}, outside the modules this "
+                f"worker may run ({FACTORY_PREFIXES_SETTING}: {list(prefixes)}).",
+                field="factory",
+                value=factory,
+                fix="name the factory where it is defined, under an allowed prefix",
+            )
     return target
 
 
-def check_factories(spec: ModelSpec) -> None:
+def check_factories(spec: ModelSpec, prefixes: Sequence[str] | None = None) -> None:
     for part, part_spec in spec.parts.items():
         try:
-            import_factory(part_spec.factory)
+            import_factory(part_spec.factory, prefixes)
         except SpecError as err:
             raise SpecError(
                 f"parts.{part}.factory: {err}",

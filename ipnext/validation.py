@@ -1,8 +1,12 @@
 """Checks a snapshot passes before anything serves it: confined path, file, checksum (of the
-copy pinned for serving), safetensors format (never unpickled), and tensors that fit the part."""
+copy pinned for serving), safetensors format (never unpickled), and tensors that fit the part.
+
+`pin_snapshot` runs no model code; `check_part_fits` imports the part's factory and builds the
+part with the weights, so the worker runs it in a child process (activities/spec_check.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from ipnext.errors import SnapshotError, SpecError
@@ -10,7 +14,7 @@ from ipnext.model import ModelSpec, SnapshotRef, SnapshotSetRequest, import_fact
 from ipnext.pinned import pin
 from ipnext.snapshots import inspect_safetensors, load_weights, resolve_in_roots
 
-__all__ = ["complete_set", "validate_snapshot"]
+__all__ = ["check_part_fits", "complete_set", "pin_snapshot", "validate_snapshot"]
 
 
 def complete_set(
@@ -46,7 +50,14 @@ def complete_set(
 def validate_snapshot(spec: ModelSpec, part: str, ref: SnapshotRef, roots: list[Path], store: Path) -> None:
     """Pin the part's file into `store` (ipnext/pinned.py) and check the pinned copy: raise a
     SnapshotError naming the part, the snapshot and what is wrong; return if it fits. What is
-    checked is what replicas will load, whatever happens to the training file afterwards."""
+    checked is what replicas will load, whatever happens to the training file afterwards.
+    In this process: the worker runs `check_part_fits` in a child instead."""
+    check_part_fits(spec, part, ref, pin_snapshot(spec, part, ref, roots, store))
+
+
+def pin_snapshot(spec: ModelSpec, part: str, ref: SnapshotRef, roots: list[Path], store: Path) -> Path:
+    """The part's file, confined to `roots`, pinned into `store` with its checksum checked and
+    its header read as safetensors: the pinned copy's path. Runs no model code."""
     where = f"parts.{part} ({ref.snapshot_id})"
     try:
         source = resolve_in_roots(ref.uri, roots)
@@ -64,13 +75,30 @@ def validate_snapshot(spec: ModelSpec, part: str, ref: SnapshotRef, roots: list[
     except SnapshotError as err:
         raise SnapshotError(f"{where}: {err}", field=f"parts.{part}.sha256", value=ref.sha256) from None
     try:
-        header = inspect_safetensors(path)
+        inspect_safetensors(path)
     except SnapshotError as err:
         raise SnapshotError(f"{where}: {err}", field=f"parts.{part}.uri", value=ref.uri) from None
+    return path
+
+
+def check_part_fits(
+    spec: ModelSpec, part: str, ref: SnapshotRef, path: Path, prefixes: Sequence[str] | None = None
+) -> None:
+    """Build the part from its pinned weights at `path` and check the tensors it expects: the
+    model's own code runs here. `prefixes`: where its factory must be defined."""
+    where = f"parts.{part} ({ref.snapshot_id})"
+    header = inspect_safetensors(path)
     part_spec = spec.parts[part]
-    factory = import_factory(part_spec.factory)
+    try:
+        factory = import_factory(part_spec.factory, prefixes)
+    except SpecError as err:
+        raise SpecError(
+            f"parts.{part}.factory: {err}", field=f"parts.{part}.factory", value=part_spec.factory
+        ) from None
     try:
         built = factory(load_weights(path), dict(part_spec.config))
+    except MemoryError:
+        raise  # out of the validation's memory: the caller names its limit
     except Exception as err:  # the part rejected the weights; say so with its words
         raise SnapshotError(
             f"{where}: tensors do not fit the part: {type(err).__name__}: {err}",

@@ -43,6 +43,15 @@ AUTOSCALING = {
     "router_max_replicas": 1,
 }
 
+# Model code: the repo's parts plus this suite's misbehaving ones (tests/bad_parts.py, the
+# worker imports them from the repo root it runs in); a hanging build is killed after 15 s, and
+# a check may hold 1 GiB (a normal build of the examples holds about 250 MiB).
+MODEL_CODE = {
+    "factory_prefixes": ["ipnext.", "tests.bad_parts"],
+    "validation_timeout_s": 15,
+    "validation_memory_bytes": 1024**3,
+}
+
 
 @pytest.fixture(scope="session")
 def stack_config() -> Iterator[Path]:
@@ -53,6 +62,7 @@ def stack_config() -> Iterator[Path]:
     config["serve"]["reconcile_seconds"] = RECONCILE_SECONDS
     config["demand"] = DEMAND_SETTINGS
     config["serve"]["autoscaling"] = AUTOSCALING
+    config["model_code"] = MODEL_CODE
     path.write_text(yaml.safe_dump(config))
     yield path
 

@@ -3,9 +3,12 @@ and nothing is created or changed (no workflow, no set, no Serve app)."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import pickle
+import re
+import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -17,14 +20,14 @@ import torch
 from temporalio.service import RPCError
 
 from ipnext.config import Settings
-from ipnext.contracts import model_workflow_id
+from ipnext.contracts import model_workflow_id, poll_until
 from ipnext.errors import SnapshotError, SpecError
 from ipnext.examples.click_ranker.train import train
 from ipnext.model import ModelSpec, SnapshotRef, SnapshotSetRequest
 from ipnext.sdk import Client
 from ipnext.snapshots import request_from_folder
 
-from .conftest import one_region_spec, train_version
+from .conftest import MODEL_CODE, one_region_spec, train_version
 from .test_lifecycle import serve_apps
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -86,9 +89,9 @@ async def test_a_factory_the_worker_cannot_import_creates_nothing(stack: Setting
     """The worker imports the factories (in a child process), not this test's process."""
     name = f"f{uuid.uuid4().hex[:6]}"
     data = one_region_spec(name).model_dump(mode="json")
-    data["parts"]["dense"]["factory"] = "ipnext_missing_module_q7:DensePart"
+    data["parts"]["dense"]["factory"] = "ipnext.examples.missing_module_q7:DensePart"  # allowed, absent
     with pytest.raises(
-        SpecError, match=r"parts\.dense\.factory: .*'ipnext_missing_module_q7' does not import"
+        SpecError, match=r"parts\.dense\.factory: .*'ipnext\.examples\.missing_module_q7' does not import"
     ):
         await client.publish_model(ModelSpec.model_validate(data))
     with pytest.raises(RPCError):
@@ -172,3 +175,91 @@ async def test_wrong_model_and_unknown_part_rejected_by_the_validator(
     ):
         with pytest.raises(SnapshotError, match=expected):
             await client.publish_snapshot(serving_model, request)
+
+
+def _with_dense_factory(name: str, factory: str) -> ModelSpec:
+    data = one_region_spec(name).model_dump(mode="json")
+    data["parts"]["dense"]["factory"] = factory
+    return ModelSpec.model_validate(data)
+
+
+async def _validating(client: Client, name: str) -> bool:
+    """Whether the model's snapshot validation (the activity) is running now."""
+    description = await client.temporal.get_workflow_handle(model_workflow_id(name)).describe()
+    pending = description.raw_description.pending_activities
+    return any(activity.activity_type.name == "validate_snapshot_set" for activity in pending)
+
+
+async def test_model_code_that_misbehaves_is_refused_while_the_worker_serves_others(
+    stack: Settings, client: Client
+) -> None:
+    """Factories outside model_code.factory_prefixes are refused before anything imports them;
+    a part that hangs or allocates without bound when built with its weights is refused at its
+    snapshot publish, in the child, while the same worker validates and rolls out another model."""
+    began = time.perf_counter()
+    prefixes = re.escape(str(MODEL_CODE["factory_prefixes"]))
+    for factory in ("os:system", "json:loads"):
+        name = f"x{uuid.uuid4().hex[:6]}"
+        with pytest.raises(
+            SpecError,
+            match=rf"parts\.dense\.factory: '{re.escape(factory)}' is outside the modules this worker "
+            rf"may import \(model_code\.factory_prefixes: {prefixes}\); nothing was imported",
+        ):
+            await client.publish_model(_with_dense_factory(name, factory))
+        with pytest.raises(RPCError):
+            await client.temporal.get_workflow_handle(model_workflow_id(name)).describe()
+
+    hangs, hoards, other = (f"{kind}{uuid.uuid4().hex[:6]}" for kind in ("s", "m", "o"))
+    # These import cleanly, so they register; their parts misbehave only when built.
+    await asyncio.gather(
+        client.publish_model(_with_dense_factory(hangs, "tests.bad_parts:sleeps_forever")),
+        client.publish_model(_with_dense_factory(hoards, "tests.bad_parts:allocates")),
+        client.publish_model(one_region_spec(other)),
+    )
+    root = stack.snapshot_roots[0]
+    # A few steps: the weights need only fit their parts (a first set passes no gates).
+    folders = {name: train(root, name, "v1", steps=5).folder for name in (hangs, hoards, other)}
+    print(f"\nrefused two, registered three and trained in {time.perf_counter() - began:.1f} s")
+
+    started = time.perf_counter()
+    hanging = asyncio.create_task(client.publish_snapshot(hangs, folders[hangs]))
+    await poll_until(
+        lambda: _validating(client, hangs), bool, timeout_s=60, interval_s=0.2, what=f"{hangs} validating"
+    )
+    seen = time.perf_counter() - started
+    published = await client.publish_snapshot(other, folders[other])  # the same worker, meanwhile
+    accepted = time.perf_counter() - started
+    assert not hanging.done(), "the other model's publish waited for the hanging build"
+    progress: list[str] = []
+    serving = asyncio.create_task(
+        client.wait_until_serving(
+            other,
+            published.set_id,
+            on_progress=lambda s: progress.append(f"{time.perf_counter() - started:.1f} s {s.step}"),
+        )
+    )
+    with pytest.raises(
+        SpecError,
+        match=rf"model {hangs}: building part dense with snapshot .* did not finish within [\d.]+ s "
+        r"\(the check was killed; what was left of the set's 15 s, model_code\.validation_timeout_s\)",
+    ):
+        await hanging
+    refused = time.perf_counter() - started
+    with pytest.raises(
+        SpecError,
+        match=rf"model {hoards}: building part dense .* ran out of memory: the check may use 1 GiB of "
+        r"private memory \(model_code\.validation_memory_bytes\)",
+    ):
+        await client.publish_snapshot(hoards, folders[hoards])
+    out_of_memory = time.perf_counter() - started
+    state = await serving
+    print(
+        f"hanging build running at {seen:.1f} s; {other}'s publish accepted at {accepted:.1f} s; "
+        f"the hanging build refused at {refused:.1f} s; the hoarding one at {out_of_memory:.1f} s; "
+        f"{other} serving at {time.perf_counter() - started:.1f} s; its rollout meanwhile: {progress}"
+    )
+    assert state.serving_set == published.set_id
+    for name in (hangs, hoards):
+        assert (await client.get_model(name)).sets == []  # refused: nothing published
+    await asyncio.gather(*(client.delete_model(name, who="test") for name in (hangs, hoards, other)))
+    print(f"all done in {time.perf_counter() - began:.1f} s")

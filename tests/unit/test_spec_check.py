@@ -1,5 +1,5 @@
-"""The factory check in a forked process of the warm checker: the real processes, with real
-modules on their path."""
+"""The factory check and the part build in a forked process of the warm checker, with its time
+and memory limits: the real processes, with real modules on their path."""
 
 from __future__ import annotations
 
@@ -8,16 +8,28 @@ import signal
 import subprocess
 import sys
 import threading
+import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment
 
-from ipnext.activities import spec_check
-from ipnext.activities.spec_check import CheckerError, check_factories_in_child
+from ipnext.activities import _context, spec_check
+from ipnext.activities.spec_check import CheckerError, check_factories_in_child, check_part_in_child
+from ipnext.activities.validate import ValidateSetInput, validate_model_spec, validate_snapshot_set
+from ipnext.config import ModelCodeSettings, Settings
 from ipnext.contracts import wait_until
-from ipnext.errors import SpecError
+from ipnext.errors import SnapshotError, SpecError
 from ipnext.model import ModelSpec
+from ipnext.registry import ValidateSpecInput
+from tests.unit.helpers import DEV_FLEET, Trained
+
+GIB = 1024**3
+# The repo's own modules, and this suite's misbehaving parts (tests/bad_parts.py).
+PREFIXES = ["ipnext.", "tests.bad_parts"]
 
 
 def with_factory(spec: ModelSpec, factory: str) -> ModelSpec:
@@ -164,3 +176,145 @@ def test_the_checker_never_outlives_its_worker(tmp_path: Path) -> None:
     orphan = int(pid_file.read_text())
     wait_until(lambda: running(orphan), lambda alive: not alive, timeout_s=10, interval_s=0.05)
     spec_check.stop_checker()  # and ours ends when asked
+
+
+# ---- building a part with its weights, under the limits -------------------------------------
+
+
+def build(spec: ModelSpec, trained: Trained, factory: str, **limits: float) -> None:
+    """Build the embed part from the trained snapshot with `factory`, in a child: 1 GiB, 30 s."""
+    ref = trained.request.parts["embed"]
+    pinned = trained.folder / "embed.safetensors"
+    timeout_s = limits.get("timeout_s", 30.0)
+    memory = int(limits.get("memory_bytes", GIB))
+    check_part_in_child(with_factory(spec, factory), "embed", ref, pinned, timeout_s, memory, PREFIXES)
+
+
+def test_the_example_parts_build_in_the_child_within_1_gib(example_spec: ModelSpec, trained: Trained) -> None:
+    for part, ref in sorted(trained.request.parts.items()):
+        started = time.perf_counter()
+        check_part_in_child(
+            example_spec, part, ref, trained.folder / f"{part}.safetensors", 30, GIB, PREFIXES
+        )
+        print(f"{part} built in the child in {time.perf_counter() - started:.2f} s")
+
+
+def test_weights_that_do_not_fit_are_still_a_snapshot_error(
+    example_spec: ModelSpec, trained: Trained
+) -> None:
+    ref = trained.request.parts["embed"]
+    with pytest.raises(SnapshotError, match=r"parts\.dense \(.*\): tensors do not fit the part"):
+        check_part_in_child(
+            example_spec, "dense", ref, trained.folder / "embed.safetensors", 30, GIB, PREFIXES
+        )
+
+
+def test_a_part_that_sleeps_forever_is_killed_at_the_timeout(
+    example_spec: ModelSpec, trained: Trained
+) -> None:
+    started = time.perf_counter()
+    with pytest.raises(SpecError, match=r"building part embed with snapshot .* did not finish within 3 s"):
+        build(example_spec, trained, "tests.bad_parts:sleeps_forever", timeout_s=3)
+    print(f"refused after {time.perf_counter() - started:.2f} s")
+    build(example_spec, trained, "ipnext.examples.click_ranker.parts:EmbeddingPart")  # the checker lives on
+
+
+def test_a_part_that_allocates_twice_the_limit_runs_out_of_memory(
+    example_spec: ModelSpec, trained: Trained
+) -> None:
+    """tests.bad_parts:allocates touches 2 GiB page by page; the check may hold 1 GiB."""
+    started = time.perf_counter()
+    with pytest.raises(SpecError, match=r"building part embed .* ran out of memory: the check may use 1 GiB"):
+        build(example_spec, trained, "tests.bad_parts:allocates", memory_bytes=GIB)
+    print(f"refused after {time.perf_counter() - started:.2f} s")
+    build(example_spec, trained, "ipnext.examples.click_ranker.parts:EmbeddingPart")
+
+
+def test_torchs_own_out_of_memory_error_is_named_as_such(example_spec: ModelSpec, trained: Trained) -> None:
+    with pytest.raises(SpecError, match=r"ran out of memory: .* \(.*RuntimeError: .*can't allocate memory"):
+        build(example_spec, trained, "tests.bad_parts:torch_allocates", memory_bytes=GIB)
+
+
+def test_a_part_killed_by_a_signal_is_refused_naming_it(example_spec: ModelSpec, trained: Trained) -> None:
+    with pytest.raises(
+        SpecError, match=r"was killed by SIGKILL \(the kernel's out-of-memory killer, or an operator\)"
+    ):
+        build(example_spec, trained, "tests.bad_parts:killed")
+
+
+def test_a_part_that_exits_the_process_is_refused(example_spec: ModelSpec, trained: Trained) -> None:
+    with pytest.raises(
+        SpecError, match=r"building part embed .*: the check process ended with code 7 and no answer"
+    ):
+        build(example_spec, trained, "tests.bad_parts:exits")
+
+
+def test_an_import_that_allocates_without_bound_runs_out_of_memory(
+    example_spec: ModelSpec, owner_code: Path
+) -> None:
+    (owner_code / "greedy.py").write_text("hoard = [bytearray(2**26) for _ in range(32)]\nPart = object\n")
+    with pytest.raises(
+        SpecError, match=r"importing its factories ran out of memory: the check may use 1 GiB"
+    ):
+        check_factories_in_child(with_factory(example_spec, "greedy:Part"), 30, GIB)
+
+
+# ---- the allow-list, decided in the worker before anything imports ---------------------------
+
+
+@pytest.fixture
+def worker_settings(monkeypatch: pytest.MonkeyPatch) -> Settings:
+    """The activity's settings: the repo's fleet, the default allow-list, short limits."""
+    settings = Settings(
+        fleet_file=DEV_FLEET,
+        model_code=ModelCodeSettings(validation_timeout_s=30, validation_memory_bytes=GIB),
+    )
+    monkeypatch.setattr(_context, "settings", lambda: settings)
+    return settings
+
+
+@pytest.mark.parametrize("factory", ["os:system", "{owner}:Part"])
+def test_a_factory_outside_the_list_is_refused_before_it_is_imported(
+    example_spec: ModelSpec, owner_code: Path, worker_settings: Settings, factory: str
+) -> None:
+    owner = f"marks_on_import_{uuid.uuid4().hex[:8]}"  # a module of the owner's that leaves a mark
+    marker = owner_code / f"{owner}.imported"
+    (owner_code / f"{owner}.py").write_text(f"open({str(marker)!r}, 'w').close()\nPart = object\n")
+    factory = factory.format(owner=owner)
+    with pytest.raises(ApplicationError) as info:
+        validate_model_spec(ValidateSpecInput(spec=with_factory(example_spec, factory)))
+    assert info.value.type == "SpecError" and info.value.non_retryable
+    assert f"parts.embed.factory: {factory!r} is outside" in str(info.value)
+    assert "model_code.factory_prefixes: ['ipnext.']" in str(info.value)
+    assert not marker.exists()
+    check_factories_in_child(with_factory(example_spec, f"{owner}:Part"))  # the module itself imports
+    assert marker.exists()
+
+
+def test_the_activity_passes_an_allowed_spec(example_spec: ModelSpec, worker_settings: Settings) -> None:
+    validate_model_spec(ValidateSpecInput(spec=example_spec))
+
+
+def test_a_sets_builds_share_one_timeout_and_the_refusal_says_so(
+    example_spec: ModelSpec, trained: Trained, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The snapshot publish's activity: pinned in the worker, built in the child, refused."""
+    settings = Settings(
+        fleet_file=DEV_FLEET,
+        snapshot_roots=[trained.root],
+        state_dir=tmp_path,
+        model_code=ModelCodeSettings(
+            factory_prefixes=PREFIXES, validation_timeout_s=3, validation_memory_bytes=GIB
+        ),
+    )
+    monkeypatch.setattr(_context, "settings", lambda: settings)
+    spec = with_factory(example_spec, "tests.bad_parts:sleeps_forever")
+    with pytest.raises(ApplicationError) as info:
+        ActivityEnvironment().run(validate_snapshot_set, ValidateSetInput(spec=spec, request=trained.request))
+    assert info.value.type == "SpecError" and info.value.non_retryable
+    assert "building part embed with snapshot" in str(info.value)
+    assert "what was left of the set's 3 s, model_code.validation_timeout_s" in str(info.value)
+    done = ActivityEnvironment().run(
+        validate_snapshot_set, ValidateSetInput(spec=example_spec, request=trained.request)
+    )
+    assert sorted(done.parts) == ["dense", "embed"]

@@ -1,0 +1,47 @@
+"""Part factories that misbehave when validation builds them with their weights, named by the
+tests of activities/spec_check.py and by the publish drill; they import cleanly, so a spec
+naming them passes the import check and fails only where the part is built."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+PAGE_BYTES = 4096
+CHUNK_BYTES = 64 * 1024**2
+ALLOCATE_BYTES = 2 * 1024**3  # twice the 1 GiB validation limit the tests set
+
+
+def sleeps_forever(weights: dict[str, Any], config: dict[str, Any]) -> object:
+    while True:
+        time.sleep(3600)
+
+
+def exits(weights: dict[str, Any], config: dict[str, Any]) -> object:
+    os._exit(7)
+
+
+def killed(weights: dict[str, Any], config: dict[str, Any]) -> object:
+    """Ends as the kernel's out-of-memory killer would end it."""
+    os.kill(os.getpid(), signal.SIGKILL)
+    return None
+
+
+def allocates(weights: dict[str, Any], config: dict[str, Any]) -> object:
+    """Touch ALLOCATE_BYTES page by page, keeping every chunk, so each page is really used."""
+    chunks = []
+    for _ in range(ALLOCATE_BYTES // CHUNK_BYTES):
+        chunk = bytearray(CHUNK_BYTES)
+        for offset in range(0, CHUNK_BYTES, PAGE_BYTES):
+            chunk[offset] = 1
+        chunks.append(chunk)
+    return chunks
+
+
+def torch_allocates(weights: dict[str, Any], config: dict[str, Any]) -> object:
+    """Ask torch for ALLOCATE_BYTES at once: its allocator fails with a RuntimeError, not a MemoryError."""
+    import torch
+
+    return torch.ones(ALLOCATE_BYTES // 4, dtype=torch.float32)

@@ -1,0 +1,99 @@
+"""The factory allow-list: which module paths a spec may name (`model_code.factory_prefixes`),
+decided before anything is imported, and where the resolved callable must be defined."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ipnext.config import ModelCodeSettings, Settings
+from ipnext.errors import SpecError
+from ipnext.model import ModelSpec, check_factories, check_factories_allowed, load_model_spec, module_allowed
+from tests.unit.helpers import REPO
+
+EXAMPLES = REPO / "examples"
+
+
+def with_factory(spec: ModelSpec, part: str, factory: str) -> ModelSpec:
+    data = spec.model_dump(mode="json")
+    data["parts"][part]["factory"] = factory
+    return ModelSpec.model_validate(data)
+
+
+@pytest.mark.parametrize(
+    ("module", "prefixes", "allowed"),
+    [
+        ("ipnext.examples.click_ranker.parts", ["ipnext."], True),
+        ("ipnext.serving.llm.part", ["ipnext."], True),
+        ("ipnext", ["ipnext."], False),  # a trailing dot covers the package's modules only
+        ("ipnext_evil", ["ipnext."], False),
+        ("ipnext_evil", ["ipnext"], False),  # never a bare string prefix
+        ("ipnext", ["ipnext"], True),
+        ("ipnext.parts", ["ipnext"], True),
+        ("os", ["ipnext."], False),
+        ("acme.parts", ["ipnext.", "acme.parts"], True),
+        ("acme.parts.dense", ["ipnext.", "acme.parts"], True),
+        ("acme.partsx", ["ipnext.", "acme.parts"], False),
+        ("acme.other", ["ipnext.", "acme.parts"], False),
+        ("ipnext.x", [], False),
+    ],
+)
+def test_module_allowed(module: str, prefixes: list[str], allowed: bool) -> None:
+    assert module_allowed(module, prefixes) is allowed
+
+
+@pytest.mark.parametrize(
+    "path", sorted(EXAMPLES.glob("*/model*.yaml")), ids=lambda p: f"{p.parent.name}/{p.name}"
+)
+def test_the_default_allows_every_example(path: Path) -> None:
+    """The examples import as `ipnext.examples.*` (ipnext/examples links to examples/)."""
+    prefixes = ModelCodeSettings().factory_prefixes
+    assert prefixes == ["ipnext."]
+    spec = load_model_spec(path)
+    check_factories_allowed(spec, prefixes)
+    check_factories(spec, prefixes)
+
+
+@pytest.mark.parametrize(
+    "factory", ["os:system", "subprocess:run", "ipnext_evil.parts:Part", "tests.bad_parts:exits"]
+)
+def test_a_factory_outside_the_list_is_refused_naming_the_field_value_and_setting(
+    example_spec: ModelSpec, factory: str
+) -> None:
+    with pytest.raises(SpecError) as info:
+        check_factories_allowed(with_factory(example_spec, "dense", factory), ["ipnext."])
+    err = info.value
+    assert err.field == "parts.dense.factory"
+    assert err.value == factory
+    assert f"parts.dense.factory: {factory!r} is outside" in str(err)
+    assert "model_code.factory_prefixes" in str(err) and "nothing was imported" in str(err)
+
+
+def test_an_allowed_module_cannot_lend_a_callable_defined_elsewhere(example_spec: ModelSpec) -> None:
+    """ipnext.model imports pydantic's `Field`: allowed module, foreign code."""
+    spec = with_factory(example_spec, "dense", "ipnext.model:Field")
+    check_factories_allowed(spec, ["ipnext."])  # the module path alone passes
+    with pytest.raises(SpecError, match=r"parts\.dense\.factory: .*defined in 'pydantic\.fields', outside"):
+        check_factories(spec, ["ipnext."])
+    check_factories(spec)  # without the list (the serving side), resolving is all
+
+
+def test_the_setting_refuses_prefixes_that_would_allow_everything() -> None:
+    for bad in ["", ".", "ipnext..", "os system", "*"]:
+        with pytest.raises(ValueError):
+            ModelCodeSettings(factory_prefixes=[bad])
+    with pytest.raises(ValueError):
+        ModelCodeSettings(factory_prefixes=[])
+
+
+def test_the_operator_adds_prefixes_in_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("IPNEXT_MODEL_CODE__FACTORY_PREFIXES", '["ipnext.", "acme.parts"]')
+    assert Settings().model_code.factory_prefixes == ["ipnext.", "acme.parts"]
+
+
+def test_the_repo_config_spells_out_the_default() -> None:
+    from ipnext.config import load_settings
+
+    code = load_settings(REPO / "config" / "ipnext.yaml").model_code
+    assert code == ModelCodeSettings()
