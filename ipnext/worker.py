@@ -37,6 +37,7 @@ from ipnext.activities.validate import validate_model_spec, validate_snapshot_se
 from ipnext.config import Settings, load_settings
 from ipnext.contracts import ModelWorkflowNames, Workflows
 from ipnext.entry.fleet import ensure_fleet_workflow
+from ipnext.identity import ReadIdentity
 from ipnext.temporal import connect_client
 from ipnext.workflows.fleet_replan_workflow import FleetReplanWorkflow
 from ipnext.workflows.fleet_workflow import FleetWorkflow
@@ -100,6 +101,8 @@ async def run_worker(
                     regions.cancel_scheduled_replan,
                 ],
                 activity_executor=executor,
+                # Signal and update handlers read the sender's `ipnext-identity` header.
+                interceptors=[ReadIdentity()],
             )
             async with worker:
                 if ready_file is not None:
