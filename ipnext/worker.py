@@ -46,7 +46,7 @@ from ipnext.workflows.rollout_workflow import RolloutWorkflow
 from ipnext.workflows.validate_model_workflow import ValidateModelWorkflow
 from ipnext.workflows.watch_workflow import SnapshotWatchWorkflow
 
-__all__ = ["WORKFLOWS", "run_worker"]
+__all__ = ["INTERCEPTORS", "WORKFLOWS", "run_worker"]
 
 WORKFLOWS = [
     ModelWorkflow,
@@ -56,6 +56,8 @@ WORKFLOWS = [
     ValidateModelWorkflow,
     FleetWorkflow,
 ]
+# Signal and update handlers read the sender's `ipnext-identity` header (ipnext.identity).
+INTERCEPTORS = [ReadIdentity()]
 # Sync activities (Ray calls, hashing, torch loads) run on these threads.
 ACTIVITY_THREADS = 8
 
@@ -101,8 +103,7 @@ async def run_worker(
                     regions.cancel_scheduled_replan,
                 ],
                 activity_executor=executor,
-                # Signal and update handlers read the sender's `ipnext-identity` header.
-                interceptors=[ReadIdentity()],
+                interceptors=INTERCEPTORS,
             )
             async with worker:
                 if ready_file is not None:
