@@ -90,6 +90,14 @@ def temporal_connection(settings: Settings, environ: Mapping[str, str] | None = 
                 fix=f"write the key in it, or unset it (or set {API_KEY_ENV})",
             )
     address = settings.temporal_address
+    if tls is not None and settings.temporal.address is None:
+        raise SpecError(
+            "temporal.tls is set but temporal.address is not: the dev server `ipnext dev up` starts "
+            "listens on loopback without TLS.",
+            field="temporal.address",
+            value=None,
+            fix="set temporal.address (or TEMPORAL_ADDRESS) to the TLS server, or remove temporal.tls",
+        )
     if api_key is not None and tls is None and not _is_loopback(address):
         raise SpecError(
             f"temporal: an API key is configured but TLS is not, and {address} is not this machine: "

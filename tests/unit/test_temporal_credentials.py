@@ -98,8 +98,11 @@ def test_an_api_key_never_crosses_the_network_in_plaintext() -> None:
     for address in ("127.0.0.1:7233", "localhost:7233", "[::1]:7233"):
         local = Settings(temporal=TemporalSettings(address=address))
         assert temporal_connection(local, environ={API_KEY_ENV: "secret"}).api_key == "secret"
-    # Without a key the dev server's loopback plaintext default is untouched.
+    # Without a key the dev server's loopback plaintext default is untouched; TLS to it is refused.
     assert temporal_connection(Settings(), environ={}).tls is None
+    with pytest.raises(SpecError) as dev_server:
+        temporal_connection(Settings(temporal=TemporalSettings(tls=TemporalTLSSettings())), environ={})
+    assert dev_server.value.field == "temporal.address" and "without TLS" in str(dev_server.value)
 
 
 class _RecordingTemporal(grpc.GenericRpcHandler):
