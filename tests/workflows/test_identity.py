@@ -1,19 +1,23 @@
 """The operator identity on a rollout's record: pause, resume and abort sent by the SDK and the CLI
 carry their `ipnext-identity` header, which the rollout records beside the payload's `who`; the
 same signals from the `temporal` CLI or a bare Temporal client (as the Temporal UI sends them)
-are recorded as unattributed."""
+are recorded as unattributed. Histories with and without the header replay (histories/ holds two
+recorded by the workflows before they read identities)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
 import uuid
+from pathlib import Path
 
 import pytest
-from temporalio.client import Client
-from temporalio.worker import Worker
+from temporalio.client import Client, WorkflowHistory
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Replayer, Worker
 
 from ipnext.activities.rollouts import RolloutActivities
 from ipnext.config import Settings, TemporalSettings
@@ -30,6 +34,11 @@ from .test_rollout_workflow import signal
 pytestmark = pytest.mark.timeout(120)
 
 NAME = SPEC.name
+
+
+def _replayer() -> Replayer:
+    """The worker's workflows and interceptors, replaying a history with no server."""
+    return Replayer(workflows=WORKFLOWS, interceptors=INTERCEPTORS, data_converter=pydantic_data_converter)
 
 
 async def _cli(address: str, *args: str, identity: str) -> subprocess.CompletedProcess[str]:
@@ -76,6 +85,10 @@ async def test_sdk_and_cli_signals_carry_their_identity_and_bare_ones_are_unattr
             "abort", AbortInput(reason="bare client", who="dave")
         )
         ended = await until_rollout(temporal, "wf-model@2", lambda s: s.state.is_terminal)
+        history = await temporal.get_workflow_handle(rollout_workflow_id(NAME, "wf-model@2")).fetch_history()
+    # A worker that restarts replays the headers from the history: the same record, no nondeterminism.
+    replayed = await _replayer().replay_workflow(history, raise_on_replay_failure=False)
+    assert replayed.replay_failure is None, replayed.replay_failure
     first, second = ended.pauses
     assert (first.who, first.identity, first.resumed_by, first.resumed_identity) == (
         "alice",
@@ -93,3 +106,19 @@ async def test_sdk_and_cli_signals_carry_their_identity_and_bare_ones_are_unattr
         in status.stdout
     )
     assert "by carol [sent as cli-operator]: again" in status.stdout, status.stdout
+
+
+HISTORIES = Path(__file__).parent / "histories"
+
+
+@pytest.mark.parametrize("recorded", ["rollout-before-identities.json", "fleet-before-identities.json"])
+async def test_runs_recorded_before_identities_replay_with_the_identity_reading_worker(recorded: str) -> None:
+    """A rollout paused, resumed, overridden and aborted, and a fleet region down and up, recorded
+    by the workflows before they read identities (their signals and updates carry no header):
+    the current workflows, with the worker's interceptors, replay them without a
+    nondeterminism error."""
+    history = WorkflowHistory.from_json(
+        recorded.removesuffix(".json"), json.loads((HISTORIES / recorded).read_text())
+    )
+    result = await _replayer().replay_workflow(history, raise_on_replay_failure=False)
+    assert result.replay_failure is None, result.replay_failure
