@@ -38,7 +38,7 @@ from ipnext.config import Settings, load_settings
 from ipnext.contracts import ModelWorkflowNames, Workflows
 from ipnext.entry.fleet import ensure_fleet_workflow
 from ipnext.identity import ReadIdentity
-from ipnext.temporal import connect_client
+from ipnext.temporal import connect_client, temporal_connection
 from ipnext.workflows.fleet_replan_workflow import FleetReplanWorkflow
 from ipnext.workflows.fleet_workflow import FleetWorkflow
 from ipnext.workflows.model_workflow import ModelWorkflow
@@ -66,6 +66,8 @@ async def run_worker(
     settings: Settings, ready_file: Path | None = None, stop: asyncio.Event | None = None
 ) -> None:
     client = await connect_client(settings)
+    # What the log shows of the connection: TLS or not, a key or not (never the key).
+    logging.getLogger(__name__).info("connected to Temporal at %s", temporal_connection(settings).describe())
     watch = WatchActivities(client)
     fleet = FleetActivities(client)
     rollouts = RolloutActivities(client)
