@@ -179,6 +179,8 @@ async def _watch(ipn: Any, model: str, interval: float) -> None:
 
 def render_rollout(status: Any) -> str:
     """The terminal view of a rollout: state, steps, traffic split, gates, pauses."""
+    from ipnext.identity import attributed
+
     marks = [f"[{p}%]" if i < status.steps_done else f" {p}% " for i, p in enumerate(status.steps)]
     outcome = f"  outcome: {status.outcome.value}" if status.outcome is not None else ""
     lines = [
@@ -199,10 +201,11 @@ def render_rollout(status: Any) -> str:
             f"  gate {g.region} {g.metric}: {value} (limit {limit}, {g.requests} requests) {verdict}"
         )
     for p in status.pauses:
-        resumed = f", resumed by {p.resumed_by}" if p.resumed_by else ""
-        lines.append(f"  paused {p.at:%H:%M:%S} by {p.who}: {p.reason}{resumed}")
+        resumed = f", resumed by {attributed(p.resumed_by, p.resumed_identity)}" if p.resumed_by else ""
+        lines.append(f"  paused {p.at:%H:%M:%S} by {attributed(p.who, p.identity)}: {p.reason}{resumed}")
     if status.freeze_override is not None:
-        lines.append(f"  freeze override by {status.freeze_override.who}: {status.freeze_override.reason}")
+        by = attributed(status.freeze_override.who, status.freeze_override_identity)
+        lines.append(f"  freeze override by {by}: {status.freeze_override.reason}")
     if status.detail:
         lines.append(status.detail)
     return "\n".join(lines)
@@ -316,11 +319,13 @@ def _fleet(args: argparse.Namespace, settings: Settings) -> None:
 
 def render_regions(status: Any) -> str:
     """`ipnext fleet regions`: a line per region, then the replans their changes caused."""
+    from ipnext.identity import attributed
+
     lines = []
     for r in status.regions:
         line = f"{r.region:12} {r.health.value:5}"
         if r.since is not None:
-            by = "ipnext's node check" if r.detected or r.who == "ipnext" else r.who
+            by = "ipnext's node check" if r.detected or r.who == "ipnext" else attributed(r.who, r.identity)
             line += f" since {r.since:%Y-%m-%d %H:%M:%S} by {by}: {r.reason}"
         if r.replan:
             line += f" [{r.replan}]"
@@ -345,13 +350,14 @@ def render_regions(status: Any) -> str:
 def _plan_schedule(args: argparse.Namespace, settings: Settings) -> None:
     from ipnext.contracts import REPLAN_SCHEDULE_ID
     from ipnext.entry.schedules import ensure_replan_schedule, trigger_and_wait
+    from ipnext.identity import default_identity
     from ipnext.replan import FleetReplanInput, parse_every
     from ipnext.temporal import connect_client
 
     async def act() -> None:
         from temporalio.service import RPCError, RPCStatusCode
 
-        client = await connect_client(settings)
+        client = await connect_client(settings, identity=settings.temporal.identity or default_identity())
         handle = client.get_schedule_handle(REPLAN_SCHEDULE_ID)
         try:
             await _schedule_verbs(client, handle)

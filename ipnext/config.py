@@ -16,7 +16,15 @@ import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StringConstraints, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    StringConstraints,
+    ValidationError,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from ipnext.errors import SpecError, StackError
@@ -33,6 +41,8 @@ __all__ = [
     "ServeSettings",
     "Settings",
     "TemporalDevSettings",
+    "TemporalSettings",
+    "TemporalTLSSettings",
     "load_settings",
 ]
 
@@ -43,10 +53,38 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
+class TemporalTLSSettings(_Section):
+    """How the worker, SDK, CLI and tests reach a Temporal server over TLS (its presence turns
+    TLS on). Files are PEM, read at connect; a relative path is relative to the config file."""
+
+    ca_file: Path | None = None  # the CA the server's certificate must chain to; None: the system's roots
+    cert_file: Path | None = None  # the client certificate (mTLS), with key_file
+    key_file: Path | None = None
+    # The name the server's certificate must carry (and the TLS SNI), when the address differs.
+    server_name: str | None = Field(default=None, min_length=1)
+
+    @model_validator(mode="after")
+    def _cert_and_key_together(self) -> TemporalTLSSettings:
+        if (self.cert_file is None) != (self.key_file is None):
+            given, missing = ("cert_file", "key_file") if self.key_file is None else ("key_file", "cert_file")
+            raise ValueError(
+                f"temporal.tls.{given} is set but temporal.tls.{missing} is not: a client certificate "
+                f"needs its private key. Fix: set temporal.tls.{missing} too, or remove temporal.tls.{given}"
+            )
+        return self
+
+
 class TemporalSettings(_Section):
     address: str | None = None  # None: the dev server that temporal-dev.yaml describes
     namespace: str = "default"
     task_queue: str = "ipnext"
+    tls: TemporalTLSSettings | None = None  # None: plaintext (the dev server's loopback default)
+    # A file holding the API key (Temporal Cloud's, or a gateway's), sent as a bearer token on
+    # every call. Never the key itself in this file; IPNEXT_TEMPORAL_API_KEY overrides the file.
+    api_key_file: Path | None = None
+    # What the SDK and CLI claim to be, in the `ipnext-identity` header and as the Temporal
+    # client identity (None: <OS user>@<host>). A claim, not authentication: see the README.
+    identity: str | None = Field(default=None, min_length=1, max_length=200)
 
 
 class PartHealthCheckSettings(_Section):
@@ -277,6 +315,23 @@ class Settings(BaseSettings):
 
 
 _PATH_FIELDS = ("fleet_file", "freeze_calendar", "state_dir", "temporal_dev_file", "pinned_dir", "demand_dir")
+_TEMPORAL_TLS_FILES = ("ca_file", "cert_file", "key_file")
+
+
+def _resolve_temporal_paths(temporal: Any, base: Path) -> Any:
+    """The `temporal` section with its file paths made absolute against the config's folder."""
+    if not isinstance(temporal, dict):
+        return temporal  # validation says what is wrong with it
+    temporal = dict(temporal)
+    if temporal.get("api_key_file") is not None:
+        temporal["api_key_file"] = (base / temporal["api_key_file"]).resolve()
+    tls = temporal.get("tls")
+    if isinstance(tls, dict):
+        temporal["tls"] = {
+            k: (base / v).resolve() if k in _TEMPORAL_TLS_FILES and v is not None else v
+            for k, v in tls.items()
+        }
+    return temporal
 
 
 def load_settings(path: str | Path | None = None) -> Settings:
@@ -291,6 +346,8 @@ def load_settings(path: str | Path | None = None) -> Settings:
         for key in _PATH_FIELDS:
             if data.get(key) is not None:
                 data[key] = (base / data[key]).resolve()
+        if "temporal" in data:
+            data["temporal"] = _resolve_temporal_paths(data["temporal"], base)
         if "snapshot_roots" in data:
             data["snapshot_roots"] = [(base / p).resolve() for p in data["snapshot_roots"]]
     try:

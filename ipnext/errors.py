@@ -20,6 +20,7 @@ IpnextError
 ├── PartInputError         a request's inputs do not fit a part: the caller's mistake (HTTP 400; also a ValueError)
 ├── GenerationError        a generative part failed one answer: the server's fault (HTTP 500, counted; also a RuntimeError)
 ├── StackError             the dev stack could not start or stop
+│   └── TemporalConnectionError  Temporal refused or did not answer the connection (address, TLS, key)
 ├── RegionStateError       a region change was refused: unknown region, no who or reason, the last region up
 ├── KernelInputError       a kernel got a tensor of the wrong shape, dtype, device or range (also a ValueError)
 └── KernelBackendError     backend="triton" was asked for where the kernel cannot run (also a RuntimeError)
@@ -53,6 +54,7 @@ __all__ = [
     "SnapshotError",
     "SpecError",
     "StackError",
+    "TemporalConnectionError",
     "error_from_type",
 ]
 
@@ -196,6 +198,13 @@ class StackError(IpnextError):
     """The dev stack could not start, or a component of it is not reachable."""
 
 
+class TemporalConnectionError(StackError):
+    """The worker, SDK or CLI could not connect to Temporal: nothing listens at the address, the
+    TLS handshake failed (the server's certificate is not trusted, or it refused ours), or the
+    server refused the credentials. The message names the address and whether TLS and a key were
+    used, never the key."""
+
+
 class RegionStateError(IpnextError, ValueError):
     """`fleet region down/up` was refused (an unknown region, no `who` or `reason`, the last region
     up): nothing changed."""
@@ -220,6 +229,7 @@ _BY_NAME: dict[str, type[IpnextError]] = {
         ModelExistsError,
         ServingError,
         StackError,
+        TemporalConnectionError,
         RegionStateError,
     )
 }

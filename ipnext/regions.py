@@ -116,6 +116,9 @@ class RegionState(Frozen):
     since: datetime | None = None  # when it entered this health (None: up since the fleet began)
     reason: str = ""
     who: str = ""
+    # The `ipnext-identity` header of the change ("unattributed" without one); None: ipnext's own
+    # node check, or recorded before identities were read (ipnext.identity).
+    identity: str | None = None
     # Down by ipnext's own node check (who == "ipnext"): it comes up by itself once its nodes are
     # back. Down by on-call: only `region up` ends it, whatever the nodes do.
     detected: bool = False
@@ -131,6 +134,7 @@ class RegionEvent(Frozen):
     who: str
     reason: str
     replan: str = ""
+    identity: str | None = None  # as RegionState.identity
 
 
 class ReplanRecord(Frozen):

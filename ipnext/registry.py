@@ -209,6 +209,10 @@ class RolloutProgress(BaseModel):
     freeze_override: FreezeOverride | None = None
     freeze_hold: bool = False  # paused by a freeze window: only its end or an override ends it
     abort: AbortInput | None = None
+    # The `ipnext-identity` headers of the abort and override_freeze signals ("unattributed"
+    # without one; None: not by a signal, or recorded before identities were read).
+    abort_identity: str | None = None
+    freeze_override_identity: str | None = None
     resumes: int = 0  # counts resumes: a bake restarts when it changes
     new_apps: dict[str, str] = Field(default_factory=dict)  # region -> the new set's app
     old_scales: dict[str, float] = Field(default_factory=dict)  # part -> the old set's share of its plan

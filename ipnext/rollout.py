@@ -102,6 +102,10 @@ class PauseRecord(Frozen):
     at: datetime
     resumed_by: str | None = None
     resumed_at: datetime | None = None
+    # The `ipnext-identity` header the pause (resume) signal came with, "unattributed" without
+    # one; None: ipnext's own pause, or recorded before identities were read (ipnext.identity).
+    identity: str | None = None
+    resumed_identity: str | None = None
 
 
 # ---- gates --------------------------------------------------------------------------------
@@ -334,6 +338,8 @@ class RolloutStatus(Frozen):
     gates: list[GateReading] = Field(default_factory=list)  # the last readings, every region
     pauses: list[PauseRecord] = Field(default_factory=list)
     freeze_override: FreezeOverride | None = None
+    # The identity header of the override_freeze signal (None: given at publish, or recorded before).
+    freeze_override_identity: str | None = None
     part: str | None = None  # sync: independent: the part moving now
     part_traffic: dict[str, float] = Field(default_factory=dict)  # changed part -> percent on the new set
     repairs: int = 0  # serving checks during its bakes that pushed Serve again (after an outage)

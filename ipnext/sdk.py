@@ -68,6 +68,7 @@ from ipnext.errors import (
     ServingError,
     error_from_type,
 )
+from ipnext.identity import default_identity
 from ipnext.model import ModelSpec, SnapshotSetRequest, check_against_fleet
 from ipnext.regions import FleetStatus, RegionChangeResult, RegionDownInput, RegionUpInput
 from ipnext.registry import (
@@ -155,15 +156,14 @@ class Client:
         self.predictions = AsyncPredictionClient(settings.serve_url)
 
     @classmethod
-    async def connect(cls, settings: Settings | None = None) -> Client:
+    async def connect(cls, settings: Settings | None = None, identity: str | None = None) -> Client:
+        """Connect with the settings' Temporal TLS and API key. `identity` (default
+        `temporal.identity`, else <OS user>@<host>) travels in the `ipnext-identity` header of
+        every signal, update and start, and workflows record it beside `who`. Raises
+        TemporalConnectionError when Temporal refuses or does not answer."""
         settings = settings or load_settings()
-        try:
-            temporal = await connect_client(settings)
-        except RuntimeError as err:
-            raise ServingError(
-                f"cannot reach Temporal at {settings.temporal_address}: {err}",
-                fix="run `ipnext dev up`, or set TEMPORAL_ADDRESS",
-            ) from None
+        who_connects = identity or settings.temporal.identity or default_identity()
+        temporal = await connect_client(settings, identity=who_connects)
         return cls(temporal, settings)
 
     async def __aenter__(self) -> Client:

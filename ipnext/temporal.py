@@ -1,18 +1,154 @@
-"""The one Temporal client factory: worker, SDK, CLI and tests all get the pydantic data converter."""
+"""The one Temporal client factory: worker, SDK, CLI and tests all connect through `connect_client`,
+which sets the pydantic data converter, the TLS and API key of `temporal` in the settings, and
+(for the SDK and CLI) the operator identity header; a failure to connect is a TemporalConnectionError."""
 
 from __future__ import annotations
 
+import ipaddress
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.service import RPCError, TLSConfig
 
 from ipnext.config import Settings
+from ipnext.errors import SpecError, TemporalConnectionError
+from ipnext.identity import SendIdentity
 
-__all__ = ["connect_client"]
+__all__ = ["API_KEY_ENV", "TemporalConnection", "connect_client", "temporal_connection"]
+
+API_KEY_ENV = "IPNEXT_TEMPORAL_API_KEY"
 
 
-async def connect_client(settings: Settings) -> Client:
-    return await Client.connect(
-        settings.temporal_address,
-        namespace=settings.temporal_namespace,
-        data_converter=pydantic_data_converter,
+@dataclass(frozen=True)
+class TemporalConnection:
+    """What `connect_client` hands to Temporal: the address, TLS (None: plaintext), the API key."""
+
+    address: str
+    namespace: str
+    tls: TLSConfig | None
+    api_key: str | None
+
+    def describe(self) -> str:
+        """For errors and logs: never the key, only whether one is sent."""
+        tls = "TLS" if self.tls is not None else "plaintext"
+        key = ", with an API key" if self.api_key else ""
+        return f"{self.address} (namespace {self.namespace}, {tls}{key})"
+
+
+def _read(path: Path, field: str) -> bytes:
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise SpecError(
+            f"{field}: cannot read {path}: {err.strerror or err}.",
+            field=field,
+            value=str(path),
+            fix=f"point {field} at a readable PEM file (relative paths are relative to the config file)",
+        ) from None
+    if not data.strip():
+        raise SpecError(f"{field}: {path} is empty.", field=field, value=str(path), fix="give a PEM file")
+    return data
+
+
+def _is_loopback(address: str) -> bool:
+    host = address.rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def temporal_connection(settings: Settings, environ: Mapping[str, str] | None = None) -> TemporalConnection:
+    """Read the TLS files and the API key the settings name (no network). Raises SpecError naming
+    the field when a file cannot be read, or when an API key would travel in plaintext beyond
+    this machine."""
+    environ = os.environ if environ is None else environ
+    temporal = settings.temporal
+    tls: TLSConfig | None = None
+    if temporal.tls is not None:
+        t = temporal.tls
+        tls = TLSConfig(
+            server_root_ca_cert=_read(t.ca_file, "temporal.tls.ca_file") if t.ca_file else None,
+            client_cert=_read(t.cert_file, "temporal.tls.cert_file") if t.cert_file else None,
+            client_private_key=_read(t.key_file, "temporal.tls.key_file") if t.key_file else None,
+            domain=t.server_name,
+        )
+    api_key = environ.get(API_KEY_ENV, "").strip() or None
+    if api_key is None and temporal.api_key_file is not None:
+        api_key = _read(temporal.api_key_file, "temporal.api_key_file").decode().strip() or None
+        if api_key is None:
+            raise SpecError(
+                f"temporal.api_key_file: {temporal.api_key_file} holds no key.",
+                field="temporal.api_key_file",
+                value=str(temporal.api_key_file),
+                fix=f"write the key in it, or unset it (or set {API_KEY_ENV})",
+            )
+    address = settings.temporal_address
+    if tls is not None and settings.temporal.address is None:
+        raise SpecError(
+            "temporal.tls is set but temporal.address is not: the dev server `ipnext dev up` starts "
+            "listens on loopback without TLS.",
+            field="temporal.address",
+            value=None,
+            fix="set temporal.address (or TEMPORAL_ADDRESS) to the TLS server, or remove temporal.tls",
+        )
+    if api_key is not None and tls is None and not _is_loopback(address):
+        raise SpecError(
+            f"temporal: an API key is configured but TLS is not, and {address} is not this machine: "
+            "the key would cross the network in plaintext.",
+            field="temporal.tls",
+            value=None,
+            fix="add a `temporal.tls` section (`tls: {}` trusts the system's CAs)",
+        )
+    return TemporalConnection(address=address, namespace=temporal.namespace, tls=tls, api_key=api_key)
+
+
+async def connect_client(settings: Settings, *, identity: str | None = None) -> Client:
+    """A Temporal client for the settings' server. `identity` (the SDK's and CLI's operator)
+    goes in the `ipnext-identity` header of every start, signal and update, and is the client's
+    Temporal identity; the worker passes none. Connection refused, a TLS handshake refused either
+    way, or credentials refused raise TemporalConnectionError naming the address and the fix."""
+    connection = temporal_connection(settings)
+    try:
+        return await Client.connect(
+            connection.address,
+            namespace=connection.namespace,
+            data_converter=pydantic_data_converter,
+            tls=connection.tls if connection.tls is not None else False,
+            api_key=connection.api_key,
+            interceptors=[SendIdentity(identity)] if identity else [],
+            identity=identity,  # None: Temporal's default (<pid>@<host>)
+        )
+    except (RuntimeError, RPCError) as err:
+        raise TemporalConnectionError(
+            f"cannot connect to Temporal at {connection.describe()}: {_first_line(err)}",
+            field="temporal",
+            value=connection.address,
+            fix=_connect_fix(settings, connection),
+        ) from None
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def _connect_fix(settings: Settings, connection: TemporalConnection) -> str:
+    if settings.temporal.address is None:
+        return "run `ipnext dev up`, or set TEMPORAL_ADDRESS to a running Temporal"
+    if connection.tls is None:
+        return (
+            "check that Temporal listens there; a server that requires TLS needs a `temporal.tls` "
+            "section (ca_file, cert_file, key_file, server_name)"
+        )
+    return (
+        "check that Temporal listens there, that temporal.tls.ca_file is the CA of its certificate, "
+        "that temporal.tls.server_name is a name the certificate carries, and that the server "
+        "accepts temporal.tls.cert_file (and the API key, if it asks for one)"
     )

@@ -37,7 +37,8 @@ from ipnext.activities.validate import validate_model_spec, validate_snapshot_se
 from ipnext.config import Settings, load_settings
 from ipnext.contracts import ModelWorkflowNames, Workflows
 from ipnext.entry.fleet import ensure_fleet_workflow
-from ipnext.temporal import connect_client
+from ipnext.identity import ReadIdentity
+from ipnext.temporal import connect_client, temporal_connection
 from ipnext.workflows.fleet_replan_workflow import FleetReplanWorkflow
 from ipnext.workflows.fleet_workflow import FleetWorkflow
 from ipnext.workflows.model_workflow import ModelWorkflow
@@ -45,7 +46,7 @@ from ipnext.workflows.rollout_workflow import RolloutWorkflow
 from ipnext.workflows.validate_model_workflow import ValidateModelWorkflow
 from ipnext.workflows.watch_workflow import SnapshotWatchWorkflow
 
-__all__ = ["WORKFLOWS", "run_worker"]
+__all__ = ["INTERCEPTORS", "WORKFLOWS", "run_worker"]
 
 WORKFLOWS = [
     ModelWorkflow,
@@ -55,6 +56,8 @@ WORKFLOWS = [
     ValidateModelWorkflow,
     FleetWorkflow,
 ]
+# Signal and update handlers read the sender's `ipnext-identity` header (ipnext.identity).
+INTERCEPTORS = [ReadIdentity()]
 # Sync activities (Ray calls, hashing, torch loads) run on these threads.
 ACTIVITY_THREADS = 8
 
@@ -63,6 +66,8 @@ async def run_worker(
     settings: Settings, ready_file: Path | None = None, stop: asyncio.Event | None = None
 ) -> None:
     client = await connect_client(settings)
+    # What the log shows of the connection: TLS or not, a key or not (never the key).
+    logging.getLogger(__name__).info("connected to Temporal at %s", temporal_connection(settings).describe())
     watch = WatchActivities(client)
     fleet = FleetActivities(client)
     rollouts = RolloutActivities(client)
@@ -100,6 +105,7 @@ async def run_worker(
                     regions.cancel_scheduled_replan,
                 ],
                 activity_executor=executor,
+                interceptors=INTERCEPTORS,
             )
             async with worker:
                 if ready_file is not None:

@@ -27,6 +27,7 @@ with workflow.unsafe.imports_passed_through():
     from ipnext.activities import QUICK_TIMEOUT, RECONCILE_RETRY
     from ipnext.activities.regions import RegionActivities, RouteAroundInput, check_regions
     from ipnext.contracts import REGIONS_DOWN_KEY, STATE_KEY, FleetWorkflowNames, Workflows, fleet_replan_id
+    from ipnext.identity import attributed, caller_identity
     from ipnext.regions import (
         DOWN_BY_IPNEXT,
         FleetState,
@@ -94,11 +95,14 @@ class FleetWorkflow:
                 replan=current.replan,
                 detail=f"already down since {current.since} by {current.who}: {current.reason}",
             )
+        # Beside `who` (the payload's word), the update's `ipnext-identity` header: in the history
+        # (replay reads the same), and no command depends on it, so older runs replay unchanged.
+        identity = caller_identity()
         if current.health == RegionHealth.DOWN:  # ipnext found it down: now on-call holds it down
             self._state.regions[input.region] = current.model_copy(
-                update={"detected": False, "who": input.who, "reason": input.reason}
+                update={"detected": False, "who": input.who, "reason": input.reason, "identity": identity}
             )
-            self._event(input.region, RegionHealth.DOWN, input.who, f"held down: {input.reason}")
+            self._event(input.region, RegionHealth.DOWN, input.who, f"held down: {input.reason}", identity)
             self._publish()
             return RegionChangeResult(
                 region=input.region,
@@ -107,7 +111,9 @@ class FleetWorkflow:
                 replan=current.replan,
                 detail="was down by ipnext's node check; now stays down until `region up`",
             )
-        self._change(input.region, RegionHealth.DOWN, input.who, input.reason, detected=False)
+        self._change(
+            input.region, RegionHealth.DOWN, input.who, input.reason, detected=False, identity=identity
+        )
         return self._change_result(input.region)
 
     @region_down.validator
@@ -133,7 +139,9 @@ class FleetWorkflow:
                 region=input.region, health=RegionHealth.UP, changed=False, detail="already up"
             )
         reason = input.reason or f"on-call ended the outage ({current.reason})"
-        self._change(input.region, RegionHealth.UP, input.who, reason, detected=False)
+        self._change(
+            input.region, RegionHealth.UP, input.who, reason, detected=False, identity=caller_identity()
+        )
         return self._change_result(input.region)
 
     @region_up.validator
@@ -233,7 +241,16 @@ class FleetWorkflow:
             self._route_due = True
         self._publish()
 
-    def _change(self, region: str, health: RegionHealth, who: str, reason: str, *, detected: bool) -> None:
+    def _change(
+        self,
+        region: str,
+        health: RegionHealth,
+        who: str,
+        reason: str,
+        *,
+        detected: bool,
+        identity: str | None = None,
+    ) -> None:
         """Record a region's new health; the routing and a replan follow in the main loop. No
         await in here: a change is recorded whole or not at all."""
         s = self._state
@@ -244,23 +261,30 @@ class FleetWorkflow:
                 "since": workflow.now(),
                 "reason": reason,
                 "who": who,
+                "identity": identity,
                 "detected": detected,
                 "replan": "",
             }
         )
-        self._event(region, health, who, reason)
+        self._event(region, health, who, reason, identity)
         self._changed.append(region)
         if health == RegionHealth.DOWN or s.replan_due == EMERGENCY:
             s.replan_due = EMERGENCY
         else:
             s.replan_due = RETURN
         self._route_due = True
-        workflow.logger.info("region %s %s by %s: %s", region, health.value, who, reason)
+        workflow.logger.info(
+            "region %s %s by %s: %s", region, health.value, attributed(who, identity), reason
+        )
         self._publish()
 
-    def _event(self, region: str, health: RegionHealth, who: str, reason: str) -> None:
+    def _event(
+        self, region: str, health: RegionHealth, who: str, reason: str, identity: str | None = None
+    ) -> None:
         self._state.record(
-            RegionEvent(at=workflow.now(), region=region, health=health, who=who, reason=reason)
+            RegionEvent(
+                at=workflow.now(), region=region, health=health, who=who, reason=reason, identity=identity
+            )
         )
 
     def _change_result(self, region: str) -> RegionChangeResult:
@@ -377,7 +401,7 @@ class FleetWorkflow:
             r = s.regions[region]
             line = f"- {region}: **{r.health.value}**"
             if r.since is not None:
-                line += f" since {r.since:%Y-%m-%d %H:%M:%S} by {r.who}: {r.reason}"
+                line += f" since {r.since:%Y-%m-%d %H:%M:%S} by {attributed(r.who, r.identity)}: {r.reason}"
             if r.replan:
                 line += f" (replan {r.replan})"
             lines.append(line)

@@ -78,6 +78,7 @@ with workflow.unsafe.imports_passed_through():
         RolloutOutcome,
         RolloutWorkflowNames,
     )
+    from ipnext.identity import attributed, caller_identity
     from ipnext.model import SnapshotSet
     from ipnext.plan import Plan
     from ipnext.registry import RolloutEnded, RolloutInput, RolloutProgress, RolloutResult
@@ -179,12 +180,16 @@ class RolloutWorkflow:
     # second one never fails the workflow task. Pause and resume go on without a readable
     # payload, recorded as by "unknown"; abort and override_freeze need who and why on the
     # record, so without them they are refused (a warning in the worker's log).
+    # Beside `who` (the payload's word) each records the signal's `ipnext-identity` header
+    # (caller_identity: in the history, so replay reads the same; no command depends on it, so
+    # runs from before replay unchanged); a signal without it is recorded "unattributed".
 
     @workflow.signal(name=RolloutWorkflowNames.PAUSE)
     def pause(self, raw: Any = NO_PAYLOAD, _extra: Any = None) -> None:
         input = signal_input(raw, PauseInput, RolloutWorkflowNames.PAUSE)
         if input is None:
             input = PauseInput(reason="a pause signal with no readable payload", who=UNKNOWN)
+        identity = caller_identity()
         if self._progress.state.is_terminal:
             return
         if self._paused():
@@ -193,10 +198,12 @@ class RolloutWorkflow:
             # On-call takes over ipnext's own pause: it no longer ends when traffic comes.
             p = self._progress
             p.pauses[-1] = p.pauses[-1].model_copy(
-                update={"resumed_by": input.who, "resumed_at": workflow.now()}
+                update={"resumed_by": input.who, "resumed_at": workflow.now(), "resumed_identity": identity}
             )
-        self._progress.pauses.append(PauseRecord(reason=input.reason, who=input.who, at=workflow.now()))
-        workflow.logger.info("rollout paused by %s: %s", input.who, input.reason)
+        self._progress.pauses.append(
+            PauseRecord(reason=input.reason, who=input.who, at=workflow.now(), identity=identity)
+        )
+        workflow.logger.info("rollout paused by %s: %s", attributed(input.who, identity), input.reason)
         self._enter(RolloutState.PAUSED, self._progress.step)
 
     @workflow.signal(name=RolloutWorkflowNames.RESUME)
@@ -210,8 +217,9 @@ class RolloutWorkflow:
                 input.who,
             )
             return
-        self._close_pause(input.who)
-        workflow.logger.info("rollout resumed by %s", input.who)
+        identity = caller_identity()
+        self._close_pause(input.who, identity)
+        workflow.logger.info("rollout resumed by %s", attributed(input.who, identity))
 
     @workflow.signal(name=RolloutWorkflowNames.ABORT)
     def abort(self, raw: Any = NO_PAYLOAD, _extra: Any = None) -> None:
@@ -222,7 +230,10 @@ class RolloutWorkflow:
         if self._progress.state.is_terminal or self._progress.abort is not None:
             return
         self._progress.abort = input
-        workflow.logger.info("rollout aborted by %s: %s", input.who, input.reason)
+        self._progress.abort_identity = caller_identity()
+        workflow.logger.info(
+            "rollout aborted by %s: %s", attributed(input.who, self._progress.abort_identity), input.reason
+        )
 
     @workflow.signal(name=RolloutWorkflowNames.OVERRIDE_FREEZE)
     def override_freeze(self, raw: Any = NO_PAYLOAD, _extra: Any = None) -> None:
@@ -236,7 +247,12 @@ class RolloutWorkflow:
         if self._progress.state.is_terminal or self._progress.freeze_override is not None:
             return
         self._progress.freeze_override = input
-        workflow.logger.warning("freeze overridden by %s: %s", input.who, input.reason)
+        self._progress.freeze_override_identity = caller_identity()
+        workflow.logger.warning(
+            "freeze overridden by %s: %s",
+            attributed(input.who, self._progress.freeze_override_identity),
+            input.reason,
+        )
         self._publish_details()
 
     @workflow.query(name=RolloutWorkflowNames.STATUS)
@@ -257,6 +273,7 @@ class RolloutWorkflow:
             gates=list(p.gates),
             pauses=list(p.pauses),
             freeze_override=p.freeze_override,
+            freeze_override_identity=p.freeze_override_identity,
             part=p.part,
             part_traffic=dict(p.part_traffic),
             repairs=p.repairs,
@@ -634,7 +651,9 @@ class RolloutWorkflow:
             raise ApplicationError("no abort recorded", type="RolloutStateError", non_retryable=True)
         if p.cancelled:
             return _Stop(RolloutState.CANCELLED, f"cancelled ({p.abort.reason})")
-        return _Stop(RolloutState.ABORTED, f"aborted by {p.abort.who}: {p.abort.reason}")
+        return _Stop(
+            RolloutState.ABORTED, f"aborted by {attributed(p.abort.who, p.abort_identity)}: {p.abort.reason}"
+        )
 
     def _stop_if_aborted(self) -> None:
         """Between a step's activities: an abort (or a cancellation) recorded while one ran stops
@@ -648,9 +667,11 @@ class RolloutWorkflow:
         workflow.logger.warning("rollout paused: %s (%s)", reason, detail)
         self._enter(RolloutState.PAUSED, self._progress.step)
 
-    def _close_pause(self, who: str) -> None:
+    def _close_pause(self, who: str, identity: str | None = None) -> None:
         p = self._progress
-        p.pauses[-1] = p.pauses[-1].model_copy(update={"resumed_by": who, "resumed_at": workflow.now()})
+        p.pauses[-1] = p.pauses[-1].model_copy(
+            update={"resumed_by": who, "resumed_at": workflow.now(), "resumed_identity": identity}
+        )
         p.resumes += 1
         p.detail = ""
         self._enter(RolloutState.RUNNING, p.step)
@@ -878,11 +899,13 @@ class RolloutWorkflow:
         if p.gates:
             lines.append("gates: " + "; ".join(r.describe() for r in p.gates))
         if p.pauses and self._paused():
-            lines.append(f"paused by {p.pauses[-1].who}: {p.pauses[-1].reason}")
+            last = p.pauses[-1]
+            lines.append(f"paused by {attributed(last.who, last.identity)}: {last.reason}")
         if p.repairs:
             lines.append(f"serving repaired {p.repairs} time(s), last: {p.last_repair}")
         if p.freeze_override is not None:
-            lines.append(f"freeze override by {p.freeze_override.who}: {p.freeze_override.reason}")
+            by = attributed(p.freeze_override.who, p.freeze_override_identity)
+            lines.append(f"freeze override by {by}: {p.freeze_override.reason}")
         if p.cancelled and outcome is None:
             lines.append("cancellation requested: rolling back as on abort")
         if p.detail:

@@ -23,6 +23,7 @@ from ipnext.config import Settings
 from ipnext.contracts import model_workflow_id, poll_until, rollout_workflow_id
 from ipnext.devstack import DevStack
 from ipnext.examples.click_ranker.train import poisoned_copy
+from ipnext.identity import default_identity
 from ipnext.model import GateSpec
 from ipnext.registry import RolloutResult
 from ipnext.rollout import RolloutState
@@ -198,6 +199,9 @@ async def test_on_call_pauses_and_resumes_with_the_cli(
     assert load.failed() == []
     assert state.rollout is not None and state.rollout.pauses[0].who == "ann"
     assert state.rollout.pauses[0].resumed_by == "bob"
+    # The real worker read the CLI's identity header (the CLI's default: <OS user>@<host>).
+    pause = state.rollout.pauses[0]
+    assert (pause.identity, pause.resumed_identity) == (default_identity(), default_identity()), pause
     watched = ipnext(stack_config, "rollout", "watch", model_name)
     assert watched.returncode == 0 and "COMPLETED" in watched.stdout and "[30%] [100%]" in watched.stdout
     await the_temporal_uis_doors(stack, client, model_name, published.set_id)
