@@ -1,5 +1,6 @@
-"""One real dev stack per test session: a Temporal dev server, a local Ray cluster with Serve and
-the ipnext worker, on ports and in a state folder of its own, so a running demo never collides."""
+"""One real dev stack per test session (each pytest-xdist worker has its own: tests/conftest.py):
+a Temporal dev server, a local Ray cluster with Serve and the ipnext worker, on ports and in a
+state folder of its own, so a running demo or the other worker's stack never collides."""
 
 from __future__ import annotations
 

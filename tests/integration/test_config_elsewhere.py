@@ -25,7 +25,7 @@ from ipnext.devstack import free_port, process_alive, stack_processes
 
 from .conftest import REPO
 
-pytestmark = [pytest.mark.integration, pytest.mark.own_stack, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 COMPONENTS = ("temporal", "ray", "worker", "supervisor")
 

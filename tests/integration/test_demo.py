@@ -17,7 +17,7 @@ from ipnext.devstack import scratch_config
 
 from .conftest import REPO
 
-pytestmark = [pytest.mark.integration, pytest.mark.own_stack, pytest.mark.timeout(480)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(480)]
 
 
 def _processes_with(marker: str) -> list[int]:

@@ -29,7 +29,7 @@ from .test_cli import ipnext
 
 __all__ = ["per_region_stack"]  # the fixture, imported for pytest
 
-pytestmark = [pytest.mark.integration, pytest.mark.own_stack, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 INPUTS = {"user": 3, "items": [1, 2, 3]}
 
 

@@ -1,4 +1,4 @@
-"""Drills that restart the whole shared dev stack (marked `destructive`: they run after every
+"""Drills that restart their worker's whole dev stack (marked `destructive`: they run after every
 other test of the stack). Timings are printed, never asserted."""
 
 from __future__ import annotations
