@@ -57,6 +57,7 @@ _NODE_PORT_FLAGS = (
     "--runtime-env-agent-port",
 )
 START_TIMEOUT_S = 180.0
+NODE_START_ATTEMPTS = 3  # a region's `ray start` that exits before its node joined is tried again
 STOP_TIMEOUT_S = 30.0
 WORKER_GCS_PATIENCE_S = 7 * 24 * 3600  # how long the worker's Ray driver waits for a lost cluster
 COMPONENTS = ("temporal", "ray", "worker")  # what `dev up` starts, in order (+ nodes: component_names)
@@ -537,7 +538,6 @@ class DevStack:
                     resources[key] = resources.get(key, 0.0) + pool.units
             name = node_component(region)
             log_path = self.state_dir / "logs" / f"{name}.log"
-            offset = log_path.stat().st_size if log_path.exists() else 0
             argv = [
                 str(ray_cli),
                 "start",
@@ -558,16 +558,31 @@ class DevStack:
             # (the agent's 52365), and nodes started together pick the same "free" ones.
             for flag in _NODE_PORT_FLAGS:
                 argv[-2:-2] = [flag, str(free_port())]
-            proc = self._spawn(name, argv, {**env, NODE_ENV: region}, record)
-
-            def joined(path: Path = log_path, start: int = offset) -> bool:
-                with path.open("rb") as log:
-                    log.seek(start)
-                    return NODE_STARTED.encode() in log.read()
-
             # One at a time: Ray numbers a node's log files by what it finds in the session folder,
             # so nodes started together write into each other's logs.
-            self._wait(name, proc, joined, record)
+            for attempt in range(1, NODE_START_ATTEMPTS + 1):
+                offset = log_path.stat().st_size if log_path.exists() else 0
+                proc = self._spawn(name, argv, {**env, NODE_ENV: region}, record)
+
+                def joined(path: Path = log_path, start: int = offset) -> bool:
+                    with path.open("rb") as log:
+                        log.seek(start)
+                        return NODE_STARTED.encode() in log.read()
+
+                try:
+                    self._wait(name, proc, joined, record)
+                    break
+                except StackError as err:
+                    # `ray start` gives its raylet a fixed 30 s to register with the GCS (not a
+                    # setting); on a loaded machine that can pass, and it exits. Whatever it left
+                    # running of the node goes before the next try, so no half node holds the
+                    # region's resources.
+                    self._kill_node(record, name, region)
+                    if attempt == NODE_START_ATTEMPTS:
+                        raise
+                    self.log(
+                        f"  ray node {name} did not join ({str(err).splitlines()[0]}); starting it again"
+                    )
             self.log(f"  ray node {name} up (pid {proc.pid})")
 
     def _start_supervisor(self, env: dict[str, str], record: dict[str, Any]) -> None:
