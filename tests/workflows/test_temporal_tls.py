@@ -72,6 +72,18 @@ def _temporal(address: str, queue: str, **tls: object) -> TemporalSettings:
     return TemporalSettings(address=address, task_queue=queue, tls=TemporalTLSSettings(**tls))  # type: ignore[arg-type]
 
 
+def _mutual(address: str, queue: str, pki: Credentials, ca: Path) -> TemporalSettings:
+    """Mutual TLS with the client's certificate, trusting `ca`, naming the server's certificate."""
+    return _temporal(
+        address,
+        queue,
+        ca_file=ca,
+        cert_file=pki.client.cert,
+        key_file=pki.client.key,
+        server_name=SERVER_NAME,
+    )
+
+
 def _config_file(folder: Path, temporal: dict[str, object]) -> Path:
     """An ipnext.yaml for the CLI: the `temporal` section (paths relative to the file), and a
     fleet file naming eu-west (the CLI checks a region against it before sending anything)."""
@@ -94,14 +106,7 @@ async def test_worker_sdk_and_cli_connect_through_mutual_tls_and_identities_are_
 ) -> None:
     proxy, pki = terminator
     queue = f"tls-{uuid.uuid4().hex[:8]}"
-    temporal_settings = _temporal(
-        proxy.address,
-        queue,
-        ca_file=pki.ca.pem.cert,
-        cert_file=pki.client.cert,
-        key_file=pki.client.key,
-        server_name=SERVER_NAME,
-    )
+    temporal_settings = _mutual(proxy.address, queue, pki, pki.ca.pem.cert)
     settings = Settings(temporal=temporal_settings, regions=RegionSettings(check_seconds=0.5))
     started = time.monotonic()
     fake = FakeRegions()
@@ -169,14 +174,7 @@ async def test_a_client_without_the_certificate_or_trusting_another_ca_is_refuse
         "no client certificate": _temporal(
             proxy.address, queue, ca_file=pki.ca.pem.cert, server_name=SERVER_NAME
         ),
-        "another CA trusted": _temporal(
-            proxy.address,
-            queue,
-            ca_file=pki.other_ca.pem.cert,
-            cert_file=pki.client.cert,
-            key_file=pki.client.key,
-            server_name=SERVER_NAME,
-        ),
+        "another CA trusted": _mutual(proxy.address, queue, pki, pki.other_ca.pem.cert),
         "no server name (the certificate does not carry 127.0.0.1)": _temporal(
             proxy.address, queue, ca_file=pki.ca.pem.cert, cert_file=pki.client.cert, key_file=pki.client.key
         ),
