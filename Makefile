@@ -35,8 +35,8 @@ types: $(STAMP)
 	$(BIN)/mypy -p ipnext
 
 test: lint types
-	@# Two workers, tests handed out one at a time; each worker starts its own dev stack (tests/conftest.py).
-	$(BIN)/pytest -n 2 --dist load --maxschedchunk 1 -ra --durations=15 $(ARGS)
+	@# Two workers; tests/conftest.py hands them work units: the shared dev stack's drills all on one.
+	$(BIN)/pytest -n 2 -ra --durations=25 $(ARGS)
 
 clean:
 	rm -rf $(VENV) .ipnext .pytest_cache .mypy_cache .ruff_cache
