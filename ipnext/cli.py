@@ -10,6 +10,10 @@ ipnext plan solve --fleet F --demand D [--current P] --out P | show [--revision 
 ipnext plan schedule --every 6h | --pause [NOTE] | --unpause | --trigger | --delete | --status
 ipnext fleet region down REGION --reason R --who W | region up REGION --who W [--reason R] | regions [--json]
 ipnext demo [--once]
+
+One file over 600 lines on purpose: the parser tree and the handler of each verb, one screen
+each, read as the command's reference; the work itself is in the SDK, the dev stack and
+ipnext.entry (supervisor, schedules, fleet), which this file only calls.
 """
 
 from __future__ import annotations

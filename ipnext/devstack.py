@@ -17,6 +17,10 @@ cluster. The head's GCS declares a killed node dead within seconds (settings `ra
 Every process it starts (and every one the supervisor starts again) reads the same config: the
 file the command read (`--config`, `IPNEXT_CONFIG` or `config/ipnext.yaml`), passed on as an
 absolute `IPNEXT_CONFIG`; each log says it on its start line.
+
+One file over 600 lines on purpose: the start, stop and record of each component share the
+state file, its lock and the process-session helpers, and the supervisor reads the same
+record; the supervisor's loop lives in ipnext.entry.supervisor.
 """
 
 from __future__ import annotations

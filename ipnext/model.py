@@ -1,4 +1,8 @@
-"""What an ML engineer writes and publishes: the model spec (model.yaml) and its snapshot sets."""
+"""What an ML engineer writes and publishes: the model spec (model.yaml) and its snapshot sets.
+
+One file over 600 lines on purpose: the spec is one pydantic tree whose validators check one
+section against another (parts against the DAG, gates against the rollout, choices against
+variants), and `check_against_fleet` reads the same tree; the DAG algorithms are in ipnext.dag."""
 
 from __future__ import annotations
 

@@ -11,6 +11,10 @@ and `PredictionClient` / `AsyncPredictionClient` for predictions, which need onl
 
 `Client.predict` / `predict_stream` still work: they go through its AsyncPredictionClient.
 Errors are ipnext errors (ipnext.errors), translated from Temporal and HTTP at this boundary.
+
+One file over 600 lines on purpose: `Client` is the public surface the README documents, one
+method per verb with the translation of Temporal's errors at this boundary; the prediction
+clients themselves live in ipnext.entry.prediction and are only re-exported here.
 """
 
 from __future__ import annotations

@@ -6,6 +6,11 @@ input without I/O, the handler validates the snapshots in an activity and raises
 a non-retryable ApplicationError before changing any state. Sets published while
 a rollout runs are queued; when it ends the newest starts and older ones are
 recorded as superseded.
+
+One file over 600 lines on purpose: one workflow per module (CONVENTIONS), and every handler
+here (publish, delete, adopt, the rollout's end signal, the watcher's and the replan's calls)
+reads and writes the one `ModelRecord`; what it calls out to already lives in activities, and
+the rollout in its own workflow.
 """
 
 from __future__ import annotations
