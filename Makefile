@@ -35,7 +35,7 @@ types: $(STAMP)
 	$(BIN)/mypy -p ipnext
 
 test: lint types
-	@# Two workers; tests/conftest.py hands them work units: the shared dev stack's drills all on one.
+	@# Two workers; tests/conftest.py hands them work units (each half of the drills on a stack of its own).
 	$(BIN)/pytest -n 2 -ra --durations=25 $(ARGS)
 
 clean:

@@ -1,20 +1,22 @@
 """Test-run wiring shared by every folder: how `make test` shares its two pytest-xdist workers.
 
 The suite is mostly drills on a real dev stack (Temporal, a Ray cluster with Serve, the worker),
-and a stack is the costly thing on a 2-core machine: two stacks side by side, each running a
-drill under load, starve each other (CI once failed 9 drills in a 40-minute run that way, gates
-judging windows the machine had stalled and a workflow task missing Temporal's 2 s deadlock
-limit). So the tests are handed out in work units (`GroupScheduling` below):
+and a stack is the costly thing on a 2-core machine: each worker that runs a drill starts a stack
+of its own (tests/integration/conftest.py), and two stacks each under a drill's load slow each
+other down. So the tests are handed out in work units (`GroupScheduling` below), in this order:
 
-- every drill on the shared stack (tests/integration) is one unit, run on one worker, one stack;
-- the Temporal test server's tests (tests/workflows) and the trained LLM's (tests/llm) are a unit
-  each, so each session fixture starts once;
-- every other test module is a unit of its own, handed to whichever worker is free;
-- the drills that start a stack of their own (`OWN_STACK_MODULES`) come last, so they overlap
-  the shared stack only once the other worker has nothing lighter left.
+1. the shared stack's first half of the drills (`integration`), one unit: the worker that takes
+   it first starts its stack at once and keeps it busy to the end; its destructive drills
+   (`destructive`: they restart the stack) run after the rest of the unit;
+2. the Temporal test server's tests (tests/workflows) and the trained LLM's (tests/llm), a unit
+   each so each session fixture starts once;
+3. every other test module, a unit of its own, handed to whichever worker is free;
+4. the second half of the drills (`integration-b`, `SECOND_STACK_MODULES`), one unit: the other
+   worker runs it on a stack of its own once the light tests are done;
+5. the drills that start a stack of their own (`OWN_STACK_MODULES`), a unit each.
 
-Drills marked `destructive` restart the shared stack, so they run after every other drill on it.
-Units are handed out in collection order, which `pytest_collection_modifyitems` sets."""
+The halves are balanced by the drills' measured durations (a CI run's --durations), so the two
+workers end at about the same time."""
 
 from __future__ import annotations
 
@@ -24,6 +26,14 @@ import pytest
 
 # Modules under tests/integration whose drills start a dev stack of their own.
 OWN_STACK_MODULES = ("test_demo.py", "test_config_elsewhere.py", "test_region_nodes.py")
+# Modules under tests/integration that run on the second worker's stack.
+SECOND_STACK_MODULES = (
+    "test_replan.py",
+    "test_variants.py",
+    "test_llm.py",
+    "test_load_step.py",
+    "test_ranking.py",
+)
 # Folders whose tests share one costly session fixture, so they run as one unit.
 SHARED_FIXTURE_FOLDERS = ("integration", "workflows", "llm")
 
@@ -35,6 +45,8 @@ def work_unit(nodeid: str) -> str:
     folder = parts[1] if len(parts) > 2 and parts[0] == "tests" else ""
     if folder == "integration" and parts[-1] in OWN_STACK_MODULES:
         return f"own-stack:{module}"
+    if folder == "integration" and parts[-1] in SECOND_STACK_MODULES:
+        return "integration-b"
     if folder in SHARED_FIXTURE_FOLDERS:
         return folder
     return module
@@ -46,8 +58,10 @@ def _rank(item: pytest.Item) -> tuple[int, bool]:
         order = 0
     elif unit in SHARED_FIXTURE_FOLDERS:
         order = 1
-    elif unit.startswith("own-stack:"):
+    elif unit == "integration-b":
         order = 3
+    elif unit.startswith("own-stack:"):
+        order = 4
     else:
         order = 2
     return order, item.get_closest_marker("destructive") is not None

@@ -4,8 +4,10 @@ state folder of its own, so a running demo or the other worker's stack never col
 
 from __future__ import annotations
 
+import asyncio
 import os
 import tempfile
+import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -15,10 +17,12 @@ import pytest
 import pytest_asyncio
 import ray
 import yaml
+from ray import serve
 
 from ipnext.config import Settings, load_settings
 from ipnext.contracts import ModelStatus, poll_until
 from ipnext.devstack import WORKER_GCS_PATIENCE_S, DevStack, scratch_config, stack_processes
+from ipnext.errors import ModelNotFoundError
 from ipnext.examples.click_ranker.train import train
 from ipnext.model import ModelSpec, load_model_spec
 from ipnext.registry import ModelState
@@ -96,6 +100,61 @@ async def client(stack: Settings) -> AsyncIterator[Client]:
 def model_name(request: pytest.FixtureRequest) -> str:
     """A fresh model name per test (names are [a-z][a-z0-9-]*)."""
     return f"t{uuid.uuid4().hex[:6]}"
+
+
+@pytest.fixture(autouse=True)
+def close_serve_handles(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Shut down the Serve handles a test opened in this process once it ends: a handle's router
+    pushes metrics to Serve's controller every second for as long as the process lives, and once a
+    drill has restarted Ray it logs a failure every second instead, for the rest of the run."""
+    opened: list[Any] = []
+    open_handle = serve.get_deployment_handle
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        handle = open_handle(*args, **kwargs)
+        opened.append(handle)
+        return handle
+
+    monkeypatch.setattr(serve, "get_deployment_handle", recording)
+    yield
+    for handle in opened:
+        # shutdown() waits on the router's own loop; a cluster that is gone must not hang it.
+        closing = threading.Thread(target=handle.shutdown, daemon=True)
+        closing.start()
+        closing.join(HANDLE_SHUTDOWN_S)
+
+
+HANDLE_SHUTDOWN_S = 10.0
+
+# How long the clean-up after a test waits for one of its models to delete.
+CLEANUP_TIMEOUT_S = 60.0
+
+
+@pytest_asyncio.fixture(loop_scope="session", autouse=True)
+async def leave_no_model_behind(request: pytest.FixtureRequest) -> AsyncIterator[None]:
+    """After a test on the shared stack, delete every model it registered (its `model_name`, or a
+    name that starts with it) that is still there: a test that failed halfway, or one that never
+    deletes, would otherwise leave its replicas running (and costing CPU) under every later drill.
+    A delete that does not finish in time is printed, never a failure of the test."""
+    if "client" not in request.fixturenames or "model_name" not in request.fixturenames:
+        yield
+        return
+    client: Client = request.getfixturevalue("client")
+    prefix: str = request.getfixturevalue("model_name")
+    yield
+    names = {prefix}  # visibility lags a moment behind a registration: the test's own name always
+    try:
+        names |= {m.name for m in await client.list_models() if m.name.startswith(prefix)}
+    except Exception as err:  # the stack may be down after a destructive drill
+        print(f"clean-up: could not list models ({err})")
+    for name in sorted(names):
+        try:
+            await asyncio.wait_for(client.delete_model(name, who="test clean-up"), CLEANUP_TIMEOUT_S)
+            print(f"clean-up: deleted {name}, which the test left registered")
+        except ModelNotFoundError:
+            pass  # deleted by the test, or never registered
+        except Exception as err:
+            print(f"clean-up: {name} not deleted ({type(err).__name__}: {err})")
 
 
 def tolerant_latency_gate(data: dict[str, Any]) -> dict[str, Any]:
