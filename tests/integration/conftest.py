@@ -130,17 +130,28 @@ HANDLE_SHUTDOWN_S = 10.0
 CLEANUP_TIMEOUT_S = 60.0
 
 
-@pytest_asyncio.fixture(loop_scope="session", autouse=True)
-async def leave_no_model_behind(request: pytest.FixtureRequest) -> AsyncIterator[None]:
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Every test on the shared stack that registers models under its `model_name` cleans up after
+    # itself (an autouse async fixture cannot ask for the async `client` only where a test uses it).
+    here = Path(__file__).parent
+    for item in items:
+        names: list[str] = getattr(item, "fixturenames", [])
+        if (
+            item.path.is_relative_to(here)
+            and "client" in names
+            and "model_name" in names
+            and "leave_no_model_behind" not in names
+        ):
+            names.append("leave_no_model_behind")
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def leave_no_model_behind(client: Client, model_name: str) -> AsyncIterator[None]:
     """After a test on the shared stack, delete every model it registered (its `model_name`, or a
     name that starts with it) that is still there: a test that failed halfway, or one that never
     deletes, would otherwise leave its replicas running (and costing CPU) under every later drill.
     A delete that does not finish in time is printed, never a failure of the test."""
-    if "client" not in request.fixturenames or "model_name" not in request.fixturenames:
-        yield
-        return
-    client: Client = request.getfixturevalue("client")
-    prefix: str = request.getfixturevalue("model_name")
+    prefix = model_name
     yield
     names = {prefix}  # visibility lags a moment behind a registration: the test's own name always
     try:
