@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 import subprocess
 import sys
 import time
@@ -167,8 +168,10 @@ async def test_on_call_pauses_and_resumes_with_the_cli(
     stack: Settings, stack_config: Path, client: Client, model_name: str
 ) -> None:
     spec = one_region_spec(model_name)
-    # A bake long enough that the CLI's pause (a new process) lands inside the first one.
-    rollout = spec.rollout.model_copy(update={"steps": [30, 100], "bake_seconds": 10})
+    # A bake long enough that the CLI's pause (a new process) lands inside the first one; a middle
+    # step, so the cancel below comes with the previous set scaled down (50%: its replicas must
+    # come back up for the rollback).
+    rollout = spec.rollout.model_copy(update={"steps": [30, 50, 100], "bake_seconds": 10})
     spec = spec.model_copy(update={"rollout": rollout})
     await client.publish_model(spec)
     v1, _ = train_version(stack, model_name, "v1")
@@ -203,7 +206,9 @@ async def test_on_call_pauses_and_resumes_with_the_cli(
     pause = state.rollout.pauses[0]
     assert (pause.identity, pause.resumed_identity) == (default_identity(), default_identity()), pause
     watched = ipnext(stack_config, "rollout", "watch", model_name)
-    assert watched.returncode == 0 and "COMPLETED" in watched.stdout and "[30%] [100%]" in watched.stdout
+    assert (
+        watched.returncode == 0 and "COMPLETED" in watched.stdout and "[30%] [50%] [100%]" in watched.stdout
+    )
     await the_temporal_uis_doors(stack, client, model_name, published.set_id)
     await client.delete_model(model_name)
 
@@ -249,27 +254,37 @@ async def task_failures(client: Client, workflow_id: str) -> list[str]:
 
 async def the_temporal_uis_doors(stack: Settings, client: Client, model_name: str, serving: str) -> None:
     """On-call through Temporal's own doors on two running rollouts, under load: a signal with no
-    input (what the UI sends by default), a cancel (the UI's "Request Cancellation"): traffic
-    ends on the last good set; a terminate: the model puts the routers back and stays managed.
-    No workflow task fails anywhere."""
+    input (what the UI sends by default), a cancel (the UI's "Request Cancellation", an abort)
+    in the 50% bake with the last good set's training folder deleted: traffic ends on that set,
+    served from its pinned snapshots; a terminate: the model puts the routers back and stays
+    managed. No workflow task fails anywhere."""
     path = f"/us-east/models/{model_name}"
     async with httpx.AsyncClient(base_url=stack.serve_url, timeout=30) as http:
         good_weights = (await http.get(path)).json()["weights"]
     ended: dict[str, str] = {}
+    serving_set = next(m for m in (await client.get_model(model_name)).sets if m.id == serving)
+    training_folder = stack.snapshot_roots[0] / model_name / serving_set.version
+    assert training_folder.is_dir(), training_folder
     for version, door in (("v3", "cancel"), ("v4", "terminate")):
         folder, _ = train_version(stack, model_name, version, seed=int(version[1:]))
         async with Load(stack.serve_url, f"{path}/predict") as load:
             published = await client.publish_snapshot(model_name, folder)
             rollout_id = rollout_workflow_id(model_name, published.set_id)
+            # The cancel comes in the 50% bake (the previous set scaled down after the 30% step),
+            # with the previous set's training folder gone: its replicas come back up for the
+            # rollback from the pinned store, not from the training job's files.
+            steps_done = 1 if door == "cancel" else 0
             await poll_until(
                 lambda: client.rollout_status(model_name),
-                lambda s, set_id=published.set_id: (
-                    s is not None and s.set_id == set_id and "baking" in s.step
+                lambda s, set_id=published.set_id, done=steps_done: (
+                    s is not None and s.set_id == set_id and "baking" in s.step and s.steps_done >= done
                 ),
                 timeout_s=120,
                 interval_s=0.2,
-                what=f"{published.set_id} baking",
+                what=f"{published.set_id} baking after {steps_done} step(s)",
             )
+            if door == "cancel":
+                shutil.rmtree(training_folder)
             bare = temporal_cli(stack, "workflow", "signal", "--workflow-id", rollout_id, "--name", "resume")
             assert bare.returncode == 0, bare.stderr
             done = temporal_cli(
@@ -324,6 +339,8 @@ async def the_temporal_uis_doors(stack: Settings, client: Client, model_name: st
             f"{back_at - door_at:.1f} s later, {len(load.answers)} answers, none failed; {ended[door]}"
         )
         if door == "cancel":  # rolled back like abort, then ended: COMPLETED, outcome cancelled
+            print(f"the cancel came at 50% with {training_folder.name}'s training folder removed")
+            assert not training_folder.exists()
             result = await client.temporal.get_workflow_handle(rollout_id, result_type=RolloutResult).result()
             assert described.status == WorkflowExecutionStatus.COMPLETED and result.outcome == "cancelled"
             assert state.sets[-1].status == "cancelled"
