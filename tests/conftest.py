@@ -52,26 +52,28 @@ def work_unit(nodeid: str) -> str:
     return module
 
 
-def _rank(item: pytest.Item) -> tuple[int, bool]:
-    unit = work_unit(item.nodeid)
+def unit_order(unit: str) -> int:
+    """Where a unit stands in the hand-out order of the module's docstring (1 to 5)."""
     if unit == "integration":
-        order = 0
-    elif unit in SHARED_FIXTURE_FOLDERS:
-        order = 1
-    elif unit == "integration-b":
-        order = 3
-    elif unit.startswith("own-stack:"):
-        order = 4
-    else:
-        order = 2
-    return order, item.get_closest_marker("destructive") is not None
+        return 1
+    if unit in SHARED_FIXTURE_FOLDERS:
+        return 2
+    if unit == "integration-b":
+        return 4
+    if unit.startswith("own-stack:"):
+        return 5
+    return 3
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # The shared stack's drills first (the longest unit), then the other shared fixtures, then
-    # everything else, the own-stack drills last; destructive drills after the rest of their unit.
-    # The sort is stable, so collection order holds inside each rank.
-    items.sort(key=_rank)
+    # Units in the docstring's order, destructive drills after the rest of their unit; the sort is
+    # stable, so collection order holds inside each.
+    items.sort(
+        key=lambda item: (
+            unit_order(work_unit(item.nodeid)),
+            item.get_closest_marker("destructive") is not None,
+        )
+    )
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:

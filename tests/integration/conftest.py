@@ -102,6 +102,10 @@ def model_name(request: pytest.FixtureRequest) -> str:
     return f"t{uuid.uuid4().hex[:6]}"
 
 
+# How long shutting down one Serve handle may take after a test.
+HANDLE_SHUTDOWN_S = 10.0
+
+
 @pytest.fixture(autouse=True)
 def close_serve_handles(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Shut down the Serve handles a test opened in this process once it ends: a handle's router
@@ -123,8 +127,6 @@ def close_serve_handles(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         closing.start()
         closing.join(HANDLE_SHUTDOWN_S)
 
-
-HANDLE_SHUTDOWN_S = 10.0
 
 # How long the clean-up after a test waits for one of its models to delete.
 CLEANUP_TIMEOUT_S = 60.0
@@ -151,11 +153,10 @@ async def leave_no_model_behind(client: Client, model_name: str) -> AsyncIterato
     name that starts with it) that is still there: a test that failed halfway, or one that never
     deletes, would otherwise leave its replicas running (and costing CPU) under every later drill.
     A delete that does not finish in time is printed, never a failure of the test."""
-    prefix = model_name
     yield
-    names = {prefix}  # visibility lags a moment behind a registration: the test's own name always
+    names = {model_name}  # visibility lags a moment behind a registration: the test's own name always
     try:
-        names |= {m.name for m in await client.list_models() if m.name.startswith(prefix)}
+        names |= {m.name for m in await client.list_models() if m.name.startswith(model_name)}
     except Exception as err:  # the stack may be down after a destructive drill
         print(f"clean-up: could not list models ({err})")
     for name in sorted(names):
