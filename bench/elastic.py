@@ -54,6 +54,8 @@ def spec(peak: float, service_s: float) -> ModelSpec:
     data["parts"]["dense"]["config"]["delay_ms"] = service_s * 1000
     data["parts"]["dense"]["hardware"] = {"cpu-std": {"units": 1, "qps": PART_MAX_ONGOING / service_s}}
     data["router"] = {"max_ongoing_requests": 5000, "max_queued_requests": 5000}
+    for part in data["parts"].values():  # open loop: nothing refused, the queues show the capacity
+        part["max_queued_requests"] = 5000
     return ModelSpec.model_validate(data)
 
 

@@ -26,6 +26,7 @@ from ipnext.specio import load_yaml, parse_spec
 __all__ = [
     "DAG_INPUT",
     "DAG_OUTPUT",
+    "DEFAULT_PART_MAX_QUEUED",
     "DEFAULT_ROUTER_MAX_ONGOING",
     "FACTORY_PREFIXES_SETTING",
     "MAX_DEADLINE_SECONDS",
@@ -61,6 +62,7 @@ __all__ = [
 ]
 
 DEFAULT_ROUTER_MAX_ONGOING = 100
+DEFAULT_PART_MAX_QUEUED = 100  # a part's calls waiting at one caller, at most (PartSpec)
 # The longest deadline a spec may give: Serve's proxy timeout sits above it as a backstop
 # (`serving.layout.PROXY_TIMEOUT_S`), so the router, which counts, always answers first.
 MAX_DEADLINE_SECONDS = 600.0
@@ -148,6 +150,10 @@ class PartSpec(_Spec):
     # ipnext.sharding); each of those names the part it came from in `shard_of`.
     shards: int = Field(default=1, ge=1, le=MAX_SHARDS, strict=True)
     shard_of: Name | None = None
+    # Calls that may wait for this part's replicas at each caller (a router replica) beyond
+    # their max_ongoing_requests; the next one is refused at once (the router answers 503 and
+    # counts it against the set that served it: the part, behind the router, is overloaded).
+    max_queued_requests: int = Field(default=DEFAULT_PART_MAX_QUEUED, ge=1, le=100_000)
 
     @field_validator("config")
     @classmethod

@@ -14,7 +14,15 @@ from pydantic import Field
 
 from ipnext.config import AutoscalingSettings, PartHealthCheckSettings
 from ipnext.contracts import Frozen
-from ipnext.model import MAX_DEADLINE_SECONDS, BatchingSpec, ChoiceSpec, ModelSpec, RouterSpec, SnapshotSet
+from ipnext.model import (
+    DEFAULT_PART_MAX_QUEUED,
+    MAX_DEADLINE_SECONDS,
+    BatchingSpec,
+    ChoiceSpec,
+    ModelSpec,
+    RouterSpec,
+    SnapshotSet,
+)
 from ipnext.plan import Plan
 from ipnext.rollout import RouterConfig, scaled_replicas
 from ipnext.routing import ROUTING_PREFIX, RoutingTable
@@ -203,6 +211,7 @@ class SetAppPlan(Frozen):
     replicas: dict[str, dict[str, int]]  # part -> hardware -> replicas
     units: dict[str, dict[str, int]]  # part -> hardware -> units per replica
     qps: dict[str, dict[str, float]]  # part -> hardware -> QPS per replica
+    max_queued: dict[str, int] = Field(default_factory=dict)  # part -> its calls waiting at a caller, at most
 
 
 def set_app_plan(
@@ -257,6 +266,7 @@ def set_app_plan(
         replicas=replicas,
         units={p: {hw: spec.parts[p].hardware[hw].units for hw in r} for p, r in replicas.items()},
         qps={p: {hw: spec.parts[p].hardware[hw].qps for hw in r} for p, r in replicas.items()},
+        max_queued={p: spec.parts[p].max_queued_requests for p in replicas},
     )
 
 
@@ -322,6 +332,9 @@ def render_set_app(
                 ),
                 "health_check_period_s": health_check.period_s,
                 "health_check_timeout_s": health_check.timeout_s,
+                # Bounded at each caller (Serve's handle raises BackPressureError beyond it; the
+                # router answers 503): a part's queue never grows without bound behind a router.
+                "max_queued_requests": app.max_queued.get(part, DEFAULT_PART_MAX_QUEUED),
             }
             if batching is not None:
                 # A replica takes at most max_ongoing_requests at once (Serve's default is 5), so

@@ -27,6 +27,7 @@ from ipnext.rollout import RouterConfig
 from ipnext.serving.layout import (
     PROXY_TIMEOUT_S,
     ROUTER_IMPORT_PATH,
+    SET_DEPLOYMENT,
     SET_IMPORT_PATH,
     DeployedRouter,
     SetIngressConfig,
@@ -235,6 +236,24 @@ def test_render_serve_config_is_a_valid_serve_deploy_schema(
     assert config["http_options"] == {"host": "127.0.0.1", "port": 8000, "request_timeout_s": PROXY_TIMEOUT_S}
     assert schema.http_options.request_timeout_s == PROXY_TIMEOUT_S > MAX_DEADLINE_SECONDS
     assert {a.deployments[0].max_queued_requests for a in schema.applications if a.route_prefix} == {100}
+    # Part deployments are bounded at each caller too (the spec's, 100 when not given).
+    part_queues = {
+        d.name: d.max_queued_requests
+        for a in schema.applications
+        if not a.route_prefix
+        for d in a.deployments
+    }
+    del part_queues[SET_DEPLOYMENT]  # the set's ingress: asked for its description only, left as Serve has it
+    assert set(part_queues.values()) == {100}, part_queues
+    tight_parts = example_spec.model_copy(
+        update={
+            "parts": {
+                p: s.model_copy(update={"max_queued_requests": 7}) for p, s in example_spec.parts.items()
+            }
+        }
+    )
+    tight = render_set_app(set_app_plan(tight_parts, snapshot_set, plan, "us-east", PINNED), 0)
+    assert {d["max_queued_requests"] for d in tight["deployments"] if d["name"] != "set"} == {7}
     names = [a["name"] for a in config["applications"]]
     assert names == sorted(apps)
     assert [a.name for a in schema.applications] == names
