@@ -6,11 +6,12 @@
 
 The serving region for a caller's source comes from the model's routing document
 (`GET /models/<name>/routing`, see ipnext.routing), cached for the document's TTL; a 404 from
-the chosen region fetches the document once more and tries again. A region that does not
-answer (no connection, a broken one, no answer within `region_timeout_s`, or Serve's proxy
-answering for a router it cannot reach) is passed over for the next region of
-`routing.fallback_order`, while the request's deadline (`timeout_s`) lasts, and tried last for
-`region_down_s` after. No Temporal connection.
+the chosen region fetches the document once more and tries again. A region that fails (no
+connection, a broken one, or Serve's proxy answering for a router it cannot reach) is passed
+over for the next region of `routing.fallback_order`, while the request's deadline
+(`timeout_s`) lasts, and tried last for `region_down_s` after; one with no answer within
+`region_timeout_s` keeps the request while the next region is asked beside it (the first
+answer wins). No Temporal connection.
 Failures are `PredictionError`s carrying the HTTP status: 400 `PredictionBadRequestError`,
 404 `PredictionNotFoundError`, 5xx `PredictionServerError`, none `PredictionTransportError`.
 """
@@ -46,7 +47,7 @@ __all__ = ["AsyncPredictionClient", "Prediction", "PredictionClient"]
 
 # Above the router's default deadline (30 s), so a slow model answers 504 before the client gives up.
 DEFAULT_TIMEOUT_S = 40.0
-# A region that gives no answer within this long is passed over for the next one (the request
+# A region that gives no answer within this long has the next one asked beside it (the request
 # may then run twice: predictions are reads). Above what a healthy model takes, far below the
 # deadline, so a lost region costs one such wait, not the request.
 DEFAULT_REGION_TIMEOUT_S = 10.0
@@ -86,8 +87,8 @@ class AsyncPredictionClient:
     ) -> None:
         """`url`: the serving HTTP address (settings' `serve`, when None). `timeout_s`: a
         request's deadline, every region it tries included; `region_timeout_s`: how long a region
-        may take to answer before the next is tried (the last one left has the rest of the
-        deadline); `region_down_s`: how long a region that did not answer is tried last."""
+        may take to answer before the next is asked beside it; `region_down_s`: how long a region
+        that did not answer is tried last."""
         self.url = url or load_settings().serve_url
         self._clock = clock
         self._rng = random.Random()
@@ -178,7 +179,13 @@ class AsyncPredictionClient:
         attempt: Callable[[str, float], Awaitable[httpx.Response]],
     ) -> tuple[httpx.Response, str]:
         """Send by `attempt` to the regions in fallback order until one answers: the answer (to
-        read, and close if streamed) and its region. A 404 fetches the document again, once."""
+        read, and close if streamed) and its region. A region that fails (no connection, a
+        broken one, a proxy speaking for a router it cannot reach) is given up at once for the
+        next. One that has not answered within `region_timeout_s` is not given up: the next
+        region is asked beside it (a hedge; predictions are reads), and the first answer wins,
+        the others are cancelled. So a dead region that holds a request (its proxy waiting for a
+        router that will never come back) costs `region_timeout_s`, and a slow live one still
+        answers. A 404 fetches the document again, once."""
         if region is not None:
             order = [region]
         else:
@@ -187,43 +194,60 @@ class AsyncPredictionClient:
         failure: PredictionError | None = None
         tried: list[str] = []
         index = 0
-        while index < len(order):
-            target = order[index]
-            index += 1
-            limit = deadline - self._clock()
-            # The last region worth trying may take what is left of the deadline: regions that
-            # failed lately come last, and a slow but live region must not be given up for one
-            # that is known not to answer (a dead region's proxy may hold the request to its end).
-            now = self._clock()
-            if any(self._down.get(other, 0.0) <= now for other in order[index:]):
-                limit = min(self._region_timeout_s, limit)
-            if limit <= 0:
-                break
-            tried.append(target)
-            try:
-                response = await attempt(target, limit)
-            except httpx.TransportError as err:
-                failure = _transport_error(err, model, target, self.url)
-            except TimeoutError:
-                failure = PredictionTransportError(
-                    f"predict {model} in {target}: no answer within {limit:.1f}s from {self.url}",
-                    model=model,
-                    region=target,
-                )
-            else:
-                if response.status_code == 404 and not refreshed:
-                    await response.aclose()
-                    refreshed = True
-                    order, index = self._order(await self.routing(model, refresh=True), source, key), 0
+        running: dict[asyncio.Task[httpx.Response], str] = {}
+        ask_next = True
+        try:
+            while True:
+                left = deadline - self._clock()
+                if left <= 0:
+                    break
+                if ask_next and index < len(order):
+                    target = order[index]
+                    index += 1
+                    tried.append(target)
+                    running[asyncio.ensure_future(attempt(target, left))] = target
+                if not running:
+                    break  # every region failed
+                # Wait for an answer; with regions left to ask, only `region_timeout_s` long.
+                wait = min(self._region_timeout_s, left) if index < len(order) else left
+                done, _ = await asyncio.wait(running, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+                if not done:  # no answer in time: hedge on the next region, try this one last for now
+                    for slow in running.values():
+                        self._down[slow] = self._clock() + self._region_down_s
+                    ask_next = True
                     continue
-                if not _proxy_failure(response):
-                    self._down.pop(target, None)
-                    return response, target
-                await response.aread()
-                failure = _status_error(response, model, target)
-                await response.aclose()
-            self._down[target] = self._clock() + self._region_down_s
-        if failure is None:  # the deadline passed before a region was tried
+                ask_next = False
+                for task in done:
+                    target = running.pop(task)
+                    try:
+                        response = task.result()
+                    except httpx.TransportError as err:
+                        failure = _transport_error(err, model, target, self.url)
+                    except TimeoutError:
+                        failure = PredictionTransportError(
+                            f"predict {model} in {target}: no answer within the deadline from {self.url}",
+                            model=model,
+                            region=target,
+                        )
+                    else:
+                        if response.status_code == 404 and not refreshed:
+                            await response.aclose()
+                            refreshed = True
+                            fresh = self._order(await self.routing(model, refresh=True), source, key)
+                            order, index = [r for r in fresh if r not in running.values()], 0
+                            ask_next = True
+                            continue
+                        if not _proxy_failure(response):
+                            self._down.pop(target, None)
+                            return response, target
+                        await response.aread()
+                        failure = _status_error(response, model, target)
+                        await response.aclose()
+                    self._down[target] = self._clock() + self._region_down_s
+                    ask_next = True  # a region that failed: the next one at once
+        finally:
+            await _cancel_attempts(running)
+        if failure is None:  # the deadline passed before any region answered
             failure = PredictionTransportError(
                 f"predict {model}: the deadline of {self._timeout_s:.1f}s passed", model=model
             )
@@ -372,6 +396,16 @@ def _body(inputs: Any, key: str | None) -> dict[str, Any]:
     if key is not None:
         body["key"] = key
     return body
+
+
+async def _cancel_attempts(running: dict[asyncio.Task[httpx.Response], str]) -> None:
+    """Cancel the attempts that lost (or outlived the deadline), closing any answer that came in
+    meanwhile, so no connection is left open."""
+    for task in running:
+        task.cancel()
+    for outcome in await asyncio.gather(*running, return_exceptions=True):
+        if isinstance(outcome, httpx.Response):  # it answered before the cancel reached it
+            await outcome.aclose()
 
 
 async def _within(call: Awaitable[T], limit: float) -> T:

@@ -500,8 +500,7 @@ async def test_the_last_region_left_has_the_rest_of_the_deadline(serving: FakeSe
 
 async def test_a_slow_live_region_is_not_given_up_for_one_known_down(serving: FakeServing) -> None:
     """eu-west's router is gone (its callers failed over, so the client knows it): us-east, slow
-    under load but live, keeps the rest of the deadline instead of losing its request to the
-    region known not to answer."""
+    under load but live, keeps its request while eu-west is asked beside it, and answers."""
     serving.route({"us-east": {"us-east": 1.0}, "eu-west": {"eu-west": 1.0}})
     serving.lost.add("eu-west")
 
@@ -516,7 +515,40 @@ async def test_a_slow_live_region_is_not_given_up_for_one_known_down(serving: Fa
         assert (await aclient.predict(MODEL, 1, source="eu-west")).region == "us-east"
         serving.posts.clear()
         assert (await aclient.predict(MODEL, 1, source="us-east")).region == "us-east"
-    assert [r for r, _ in serving.posts] == ["us-east"]
+    # us-east first; past region_timeout_s eu-west was asked beside it (and failed): us-east's
+    # request was never dropped for it.
+    assert sorted(r for r, _ in serving.posts) == ["eu-west", "us-east"]
+
+
+async def test_a_region_that_holds_requests_costs_region_timeout_even_with_every_region_marked(
+    serving: FakeServing,
+) -> None:
+    """The region bench's failure: us-east had once failed (a proxy answer), so both regions were
+    marked; then eu-west's node died and its proxy held requests to their deadline. A caller of
+    eu-west must be answered from us-east after region_timeout_s, not after the deadline."""
+    serving.unreachable.add("us-east")
+    hung: set[str] = set()
+
+    async def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.path.strip("/").split("/")[0] in hung:
+            await asyncio.sleep(60)
+        return serving.handle(request)
+
+    transport = httpx.MockTransport(handle)
+    async with AsyncPredictionClient(URL, transport=transport, timeout_s=20, region_timeout_s=0.2) as aclient:
+        assert (await aclient.predict(MODEL, 1, source="us-east")).region == "eu-west"  # us-east marked
+        serving.unreachable.clear()
+        hung.add("eu-west")
+        started = time.monotonic()
+        reply = await aclient.predict(MODEL, 1, source="eu-west")
+        took = time.monotonic() - started
+        print(f"answered from {reply.region} {took:.2f}s after the first try (deadline 20 s)")
+        assert reply.region == "us-east"
+        assert took < 10, took  # a region_timeout_s, not the deadline (the old rule waited 20 s)
+        # Now eu-west is marked and us-east answered: us-east comes first, eu-west is not asked.
+        serving.posts.clear()
+        assert (await aclient.predict(MODEL, 1, source="eu-west")).region == "us-east"
+        assert [r for r, _ in serving.posts] == ["us-east"]
 
 
 async def test_a_stream_fails_over_before_its_first_piece(serving: FakeServing) -> None:
