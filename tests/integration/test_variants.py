@@ -26,7 +26,7 @@ from ipnext.serving.control import connect
 from ipnext.serving.layout import metrics_actor_name
 from ipnext.snapshots import write_snapshot
 
-from .conftest import REPO, tolerant_latency_gate, until_rolled_back
+from .conftest import REPO, keyed, tolerant_latency_gate, until_rolled_back
 from .load import Load
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -72,7 +72,7 @@ async def test_requests_land_on_their_variant_and_fall_back_without_failing(
     app = f"{model_name}.us-east.s1.r1"
     path = f"/us-east/models/{model_name}"
 
-    async with httpx.AsyncClient(base_url=stack.serve_url, timeout=30) as http:
+    async with httpx.AsyncClient(base_url=stack.serve_url, headers=keyed(stack), timeout=30) as http:
 
         async def predict(request: dict[str, Any]) -> dict[str, Any]:
             reply = await http.post(f"{path}/predict", json=request)
@@ -121,25 +121,32 @@ async def test_requests_land_on_their_variant_and_fall_back_without_failing(
         # is saturated and the small one answers the rest. No request fails.
         before = await fallbacks()
         answers: list[tuple[int, str | None]] = []
-        stop = time.monotonic() + 3.0
+        # Every caller sends at least min_each requests (then goes on for the rest of 3 s): on a
+        # loaded box a time limit alone once let only 3 callers start (CI: 3 answers, none
+        # saturated). One client, opened before the clock starts, holds all 16 connections.
+        min_each = 3
+        limits = httpx.Limits(max_connections=32)
+        async with httpx.AsyncClient(
+            base_url=stack.serve_url, headers=keyed(stack), timeout=30, limits=limits
+        ) as own:
+            stop = time.monotonic() + 3.0
 
-        async def caller(index: int) -> None:
-            async with httpx.AsyncClient(base_url=stack.serve_url, timeout=30) as own:
-                n = index
-                while time.monotonic() < stop:
+            async def caller(index: int) -> None:
+                n, sent = index, 0
+                while sent < min_each or time.monotonic() < stop:
                     reply = await own.post(f"{path}/predict", json=body(user=n % 200))
                     try:
                         answers.append((reply.status_code, reply.json().get("variant")))
                     except ValueError:  # not JSON: a failure all the same
                         answers.append((reply.status_code or 599, None))
-                    n += 16
+                    n, sent = n + 16, sent + 1
 
-        await asyncio.gather(*(caller(i) for i in range(16)))
+            await asyncio.gather(*(caller(i) for i in range(16)))
         after = await fallbacks()
         by_variant = Counter(variant for status, variant in answers if status == 200)
         failed = [a for a in answers if a[0] != 200]
         print(
-            f"saturation drill: {len(answers)} requests in 3 s, large {by_variant['large']}, "
+            f"saturation drill: {len(answers)} requests from 16 callers, large {by_variant['large']}, "
             f"small {by_variant['small']}, failed {len(failed)}; router fallbacks {after}"
         )
         assert failed == []
@@ -180,7 +187,7 @@ async def test_requests_land_on_their_variant_and_fall_back_without_failing(
     def mixed(user: int) -> dict[str, Any]:
         return body(segment="premium" if user % 2 else "free", user=user)["inputs"]
 
-    async with Load(stack.serve_url, f"{path}/predict", inputs=mixed) as load:
+    async with Load(stack.serve_url, f"{path}/predict", headers=keyed(stack), inputs=mixed) as load:
         second = await client.publish_snapshot(model_name, v2.folder)
         await client.wait_until_serving(model_name, second.set_id, timeout_s=240)
     by_set = Counter((a.set, a.variant) for a in load.answers)
@@ -204,7 +211,7 @@ async def test_requests_land_on_their_variant_and_fall_back_without_failing(
     weights["large"] = {name: torch.full_like(t, float("nan")) for name, t in weights["large"].items()}
     bad = stack.snapshot_roots[0] / model_name / "v3-bad"
     write_snapshot(bad, model_name, "v3-bad", weights)
-    async with Load(stack.serve_url, f"{path}/predict", inputs=mixed) as load:
+    async with Load(stack.serve_url, f"{path}/predict", headers=keyed(stack), inputs=mixed) as load:
         third = await client.publish_snapshot(model_name, bad)
         state = await until_rolled_back(client, model_name)
     on_bad = Counter(a.variant for a in load.answers if a.set == third.set_id)
