@@ -28,6 +28,7 @@ from ipnext.serving.llm.model import Decoder, DecoderConfig
 from ipnext.serving.llm.text import TOKENIZER_TENSOR, TextCodec
 from ipnext.snapshots import load_weights
 
+from .conftest import keyed
 from .test_doors import counted, counters
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
@@ -52,6 +53,7 @@ class StreamingLoad:
     base_url: str
     path: str
     workers: int = 3
+    headers: dict[str, str] = field(default_factory=dict)  # the API key
     done: list[str] = field(default_factory=list)  # the set of each answered stream
     failed: list[str] = field(default_factory=list)
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
@@ -67,7 +69,7 @@ class StreamingLoad:
 
     async def _worker(self, index: int) -> None:
         prompts = ["ada is a red", "two plus three is", "counting: one two", "bo lives by the"]
-        async with httpx.AsyncClient(base_url=self.base_url, timeout=60) as http:
+        async with httpx.AsyncClient(base_url=self.base_url, timeout=60, headers=self.headers) as http:
             n = index
             while not self._stop.is_set():
                 n += 1
@@ -110,7 +112,7 @@ async def test_llm_streams_frees_cancelled_blocks_and_rolls_out_under_streaming_
     path = f"/us-east/models/{model_name}/predict"
     net, codec = reference(v1.folder, config)
 
-    async with httpx.AsyncClient(base_url=stack.serve_url, timeout=60) as http:
+    async with httpx.AsyncClient(base_url=stack.serve_url, headers=keyed(stack), timeout=60) as http:
         # 1. Streamed piece by piece, the greedy loop's text, in the envelope.
         events = await stream_events(http, path, {"prompt": "two plus three is", "max_tokens": 16})
         expected = codec.decode(net.generate(codec.prompt("two plus three is"), 16, stop_token=codec.eos))
@@ -136,19 +138,25 @@ async def test_llm_streams_frees_cancelled_blocks_and_rolls_out_under_streaming_
         assert bad_events[0]["status"] == 400 and "inputs.max_tokens" in bad_events[0]["message"]
         # Poison values: a seed past 64 bits (it wedged the replica's engine) is refused naming
         # the field, a temperature below the floor is greedy; the replica answers on.
+        # Both meet a replica busy with a good request, which they must not disturb.
+        running = asyncio.create_task(
+            http.post(path, json={"inputs": {"prompt": "two plus three is", "max_tokens": 16}})
+        )
         poison = await http.post(path, json={"inputs": {"prompt": "hi", "seed": 2**64}})
         assert poison.status_code == 400 and poison.json()["message"].startswith("inputs.seed"), poison.text
         tiny = {"prompt": "two plus three is", "max_tokens": 16, "temperature": 1e-45}
         greedy = (await http.post(path, json={"inputs": tiny})).json()
         assert greedy["outputs"]["text"] == expected, greedy
-        await counted(model_name, app, before.requests + 1, "the greedy answer counted")
+        beside = await running
+        assert beside.status_code == 200 and beside.json()["outputs"]["text"] == expected, beside.text
+        await counted(model_name, app, before.requests + 2, "the greedy answer and the one beside it counted")
         await asyncio.sleep(1.5)  # one more push: a counted refusal would show by now
         after = await asyncio.to_thread(counters, model_name, app)
         print(
             f"LLM poison inputs: 5 refused; set counters {before.requests}/{before.errors} -> "
             f"{after.requests}/{after.errors} (requests/errors)"
         )
-        assert (after.requests, after.errors) == (before.requests + 1, before.errors)
+        assert (after.requests, after.errors) == (before.requests + 2, before.errors)
     # The SDK streams the same pieces, and raises the part's error with its words.
     request = {"prompt": "two plus three is", "max_tokens": 16}
     pieces = [p async for p in client.predict_stream(model_name, request, source="us-east")]
@@ -156,7 +164,7 @@ async def test_llm_streams_frees_cancelled_blocks_and_rolls_out_under_streaming_
     with pytest.raises(ServingError, match=r"inputs\.max_tokens"):
         async for _ in client.predict_stream(model_name, {"prompt": "hi", "max_tokens": 0}, source="us-east"):
             pass
-    async with httpx.AsyncClient(base_url=stack.serve_url, timeout=60) as http:
+    async with httpx.AsyncClient(base_url=stack.serve_url, headers=keyed(stack), timeout=60) as http:
         # 2. A client that goes away mid-stream: its sequence stops and its blocks come back.
         connect(stack.ray_address())
         host = serve.get_deployment_handle("lm-cpu-std", app_name=f"{model_name}.us-east.s1.r1")
@@ -195,7 +203,7 @@ async def test_llm_streams_frees_cancelled_blocks_and_rolls_out_under_streaming_
     # 3. v2 rolls out under streaming load: no stream fails, and the TTFT gate judged it.
     v2 = train(stack.snapshot_roots[0], model_name, "v2", seed=2, steps=60)
     compared: list[Any] = []  # TTFT readings of the 50% step: the new set against the old
-    async with StreamingLoad(stack.serve_url, path) as load:
+    async with StreamingLoad(stack.serve_url, path, headers=keyed(stack)) as load:
         second = await client.publish_snapshot(model_name, v2.folder)
         deadline = time.monotonic() + 240
         while (state := await client.get_model(model_name)).serving_set != second.set_id:
@@ -228,7 +236,7 @@ async def test_disaggregated_prefill_hands_kv_to_decode_through_the_object_store
     await client.wait_until_serving(model_name, published.set_id, timeout_s=180)
     net, codec = reference(v1.folder, config, part="decode")
     path = f"/us-east/models/{model_name}/predict"
-    async with httpx.AsyncClient(base_url=stack.serve_url, timeout=60) as http:
+    async with httpx.AsyncClient(base_url=stack.serve_url, headers=keyed(stack), timeout=60) as http:
         for prompt, n in (("two plus three is", 16), ("bo lives by the", 24)):
             expected = codec.decode(net.generate(codec.prompt(prompt), n, stop_token=codec.eos))
             events = await stream_events(http, path, {"prompt": prompt, "max_tokens": n})
