@@ -16,8 +16,8 @@ def settings() -> Settings:
 
 def writer() -> object:
     """The Serve config writer actor, connecting this process to Ray on first use."""
-    from ipnext.serving.control import connect, get_writer
+    from ipnext.serving.control import connect, writer_for
 
     current = settings()
     connect(current.ray_address())
-    return get_writer(current.serve.host, current.serve.port, current.proxy_location)
+    return writer_for(current)

@@ -28,6 +28,7 @@ from typing import Any
 
 import httpx
 
+from ipnext.auth import key_header
 from ipnext.config import Settings, load_settings
 from ipnext.devstack import DevStack, scratch_config
 from ipnext.examples.click_ranker.train import train
@@ -75,13 +76,15 @@ def quantile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)] if ordered else math.nan
 
 
-async def closed_loop(url: str, clients: int, seconds: float) -> list[tuple[int, float]]:
+async def closed_loop(
+    url: str, clients: int, seconds: float, headers: dict[str, str]
+) -> list[tuple[int, float]]:
     """(status, latency s) of every answer of `clients` closed-loop callers over `seconds`."""
     answers: list[tuple[int, float]] = []
     stop = time.perf_counter() + seconds
 
     async def call(user: int) -> None:
-        async with httpx.AsyncClient(timeout=60) as http:
+        async with httpx.AsyncClient(timeout=60, headers=headers) as http:
             while time.perf_counter() < stop:
                 sent = time.perf_counter()
                 try:
@@ -121,12 +124,12 @@ async def measure(settings: Settings, args: argparse.Namespace) -> dict[str, Any
         published = await client.publish_snapshot(MODEL, report.folder)
         await client.wait_until_serving(MODEL, published.set_id)
         url = f"{settings.serve_url}/us-east/models/{MODEL}/predict"
-        await closed_loop(url, 2, 3.0)  # warm up: replicas loaded, connections open
+        await closed_loop(url, 2, 3.0, key_header(settings))  # warm up: replicas loaded, connections open
         pids = serve_pids(router_app_name(MODEL, "us-east"))
         result: dict[str, Any] = {"pids_found": sorted(pids)}
         for phase, clients in (("baseline", args.max_ongoing), ("overload", args.clients)):
             before = rss_mib(pids)
-            answers = await closed_loop(url, clients, args.seconds)
+            answers = await closed_loop(url, clients, args.seconds, key_header(settings))
             result[phase] = {
                 "clients": clients,
                 **summary(answers, args.seconds),

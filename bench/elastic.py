@@ -34,6 +34,7 @@ import httpx
 import ray
 import yaml
 
+from ipnext.auth import key_header
 from ipnext.config import Settings, load_settings
 from ipnext.devstack import DevStack, scratch_config
 from ipnext.examples.click_ranker.train import train
@@ -64,12 +65,14 @@ def quantile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)] if ordered else math.nan
 
 
-async def open_loop(url: str, phases: list[tuple[float, float]], seed: int) -> list[tuple[float, int, float]]:
+async def open_loop(
+    url: str, phases: list[tuple[float, float]], seed: int, headers: dict[str, str]
+) -> list[tuple[float, int, float]]:
     """(sent at, status, latency s) of every request of Poisson arrivals at each phase's rate."""
     rng = random.Random(seed)
     sent: list[tuple[float, int, float]] = []
     limits = httpx.Limits(max_connections=2000, max_keepalive_connections=200)
-    async with httpx.AsyncClient(timeout=120, limits=limits) as http:
+    async with httpx.AsyncClient(timeout=120, limits=limits, headers=headers) as http:
 
         async def send(at: float, n: int) -> None:
             begun = time.perf_counter()
@@ -129,7 +132,9 @@ async def measure(settings: Settings, args: argparse.Namespace) -> dict[str, Any
         scaling = next(d for d in set_apps[app]["deployments"] if d["name"] == DENSE)["autoscaling_config"]
         pools = {(p.region, p.hardware): p.units for p in settings.fleet().pools}
         url = f"{settings.serve_url}/us-east/models/{MODEL}/predict"
-        await open_loop(url, [(3.0, args.peak)], seed=0)  # warm up: connections open, replicas loaded
+        await open_loop(
+            url, [(3.0, args.peak)], seed=0, headers=key_header(settings)
+        )  # warm up: connections open, replicas loaded
         replicas: list[int] = []
         oversubscribed: list[str] = []
         stop = asyncio.Event()
@@ -146,7 +151,7 @@ async def measure(settings: Settings, args: argparse.Namespace) -> dict[str, Any
 
         sampler = asyncio.create_task(sample())
         phases = [(args.phases[0], args.peak), (args.phases[1], 4 * args.peak), (args.phases[2], args.peak)]
-        sent = await open_loop(url, phases, seed=args.seed)
+        sent = await open_loop(url, phases, seed=args.seed, headers=key_header(settings))
         stop.set()
         await sampler
         await client.delete_model(MODEL)

@@ -239,8 +239,8 @@ async def measure(
         revision = first.plan.revision if first.plan else 1
         limits = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
         clients = {
-            s: AsyncPredictionClient(
-                settings.serve_url,
+            s: AsyncPredictionClient.from_settings(
+                settings,
                 timeout_s=args.timeout,
                 region_timeout_s=args.region_timeout,
                 transport=httpx.AsyncHTTPTransport(limits=limits),

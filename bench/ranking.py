@@ -41,6 +41,7 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from ipnext.auth import key_header
 from ipnext.examples.request_ranker.model import RankingConfig, RankingModel
 
 REPO = Path(__file__).resolve().parents[1]
@@ -157,12 +158,16 @@ class Tally:
         }
 
 
-async def open_loop(url: str, requests: list[dict[str, Any]], rate: float) -> dict[str, Any]:
+async def open_loop(
+    url: str, requests: list[dict[str, Any]], rate: float, headers: dict[str, str]
+) -> dict[str, Any]:
     """Send `requests` at `rate` per second whatever the answers do; latency from each scheduled send."""
     import httpx
 
     tally = Tally()
-    async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=256)) as http:
+    async with httpx.AsyncClient(
+        timeout=120, limits=httpx.Limits(max_connections=256), headers=headers
+    ) as http:
         start = time.perf_counter() + 0.2
 
         async def one(i: int, body: dict[str, Any]) -> None:
@@ -175,13 +180,15 @@ async def open_loop(url: str, requests: list[dict[str, Any]], rate: float) -> di
 
 
 async def closed_loop(
-    url: str, requests: list[dict[str, Any]], callers: int, seconds: float
+    url: str, requests: list[dict[str, Any]], callers: int, seconds: float, headers: dict[str, str]
 ) -> dict[str, Any]:
     """`callers` callers, each sending its next request when the last one answered, for `seconds`."""
     import httpx
 
     tally = Tally()
-    async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=callers + 8)) as http:
+    async with httpx.AsyncClient(
+        timeout=120, limits=httpx.Limits(max_connections=callers + 8), headers=headers
+    ) as http:
         start = time.perf_counter()
         stop = start + seconds
 
@@ -251,8 +258,8 @@ async def measure_serving(rate: float, seconds: float, candidates: int, concurre
                 print(f"serving: {name} published as {published.set_id}, waiting until it serves ...")
                 await ipn.wait_until_serving(name, published.set_id, timeout_s=300)
                 url = f"{settings.serve_url}/us-east/models/{name}/predict"
-                await open_loop(url, requests[: max(3, int(rate))], rate)  # warm-up
-                results[path] = await open_loop(url, requests, rate)
+                await open_loop(url, requests[: max(3, int(rate))], rate, key_header(settings))  # warm-up
+                results[path] = await open_loop(url, requests, rate, key_header(settings))
                 r = results[path]
                 print(
                     f"serving {path}: {r['answered']}/{r['requests']} answered at {rate}/s with {candidates} "
@@ -277,10 +284,10 @@ async def measure_serving(rate: float, seconds: float, candidates: int, concurre
                 )
                 await ipn.wait_until_serving(name, published.set_id, timeout_s=300)
                 url = f"{settings.serve_url}/us-east/models/{name}/predict"
-                await closed_loop(url, requests, concurrency, 3.0)  # warm-up
+                await closed_loop(url, requests, concurrency, 3.0, key_header(settings))  # warm-up
                 app = f"{name}.us-east.s1.r1"
                 before = await dense_batching(app)
-                r = await closed_loop(url, requests, concurrency, seconds)
+                r = await closed_loop(url, requests, concurrency, seconds, key_header(settings))
                 after = await dense_batching(app)
                 calls, batches = (after[k] - before[k] for k in ("calls", "batches"))
                 r["dense_mean_batch"] = round(calls / batches, 2) if batches else None

@@ -42,6 +42,7 @@ import ray
 import yaml
 from ray import serve
 
+from ipnext.auth import key_header
 from ipnext.config import Settings, load_settings
 from ipnext.devstack import DevStack, scratch_config
 from ipnext.examples.click_ranker.train import train
@@ -59,12 +60,13 @@ class Load:
 
     def __init__(self, settings: Settings, workers: int = 3) -> None:
         self.url = f"{settings.serve_url}/us-east/models/{MODEL}/predict"
+        self.headers = key_header(settings)
         self.answers: list[tuple[float, int]] = []
         self._stop = asyncio.Event()
         self._tasks = [asyncio.create_task(self._call(i)) for i in range(workers)]
 
     async def _call(self, user: int) -> None:
-        async with httpx.AsyncClient(timeout=30) as http:
+        async with httpx.AsyncClient(timeout=30, headers=self.headers) as http:
             while not self._stop.is_set():
                 try:
                     reply = await http.post(self.url, json={"inputs": {"user": user, "items": [1, 2, 3]}})

@@ -28,6 +28,7 @@ from typing import Any
 
 import httpx
 
+from ipnext.auth import key_header
 from ipnext.config import Settings, load_settings
 from ipnext.contracts import rollout_workflow_id
 from ipnext.devstack import DevStack, scratch_config
@@ -45,12 +46,13 @@ class Load:
 
     def __init__(self, settings: Settings, workers: int = 3) -> None:
         self.url = f"{settings.serve_url}/us-east/models/{MODEL}/predict"
+        self.headers = key_header(settings)
         self.answers: list[tuple[float, int, str | None]] = []
         self._stop = asyncio.Event()
         self._tasks = [asyncio.create_task(self._call(i)) for i in range(workers)]
 
     async def _call(self, user: int) -> None:
-        async with httpx.AsyncClient(timeout=30) as http:
+        async with httpx.AsyncClient(timeout=30, headers=self.headers) as http:
             while not self._stop.is_set():
                 reply = await http.post(self.url, json={"inputs": {"user": user, "items": [1, 2, 3]}})
                 self.answers.append((time.perf_counter(), reply.status_code, reply.json().get("set")))
@@ -92,7 +94,10 @@ async def router_config(http: httpx.AsyncClient) -> dict[str, Any]:
 async def measure(settings: Settings, repeats: int) -> dict[str, Any]:
     root = settings.snapshot_roots[0]
     out: dict[str, Any] = {}
-    async with await Client.connect(settings) as ipn, httpx.AsyncClient(base_url=settings.serve_url) as http:
+    async with (
+        await Client.connect(settings) as ipn,
+        httpx.AsyncClient(base_url=settings.serve_url, headers=key_header(settings)) as http,
+    ):
         await ipn.publish_model(spec())
         v1 = train(root, MODEL, "v1", seed=1, steps=60).folder
         await ipn.wait_until_serving(MODEL, (await ipn.publish_snapshot(MODEL, v1, who="bench")).set_id)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import httpx
 
+from ipnext.auth import key_header
 from ipnext.config import Settings
 from ipnext.errors import ModelNotFoundError
 from ipnext.examples.click_ranker.train import train
@@ -98,7 +99,9 @@ async def _roll_out_under_load(
     stop = asyncio.Event()
 
     async def caller(user: int) -> None:
-        async with httpx.AsyncClient(base_url=settings.serve_url, timeout=30) as http:
+        async with httpx.AsyncClient(
+            base_url=settings.serve_url, timeout=30, headers=key_header(settings)
+        ) as http:
             while not stop.is_set():
                 reply = await http.post(
                     f"/us-east/models/{model}/predict", json={"inputs": {"user": user, "items": [1, 2, 3]}}

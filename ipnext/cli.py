@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ipnext.config import Settings, load_settings
+from ipnext.entry.keys import add_auth_parser
 from ipnext.errors import IpnextError, StackError
 
 __all__ = ["main"]
@@ -227,7 +228,7 @@ def _predict(args: argparse.Namespace, settings: Settings) -> None:
     from ipnext.sdk import PredictionClient
 
     # The data plane only: the routing document and the model's router, no Temporal connection.
-    with PredictionClient(settings.serve_url) as serving:
+    with PredictionClient.from_settings(settings) as serving:
         reply = serving.predict(args.model, inputs, source=args.source, region=args.region, key=args.key)
     _print_json(reply)
 
@@ -236,12 +237,10 @@ def _serve(args: argparse.Namespace, settings: Settings) -> None:
     import ray
     import yaml
 
-    from ipnext.serving.control import connect, get_writer
+    from ipnext.serving.control import connect, writer_for
 
     connect(settings.ray_address())
-    config = ray.get(
-        get_writer(settings.serve.host, settings.serve.port, settings.proxy_location).export.remote()
-    )
+    config = ray.get(writer_for(settings).export.remote())
     ray.shutdown()
     text = yaml.safe_dump(config, sort_keys=False)
     if args.output:
@@ -685,6 +684,8 @@ def _parser() -> argparse.ArgumentParser:
     predict.add_argument("--region", help="the serving region to ask directly")
     predict.add_argument("--key", help="sticky key: the same key lands on the same region and set")
     predict.set_defaults(run=_predict)
+
+    add_auth_parser(sub)
 
     serve = sub.add_parser("serve", help="the Serve config")
     serve.add_argument("verb", choices=["export"])

@@ -32,6 +32,7 @@ from ipnext.fleet import Fleet, load_fleet
 from ipnext.specio import format_validation_error, load_yaml, parse_spec
 
 __all__ = [
+    "AuthSettings",
     "AutoscalingSettings",
     "DemandSettings",
     "ModelCodeSettings",
@@ -187,6 +188,21 @@ class ModelCodeSettings(_Section):
     validation_memory_bytes: int = Field(default=4 * GIB, ge=512 * 1024**2)
 
 
+class AuthSettings(_Section):
+    """API keys on every serving HTTP route (predict, streams, a model's description and demand,
+    the routing documents): `Authorization: Bearer <key>`, 401 without a known key, 403 for a
+    model the key may not call (ipnext/auth.py). On by default."""
+
+    enabled: bool = True
+    # The keys the routes accept, hashed (ipnext/auth.py says the format); None:
+    # `<state_dir>/api-keys.yaml`, which `ipnext dev up` writes with a first key. On a multi-node
+    # cluster: a path every node reads (the routers read it where they run).
+    keys_file: Path | None = None
+    # The key the SDK and CLI send; None: `<state_dir>/api-key` (the dev stack's own key).
+    # IPNEXT_API_KEY overrides it. Never the key itself in this file.
+    api_key_file: Path | None = None
+
+
 class TemporalDevSettings(_Section):
     """temporal-dev.yaml: how `ipnext dev up` runs `temporal server start-dev`."""
 
@@ -226,6 +242,7 @@ class Settings(BaseSettings):
     regions: RegionSettings = Field(default_factory=RegionSettings)
     demand: DemandSettings = Field(default_factory=DemandSettings)
     model_code: ModelCodeSettings = Field(default_factory=ModelCodeSettings)
+    auth: AuthSettings = Field(default_factory=AuthSettings)
     # The file these settings were read from (absolute), None for defaults and the environment.
     _source: Path | None = PrivateAttr(default=None)
 
@@ -296,6 +313,16 @@ class Settings(BaseSettings):
         """The folder of saved demand histories, absolute (the actors run in other folders)."""
         return (self.demand_dir or self.state_dir / "demand").resolve()
 
+    def keys_file(self) -> Path | None:
+        """The keys file the serving routes check, absolute; None when auth is off."""
+        if not self.auth.enabled:
+            return None
+        return (self.auth.keys_file or self.state_dir / "api-keys.yaml").resolve()
+
+    def api_key_file(self) -> Path:
+        """Where the SDK and CLI read their key when IPNEXT_API_KEY is not set."""
+        return (self.auth.api_key_file or self.state_dir / "api-key").resolve()
+
     @property
     def ray_address_file(self) -> Path:
         return self.state_dir / "ray-address"
@@ -348,6 +375,12 @@ def load_settings(path: str | Path | None = None) -> Settings:
                 data[key] = (base / data[key]).resolve()
         if "temporal" in data:
             data["temporal"] = _resolve_temporal_paths(data["temporal"], base)
+        auth = data.get("auth")
+        if isinstance(auth, dict):
+            data["auth"] = {
+                k: (base / v).resolve() if k in ("keys_file", "api_key_file") and v is not None else v
+                for k, v in auth.items()
+            }
         if "snapshot_roots" in data:
             data["snapshot_roots"] = [(base / p).resolve() for p in data["snapshot_roots"]]
     try:

@@ -42,6 +42,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ipnext.auth import API_KEY_ENV, add_key
 from ipnext.config import Settings, load_settings
 from ipnext.contracts import PollTimeoutError, wait_until
 from ipnext.errors import StackError
@@ -278,6 +279,7 @@ class DevStack:
             self.down(quiet=True)  # a half-dead stack from an earlier run
         (self.state_dir / "logs").mkdir(parents=True, exist_ok=True)
         self.log(f"starting the ipnext dev stack ({mode} nodes): {self.settings.describe_source()}")
+        self._ensure_api_key()
         stack_id = uuid.uuid4().hex
         env = self._env(stack_id, mode)
         record: dict[str, Any] = {"stack_id": stack_id, "nodes": mode, "processes": {}}
@@ -407,6 +409,26 @@ class DevStack:
             self._kill_ray_leftovers(record)
         starts[name](env, record)
         self.release(name)
+
+    def _ensure_api_key(self) -> None:
+        """With auth on and no keys file yet, make the stack's first key (`dev`, every model):
+        its hash in the keys file, the key itself in the SDK's and CLI's key file (both 0600),
+        and printed once. An existing keys file is left as it is."""
+        keys_file = self.settings.keys_file()
+        if keys_file is None:
+            self.log("  API keys: off (auth.enabled is false): every serving route answers anyone")
+            return
+        if keys_file.exists():
+            self.log(f"  API keys: {keys_file} (the SDK and CLI send {self.settings.api_key_file()})")
+            return
+        key = add_key(keys_file, "dev", ["*"])
+        key_file = self.settings.api_key_file()
+        key_file.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(key + "\n")
+        self.log(f"  API key 'dev' (every model): {key}")
+        self.log(f"    its hash is in {keys_file}; the SDK and CLI read it from {key_file} or {API_KEY_ENV}")
 
     def _print_urls(self) -> None:
         self.log(f"  Temporal UI:  {self.settings.ui_url}")

@@ -157,7 +157,7 @@ class Client:
     def __init__(self, temporal: TemporalClient, settings: Settings) -> None:
         self.temporal = temporal
         self.settings = settings
-        self.predictions = AsyncPredictionClient(settings.serve_url)
+        self.predictions = AsyncPredictionClient.from_settings(settings)
 
     @classmethod
     async def connect(cls, settings: Settings | None = None, identity: str | None = None) -> Client:

@@ -13,10 +13,12 @@ import copy
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import ray
 
+from ipnext.config import Settings
 from ipnext.contracts import PollTimeoutError, wait_until
 from ipnext.errors import ServingError
 from ipnext.routing import RoutingDocument, succeed
@@ -35,6 +37,8 @@ from ipnext.serving.layout import (
     plan_bounds,
     render_routing_app,
     render_serve_config,
+    with_keys_file,
+    without_keys_file,
 )
 
 __all__ = [
@@ -45,16 +49,22 @@ __all__ = [
     "wait_apps_gone",
     "wait_apps_running",
     "wait_router_generation",
+    "writer_for",
 ]
 
 
 class ServeConfigWriter:
     """Body of the detached writer actor. Sync methods: Ray runs them serially."""
 
-    def __init__(self, host: str, port: int, proxy_location: str = "HeadOnly") -> None:
+    def __init__(
+        self, host: str, port: int, proxy_location: str = "HeadOnly", keys_file: str | None = None
+    ) -> None:
         self._host = host
         self._port = port
         self._proxy_location = proxy_location
+        # The API keys file every HTTP door checks (None: open); added to the doors' args when the
+        # whole config is rendered (`layout.with_keys_file`), never to the apps held here.
+        self._keys_file = keys_file
         self._apps: dict[str, dict[str, Any]] = {}  # as rendered from the records: the plans' bounds
         self._applies = 0
         # The fleet's pools and burst setting, as the last activity that applied passed them; a
@@ -80,12 +90,26 @@ class ServeConfigWriter:
         for name, app in (details.get("applications") or {}).items():
             config = app.get("deployed_app_config")
             if config:
-                self._apps[name] = plan_bounds(config)  # Serve holds them with their burst
+                # Serve holds them with their burst and their keys file: back to the records' form.
+                self._apps[name] = without_keys_file(plan_bounds(config))
 
     def _render(self, apps: dict[str, dict[str, Any]]) -> dict[str, Any]:
         return render_serve_config(
-            burst_bounds(apps, self._envelope), self._host, self._port, self._proxy_location
+            with_keys_file(burst_bounds(apps, self._envelope), self._keys_file),
+            self._host,
+            self._port,
+            self._proxy_location,
         )
+
+    def use_keys_file(self, keys_file: str | None) -> bool:
+        """Check every HTTP door against `keys_file` from now on (None: open); applied at once
+        when it differs from the file the doors check now. Whether anything changed."""
+        if keys_file == self._keys_file:
+            return False
+        self._keys_file = keys_file
+        if self._applies or self._apps:
+            self.redeploy()
+        return True
 
     def apply(
         self, upserts: list[dict[str, Any]], removals: list[str], envelope: dict[str, Any] | None = None
@@ -205,9 +229,20 @@ def connect(address: str) -> None:
         _connected = address
 
 
-def get_writer(host: str, port: int, proxy_location: str = "HeadOnly") -> Any:
+def writer_for(settings: Settings) -> Any:
+    """The one writer, as `get_writer` gives it, with the settings' API keys file on every HTTP
+    door: a writer that some earlier caller created with another (or none) switches to it, so
+    whoever comes first can never leave the routes open."""
+    keys_file = settings.keys_file()
+    writer = get_writer(settings.serve.host, settings.serve.port, settings.proxy_location, keys_file)
+    ray.get(writer.use_keys_file.remote(str(keys_file) if keys_file is not None else None), timeout=120)
+    return writer
+
+
+def get_writer(host: str, port: int, proxy_location: str = "HeadOnly", keys_file: Path | None = None) -> Any:
     """The one writer, created if it is not there yet; pinned to the head node, so it outlives
-    a lost region (a writer that comes back empty-handed would adopt, not lose, the apps)."""
+    a lost region (a writer that comes back empty-handed would adopt, not lose, the apps).
+    Processes that serve use `writer_for`, which also makes sure of its keys file."""
     return (
         ray.remote(ServeConfigWriter)
         .options(
@@ -218,7 +253,7 @@ def get_writer(host: str, port: int, proxy_location: str = "HeadOnly") -> Any:
             max_restarts=-1,
             **head_node_options(),
         )
-        .remote(host, port, proxy_location)
+        .remote(host, port, proxy_location, str(keys_file) if keys_file is not None else None)
     )
 
 

@@ -61,6 +61,8 @@ __all__ = [
     "running_replicas",
     "set_app_name",
     "set_app_plan",
+    "with_keys_file",
+    "without_keys_file",
 ]
 
 ROUTER_DEPLOYMENT = "router"
@@ -190,6 +192,9 @@ class RouterAppArgs(Frozen):
     # The spec's router section: deadline and request limits. Rendered without its defaults, so
     # a model that changes none renders as before (no restart of its router).
     router: RouterSpec = Field(default_factory=RouterSpec)
+    # The API keys file the router checks every request against (ipnext.auth.KeyCheck); set by
+    # the writer from the settings when it renders the whole config (`with_keys_file`), None: open.
+    keys_file: str | None = None
 
 
 class DeployedRouter(Frozen):
@@ -545,6 +550,30 @@ def render_routing_app(table: RoutingTable) -> dict[str, Any]:
             }
         ],
     }
+
+
+def _is_door(app: dict[str, Any]) -> bool:
+    """An app that answers HTTP with ipnext's own code: a model's router, the routing app."""
+    return app.get("import_path") in (ROUTER_IMPORT_PATH, ROUTING_IMPORT_PATH)
+
+
+def with_keys_file(apps: dict[str, dict[str, Any]], keys_file: str | None) -> dict[str, dict[str, Any]]:
+    """The apps with every HTTP door (routers, the routing app) told the API keys file it checks
+    requests against; unchanged when `keys_file` is None (auth off). The writer adds it to what
+    it deploys, so no record or activity carries a path of the serving machines."""
+    if keys_file is None:
+        return apps
+    return {
+        name: {**app, "args": {**app.get("args", {}), "keys_file": keys_file}} if _is_door(app) else app
+        for name, app in apps.items()
+    }
+
+
+def without_keys_file(app: dict[str, Any]) -> dict[str, Any]:
+    """An app as Serve holds it, back to how a record renders it (`with_keys_file` undone)."""
+    if not _is_door(app) or "keys_file" not in app.get("args", {}):
+        return app
+    return {**app, "args": {k: v for k, v in app["args"].items() if k != "keys_file"}}
 
 
 def deployed_routing(app: dict[str, Any] | None) -> RoutingTable:

@@ -14,6 +14,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -23,6 +24,7 @@ from ray.serve.handle import DeploymentHandle
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
+from ipnext.auth import KeyCheck
 from ipnext.counters import SetCounters
 from ipnext.demand import SOURCE_HEADER, valid_source
 from ipnext.errors import PartInputError
@@ -104,6 +106,7 @@ class Router:
         self._model = args.model
         self._region = args.region
         self._limits = args.router  # deadline and request limits: the spec's router section
+        self._keys = KeyCheck(Path(args.keys_file)) if args.keys_file is not None else None
         self._config = RouterConfig(generation=0, weights={})
         self._routes: dict[str, _SetRoute] = {}
         self._rng = random.Random()
@@ -170,6 +173,10 @@ class Router:
         """The HTTP door. Whatever happens inside, the caller gets `{error_id, message}` and a
         status, never a traceback: the details go to this replica's log under the error id."""
         try:
+            if self._keys is not None:  # before anything else: no key, no answer, nothing counted
+                refused = self._keys.refuse(request.headers.get("authorization"), self._model)
+                if refused is not None:
+                    return _answer(*_refusal(*refused))
             path = request.url.path.rstrip("/")
             if request.method == "GET" and path.endswith("/demand"):
                 return await self._demand_answer(request)

@@ -6,12 +6,14 @@ a change is applied in place by `reconfigure`.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from ray import serve
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
+from ipnext.auth import KeyCheck
 from ipnext.contracts import Frozen, PollTimeoutError, wait_until
 from ipnext.errors import ServingError
 from ipnext.routing import RoutingTable, routing_model_of
@@ -22,13 +24,17 @@ __all__ = ["RoutingAppArgs", "RoutingService", "routing_app", "wait_routing_gene
 
 
 class RoutingAppArgs(Frozen):
-    """Nothing is fixed for the life of the routing app: everything it serves is `user_config`."""
+    """What it serves is `user_config`; fixed for its life is only the API keys file it checks
+    requests against (None: open), which the writer sets (`layout.with_keys_file`)."""
+
+    keys_file: str | None = None
 
 
 @serve.deployment(ray_actor_options={"num_cpus": 0})
 class RoutingService:
-    def __init__(self) -> None:
+    def __init__(self, keys_file: str | None = None) -> None:
         self._table = RoutingTable()
+        self._keys = KeyCheck(Path(keys_file)) if keys_file is not None else None
 
     def reconfigure(self, config: dict[str, Any]) -> None:
         self._table = RoutingTable.model_validate(config)
@@ -44,6 +50,10 @@ class RoutingService:
             return JSONResponse({"message": "use GET /models/<name>/routing"}, status_code=404)
         if request.method != "GET":
             return JSONResponse({"message": f"use GET /models/{model}/routing"}, status_code=405)
+        if self._keys is not None:  # a model's document names its regions and sets: keys only
+            refused = self._keys.refuse(request.headers.get("authorization"), model)
+            if refused is not None:
+                return JSONResponse({"message": refused[1]}, status_code=refused[0])
         document = self._table.documents.get(model)
         if document is None:
             return JSONResponse(
@@ -58,8 +68,8 @@ class RoutingService:
 
 def routing_app(args: dict[str, Any]) -> serve.Application:
     """Builder Serve imports for the routing app."""
-    RoutingAppArgs.model_validate(args)
-    return RoutingService.options(name=ROUTING_DEPLOYMENT).bind()  # type: ignore[attr-defined]
+    parsed = RoutingAppArgs.model_validate(args)
+    return RoutingService.options(name=ROUTING_DEPLOYMENT).bind(parsed.keys_file)  # type: ignore[attr-defined]
 
 
 def wait_routing_generation(model: str, generation: int, timeout_s: float) -> None:

@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 import httpx
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from ipnext.auth import bearer, client_key
 from ipnext.config import Settings, load_settings
 from ipnext.demand import SOURCE_HEADER, DemandReport
 from ipnext.errors import (
@@ -84,12 +85,18 @@ class AsyncPredictionClient:
         region_down_s: float = DEFAULT_REGION_DOWN_S,
         transport: httpx.AsyncBaseTransport | None = None,
         clock: Callable[[], float] = time.monotonic,
+        api_key: str | None = None,
     ) -> None:
         """`url`: the serving HTTP address (settings' `serve`, when None). `timeout_s`: a
         request's deadline, every region it tries included; `region_timeout_s`: how long a region
         may take to answer before the next is asked beside it; `region_down_s`: how long a region
-        that did not answer is tried last."""
-        self.url = url or load_settings().serve_url
+        that did not answer is tried last. `api_key`: sent on every request as
+        `Authorization: Bearer` (`from_settings` takes IPNEXT_API_KEY or the settings' key file)."""
+        if url is None:  # the settings' serving URL, and their key unless one is given
+            settings = load_settings()
+            url = settings.serve_url
+            api_key = api_key or client_key(settings.api_key_file())
+        self.url = url
         self._clock = clock
         self._rng = random.Random()
         self._timeout_s = timeout_s
@@ -97,11 +104,15 @@ class AsyncPredictionClient:
         self._region_down_s = region_down_s
         self._down: dict[str, float] = {}  # region -> until when it is tried last
         self._documents: dict[str, tuple[RoutingDocument, float]] = {}  # model -> (document, fetched at)
-        self._http = httpx.AsyncClient(base_url=self.url, timeout=timeout_s, transport=transport)
+        self._http = httpx.AsyncClient(
+            base_url=self.url, timeout=timeout_s, transport=transport, headers=bearer(api_key)
+        )
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None, **options: Any) -> AsyncPredictionClient:
-        return cls((settings or load_settings()).serve_url, **options)
+        settings = settings or load_settings()
+        options.setdefault("api_key", client_key(settings.api_key_file()))
+        return cls(settings.serve_url, **options)
 
     async def __aenter__(self) -> AsyncPredictionClient:
         return self
@@ -339,7 +350,9 @@ class PredictionClient:
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None, **options: Any) -> PredictionClient:
-        return cls((settings or load_settings()).serve_url, **options)
+        settings = settings or load_settings()
+        options.setdefault("api_key", client_key(settings.api_key_file()))
+        return cls(settings.serve_url, **options)
 
     def __enter__(self) -> PredictionClient:
         return self

@@ -19,6 +19,7 @@ import ray
 import yaml
 from ray import serve
 
+from ipnext.auth import key_header
 from ipnext.config import Settings, load_settings
 from ipnext.contracts import ModelStatus, poll_until
 from ipnext.devstack import WORKER_GCS_PATIENCE_S, DevStack, scratch_config, stack_processes
@@ -183,6 +184,11 @@ def tolerant_latency_gate(data: dict[str, Any]) -> dict[str, Any]:
         for gate in rollout["gates"]
     ]
     return data
+
+
+def keyed(settings: Settings) -> dict[str, str]:
+    """The header with the stack's API key (the one its `dev up` made), for raw HTTP calls."""
+    return key_header(settings)
 
 
 def one_region_spec(name: str, **updates: object) -> ModelSpec:

@@ -37,6 +37,7 @@ class Load:
     answers: list[Answer] = field(default_factory=list)
     # a pause after an answer refused for overload (503) before the caller's next request
     backoff_s: float = 0.0
+    headers: dict[str, str] = field(default_factory=dict)  # sent with every request (the API key)
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     _started: float = 0.0
@@ -57,7 +58,7 @@ class Load:
         return time.perf_counter() - self._started
 
     async def _caller(self, index: int) -> None:
-        async with httpx.AsyncClient(base_url=self.base_url, timeout=30) as http:
+        async with httpx.AsyncClient(base_url=self.base_url, timeout=30, headers=self.headers) as http:
             n = index
             while not self._stop.is_set():
                 user = self.users[n % len(self.users)]
@@ -112,6 +113,7 @@ class OpenLoop:
     inputs: Callable[[int], dict[str, Any]] = lambda n: {"user": n % 40, "items": [1, 2, 3]}
     seed: int = 1
     sent: list[Sent] = field(default_factory=list)
+    headers: dict[str, str] = field(default_factory=dict)  # sent with every request (the API key)
 
     def phase_bounds(self) -> list[tuple[float, float]]:
         """(start, end) of each phase, in seconds since the loop started."""
@@ -126,7 +128,9 @@ class OpenLoop:
 
         rng = random.Random(self.seed)
         limits = httpx.Limits(max_connections=1000, max_keepalive_connections=200)
-        async with httpx.AsyncClient(base_url=self.base_url, timeout=60, limits=limits) as http:
+        async with httpx.AsyncClient(
+            base_url=self.base_url, timeout=60, limits=limits, headers=self.headers
+        ) as http:
             started = time.perf_counter()
             tasks: list[asyncio.Task[None]] = []
             n = 0

@@ -18,6 +18,7 @@ import pytest
 import ray
 from prometheus_client.parser import text_string_to_metric_families
 
+from ipnext.auth import add_key, bearer
 from ipnext.config import Settings
 from ipnext.contracts import poll_until
 from ipnext.counters import MetricsSnapshot, SetCounters
@@ -28,7 +29,7 @@ from ipnext.sdk import Client
 from ipnext.serving.control import connect
 from ipnext.serving.layout import RAY_NAMESPACE, metrics_actor_name, router_app_name, set_app_name
 
-from .conftest import one_region_spec, train_version, until_rolled_back
+from .conftest import keyed, one_region_spec, train_version, until_rolled_back
 from .load import Load
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
@@ -40,6 +41,40 @@ DEADLINE_S = 5.0
 OVERLOAD_S = 8.0  # the overload phase (bench/doors.py runs it for 60 s)
 MAX_ONGOING, MAX_QUEUED = 8, 8
 OVERLOAD_CLIENTS = 48  # closed loop, six times what the router admits
+
+
+async def _refused_without_the_right_key(stack: Settings, model: str) -> int:
+    """Predict, stream, the model's description and demand, and its routing document: 401
+    without a key or with one not known, 403 with a key of another model; answered with the
+    stack's own. Returns how many were refused (none may count against the set)."""
+    keys_file = stack.keys_file()
+    assert keys_file is not None, "the test stack runs with auth on (the default)"
+    other = add_key(keys_file, f"other-{model}", [f"{model}-not-this-one"])
+    region = f"/us-east/models/{model}"
+    doors = [
+        ("POST", f"{region}/predict", {"inputs": {"user": 1, "items": [1]}}),
+        ("POST", f"{region}/predict", {"inputs": {"user": 1, "items": [1]}, "stream": True}),
+        ("GET", region, None),
+        ("GET", f"{region}/demand", None),
+        ("GET", f"/models/{model}/routing", None),
+    ]
+    refused = 0
+    async with httpx.AsyncClient(base_url=stack.serve_url, timeout=30) as http:
+        await asyncio.sleep(1.1)  # the doors read a changed keys file within a second
+        for headers, status in (({}, 401), (bearer("ipn_guessed"), 401), (bearer(other), 403)):
+            for method, url, body in doors:
+                reply = await http.request(method, url, json=body, headers=headers)
+                assert reply.status_code == status, (method, url, headers.keys(), reply.text)
+                assert "message" in reply.json() and "set" not in reply.json(), reply.text
+                refused += 1
+        for method, url, body in doors:
+            reply = await http.request(method, url, json=body, headers=keyed(stack))
+            assert reply.status_code == 200, (method, url, reply.text)
+    return refused
+
+
+async def _ok(load: Load) -> int:
+    return sum(1 for a in load.answers if a.status == 200)
 
 
 def counters(model: str, app: str) -> SetCounters:
@@ -129,28 +164,43 @@ async def test_doors_poison_inputs_overload_a_hung_canary_and_a_killed_router(
         ),
         "not JSON": (b"{", 400, "body is not JSON"),
     }
-    async with httpx.AsyncClient(base_url=stack.serve_url, timeout=30) as http:
-        for label, (body, status, field) in poison.items():
-            reply = await http.post(path, content=body, headers={"content-type": "application/json"})
-            answer = reply.json()
-            assert reply.status_code == status and answer["message"].startswith(field), (label, reply.text)
-            assert set(answer) == {"error_id", "message"} | ({"set"} if "set" in answer else set()), answer
-            assert "Traceback" not in reply.text and "File " not in reply.text
-        goods = [await http.post(path, json={"inputs": {"user": u, "items": [1, 2]}}) for u in range(5)]
-        assert [g.status_code for g in goods] == [200] * 5
-    await counted(model_name, app, before.requests + 5, "the five good requests counted")
+    # With two callers of good requests running throughout: the replica answers them on.
+    async with Load(stack.serve_url, path, headers=keyed(stack), workers=2) as load:
+        await poll_until(lambda: _ok(load), lambda n: n >= 5, timeout_s=30, interval_s=0.1, what="load")
+        async with httpx.AsyncClient(base_url=stack.serve_url, headers=keyed(stack), timeout=30) as http:
+            for label, (body, status, field) in poison.items():
+                reply = await http.post(path, content=body, headers={"content-type": "application/json"})
+                answer = reply.json()
+                assert reply.status_code == status and answer["message"].startswith(field), (
+                    label,
+                    reply.text,
+                )
+                assert set(answer) == {"error_id", "message"} | ({"set"} if "set" in answer else set()), (
+                    answer
+                )
+                assert "Traceback" not in reply.text and "File " not in reply.text
+            goods = [await http.post(path, json={"inputs": {"user": u, "items": [1, 2]}}) for u in range(5)]
+            assert [g.status_code for g in goods] == [200] * 5
+        refused = await _refused_without_the_right_key(stack, model_name)
+    # The load's callers finish their last request before stopping: every answer is in `answers`.
+    assert load.failed() == [], load.failed()[:3]
+    expected = before.requests + 5 + 2 + len(load.answers)
+    await counted(model_name, app, expected, "the good requests and the load counted")
     await asyncio.sleep(1.5)  # one more push: a counted 400 would show by now
     after = counters(model_name, app)
     print(
-        f"poison inputs: {len(poison)} refused at the door; set counters {before.requests}/{before.errors}"
-        f" -> {after.requests}/{after.errors} (requests/errors)"
+        f"keys: {refused} requests without a key or with another model's refused (401/403); "
+        f"poison inputs: {len(poison)} refused at the door under {len(load.answers)} good requests "
+        f"(none failed); set counters {before.requests}/{before.errors} -> {after.requests}/{after.errors} "
+        "(requests/errors)"
     )
-    assert (after.requests, after.errors) == (before.requests + 5, before.errors)
+    # The right key's two predicts (one streamed) counted; the refusals did not.
+    assert (after.requests, after.errors) == (expected, before.errors)
 
     # ---- gate truth: a dashboard's p99 (Ray's Prometheus endpoint) is the gate's p99 ----------
     node = next(n for n in ray.nodes() if n["Alive"])
     metrics_url = f"http://{node['NodeManagerAddress']}:{node['MetricsExportPort']}/metrics"
-    async with httpx.AsyncClient(base_url=stack.serve_url, timeout=30) as http:
+    async with httpx.AsyncClient(base_url=stack.serve_url, headers=keyed(stack), timeout=30) as http:
         for u in range(60):
             assert (
                 await http.post(path, json={"inputs": {"user": u, "items": [1, 2, 3]}})
@@ -176,7 +226,9 @@ async def test_doors_poison_inputs_overload_a_hung_canary_and_a_killed_router(
     pids = serve_pids(router_app)
     assert set(pids) == {"proxy", "router"}, pids
     rss_before = {name: rss_kib(pid) for name, pid in pids.items()}
-    async with Load(stack.serve_url, path, workers=OVERLOAD_CLIENTS, backoff_s=0.05) as load:
+    async with Load(
+        stack.serve_url, path, headers=keyed(stack), workers=OVERLOAD_CLIENTS, backoff_s=0.05
+    ) as load:
         await asyncio.sleep(OVERLOAD_S)
     rss_after = {name: rss_kib(pid) for name, pid in pids.items()}
     admitted = [a.latency_s for a in load.answers if a.status == 200]
@@ -196,7 +248,9 @@ async def test_doors_poison_inputs_overload_a_hung_canary_and_a_killed_router(
 
     # ---- a canary that hangs on some inputs: 504 within the deadline, counted, rolled back -----
     bad = poisoned_copy(stack.snapshot_roots[0], model_name, "v2-hangs", good)
-    async with Load(stack.serve_url, path, workers=8) as load:  # hung calls hold a caller each
+    async with Load(
+        stack.serve_url, path, headers=keyed(stack), workers=8
+    ) as load:  # hung calls hold a caller each
         published = await client.publish_snapshot(model_name, bad)
         state = await until_rolled_back(client, model_name)
         rolled_back_at = load.elapsed()
@@ -221,7 +275,7 @@ async def test_doors_poison_inputs_overload_a_hung_canary_and_a_killed_router(
     )
 
     # ---- a killed router replica: Serve replaces it; record what the proxy answers meanwhile --
-    async with Load(stack.serve_url, path) as load:
+    async with Load(stack.serve_url, path, headers=keyed(stack)) as load:
         await asyncio.sleep(1.0)
         killed_at = load.elapsed()
         replica = next(

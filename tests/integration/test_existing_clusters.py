@@ -29,6 +29,9 @@ async def test_dev_up_uses_existing_clusters(
         "state_dir": str(base / "state"),
         "temporal": {"task_queue": f"ipnext-ext-{uuid.uuid4().hex[:6]}"},
         "serve": stack.serve.model_dump(),
+        # Every worker of one Ray cluster names the same keys file: the Serve writer checks the
+        # doors against the one its latest caller names.
+        "auth": {"keys_file": str(stack.keys_file()), "api_key_file": str(stack.api_key_file())},
     }
     path = base / "ipnext.yaml"
     path.write_text(yaml.safe_dump(config))

@@ -19,7 +19,7 @@ from ipnext.sdk import AsyncPredictionClient, Client, PredictionClient
 from ipnext.serving.control import connect, get_writer
 from ipnext.serving.layout import metrics_actor_name
 
-from .conftest import one_region_spec, train_version
+from .conftest import keyed, one_region_spec, train_version
 from .load import Load
 
 # Events per run before the model and its rollouts continue as new, in the history drill, and
@@ -54,7 +54,7 @@ async def test_publish_serve_predict_then_second_set(
 
     connect(stack.ray_address())
     # Raw HTTP, as a product engineer calls it: the envelope, stamped by each part's host.
-    async with httpx.AsyncClient(base_url=stack.serve_url, timeout=30) as http:
+    async with httpx.AsyncClient(base_url=stack.serve_url, headers=keyed(stack), timeout=30) as http:
         reply = await http.post(
             f"/us-east/models/{model_name}/predict", json={"inputs": {"user": 3, "items": [1, 2, 3]}}
         )
@@ -113,7 +113,7 @@ async def test_publish_serve_predict_then_second_set(
         assert unknown_model.status_code == 404 and f"{model_name}-absent" in unknown_model.json()["message"]
 
     # The data plane alone: no Temporal client, only the serving URL.
-    with PredictionClient(stack.serve_url) as serving:
+    with PredictionClient.from_settings(stack) as serving:
         reply = serving.predict(model_name, {"user": 3, "items": [1, 2, 3]}, source="us-east")
         assert (reply.set, reply.region, reply.outputs) == (f"{model_name}@1", "us-east", envelope["outputs"])
         assert serving.routing(model_name).generation == document["generation"]
@@ -122,7 +122,7 @@ async def test_publish_serve_predict_then_second_set(
         assert bad_request.value.status_code == 400 and "inputs.user: 9999" in str(bad_request.value)
         with pytest.raises(PredictionNotFoundError, match=f"{model_name}-absent"):
             serving.predict(f"{model_name}-absent", {"user": 3, "items": [1]})
-    async with AsyncPredictionClient(stack.serve_url) as aserving:
+    async with AsyncPredictionClient.from_settings(stack) as aserving:
         areply = await aserving.predict(model_name, {"user": 3, "items": [1, 2, 3]}, source="us-east")
         assert areply == reply
         with pytest.raises(PredictionBadRequestError):
@@ -141,7 +141,7 @@ async def test_publish_serve_predict_then_second_set(
 
     folder2, _ = train_version(stack, model_name, "v2", seed=2)
     # The second set rolls out step by step (the example's 10/50/100) under a closed-loop load.
-    async with Load(stack.serve_url, f"/us-east/models/{model_name}/predict") as load:
+    async with Load(stack.serve_url, f"/us-east/models/{model_name}/predict", headers=keyed(stack)) as load:
         published2 = await client.publish_snapshot(model_name, folder2)
         state = await client.wait_until_serving(model_name, published2.set_id, timeout_s=240)
     print(f"rollout of {published2.set_id} under load: {len(load.answers)} requests in {load.elapsed():.1f}s")
@@ -169,7 +169,7 @@ async def test_publish_serve_predict_then_second_set(
     apps = serve_apps(stack)
     assert f"{model_name}.us-east.s2.r1" in apps and f"{model_name}.us-east.s1.r1" not in apps
     # A new set on the same plan changes no routing: the document keeps its generation.
-    async with AsyncPredictionClient(stack.serve_url) as aserving:
+    async with AsyncPredictionClient.from_settings(stack) as aserving:
         assert (await aserving.routing(model_name)).generation == document["generation"]
 
 
@@ -183,7 +183,7 @@ async def test_delete_removes_serving(stack: Settings, client: Client, model_nam
     result = await client.delete_model(model_name, who="test")
     assert sorted(result.removed_apps) == sorted([f"{model_name}.us-east", f"{model_name}.us-east.s1.r1"])
     assert not [a for a in serve_apps(stack) if a.startswith(f"{model_name}.")]
-    async with httpx.AsyncClient(base_url=stack.serve_url, timeout=30) as http:
+    async with httpx.AsyncClient(base_url=stack.serve_url, headers=keyed(stack), timeout=30) as http:
         gone = await http.post(
             f"/us-east/models/{model_name}/predict", json={"inputs": {"user": 1, "items": [4]}}
         )
@@ -228,7 +228,7 @@ async def test_watcher_publishes_new_snapshots(stack: Settings, client: Client, 
         f"{model_name}/dense@nightly-1"
     )
     # A good snapshot: the watcher publishes it, and on-call pauses its rollout at once.
-    async with Load(stack.serve_url, f"/us-east/models/{model_name}/predict") as load:
+    async with Load(stack.serve_url, f"/us-east/models/{model_name}/predict", headers=keyed(stack)) as load:
         train_version(stack, model_name, "nightly-2", seed=2)
         live = await poll_until(
             lambda: client.rollout_status(model_name),

@@ -32,7 +32,7 @@ from ipnext.serving.layout import (
     set_app_name,
 )
 
-from .conftest import one_region_spec, train_version
+from .conftest import keyed, one_region_spec, train_version
 from .load import OpenLoop, Sent
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(360)]
@@ -129,6 +129,7 @@ async def test_load_step_scales_inside_the_envelope(stack: Settings, client: Cli
         stack.serve_url,
         f"/us-east/models/{model_name}/predict",
         [(PHASES_S[0], PEAK_QPS), (PHASES_S[1], 4 * PEAK_QPS), (PHASES_S[2], PEAK_QPS)],
+        headers=keyed(stack),
     )
     await load.run()
     # Back down: after the load, the deployment returns to the plan's replicas and the routers

@@ -21,7 +21,7 @@ from ipnext.model import ModelSpec, load_model_spec
 from ipnext.sdk import Client
 from ipnext.serving.control import connect
 
-from .conftest import tolerant_latency_gate
+from .conftest import keyed, tolerant_latency_gate
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
@@ -67,7 +67,7 @@ async def test_ranking_serves_batched_request_oriented_scores(
             )
         return [float(s) for s in scores]
 
-    async with httpx.AsyncClient(base_url=stack.serve_url, timeout=60) as http:
+    async with httpx.AsyncClient(base_url=stack.serve_url, headers=keyed(stack), timeout=60) as http:
         replies = await asyncio.gather(*(http.post(path, json={"inputs": r}) for r in requests))
         for request, reply in zip(requests, replies, strict=True):
             assert reply.status_code == 200, reply.text

@@ -119,7 +119,9 @@ async def test_a_lost_region_is_routed_around_replanned_without_and_returns(
         # 10 s a region (the SDK's default): on a loaded 2-core machine a live region took over 5 s,
         # and the SDK then failed over to the dead one, which held the request to its end (the SDK
         # now gives a region the rest of the deadline when every other one is known down).
-        async with AsyncPredictionClient(settings.serve_url, timeout_s=30, region_timeout_s=10) as serving:
+        async with AsyncPredictionClient.from_settings(
+            settings, timeout_s=30, region_timeout_s=10
+        ) as serving:
             document = await serving.routing(model_name)
             serving_regions = sorted({r for row in document.routes.values() for r in row})
             assert serving_regions == sorted(SOURCES), document.routes

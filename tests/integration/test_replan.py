@@ -30,7 +30,7 @@ from ipnext.serving.layout import RAY_NAMESPACE, metrics_actor_name
 from ipnext.serving.metrics import demand_file
 from ipnext.temporal import connect_client
 
-from .conftest import DEMAND_SETTINGS, one_region_spec, train_version
+from .conftest import DEMAND_SETTINGS, keyed, one_region_spec, train_version
 from .load import Load
 from .test_cli import ipnext
 from .test_lifecycle import serve_apps
@@ -96,7 +96,9 @@ async def test_scheduled_replan_moves_capacity_and_shows_the_plan(
                 pool["unit_cost"] *= 10
         fleet_file.write_text(yaml.safe_dump(fleet))
         started = time.perf_counter()
-        async with Load(stack.serve_url, f"/us-east/models/{model_name}/predict") as load:
+        async with Load(
+            stack.serve_url, f"/us-east/models/{model_name}/predict", headers=keyed(stack)
+        ) as load:
             second = await trigger_and_wait(temporal, timeout_s=180)
             assert second.revision == first.revision + 1
             assert model_name in second.applied_to, second
@@ -108,7 +110,7 @@ async def test_scheduled_replan_moves_capacity_and_shows_the_plan(
         assert state.serving_set == published.set_id
         assert state.serving_apps == {"eu-west": f"{model_name}.eu-west.s1.r2"}
         assert state.rollout is not None and state.rollout.state.value == "completed"
-        async with httpx.AsyncClient(base_url=stack.serve_url, timeout=30) as http:
+        async with httpx.AsyncClient(base_url=stack.serve_url, headers=keyed(stack), timeout=30) as http:
             for region in ("eu-west", "us-east"):  # the us-east router now hands over to eu-west
                 reply = await http.post(
                     f"/{region}/models/{model_name}/predict", json={"inputs": {"user": 3, "items": [1, 2]}}
@@ -127,7 +129,9 @@ async def test_scheduled_replan_moves_capacity_and_shows_the_plan(
                 pool["unit_cost"] *= 10
         fleet_file.write_text(yaml.safe_dump(fleet))
         started = time.perf_counter()
-        async with Load(stack.serve_url, f"/us-east/models/{model_name}/predict") as load:
+        async with Load(
+            stack.serve_url, f"/us-east/models/{model_name}/predict", headers=keyed(stack)
+        ) as load:
             third = await trigger_and_wait(temporal, timeout_s=180)
             assert model_name in third.applied_to, third
             assert any(m.startswith(f"{model_name}/dense: eu-west/cpu-highmem 0 -> ") for m in third.moves)
@@ -190,12 +194,14 @@ DENSE_QPS = 6.0  # what the spec says one dense replica serves: 4 x 1.2 fits one
 NO_ANSWER = 0  # the status `paced` records for a request that got no HTTP answer in time
 
 
-async def paced(base_url: str, path: str, qps: float, seconds: float) -> list[int]:
+async def paced(base_url: str, path: str, qps: float, seconds: float, key: dict[str, str]) -> list[int]:
     """Open loop: a request every 1/qps s from us-east for `seconds`, each on its own task, so a
     slow answer never delays the next send. The answers' statuses, NO_ANSWER for a request with no
     answer within 30 s (CI once saw one on a 2-core box with a restart drill beside it)."""
     statuses: list[int] = []
-    async with httpx.AsyncClient(base_url=base_url, timeout=30, headers={SOURCE_HEADER: "us-east"}) as http:
+    async with httpx.AsyncClient(
+        base_url=base_url, timeout=30, headers={SOURCE_HEADER: "us-east", **key}
+    ) as http:
 
         async def one(i: int) -> None:
             try:
@@ -257,7 +263,7 @@ async def test_observed_demand_above_the_declared_peak_sizes_the_next_replan(
         # at least falls inside it, whatever the clock).
         started = time.perf_counter()
         statuses = await paced(
-            stack.serve_url, path, 3 * DECLARED_QPS, 2.5 * DEMAND_SETTINGS["window_seconds"]
+            stack.serve_url, path, 3 * DECLARED_QPS, 2.5 * DEMAND_SETTINGS["window_seconds"], keyed(stack)
         )
         # Every answer is a 200; a request left unanswered by an overloaded box is allowed, up to
         # a tenth (the router still counts it: it arrived), and printed.
@@ -331,7 +337,7 @@ async def test_observed_demand_above_the_declared_peak_sizes_the_next_replan(
 
         # 4. The model serves the new plan (a capacity move, under light traffic for its gates).
         moving = time.perf_counter()
-        async with Load(stack.serve_url, path, workers=1):
+        async with Load(stack.serve_url, path, headers=keyed(stack), workers=1):
             state = await poll_until(
                 lambda: client.get_model(model_name),
                 lambda s: (

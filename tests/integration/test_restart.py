@@ -22,7 +22,7 @@ from ipnext.errors import ModelExistsError, ModelNotFoundError
 from ipnext.rollout import RolloutState
 from ipnext.sdk import Client
 
-from .conftest import one_region_spec, train_version
+from .conftest import keyed, one_region_spec, train_version
 from .load import Load
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -42,7 +42,7 @@ async def test_a_model_terminated_from_the_ui_keeps_serving_and_is_adopted(
     before = await client.wait_until_serving(model_name, first.set_id)
     await client.temporal.get_workflow_handle(model_workflow_id(model_name)).terminate(reason="drill")
     path = f"/us-east/models/{model_name}/predict"
-    async with Load(stack.serve_url, path) as load:
+    async with Load(stack.serve_url, path, headers=keyed(stack)) as load:
         orphans = await poll_until(
             client.list_orphans,
             lambda found: any(m.name == model_name for m in found),
@@ -87,7 +87,7 @@ async def test_a_full_restart_and_a_lost_ray_cluster_serve_again_with_no_command
     path = f"/us-east/models/{model_name}/predict"
     dev = DevStack(config_path=stack_config, log=lambda line: print(f"    {line}"))
 
-    async with Load(stack.serve_url, path) as load:
+    async with Load(stack.serve_url, path, headers=keyed(stack)) as load:
         await poll_until(lambda: _ok(load), lambda n: n >= 20, timeout_s=60, interval_s=0.2, what="answers")
         if ray.is_initialized():  # this process's Ray driver must not outlive its cluster
             ray.shutdown()
@@ -208,7 +208,7 @@ async def _ok(load: Load, since: float = 0.0) -> int:
 async def _router_state(stack: Settings, model: str) -> dict[str, object]:
     import httpx
 
-    async with httpx.AsyncClient(base_url=stack.serve_url, timeout=30) as http:
+    async with httpx.AsyncClient(base_url=stack.serve_url, headers=keyed(stack), timeout=30) as http:
         reply = await http.get(f"/us-east/models/{model}")
         reply.raise_for_status()
         body: dict[str, object] = reply.json()
@@ -226,7 +226,7 @@ async def _ray_lost_and_back(stack: Settings, dev: DevStack, client: Client, mod
     applied = max(before.rollout.generations)
     path = f"/us-east/models/{model_name}/predict"
     v3, _ = train_version(stack, model_name, "v3", seed=3)
-    async with Load(stack.serve_url, path) as load:
+    async with Load(stack.serve_url, path, headers=keyed(stack)) as load:
         await poll_until(lambda: _ok(load), lambda n: n >= 20, timeout_s=60, interval_s=0.2, what="answers")
         third = await client.publish_snapshot(model_name, v3)
         rollout = await poll_until(

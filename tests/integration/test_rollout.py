@@ -32,7 +32,7 @@ from ipnext.sdk import Client
 from ipnext.serving.control import connect
 from ipnext.serving.layout import RAY_NAMESPACE, SET_DEPLOYMENT, WRITER_ACTOR, metrics_actor_name
 
-from .conftest import one_region_spec, train_version, until_rolled_back
+from .conftest import keyed, one_region_spec, train_version, until_rolled_back
 from .load import Load
 from .test_cli import ipnext
 from .test_lifecycle import serve_apps
@@ -54,7 +54,7 @@ async def test_bad_snapshot_is_rolled_back_by_the_gates_with_the_writer_and_metr
     await client.wait_until_serving(model_name, first.set_id)
     bad = poisoned_copy(stack.snapshot_roots[0], model_name, "v2-bad", good)
     connect(stack.ray_address())
-    async with Load(stack.serve_url, f"/us-east/models/{model_name}/predict") as load:
+    async with Load(stack.serve_url, f"/us-east/models/{model_name}/predict", headers=keyed(stack)) as load:
         published = await client.publish_snapshot(model_name, bad)
         await poll_until(
             lambda: client.rollout_status(model_name),
@@ -109,7 +109,7 @@ async def test_bad_snapshot_is_rolled_back_by_the_gates_with_the_writer_and_metr
     assert len(after) > 30 and all(a.set == first.set_id for a in after)
     old_failed = [a for a in load.failed() if a.set != published.set_id and a.at >= replicas_killed_at]
     assert status.generations and len(status.generations) == 2  # the 10% step, then all back at once
-    async with httpx.AsyncClient(base_url=stack.serve_url, timeout=30) as http:
+    async with httpx.AsyncClient(base_url=stack.serve_url, headers=keyed(stack), timeout=30) as http:
         router = (await http.get(f"/us-east/models/{model_name}")).json()
     assert router["weights"] == {f"{model_name}.us-east.s1.r1": 100.0}
     assert f"{model_name}.us-east.s2.r1" not in serve_apps(stack)  # a new writer, adopted from Serve
@@ -177,7 +177,7 @@ async def test_on_call_pauses_and_resumes_with_the_cli(
     v1, _ = train_version(stack, model_name, "v1")
     await client.wait_until_serving(model_name, (await client.publish_snapshot(model_name, v1)).set_id)
     v2, _ = train_version(stack, model_name, "v2", seed=2)
-    async with Load(stack.serve_url, f"/us-east/models/{model_name}/predict") as load:
+    async with Load(stack.serve_url, f"/us-east/models/{model_name}/predict", headers=keyed(stack)) as load:
         published = await client.publish_snapshot(model_name, v2)
         await poll_until(
             lambda: client.rollout_status(model_name),
@@ -259,7 +259,7 @@ async def the_temporal_uis_doors(stack: Settings, client: Client, model_name: st
     served from its pinned snapshots; a terminate: the model puts the routers back and stays
     managed. No workflow task fails anywhere."""
     path = f"/us-east/models/{model_name}"
-    async with httpx.AsyncClient(base_url=stack.serve_url, timeout=30) as http:
+    async with httpx.AsyncClient(base_url=stack.serve_url, headers=keyed(stack), timeout=30) as http:
         good_weights = (await http.get(path)).json()["weights"]
     ended: dict[str, str] = {}
     serving_set = next(m for m in (await client.get_model(model_name)).sets if m.id == serving)
@@ -267,7 +267,7 @@ async def the_temporal_uis_doors(stack: Settings, client: Client, model_name: st
     assert training_folder.is_dir(), training_folder
     for version, door in (("v3", "cancel"), ("v4", "terminate")):
         folder, _ = train_version(stack, model_name, version, seed=int(version[1:]))
-        async with Load(stack.serve_url, f"{path}/predict") as load:
+        async with Load(stack.serve_url, f"{path}/predict", headers=keyed(stack)) as load:
             published = await client.publish_snapshot(model_name, folder)
             rollout_id = rollout_workflow_id(model_name, published.set_id)
             # The cancel comes in the 50% bake (the previous set scaled down after the 30% step),
@@ -306,7 +306,7 @@ async def the_temporal_uis_doors(stack: Settings, client: Client, model_name: st
                 interval_s=0.3,
                 what=f"the model to record the {door}",
             )
-            async with httpx.AsyncClient(base_url=stack.serve_url, timeout=30) as http:
+            async with httpx.AsyncClient(base_url=stack.serve_url, headers=keyed(stack), timeout=30) as http:
                 weights = await poll_until(
                     lambda: http.get(path),
                     lambda r: r.json()["weights"] == good_weights,
@@ -372,11 +372,11 @@ async def test_rollout_survives_a_killed_worker_and_a_restarted_temporal(
     await client.publish_model(spec)
     v1, _ = train_version(stack, model_name, "v1")
     await client.wait_until_serving(model_name, (await client.publish_snapshot(model_name, v1)).set_id)
-    async with httpx.AsyncClient(base_url=stack.serve_url, timeout=30) as http:
+    async with httpx.AsyncClient(base_url=stack.serve_url, headers=keyed(stack), timeout=30) as http:
         before = (await http.get(f"/us-east/models/{model_name}")).json()["generation"]
     v2, _ = train_version(stack, model_name, "v2", seed=2)
     dev = DevStack(config_path=stack_config, log=print)
-    async with Load(stack.serve_url, f"/us-east/models/{model_name}/predict") as load:
+    async with Load(stack.serve_url, f"/us-east/models/{model_name}/predict", headers=keyed(stack)) as load:
         published = await client.publish_snapshot(model_name, v2)
 
         async def reach(step: str) -> None:
@@ -425,7 +425,7 @@ async def test_independent_parts_roll_one_after_the_other(
     v1, _ = train_version(stack, model_name, "v1")
     await client.wait_until_serving(model_name, (await client.publish_snapshot(model_name, v1)).set_id)
     v2, _ = train_version(stack, model_name, "v2", seed=2)
-    async with Load(stack.serve_url, f"/us-east/models/{model_name}/predict") as load:
+    async with Load(stack.serve_url, f"/us-east/models/{model_name}/predict", headers=keyed(stack)) as load:
         published = await client.publish_snapshot(model_name, v2)
         state = await client.wait_until_serving(model_name, published.set_id, timeout_s=240)
     assert load.failed() == [], load.failed()[:3]
