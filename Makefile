@@ -8,7 +8,6 @@ ARGS ?=
 # Triton reads this when a kernel is defined, so it is set for the whole run;
 # which code path runs is chosen per call, never by this variable.
 export TRITON_INTERPRET := 1
-export RAY_AUTH_MODE := disabled
 export RAY_USAGE_STATS_ENABLED := 0
 
 .PHONY: demo test lint types unit venv clean

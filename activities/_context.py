@@ -16,8 +16,8 @@ def settings() -> Settings:
 
 def writer() -> object:
     """The Serve config writer actor, connecting this process to Ray on first use."""
-    from ipnext.serving.control import connect, writer_for
+    from ipnext.serving.control import connect_for, writer_for
 
     current = settings()
-    connect(current.ray_address())
+    connect_for(current)
     return writer_for(current)

@@ -40,7 +40,7 @@ from ipnext.devstack import DevStack, scratch_config
 from ipnext.examples.click_ranker.train import train
 from ipnext.model import ModelSpec, load_model_spec
 from ipnext.sdk import Client
-from ipnext.serving.control import connect, get_writer, serve_applications
+from ipnext.serving.control import connect_for, get_writer, serve_applications
 from ipnext.serving.layout import SET_IMPORT_PATH, part_deployment_name, pool_usage, set_app_name
 
 REPO = Path(__file__).resolve().parents[1]
@@ -125,7 +125,7 @@ async def measure(settings: Settings, args: argparse.Namespace) -> dict[str, Any
         report = train(settings.snapshot_roots[0], MODEL, "v1", steps=60)
         published = await client.publish_snapshot(MODEL, report.folder)
         await client.wait_until_serving(MODEL, published.set_id)
-        connect(settings.ray_address())
+        connect_for(settings)
         app = set_app_name(MODEL, "us-east", 1, 1)
         exported = ray.get(get_writer(settings.serve.host, settings.serve.port).export.remote(), timeout=60)
         set_apps = {a["name"]: a for a in exported["applications"] if a["import_path"] == SET_IMPORT_PATH}

@@ -266,9 +266,9 @@ async def measure_serving(rate: float, seconds: float, candidates: int, concurre
                     f"candidates, p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms, failed {r['failed']}"
                 )
                 await ipn.delete_model(name)
-            from ipnext.serving.control import connect
+            from ipnext.serving.control import connect_for
 
-            connect(settings.ray_address())
+            connect_for(settings)
             results["router_bound"] = {"callers": concurrency, "seconds": seconds, "candidates": candidates}
             for bound, name in bounds.items():
                 data = json.loads(json.dumps(base))

@@ -48,7 +48,7 @@ from ipnext.devstack import DevStack, scratch_config
 from ipnext.examples.click_ranker.train import train
 from ipnext.model import ModelSpec, load_model_spec
 from ipnext.sdk import Client
-from ipnext.serving.control import connect
+from ipnext.serving.control import connect_for
 from ipnext.serving.layout import SET_DEPLOYMENT
 
 REPO = Path(__file__).resolve().parents[1]
@@ -172,7 +172,7 @@ async def measure(
                     f"after dev up started ({back - down_at:.1f} s after dev down started)"
                 )
             # 2. replica killed
-            connect(settings.ray_address())
+            connect_for(settings)
             plan = state.plan.deployments.values() if state.plan else []
             target = sum(n for placement in plan for n in placement.replicas.get("us-east", {}).values())
             for i in range(repeats):

@@ -237,9 +237,9 @@ def _serve(args: argparse.Namespace, settings: Settings) -> None:
     import ray
     import yaml
 
-    from ipnext.serving.control import connect, writer_for
+    from ipnext.serving.control import connect_for, writer_for
 
-    connect(settings.ray_address())
+    connect_for(settings)
     config = ray.get(writer_for(settings).export.remote())
     ray.shutdown()
     text = yaml.safe_dump(config, sort_keys=False)

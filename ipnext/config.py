@@ -137,6 +137,14 @@ class RaySettings(_Section):
     health_check_period_ms: int = Field(default=1000, ge=100)
     health_check_failure_threshold: int = Field(default=4, ge=1)
     node_object_store_bytes: int = Field(default=200 * 1024 * 1024, ge=80 * 1024 * 1024)  # per region node
+    # Ray's token authentication: every process of the stack (the head, each `ray start` node,
+    # the worker, Serve's replicas, the CLI and tests) runs with RAY_AUTH_MODE=token and the token
+    # file RAY_AUTH_TOKEN_PATH names (ipnext/raytoken.py). `disabled` lets anyone who reaches
+    # Ray's ports run code on the cluster.
+    auth: Literal["token", "disabled"] = "token"
+    # The token's file; None: `<state_dir>/ray-token`, which `ipnext dev up` makes (0600) for
+    # the cluster it starts. A cluster of RAY_ADDRESS: its token's file, or RAY_AUTH_TOKEN.
+    token_file: Path | None = None
 
 
 class RegionSettings(_Section):
@@ -323,6 +331,12 @@ class Settings(BaseSettings):
         """Where the SDK and CLI read their key when IPNEXT_API_KEY is not set."""
         return (self.auth.api_key_file or self.state_dir / "api-key").resolve()
 
+    def ray_token_file(self) -> Path | None:
+        """The Ray token's file, absolute; None when Ray's token authentication is off."""
+        if self.ray.auth == "disabled":
+            return None
+        return (self.ray.token_file or self.state_dir / "ray-token").resolve()
+
     @property
     def ray_address_file(self) -> Path:
         return self.state_dir / "ray-address"
@@ -375,6 +389,9 @@ def load_settings(path: str | Path | None = None) -> Settings:
                 data[key] = (base / data[key]).resolve()
         if "temporal" in data:
             data["temporal"] = _resolve_temporal_paths(data["temporal"], base)
+        ray_section = data.get("ray")
+        if isinstance(ray_section, dict) and ray_section.get("token_file") is not None:
+            data["ray"] = {**ray_section, "token_file": (base / ray_section["token_file"]).resolve()}
         auth = data.get("auth")
         if isinstance(auth, dict):
             data["auth"] = {

@@ -46,6 +46,7 @@ from ipnext.auth import API_KEY_ENV, add_key
 from ipnext.config import Settings, load_settings
 from ipnext.contracts import PollTimeoutError, wait_until
 from ipnext.errors import StackError
+from ipnext.raytoken import ensure_ray_token, ray_auth_env, use_ray_auth
 
 __all__ = ["COMPONENTS", "DevStack", "component_names", "node_component", "process_alive", "stack_processes"]
 
@@ -280,6 +281,7 @@ class DevStack:
         (self.state_dir / "logs").mkdir(parents=True, exist_ok=True)
         self.log(f"starting the ipnext dev stack ({mode} nodes): {self.settings.describe_source()}")
         self._ensure_api_key()
+        self._ensure_ray_token()
         stack_id = uuid.uuid4().hex
         env = self._env(stack_id, mode)
         record: dict[str, Any] = {"stack_id": stack_id, "nodes": mode, "processes": {}}
@@ -311,7 +313,8 @@ class DevStack:
                 # Every process of the stack knows its layout: the Ray head, the supervisor, and
                 # the worker, whose Serve config writer puts a proxy on every node (per-region).
                 "IPNEXT_RAY__NODES": nodes,
-                "RAY_AUTH_MODE": "disabled",
+                # Ray's token authentication, named explicitly (ipnext/raytoken.py)
+                **ray_auth_env(self.settings),
                 "RAY_USAGE_STATS_ENABLED": "0",
                 "PYTHONUNBUFFERED": "1",
             }
@@ -409,6 +412,18 @@ class DevStack:
             self._kill_ray_leftovers(record)
         starts[name](env, record)
         self.release(name)
+
+    def _ensure_ray_token(self) -> None:
+        """The Ray token: made for a cluster this stack starts (once; kept across restarts, so a
+        restarted head takes the same), required for a cluster of RAY_ADDRESS."""
+        if self.settings.ray.address is not None:
+            use_ray_auth(self.settings, dict(os.environ))  # a missing token: an error here, not Ray's abort
+            return
+        token_file = ensure_ray_token(self.settings)
+        if token_file is None:
+            self.log("  Ray token authentication: off (ray.auth: disabled): anyone who reaches Ray runs code")
+        else:
+            self.log(f"  Ray token authentication: on, token in {token_file} (0600)")
 
     def _ensure_api_key(self) -> None:
         """With auth on and no keys file yet, make the stack's first key (`dev`, every model):

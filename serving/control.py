@@ -21,6 +21,7 @@ import ray
 from ipnext.config import Settings
 from ipnext.contracts import PollTimeoutError, wait_until
 from ipnext.errors import ServingError
+from ipnext.raytoken import use_ray_auth
 from ipnext.routing import RoutingDocument, succeed
 from ipnext.serving.layout import (
     PROXY_TIMEOUT_S,
@@ -44,6 +45,7 @@ from ipnext.serving.layout import (
 __all__ = [
     "ServeConfigWriter",
     "connect",
+    "connect_for",
     "get_writer",
     "serve_applications",
     "wait_apps_gone",
@@ -227,6 +229,13 @@ def connect(address: str) -> None:
             _set_global_client(None)
         ray.init(address=address, namespace=RAY_NAMESPACE, log_to_driver=False)
         _connected = address
+
+
+def connect_for(settings: Settings) -> None:
+    """`connect` to the settings' Ray cluster, with their token authentication in this process's
+    environment first (Ray reads the token once per process, at its first connection)."""
+    use_ray_auth(settings)
+    connect(settings.ray_address())
 
 
 def writer_for(settings: Settings) -> Any:

@@ -34,6 +34,9 @@ SECOND_STACK_MODULES = (
     "test_load_step.py",
     "test_ranking.py",
 )
+# The units that run on a shared dev stack (tests/integration/conftest.py `stack`): a worker
+# stops its stack as soon as the unit is done.
+STACK_UNITS = ("integration", "integration-b")
 # Folders whose tests share one costly session fixture, so they run as one unit.
 SHARED_FIXTURE_FOLDERS = ("integration", "workflows", "llm")
 

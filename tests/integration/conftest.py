@@ -26,9 +26,11 @@ from ipnext.devstack import WORKER_GCS_PATIENCE_S, DevStack, scratch_config, sta
 from ipnext.errors import ModelNotFoundError
 from ipnext.examples.click_ranker.train import train
 from ipnext.model import ModelSpec, load_model_spec
+from ipnext.raytoken import ensure_ray_token, use_ray_auth
 from ipnext.registry import ModelState
 from ipnext.sdk import Client
 from ipnext.snapshots import Manifest
+from tests.conftest import STACK_UNITS, work_unit
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE_MODEL = REPO / "examples" / "click_ranker" / "model.yaml"
@@ -48,6 +50,16 @@ AUTOSCALING = {
     "metrics_interval_s": 1.0,
     "router_max_replicas": 1,
 }
+
+# Ray's token authentication for every stack of the run (each makes its own cluster): one token
+# file, because Ray reads the token once per process and a test process reaches several stacks.
+# Set before any stack or Ray connection; every process the tests start inherits it, and the
+# stacks' settings read it (IPNEXT_RAY__TOKEN_FILE wins over their config files).
+RAY_TOKEN_FILE = REPO / ".ipnext" / "test-ray-token"
+os.environ["IPNEXT_RAY__TOKEN_FILE"] = str(RAY_TOKEN_FILE)
+_RUN_SETTINGS = Settings()
+ensure_ray_token(_RUN_SETTINGS)
+use_ray_auth(_RUN_SETTINGS)
 
 # Model code: the repo's parts plus this suite's misbehaving ones (tests/bad_parts.py, the
 # worker imports them from the repo root it runs in); a hanging build is killed after 15 s, and
@@ -82,13 +94,36 @@ def stack(stack_config: Path) -> Iterator[Settings]:
     os.environ["RAY_gcs_rpc_server_reconnect_timeout_s"] = str(WORKER_GCS_PATIENCE_S)
     dev = DevStack(config_path=stack_config)
     record = dev.up()
+    _LIVE_STACK.append((dev, record))
     try:
         yield load_settings(stack_config)
     finally:
+        _stop_live_stack()
+
+
+# This worker process's shared stack while it is up: stopped by the fixture at the session's end,
+# or as soon as the work unit that uses it is done (`pytest_runtest_teardown`).
+_LIVE_STACK: list[tuple[DevStack, dict[str, Any]]] = []
+
+
+def _stop_live_stack() -> None:
+    while _LIVE_STACK:
+        dev, record = _LIVE_STACK.pop()
         if ray.is_initialized():  # detach before the cluster goes
             ray.shutdown()
         dev.down()
         assert stack_processes(record["stack_id"]) == [], "dev down left processes behind"
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Stop this worker's stack once the last test of its work unit is torn down (the next test,
+    which pytest-xdist always knows, is of another unit): a stack left up idle would take CPU from
+    every drill the two workers run after it (the own-stack drills start a third)."""
+    unit = work_unit(item.nodeid)
+    if _LIVE_STACK and unit in STACK_UNITS and (nextitem is None or work_unit(nextitem.nodeid) != unit):
+        print(f"\nstack of {unit} stopped: its unit is done")
+        _stop_live_stack()
 
 
 @pytest_asyncio.fixture(loop_scope="session")

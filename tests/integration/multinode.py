@@ -21,6 +21,7 @@ import yaml
 
 from ipnext.config import Settings, load_settings
 from ipnext.devstack import WORKER_GCS_PATIENCE_S, DevStack, scratch_config, stack_processes
+from ipnext.raytoken import ray_auth_env
 
 from .conftest import RECONCILE_SECONDS, REPO
 
@@ -92,7 +93,7 @@ def where_things_run(settings: Settings) -> dict[str, Any]:
         text=True,
         timeout=120,
         check=True,
-        env={**os.environ, "RAY_AUTH_MODE": "disabled"},
+        env={**os.environ, **ray_auth_env(settings)},
     )
     found: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return found

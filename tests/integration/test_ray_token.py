@@ -1,0 +1,88 @@
+"""Ray's token authentication on the running stack (issue 19): a Ray client with a wrong token,
+and one with authentication off, are refused by the cluster itself; the stack's token connects;
+the dashboard agent's job API (which would run a shell command) answers 401 without the token.
+Each client is a process of its own: Ray reads its token once per process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from ipnext.config import Settings
+from ipnext.raytoken import MODE_ENV, TOKEN_ENV, TOKEN_PATH_ENV
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+# A Ray driver that connects, or says how it was refused; connected, it names the node's
+# dashboard agent (the job API's HTTP port).
+_PROBE = """
+import json, sys
+import ray
+try:
+    ray.init(address=sys.argv[1], log_to_driver=False)
+except BaseException as err:
+    print(json.dumps({"ok": False, "error": f"{type(err).__name__}: {err}"[-1500:]}))
+    sys.exit(0)
+node = next(n for n in ray.nodes() if n["Alive"])
+print(json.dumps({"ok": True, "agent": [node["NodeManagerAddress"], node["DashboardAgentListenPort"]]}))
+"""
+
+
+def _probe(address: str, auth: dict[str, str], home: Path) -> dict[str, Any]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    # Its own home: a client must never find (or write) a ~/.ray/auth_token of this machine.
+    env.update(auth, HOME=str(home))
+    done = subprocess.run(
+        [sys.executable, "-c", _PROBE, address], capture_output=True, text=True, timeout=150, env=env
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    assert lines, (done.returncode, done.stdout[-1500:], done.stderr[-1500:])
+    answer: dict[str, Any] = json.loads(lines[-1])
+    answer["stderr"] = done.stderr[-3000:]
+    return answer
+
+
+def _said(answer: dict[str, Any]) -> str:
+    """The line of a refused client's output that names the authentication failure."""
+    lines = (answer["error"] + "\n" + answer["stderr"]).splitlines()
+    return next((line.strip()[:200] for line in lines if "uthenticat" in line), answer["error"][:200])
+
+
+def test_ray_refuses_clients_without_the_stacks_token(stack: Settings, tmp_path: Path) -> None:
+    address = stack.ray_address()
+    token_file = stack.ray_token_file()
+    assert token_file is not None and token_file.stat().st_mode & 0o077 == 0, token_file
+    right = _probe(address, {MODE_ENV: "token", TOKEN_PATH_ENV: str(token_file)}, tmp_path)
+    assert right["ok"], right
+    wrong = _probe(address, {MODE_ENV: "token", TOKEN_ENV: "0" * 64}, tmp_path)
+    off = _probe(address, {MODE_ENV: "disabled"}, tmp_path)
+    for name, answer in (("wrong token", wrong), ("auth disabled", off)):
+        assert not answer["ok"], (name, answer)
+        said = (answer["error"] + answer["stderr"]).lower()
+        # The server's refusal, not the client's "no token found".
+        assert "unauthenticated" in said or "authentication" in said, (name, answer)
+        assert "no token found" not in said and "token_auth_enabled_but_no_token" not in said, (name, said)
+    assert not (tmp_path / ".ray" / "auth_token").exists()  # Ray made no token of its own
+
+    host, port = right["agent"]
+    job = {"entrypoint": "echo pwned", "submission_id": "ipnext-auth-drill"}
+    refused = httpx.post(f"http://{host}:{port}/api/job_agent/jobs/", json=job, timeout=30)
+    token = token_file.read_text().strip()
+    allowed = httpx.get(
+        f"http://{host}:{port}/api/job_agent/jobs/ipnext-auth-drill/logs",
+        headers={"authorization": f"Bearer {token}"},
+        timeout=30,
+    )
+    print(
+        f"ray token: wrong token refused ({_said(wrong)}); auth off refused ({_said(off)}); "
+        f"job API without the token {refused.status_code}, with it {allowed.status_code} (no such job)"
+    )
+    assert refused.status_code == 401, refused.text
+    assert allowed.status_code != 401, allowed.text  # the token passes the check (the job does not exist)
