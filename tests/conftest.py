@@ -20,9 +20,23 @@ workers end at about the same time."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 import pytest
+
+from ipnext.config import Settings
+from ipnext.raytoken import ensure_ray_token, use_ray_auth
+
+# Ray's token authentication for every stack of the run (each makes its own cluster): one token
+# file, because Ray reads the token once per process and a test process reaches several stacks.
+# Set here, before any test module imports Ray; every process the tests start inherits it, and
+# the stacks' settings read it (IPNEXT_RAY__TOKEN_FILE wins over their config files).
+RAY_TOKEN_FILE = Path(__file__).resolve().parents[1] / ".ipnext" / "test-ray-token"
+os.environ["IPNEXT_RAY__TOKEN_FILE"] = str(RAY_TOKEN_FILE)
+ensure_ray_token(Settings())
+use_ray_auth(Settings())
 
 # Modules under tests/integration whose drills start a dev stack of their own.
 OWN_STACK_MODULES = ("test_demo.py", "test_config_elsewhere.py", "test_region_nodes.py")

@@ -26,7 +26,6 @@ from ipnext.devstack import WORKER_GCS_PATIENCE_S, DevStack, scratch_config, sta
 from ipnext.errors import ModelNotFoundError
 from ipnext.examples.click_ranker.train import train
 from ipnext.model import ModelSpec, load_model_spec
-from ipnext.raytoken import ensure_ray_token, use_ray_auth
 from ipnext.registry import ModelState
 from ipnext.sdk import Client
 from ipnext.snapshots import Manifest
@@ -50,16 +49,6 @@ AUTOSCALING = {
     "metrics_interval_s": 1.0,
     "router_max_replicas": 1,
 }
-
-# Ray's token authentication for every stack of the run (each makes its own cluster): one token
-# file, because Ray reads the token once per process and a test process reaches several stacks.
-# Set before any stack or Ray connection; every process the tests start inherits it, and the
-# stacks' settings read it (IPNEXT_RAY__TOKEN_FILE wins over their config files).
-RAY_TOKEN_FILE = REPO / ".ipnext" / "test-ray-token"
-os.environ["IPNEXT_RAY__TOKEN_FILE"] = str(RAY_TOKEN_FILE)
-_RUN_SETTINGS = Settings()
-ensure_ray_token(_RUN_SETTINGS)
-use_ray_auth(_RUN_SETTINGS)
 
 # Model code: the repo's parts plus this suite's misbehaving ones (tests/bad_parts.py, the
 # worker imports them from the repo root it runs in); a hanging build is killed after 15 s, and
