@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import secrets
 import stat
-import sys
 from collections.abc import MutableMapping
 from pathlib import Path
 
@@ -70,12 +69,6 @@ def use_ray_auth(settings: Settings, environ: MutableMapping[str, str] | None = 
     env.update(ray_auth_env(settings))
     if env[MODE_ENV] == "disabled":
         env.pop(TOKEN_PATH_ENV, None)
-    if environ is None and "ray._raylet" in sys.modules:
-        # Ray caches the mode the first time anything asks for it (an import of Serve may): read
-        # the environment again, as Ray itself does when it turns token mode on.
-        from ray._raylet import Config  # type: ignore[attr-defined]
-
-        Config.initialize("")
     path = env.get(TOKEN_PATH_ENV)
     if env.get(MODE_ENV) == "token" and not env.get(TOKEN_ENV) and path and not Path(path).is_file():
         raise StackError(

@@ -235,6 +235,12 @@ def connect_for(settings: Settings) -> None:
     """`connect` to the settings' Ray cluster, with their token authentication in this process's
     environment first (Ray reads the token once per process, at its first connection)."""
     use_ray_auth(settings)
+    if not ray.is_initialized():
+        # Ray caches its auth mode the first time anything asks for it (an import of Serve may):
+        # before connecting, read the environment again, as Ray does when it turns token mode on.
+        from ray._raylet import Config  # type: ignore[attr-defined]
+
+        Config.initialize("")
     connect(settings.ray_address())
 
 
