@@ -15,6 +15,9 @@ other down. So the tests are handed out in work units (`GroupScheduling` below),
    worker runs it on a stack of its own once the light tests are done;
 5. the drills that start a stack of their own (`OWN_STACK_MODULES`), a unit each.
 
+A worker stops its stack as soon as its unit is done (tests/integration/conftest.py), so the
+own-stack drills at the end run beside at most one other stack.
+
 The halves are balanced by the drills' measured durations (a CI run's --durations), so the two
 workers end at about the same time."""
 
