@@ -46,6 +46,7 @@ __all__ = [
     "ServeConfigWriter",
     "connect",
     "connect_for",
+    "forbid_implicit_init",
     "get_writer",
     "serve_applications",
     "wait_apps_gone",
@@ -215,8 +216,14 @@ def connect(address: str) -> None:
     another address (the dev stack's Ray head restarted: it comes back at a new one) detaches
     first, so the worker follows a restarted cluster instead of calling a dead one; Serve's
     cached controller handle is dropped with it. A cluster restarted at the same address is not
-    detected here (the calls fail and their activities retry)."""
+    detected here (the calls fail and their activities retry).
+
+    Ray's implicit `ray.init()` is switched off first (`forbid_implicit_init`): between the
+    shutdown and the new init, a Serve handle's metrics thread in this process calls `ray.wait`,
+    and the implicit init would start a whole local Ray instance inside the worker and leave its
+    driver wedged (CI, stop 27: every serving check after a Ray restart timed out)."""
     global _connected
+    forbid_implicit_init()
     with _connect_lock:
         if ray.is_initialized():
             if _connected is None or _connected == address:
@@ -229,6 +236,16 @@ def connect(address: str) -> None:
             _set_global_client(None)
         ray.init(address=address, namespace=RAY_NAMESPACE, log_to_driver=False)
         _connected = address
+
+
+def forbid_implicit_init() -> None:
+    """Make Ray's public calls (`ray.get`, `ray.wait`, `ray.put`, ...) raise in this process
+    while it is not connected, instead of calling `ray.init()` with no address, which starts a
+    new local cluster. An ipnext process connects only where its settings say (`connect`); a
+    call made while it is not connected fails, and its caller (an activity) retries."""
+    from ray._private import auto_init_hook
+
+    auto_init_hook.enable_auto_connect = False
 
 
 def connect_for(settings: Settings) -> None:
