@@ -31,6 +31,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "CheckpointError",
     "GenerationError",
     "InfeasiblePlanError",
     "IpnextError",
@@ -80,6 +81,11 @@ class SpecError(IpnextError, ValueError):
 
 class SnapshotError(IpnextError, ValueError):
     """A snapshot failed validation; nothing was changed."""
+
+
+class CheckpointError(IpnextError, ValueError):
+    """A Hugging Face checkpoint folder ipnext cannot serve: the message names the file, the
+    field, what it holds and what is served."""
 
 
 class InfeasiblePlanError(IpnextError):

@@ -1,7 +1,8 @@
 """Forward attention with an online softmax (FlashAttention style): the checked wrapper and its torch reference.
 
 Covers self-attention, prefill over a cached prefix and decode (n_q <= n_kv, the causal mask aligned to
-the end) and grouped-query attention (heads a multiple of kv_heads).
+the end), a sliding window on top of the causal mask, and grouped-query attention (heads a multiple of
+kv_heads).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ def attention(
     v: torch.Tensor,
     *,
     causal: bool = False,
+    window: int | None = None,
     scale: float | None = None,
     backend: str | None = None,
 ) -> torch.Tensor:
@@ -39,7 +41,8 @@ def attention(
     q is (batch, heads, n_q, head_dim); k and v are (batch, kv_heads, n_kv, head_dim) with heads a
     multiple of kv_heads (query head h reads key/value head h // (heads // kv_heads)). With `causal`,
     query i sees keys 0 .. n_kv - n_q + i, so n_q < n_kv is prefill over a cached prefix and n_q = 1
-    is decode; causal needs n_q <= n_kv. head_dim is 16, 32, 64 or 128; dtype float16, bfloat16 or
+    is decode; causal needs n_q <= n_kv. `window` (causal only) narrows that to the `window` keys
+    ending at the query's own: keys n_kv - n_q + i - window + 1 .. n_kv - n_q + i. head_dim is 16, 32, 64 or 128; dtype float16, bfloat16 or
     float32 (products and sums in float32); `scale` defaults to 1/sqrt(head_dim). Returns a tensor of
     q's shape and dtype.
 
@@ -48,24 +51,31 @@ def attention(
     run; "torch" forces the reference. Bad input raises KernelInputError (a ValueError) naming the
     argument.
     """
-    q, k, v = _check(q, k, v, causal)
+    q, k, v = _check(q, k, v, causal, window)
     head_dim = q.shape[3]
     scale = default_scale(scale, head_dim)
     if choose_backend(backend, q.device) == "torch":
-        return attention_reference(q, k, v, causal=causal, scale=scale)
+        return attention_reference(q, k, v, causal=causal, window=window, scale=scale)
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if out.numel() == 0:
         return out
-    _launch(q, k, v, out, causal=causal, scale=scale)
+    _launch(q, k, v, out, causal=causal, window=window, scale=scale)
     return out
 
 
 def _launch(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, *, causal: bool, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    causal: bool,
+    window: int | None,
+    scale: float,
 ) -> None:
     from ._attention_triton import launch  # triton is imported only on the Triton path
 
-    launch(q, k, v, out, causal=causal, scale=scale, tf32=tf32_allowed())
+    launch(q, k, v, out, causal=causal, window=window, scale=scale, tf32=tf32_allowed())
 
 
 def attention_reference(
@@ -74,6 +84,7 @@ def attention_reference(
     v: torch.Tensor,
     *,
     causal: bool = False,
+    window: int | None = None,
     scale: float | None = None,
 ) -> torch.Tensor:
     """The same attention by explicit math, in float32 (float64 stays float64): the CPU serving path.
@@ -91,12 +102,14 @@ def attention_reference(
     if causal:
         # Aligned to the end: the last query sees every key.
         visible = torch.ones(n_q, n_kv, dtype=torch.bool, device=q.device).tril(diagonal=n_kv - n_q)
+        if window is not None:  # and no further back than the window
+            visible &= ~torch.ones_like(visible).tril(diagonal=n_kv - n_q - window)
         scores = scores.masked_fill(~visible, float("-inf"))
     return (scores.softmax(dim=-1) @ values).to(q.dtype)
 
 
 def _check(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, window: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     q = check_tensor("q", q, ndim=4, layout=Q_LAYOUT, dtypes=FLOAT_DTYPES)
     batch, heads, n_q, head_dim = q.shape
@@ -124,4 +137,8 @@ def _check(
             f"shape {Q_LAYOUT} with n_q <= n_kv={n_kv} for causal attention (the mask is aligned to the end)",
             tuple(q.shape),
         )
+    if window is not None and (
+        not causal or isinstance(window, bool) or not isinstance(window, int) or window < 1
+    ):
+        raise bad_input("window", "None, or an integer >= 1 with causal=True", repr(window))
     return q, k, v

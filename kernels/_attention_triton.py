@@ -42,12 +42,14 @@ def _attention_fwd(
     heads,
     n_q,
     n_kv,
+    window,  # keys seen behind a query, its own included (HAS_WINDOW only)
     qk_scale,  # the softmax scale times log2(e): the kernel works in powers of two
     n_q_bucket,  # autotune key only
     n_kv_bucket,  # autotune key only
     GROUP: tl.constexpr,  # query heads per key/value head
     HEAD_DIM: tl.constexpr,
     IS_CAUSAL: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,  # causal with a sliding window: every tile is masked, from the window's start
     PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -73,7 +75,8 @@ def _attention_fwd(
 
     # Query row r sees keys 0 .. r + shift (causal, aligned to the end) or all n_kv keys.
     # Keys below `open_end` are seen by every row of this tile and need no mask; the tiles from
-    # there to `end` are masked. Every row sees key 0, so a row's maximum is finite after tile one.
+    # there to `end` are masked. Without a window every row sees key 0, so a row's maximum is
+    # finite after tile one.
     if IS_CAUSAL:
         shift = n_kv - n_q
         open_end = tl.minimum(tile_m * BLOCK_M + shift + 1, n_kv)
@@ -83,6 +86,13 @@ def _attention_fwd(
         open_end = n_kv
         end = n_kv
     open_end = (open_end // BLOCK_N) * BLOCK_N
+    first = open_end  # where the masked tiles start
+    if HAS_WINDOW:
+        # Every tile is masked, from the lowest key the tile's first row sees; none below it is
+        # read. A row may see no key of a tile, so the maximum can stay -inf for a while.
+        open_end = 0
+        first = tl.maximum(tile_m * BLOCK_M + shift - window + 1, 0)
+        first = (first // BLOCK_N) * BLOCK_N
 
     for start in range(0, open_end, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
@@ -96,7 +106,7 @@ def _attention_fwd(
         acc = acc * rescale[:, None] + tl.dot(probs.to(v.dtype), v, input_precision=PRECISION)
         row_max = new_max
 
-    for start in range(open_end, end, BLOCK_N):
+    for start in range(first, end, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         in_range = cols < n_kv
         k = tl.load(
@@ -106,10 +116,17 @@ def _attention_fwd(
         visible = in_range[None, :]
         if IS_CAUSAL:
             visible = visible & (cols[None, :] <= rows[:, None] + shift)
+        if HAS_WINDOW:
+            visible = visible & (cols[None, :] > rows[:, None] + shift - window)
         scores = tl.where(visible, scores, float("-inf"))
         new_max = tl.maximum(row_max, tl.max(scores, 1))
-        probs = tl.exp2(scores - new_max[:, None])
-        rescale = tl.exp2(row_max - new_max)
+        # With a window a row may have seen no key yet (its maximum still -inf): exponents are
+        # taken against a finite stand-in, so they come out 0, never -inf - -inf.
+        base = new_max
+        if HAS_WINDOW:
+            base = tl.where(new_max == float("-inf"), 0.0, new_max)
+        probs = tl.exp2(scores - base[:, None])
+        rescale = tl.exp2(row_max - base)
         row_sum = row_sum * rescale + tl.sum(probs, 1)
         v = tl.load(
             v_base + cols[:, None] * stride_vn + dims[None, :] * stride_vd, mask=in_range[:, None], other=0.0
@@ -117,6 +134,8 @@ def _attention_fwd(
         acc = acc * rescale[:, None] + tl.dot(probs.to(v.dtype), v, input_precision=PRECISION)
         row_max = new_max
 
+    if HAS_WINDOW:  # padding rows past n_q may see no key: 0, not 0/0 (they are never stored)
+        row_sum = tl.where(row_sum > 0, row_sum, 1.0)
     out = acc / row_sum[:, None]
     o_tile = o_ptr + batch * stride_ob + head * stride_oh
     tl.store(
@@ -161,7 +180,7 @@ ATTENTION_FWD = TunedKernel(
     _attention_fwd,
     configs=CONFIGS,
     # Tensor dtypes join the key on their own (the autotuner adds them).
-    key=["n_q_bucket", "n_kv_bucket", "HEAD_DIM", "IS_CAUSAL", "GROUP"],
+    key=["n_q_bucket", "n_kv_bucket", "HEAD_DIM", "IS_CAUSAL", "HAS_WINDOW", "GROUP"],
     device_arg="q_ptr",
     fit=_fits,
     do_not_specialize=["n_q_bucket", "n_kv_bucket"],
@@ -175,6 +194,7 @@ def launch(
     out: torch.Tensor,
     *,
     causal: bool,
+    window: int | None,
     scale: float,
     tf32: bool,
 ) -> None:
@@ -198,11 +218,13 @@ def launch(
         heads,
         n_q,
         n_kv,
+        window or 0,
         scale * LOG2_E,
         bucket(n_q, low=1),
         bucket(n_kv),
         heads // k.shape[1],
         head_dim,
         causal,
+        window is not None,
         precision,
     )

@@ -32,6 +32,7 @@ def paged_attention(
     block_table: torch.Tensor,
     context_lens: torch.Tensor,
     *,
+    window: int | None = None,
     scale: float | None = None,
     backend: str | None = None,
 ) -> torch.Tensor:
@@ -41,7 +42,8 @@ def paged_attention(
     (num_blocks, kv_heads, block_size, head_dim), heads a multiple of kv_heads; block_table is
     (num_seqs, max_blocks) int32, sequence s's token t living in cache block block_table[s, t // block_size]
     at slot t % block_size; context_lens is (num_seqs,) int32, each in [0, max_blocks * block_size].
-    The query sees all of its sequence's context_len tokens (no causal mask: it is the newest token).
+    The query sees all of its sequence's context_len tokens (no causal mask: it is the newest token),
+    or with `window` only the last `window` of them (a sliding window, the query's own included).
     A sequence with context_len 0 attends to nothing and gets zeros. Block table entries past a
     sequence's context are never read; those it uses must lie in [0, num_blocks) (checked, which
     syncs with the device). head_dim is 16, 32, 64 or 128; dtype float16, bfloat16 or float32;
@@ -52,13 +54,27 @@ def paged_attention(
     q, k_cache, v_cache, block_table, context_lens, longest = _check(
         q, k_cache, v_cache, block_table, context_lens
     )
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise bad_input("window", "None or an integer >= 1", repr(window))
     scale = default_scale(scale, q.shape[2])
     if choose_backend(backend, q.device) == "torch":
-        return paged_attention_reference(q, k_cache, v_cache, block_table, context_lens, scale=scale)
+        return paged_attention_reference(
+            q, k_cache, v_cache, block_table, context_lens, window=window, scale=scale
+        )
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if out.numel() == 0:
         return out
-    _launch(q, k_cache, v_cache, block_table, context_lens, out, longest_context=longest, scale=scale)
+    _launch(
+        q,
+        k_cache,
+        v_cache,
+        block_table,
+        context_lens,
+        out,
+        longest_context=longest,
+        window=window,
+        scale=scale,
+    )
     return out
 
 
@@ -71,6 +87,7 @@ def _launch(
     out: torch.Tensor,
     *,
     longest_context: int,
+    window: int | None,
     scale: float,
 ) -> None:
     from ._paged_attention_triton import launch  # triton is imported only on the Triton path
@@ -83,6 +100,7 @@ def _launch(
         context_lens.contiguous(),
         out,
         longest_context=longest_context,
+        window=window,
         scale=scale,
         tf32=tf32_allowed(),
     )
@@ -95,6 +113,7 @@ def paged_attention_reference(
     block_table: torch.Tensor,
     context_lens: torch.Tensor,
     *,
+    window: int | None = None,
     scale: float | None = None,
 ) -> torch.Tensor:
     """The same by gathering each sequence's blocks into dense keys and values: the CPU serving path.
@@ -120,7 +139,10 @@ def paged_attention_reference(
     query = q.to(compute).reshape(num_seqs, kv_heads, group, head_dim)
     scale = head_dim**-0.5 if scale is None else scale
     scores = query @ keys.to(compute).transpose(-2, -1) * scale  # (seqs, kv_heads, group, tokens)
-    visible = torch.arange(width * block_size, device=q.device)[None, :] < lengths[:, None]
+    token = torch.arange(width * block_size, device=q.device)[None, :]
+    visible = token < lengths[:, None]
+    if window is not None:
+        visible &= token >= lengths[:, None] - window
     scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
     weights = torch.where(visible[:, None, None, :], scores.softmax(dim=-1), 0.0)  # context 0: zeros
     out = (weights @ values.to(compute)).reshape(num_seqs, heads, head_dim)

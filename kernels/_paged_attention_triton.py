@@ -40,6 +40,7 @@ def _paged_attention_fwd(
     stride_os,
     stride_oh,
     stride_od,
+    window,  # tokens seen, the newest included (no window: at least the longest context)
     qk_scale,  # the softmax scale times log2(e)
     context_bucket,  # autotune key only
     GROUP: tl.constexpr,  # query heads per key/value head
@@ -69,9 +70,12 @@ def _paged_attention_fwd(
     row_sum = tl.zeros([GROUP_ROWS], dtype=tl.float32)
     acc = tl.zeros([GROUP_ROWS, HEAD_DIM], dtype=tl.float32)
 
-    for start in range(0, context_len, BLOCK_N):
+    # The window's first token; the tile holding it is the first read, and it sees that token,
+    # so the row maximum is finite after it.
+    lowest = tl.maximum(context_len - window, 0)
+    for start in range((lowest // BLOCK_N) * BLOCK_N, context_len, BLOCK_N):
         tokens = start + tl.arange(0, BLOCK_N)
-        in_context = tokens < context_len
+        in_context = (tokens < context_len) & (tokens >= lowest)
         cache_block = tl.load(table + tokens // CACHE_BLOCK, mask=in_context, other=0).to(tl.int64)
         slot = tokens % CACHE_BLOCK
         k = tl.load(
@@ -131,6 +135,7 @@ def launch(
     out: torch.Tensor,
     *,
     longest_context: int,
+    window: int | None,
     scale: float,
     tf32: bool,
 ) -> None:
@@ -155,6 +160,7 @@ def launch(
         *v_cache.stride(),
         block_table.stride(0),
         *out.stride(),
+        window if window is not None else max(longest_context, 1),
         scale * LOG2_E,
         bucket(longest_context),
         group,

@@ -20,6 +20,7 @@ from ipnext.serving.llm.model import (
     apply_rotary,
     expected_tensors,
     layer_names,
+    output_weight,
     rms_norm,
     rotary_tables,
 )
@@ -89,9 +90,13 @@ class ModelRunner:
         for layer in range(c.n_layers):
             n = layer_names(layer)
             h = rms_norm(x, w[n["attention_norm"]], c.norm_eps)
-            q = (h @ w[n["wq"]].T).view(-1, c.n_heads, c.head_dim)
-            k = (h @ w[n["wk"]].T).view(-1, c.n_kv_heads, c.head_dim)
-            v = (h @ w[n["wv"]].T).view(-1, c.n_kv_heads, c.head_dim)
+            q, k, v = h @ w[n["wq"]].T, h @ w[n["wk"]].T, h @ w[n["wv"]].T
+            if c.qkv_bias:
+                q, k, v = q + w[n["bq"]], k + w[n["bk"]], v + w[n["bv"]]
+            q = q.view(-1, c.n_heads, c.head_dim)
+            k = k.view(-1, c.n_kv_heads, c.head_dim)
+            v = v.view(-1, c.n_kv_heads, c.head_dim)
+            window = c.window(layer)
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
             cache.write(layer, slot_block, slot_offset, k, v)
             out = torch.empty_like(q)
@@ -102,6 +107,7 @@ class ModelRunner:
                     cache.values[layer],
                     table,
                     context,
+                    window=window,
                     backend=self.backend,
                 )
             for i in prefill:
@@ -112,6 +118,7 @@ class ModelRunner:
                     keys[None],
                     values[None],
                     causal=True,
+                    window=window,
                     backend=self.backend,
                 )[0].transpose(0, 1)
             x = x + out.flatten(1) @ w[n["wo"]].T
@@ -120,4 +127,4 @@ class ModelRunner:
             x = x + (gate * (h @ w[n["w3"]].T)) @ w[n["w2"]].T
         last = torch.tensor([spans[i][1] - 1 for i, ch in enumerate(chunks) if ch.sample], dtype=torch.long)
         final = rms_norm(x[last], w["norm.weight"], c.norm_eps)
-        return final @ w["output.weight"].T
+        return final @ output_weight(c, w).T
