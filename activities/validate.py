@@ -77,13 +77,13 @@ class VerifyPinnedResult(Frozen):
 @activity.defn
 def verify_pinned_set(input: VerifyPinnedInput) -> VerifyPinnedResult:
     """Hash every pinned file of a set again: may it still be served (a rollback target)?"""
-    from ipnext.pinned import verify
+    from ipnext.pinned import verify_ref
 
     store = _context.settings().pinned_store()
     problems = []
     for part, ref in sorted(input.snapshot_set.parts.items()):
         activity.heartbeat(part)
-        why = verify(store, ref.sha256)
+        why = verify_ref(store, ref)
         if why is not None:
             problems.append(f"{part}: {why}")
     return VerifyPinnedResult(problems=problems)

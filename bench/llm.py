@@ -32,10 +32,11 @@ from typing import Any
 
 import torch
 
-from ipnext.examples.llm.train import DEFAULT_CONFIG, PART, corpus, train
+from ipnext.examples.llm.train import DEFAULT_CONFIG, corpus, train
+from ipnext.serving.llm.chat import checkpoint_codec
 from ipnext.serving.llm.engine import EngineConfig, LLMEngine, SamplingParams, Sequence
-from ipnext.serving.llm.text import TOKENIZER_TENSOR, TextCodec
-from ipnext.snapshots import load_weights
+from ipnext.serving.llm.hf import folder_files, from_files
+from ipnext.serving.llm.text import TextCodec
 
 REPO = Path(__file__).resolve().parents[1]
 BATCH = 16
@@ -143,8 +144,9 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as root:
         report = train(Path(root), "tiny-lm", "bench", steps=args.steps)
-        weights = load_weights(report.folder / f"{PART}.safetensors")
-    codec = TextCodec.from_tensor(weights[TOKENIZER_TENSOR])
+        files = folder_files(report.folder)  # the checkpoint the trainer wrote
+    checkpoint = from_files(files)
+    weights, codec = checkpoint.weights, checkpoint_codec(files, checkpoint)
     print(f"model: {DEFAULT_CONFIG} (trained {report.seconds:.1f} s, loss {report.loss:.3f})")
     print(f"torch threads: {torch.get_num_threads()}")
     jobs = workload(codec, args.requests, args.seed)

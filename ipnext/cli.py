@@ -3,6 +3,7 @@
 ipnext dev up [--nodes single|per-region] | down | status | hold|release NAME [--why W]
 ipnext model publish FILE | get NAME | demand NAME [--window S] | list | adopt NAME | delete NAME
 ipnext snapshot publish MODEL FOLDER [--wait [--timeout S]] [--override-freeze REASON --who NAME]
+ipnext snapshot import-hf DIR --model M --part P --version V
 ipnext rollout status|watch MODEL | pause|abort|override-freeze MODEL --reason R [--who W] | resume MODEL
 ipnext predict MODEL --inputs JSON [--source REGION | --region REGION] [--key KEY]
 ipnext serve export [-o FILE]
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ipnext.config import Settings, load_settings
+from ipnext.entry.checkpoints import add_import_hf_parser, import_hf
 from ipnext.entry.keys import add_auth_parser
 from ipnext.errors import IpnextError, StackError
 
@@ -101,6 +103,10 @@ def _model(args: argparse.Namespace, settings: Settings) -> None:
 
 
 def _snapshot(args: argparse.Namespace, settings: Settings) -> None:
+    if args.verb == "import-hf":
+        import_hf(args, settings)
+        return
+
     async def publish(ipn: Any) -> None:
         # One client and one event loop for both steps: a second asyncio.run with a second
         # Temporal client crashed the interpreter at exit now and then (runtime finalization).
@@ -653,6 +659,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     pub.add_argument("--override-freeze", metavar="REASON", help="roll out even inside a freeze window")
     pub.add_argument("--who", help="who publishes (required with --override-freeze)")
+    add_import_hf_parser(ssub)
     snap.set_defaults(run=_snapshot)
 
     roll = sub.add_parser("rollout", help="watch and steer a model's running rollout (on-call)")

@@ -6,7 +6,9 @@ variants), and `check_against_fleet` reads the same tree; the DAG algorithms are
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import json
 import math
 from collections.abc import Callable, Sequence
 from datetime import datetime
@@ -24,6 +26,7 @@ from ipnext.sharding import MAX_SHARDS, expand_shards
 from ipnext.specio import load_yaml, parse_spec
 
 __all__ = [
+    "CHECKPOINT_SUFFIXES",
     "DAG_INPUT",
     "DAG_OUTPUT",
     "DEFAULT_PART_MAX_QUEUED",
@@ -55,6 +58,8 @@ __all__ = [
     "check_against_fleet",
     "check_factories",
     "check_factories_allowed",
+    "checkpoint_digest",
+    "checkpoint_tree",
     "fleet_capacity_qps",
     "import_factory",
     "load_model_spec",
@@ -642,12 +647,50 @@ def check_factories(spec: ModelSpec, prefixes: Sequence[str] | None = None) -> N
             ) from None
 
 
+# What a checkpoint snapshot may hold: configs, tokenizer, chat template and safetensors weights.
+# Nothing that could be unpickled or run is ever copied in (a `.bin` beside them is left out).
+CHECKPOINT_SUFFIXES = (".json", ".jinja", ".safetensors")
+CheckpointFileName = Annotated[str, StringConstraints(pattern=r"^[^./\\][^/\\]*$", max_length=255)]
+
+
+def checkpoint_digest(files: dict[str, str]) -> str:
+    """The sha256 of a checkpoint snapshot: of the canonical JSON of its files (name -> sha256),
+    which the pinned store keeps as the checkpoint's own file. One digest names every byte."""
+    return hashlib.sha256(checkpoint_tree(files)).hexdigest()
+
+
+def checkpoint_tree(files: dict[str, str]) -> bytes:
+    """The canonical bytes `checkpoint_digest` hashes (sorted keys, no spaces)."""
+    return json.dumps(
+        {"files": files, "format": "ipnext.checkpoint/v1"}, sort_keys=True, separators=(",", ":")
+    ).encode()
+
+
 class SnapshotRef(_Spec):
-    """One part's weights: where they are and what they must hash to."""
+    """One part's weights: where they are and what they must hash to. Either one safetensors
+    file (`uri` names it), or a checkpoint folder (`uri` names the folder, `files` lists each of
+    its files with its sha256, and `sha256` is `checkpoint_digest(files)`)."""
 
     uri: str = Field(min_length=1)
     sha256: Sha256
     snapshot_id: str = Field(min_length=1)
+    files: dict[CheckpointFileName, Sha256] | None = None
+
+    @model_validator(mode="after")
+    def _checkpoint_digest(self) -> SnapshotRef:
+        if self.files is None:
+            return self
+        if not self.files:
+            raise ValueError("files: a checkpoint lists at least one file")
+        odd = sorted(name for name in self.files if not name.endswith(CHECKPOINT_SUFFIXES))
+        if odd:
+            raise ValueError(f"files: {odd} are not {', '.join(CHECKPOINT_SUFFIXES)} files")
+        digest = checkpoint_digest(self.files)
+        if digest != self.sha256:
+            raise ValueError(
+                f"sha256: {self.sha256} is not the digest of the checkpoint's file list ({digest})"
+            )
+        return self
 
 
 class SnapshotSetRequest(_Spec):

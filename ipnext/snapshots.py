@@ -10,6 +10,18 @@ A training job writes one folder per version under `<snapshot root>/<model>/`:
         embed.safetensors
         dense.safetensors
 
+A part may instead be a Hugging Face checkpoint folder (`config.json`, safetensors weights,
+possibly sharded, `tokenizer.json`, ...): its entry names the folder, `"."` (the snapshot
+folder itself) or one folder beside the manifest, and lists each file with its sha256; the
+entry's own sha256 is `ipnext.model.checkpoint_digest` of that list:
+
+        "parts": {"lm": {"checkpoint": ".", "sha256": "<digest of files>",
+                         "files": {"config.json": "<64 hex>", "model.safetensors": "<64 hex>",
+                                   "tokenizer.json": "<64 hex>", ...}}}
+
+`ipnext snapshot import-hf` writes such a manifest for a folder a download or training job left
+under a snapshot root (`import_checkpoint`).
+
 The manifest is written last, so a folder without one is still being written and
 is ignored. Weights are only ever read as safetensors: nothing here unpickles.
 """
@@ -20,16 +32,24 @@ import hashlib
 import io
 import json
 import struct
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Literal
 from urllib.parse import unquote, urlparse
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 
 from ipnext.contracts import Frozen
 from ipnext.errors import SnapshotError
-from ipnext.model import SnapshotSetRequest, Version
+from ipnext.model import (
+    CHECKPOINT_SUFFIXES,
+    CheckpointFileName,
+    Sha256,
+    SnapshotSetRequest,
+    Version,
+    checkpoint_digest,
+)
 from ipnext.specio import format_validation_error
 
 if TYPE_CHECKING:
@@ -41,6 +61,7 @@ __all__ = [
     "ManifestPart",
     "discover",
     "folder_fingerprint",
+    "import_checkpoint",
     "inspect_safetensors",
     "load_weights",
     "read_manifest",
@@ -68,8 +89,26 @@ _DTYPES = {
 
 
 class ManifestPart(Frozen):
-    file: str = Field(pattern=r"^[^/\\]+$")  # a file beside the manifest, never a path
+    """One part: a safetensors `file` beside the manifest, or a `checkpoint` folder ("." or a
+    folder beside the manifest, never a path) with its `files`."""
+
+    file: str | None = Field(default=None, pattern=r"^[^/\\]+$")  # a file beside the manifest, never a path
+    checkpoint: str | None = Field(default=None, pattern=r"^(\.|[^./\\][^/\\]*)$")
+    files: dict[CheckpointFileName, Sha256] | None = None
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> ManifestPart:
+        if (self.file is None) == (self.checkpoint is None):
+            raise ValueError("give either file (one safetensors file) or checkpoint (a folder), not both")
+        if self.checkpoint is not None:
+            if not self.files:
+                raise ValueError("checkpoint: list its files, each with its sha256")
+            if checkpoint_digest(self.files) != self.sha256:
+                raise ValueError("sha256: not the digest of the checkpoint's file list (checkpoint_digest)")
+        elif self.files is not None:
+            raise ValueError("files: only a checkpoint lists files")
+        return self
 
 
 class Manifest(Frozen):
@@ -220,9 +259,10 @@ def request_from_folder(folder: Path) -> SnapshotSetRequest:
                 "version": manifest.version,
                 "parts": {
                     part: {
-                        "uri": (folder / entry.file).as_uri(),
+                        "uri": _part_path(folder, entry).as_uri(),
                         "sha256": entry.sha256,
                         "snapshot_id": f"{manifest.model}/{part}@{manifest.version}",
+                        "files": entry.files,
                     }
                     for part, entry in manifest.parts.items()
                 },
@@ -230,6 +270,13 @@ def request_from_folder(folder: Path) -> SnapshotSetRequest:
         )
     except ValidationError as err:  # a model or part name the manifest gives is not a name
         raise _manifest_error(folder / MANIFEST, err) from None
+
+
+def _part_path(folder: Path, entry: ManifestPart) -> Path:
+    """The file or checkpoint folder a manifest entry names, beside the manifest."""
+    if entry.file is not None:
+        return folder / entry.file
+    return folder if entry.checkpoint == "." else folder / str(entry.checkpoint)
 
 
 def discover(
@@ -286,6 +333,76 @@ def write_snapshot(
         parts[part] = ManifestPart(file=file.name, sha256=sha256_file(file))
     manifest = Manifest(model=model, version=version, created_at=datetime.now(UTC), parts=parts)
     tmp = folder / (MANIFEST + ".tmp")
-    tmp.write_text(manifest.model_dump_json(indent=2))
+    tmp.write_text(manifest.model_dump_json(indent=2, exclude_none=True))
     tmp.replace(folder / MANIFEST)
     return manifest
+
+
+def import_checkpoint(
+    checkpoint: Path,
+    model: str,
+    part: str | Sequence[str],
+    version: str,
+    log: Callable[[str], None] = lambda _: None,
+) -> tuple[Path, Manifest, list[str]]:
+    """Write the manifest that makes a Hugging Face checkpoint folder a snapshot of `part` (or
+    of each of several parts, in one write: a disaggregated prefill/decode pair serves the same
+    checkpoint): every `.json`, `.jinja` and `.safetensors` file in it, each hashed (progress to
+    `log`).
+
+    The folder must be the snapshot folder `<root>/<model>/<version>/` itself, or one folder in
+    it (for a model of several parts), so that the snapshot watch finds it and the manifest
+    names nothing outside it. A manifest already there keeps its other parts. Returns the
+    snapshot folder, the manifest and the files left out (anything else, e.g. pickled weights,
+    which are never read)."""
+    checkpoint = checkpoint.resolve()
+    if not checkpoint.is_dir():
+        raise SnapshotError(f"{checkpoint}: not a folder", field="folder", value=str(checkpoint))
+    if checkpoint.parent.name == model and checkpoint.name == version:
+        snapshot, where = checkpoint, "."
+    elif checkpoint.parent.parent.name == model and checkpoint.parent.name == version:
+        snapshot, where = checkpoint.parent, checkpoint.name
+    else:
+        raise SnapshotError(
+            f"{checkpoint}: a checkpoint snapshot lives in <root>/{model}/{version}/ (or a folder "
+            "in it), so the snapshot watch finds it and its manifest names nothing outside it.",
+            field="folder",
+            value=str(checkpoint),
+            fix=f"move the folder to <snapshot root>/{model}/{version}/ (or .../{version}/{part}/) and run this again",
+        )
+    names = sorted(p.name for p in checkpoint.iterdir() if p.is_file() and not p.is_symlink())
+    taken = [n for n in names if n.endswith(CHECKPOINT_SUFFIXES) and not n.startswith(".") and n != MANIFEST]
+    left_out = [n for n in names if n not in taken and n != MANIFEST]
+    left_out += sorted(p.name + "/" for p in checkpoint.iterdir() if p.is_dir() or p.is_symlink())
+    if "config.json" not in taken or not any(n.endswith(".safetensors") for n in taken):
+        pickled = [n for n in left_out if n.endswith((".bin", ".pt", ".pth", ".pkl", ".ckpt"))]
+        raise SnapshotError(
+            f"{checkpoint}: a checkpoint needs config.json and safetensors weights; found {taken or 'neither'}"
+            + (f" (and {pickled}: pickled weights are never read)" if pickled else ""),
+            field="folder",
+            value=str(checkpoint),
+            fix="save it with save_pretrained(..., safe_serialization=True)",
+        )
+    files: dict[str, str] = {}
+    for i, name in enumerate(taken, 1):
+        size = (checkpoint / name).stat().st_size
+        log(f"  [{i}/{len(taken)}] sha256 {name} ({size / 1e6:.1f} MB)")
+        files[name] = sha256_file(checkpoint / name)
+    entry = ManifestPart(checkpoint=where, files=files, sha256=checkpoint_digest(files))
+    parts: dict[str, ManifestPart] = {}
+    if (snapshot / MANIFEST).is_file():
+        existing = read_manifest(snapshot)
+        if existing.model != model or existing.version != version:
+            raise SnapshotError(
+                f"{snapshot / MANIFEST}: names {existing.model}@{existing.version}, not {model}@{version}",
+                field=MANIFEST,
+                fix="import into the folder of that model and version",
+            )
+        parts = dict(existing.parts)
+    for name in [part] if isinstance(part, str) else part:
+        parts[name] = entry
+    manifest = Manifest(model=model, version=version, created_at=datetime.now(UTC), parts=parts)
+    tmp = snapshot / (MANIFEST + ".tmp")
+    tmp.write_text(manifest.model_dump_json(indent=2, exclude_none=True))
+    tmp.replace(snapshot / MANIFEST)
+    return snapshot, manifest, left_out

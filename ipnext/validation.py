@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ipnext.errors import SnapshotError, SpecError
 from ipnext.model import ModelSpec, SnapshotRef, SnapshotSetRequest, import_factory
-from ipnext.pinned import pin
+from ipnext.pinned import load_verified_checkpoint, pin, pin_checkpoint
 from ipnext.snapshots import inspect_safetensors, load_weights, resolve_in_roots
 
 __all__ = ["check_part_fits", "complete_set", "pin_snapshot", "validate_snapshot"]
@@ -63,6 +63,8 @@ def pin_snapshot(spec: ModelSpec, part: str, ref: SnapshotRef, roots: list[Path]
         source = resolve_in_roots(ref.uri, roots)
     except SnapshotError as err:
         raise SnapshotError(f"{where}: {err}", field=f"parts.{part}.uri", value=ref.uri) from None
+    if ref.files is not None:
+        return _pin_checkpoint(where, part, ref, source, store)
     if not source.is_file():
         raise SnapshotError(
             f"{where}: file {source} does not exist.",
@@ -81,13 +83,59 @@ def pin_snapshot(spec: ModelSpec, part: str, ref: SnapshotRef, roots: list[Path]
     return path
 
 
+def _pin_checkpoint(where: str, part: str, ref: SnapshotRef, source: Path, store: Path) -> Path:
+    """A checkpoint folder's files pinned (each checksum checked), every safetensors file's header
+    read: the pinned file list's path."""
+    assert ref.files is not None
+    if not source.is_dir():
+        raise SnapshotError(
+            f"{where}: checkpoint folder {source} does not exist.",
+            field=f"parts.{part}.uri",
+            value=ref.uri,
+            fix="check that the download or training job finished writing the checkpoint",
+        )
+    try:
+        listing = pin_checkpoint(source, ref.files, ref.sha256, store)
+    except SnapshotError as err:
+        raise SnapshotError(f"{where}: {err}", field=f"parts.{part}.{err.field}", value=err.value) from None
+    _checkpoint_header(where, part, ref, listing)
+    return listing
+
+
+def _checkpoint_header(
+    where: str, part: str, ref: SnapshotRef, listing: Path
+) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Every tensor of a pinned checkpoint's safetensors files, by name; a name in two files is
+    refused (which would the part get?)."""
+    from ipnext.pinned import pinned_path
+
+    assert ref.files is not None
+    header: dict[str, tuple[tuple[int, ...], str]] = {}
+    for name, digest in sorted(ref.files.items()):
+        if not name.endswith(".safetensors"):
+            continue
+        try:
+            tensors = inspect_safetensors(pinned_path(listing.parent.parent, digest))
+        except SnapshotError as err:
+            raise SnapshotError(f"{where}: {name}: {err}", field=f"parts.{part}.files.{name}") from None
+        twice = sorted(set(tensors) & set(header))
+        if twice:
+            raise SnapshotError(
+                f"{where}: {name} holds {twice[:3]} again, which another file of the checkpoint holds.",
+                field=f"parts.{part}.files.{name}",
+                fix="save the checkpoint again (each tensor in one shard)",
+            )
+        header |= tensors
+    return header
+
+
 def check_part_fits(
     spec: ModelSpec, part: str, ref: SnapshotRef, path: Path, prefixes: Sequence[str] | None = None
 ) -> None:
     """Build the part from its pinned weights at `path` and check the tensors it expects: the
     model's own code runs here. `prefixes`: where its factory must be defined."""
     where = f"parts.{part} ({ref.snapshot_id})"
-    header = inspect_safetensors(path)
+    header = inspect_safetensors(path) if ref.files is None else _checkpoint_header(where, part, ref, path)
     part_spec = spec.parts[part]
     try:
         factory = import_factory(part_spec.factory, prefixes)
@@ -96,7 +144,9 @@ def check_part_fits(
             f"parts.{part}.factory: {err}", field=f"parts.{part}.factory", value=part_spec.factory
         ) from None
     try:
-        built = factory(load_weights(path), dict(part_spec.config))
+        # A checkpoint part gets its files (CheckpointFiles), a one-file part its tensors.
+        weights = load_weights(path) if ref.files is None else load_verified_checkpoint(path, ref.sha256)
+        built = factory(weights, dict(part_spec.config))
     except MemoryError:
         raise  # out of the validation's memory: the caller names its limit
     except Exception as err:  # the part rejected the weights; say so with its words

@@ -115,8 +115,8 @@ class PartHostArgs(Frozen):
     sha256: str
     snapshot_id: str
     pinned_store: str  # the replica loads `<pinned_store>/<sha256 path>` (ipnext/pinned.py), never `uri`
-    # Where a part that measures itself (a generative part's TTFT and ITL) pushes its
-    # histograms: the model's metrics actor of this region, under this set app's name.
+    checkpoint: bool = False  # a checkpoint folder: sha256 names its pinned file list (CheckpointFiles)
+    # Where a part that measures itself (its TTFT and ITL) pushes its histograms: this region's metrics actor, this app.
     region: str = ""
     app: str = ""
     batching: BatchingSpec | None = None
@@ -255,6 +255,7 @@ def set_app_plan(
                 sha256=snapshot_set.parts[part].sha256,
                 snapshot_id=snapshot_set.parts[part].snapshot_id,
                 pinned_store=pinned_store,
+                checkpoint=snapshot_set.parts[part].files is not None,
                 region=region,
                 app=name,
                 batching=part_spec.batching,

@@ -17,7 +17,7 @@ from ray.serve.handle import DeploymentHandle
 from starlette.requests import Request
 
 from ipnext.model import import_factory
-from ipnext.pinned import load_verified, pinned_path
+from ipnext.pinned import load_verified, load_verified_checkpoint, pinned_path
 from ipnext.serving.control import serve_applications
 from ipnext.serving.export import CounterPusher, PartPrometheus
 from ipnext.serving.layout import (
@@ -47,7 +47,12 @@ class PartHost:
         torch.set_num_threads(1)  # many replicas share few cores; torch would take them all
         # The pinned copy made at validation, checked against its sha256 on the bytes it loads:
         # the training job's own file may have moved or changed since (ipnext/pinned.py).
-        weights = load_verified(pinned_path(Path(host.pinned_store), host.sha256), host.sha256)
+        store = Path(host.pinned_store)
+        weights: Any = (
+            load_verified_checkpoint(pinned_path(store, host.sha256, ".json"), host.sha256)
+            if host.checkpoint
+            else load_verified(pinned_path(store, host.sha256), host.sha256)
+        )
         factory = import_factory(host.factory)
         self._part = factory(weights, dict(host.config))
         self._snapshot_id = host.snapshot_id

@@ -1,12 +1,14 @@
 """Train the demo LLM: a small decoder of the engine's family on a corpus generated here, with a
-byte-level BPE tokenizer trained on the same corpus, written as a one-part snapshot folder.
+byte-level BPE tokenizer trained on the same corpus, written as a Hugging Face Llama checkpoint
+that is a one-part snapshot folder.
 
     python -m ipnext.examples.llm.train --root .ipnext/snapshots --model tiny-lm --version v1
 
 The corpus is made of short templated documents (facts about made-up animals, sums, counting),
-seeded, so every run with the same seed writes the same snapshot. The tokenizer travels inside
-the safetensors file as the uint8 tensor `tokenizer` (its JSON), so a snapshot is one checked
-file and nothing is downloaded at run time.
+seeded, so every run with the same seed writes the same weights. The folder is what any Hugging
+Face checkpoint is (config.json, model.safetensors, tokenizer.json, tokenizer_config.json with
+a chat template, generation_config.json), and its manifest is what `ipnext snapshot import-hf`
+writes: one path for every LLM, trained here or downloaded.
 """
 
 from __future__ import annotations
@@ -19,16 +21,23 @@ from pathlib import Path
 
 import torch
 
+from ipnext.serving.llm.hf import save_checkpoint
 from ipnext.serving.llm.model import Decoder, DecoderConfig
-from ipnext.serving.llm.text import TOKENIZER_TENSOR, TextCodec, train_tokenizer
-from ipnext.snapshots import Manifest, write_snapshot
+from ipnext.serving.llm.text import BOS, EOS, TextCodec, train_tokenizer
+from ipnext.snapshots import Manifest, import_checkpoint
 
-__all__ = ["DEFAULT_CONFIG", "LLMTrainReport", "corpus", "train"]
+__all__ = ["CHAT_TEMPLATE", "DEFAULT_CONFIG", "LLMTrainReport", "corpus", "train"]
 
 DEFAULT_CONFIG = DecoderConfig(
     vocab_size=512, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden=176, max_seq_len=1024
 )
 PART = "lm"
+# The model is not trained on conversations; the template is the plainest one, so a chat request
+# reaches it as text it has seen: each turn on a line, the answer begun after "assistant:".
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n"
+    "{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}"
+)
 
 _NAMES = ["ada", "bo", "cyd", "dax", "eli", "fen", "gus", "hal", "ivy", "jon", "kai", "lu"]
 _ANIMALS = ["fox", "owl", "cat", "yak", "elk", "bat", "eel", "ant", "hen", "ram"]
@@ -85,6 +94,7 @@ def train(
     texts = corpus(seed=0, documents=3000)  # one world: every version learns the same language
     tokenizer = train_tokenizer(texts, config.vocab_size)
     codec = TextCodec(tokenizer)
+    assert codec.bos is not None and codec.eos is not None
     stream: list[int] = []
     for text in texts:
         stream += [codec.bos, *codec.encode(text), codec.eos]
@@ -114,10 +124,17 @@ def train(
         loss_value = float(loss.detach())
         if step == 0:
             first_loss = loss_value
-    weights = {k: v.detach().contiguous() for k, v in net.state_dict().items()}
-    weights[TOKENIZER_TENSOR] = codec.as_tensor()
     folder = root / model / version
-    manifest = write_snapshot(folder, model, version, dict.fromkeys(parts, weights))
+    save_checkpoint(
+        folder,
+        config,
+        net.weights(),
+        tokenizer_json=tokenizer.to_str(),
+        bos=(BOS, codec.bos),
+        eos=(EOS, codec.eos),
+        chat_template=CHAT_TEMPLATE,
+    )
+    _, manifest, _ = import_checkpoint(folder, model, parts, version)  # the manifest last
     return LLMTrainReport(manifest, folder, loss_value, first_loss, time.perf_counter() - started)
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Annotated, Literal
 
@@ -156,7 +156,7 @@ class LLMEngine:
         model: DecoderConfig,
         config: EngineConfig | None = None,
         *,
-        eos_token: int | None = None,
+        eos_token: int | Iterable[int] | None = None,
         stop_check: StopCheck | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
@@ -172,7 +172,12 @@ class LLMEngine:
             dtype,
         )
         self.runner = ModelRunner(weights, model, self.cache, dtype, self.config.backend)
-        self.eos_token = eos_token
+        # Every id that ends a sequence (a Hugging Face generation_config may name several).
+        self.eos_tokens: frozenset[int] = (
+            frozenset()
+            if eos_token is None
+            else frozenset([eos_token] if isinstance(eos_token, int) else eos_token)
+        )
         self.stop_check = stop_check
         self.clock = clock
         self.waiting: deque[Sequence] = deque()
@@ -350,7 +355,7 @@ class LLMEngine:
         return StepResult(new_tokens, finished, len(batch), sum(c for _, c in batch), preempted, failed)
 
     def _finish_reason(self, seq: Sequence, token: int) -> str | None:
-        if self.eos_token is not None and token == self.eos_token and not seq.params.ignore_eos:
+        if token in self.eos_tokens and not seq.params.ignore_eos:
             return "eos"
         if seq.params.stop and self.stop_check is not None and self.stop_check(seq):
             return "stop"

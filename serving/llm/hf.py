@@ -18,6 +18,7 @@ unpickled.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,10 +34,13 @@ __all__ = [
     "HFCheckpoint",
     "decoder_config",
     "expected_hf_tensors",
+    "folder_files",
+    "from_files",
     "from_hf_names",
     "hf_names",
     "load_checkpoint",
     "read_json",
+    "save_checkpoint",
     "weight_files",
 ]
 
@@ -77,6 +81,19 @@ def read_json(path: Path) -> dict[str, Any]:
         raise CheckpointError(
             f"{path.name}: expected a JSON object, got {type(value).__name__}", field=path.name
         )
+    return value
+
+
+def _json(files: Mapping[str, bytes], name: str) -> dict[str, Any]:
+    """A JSON object among a checkpoint's files; anything else is a CheckpointError naming it."""
+    if name not in files:
+        raise CheckpointError(f"{name}: the checkpoint has none", field=name)
+    try:
+        value = json.loads(files[name])
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CheckpointError(f"{name}: not readable JSON ({err})", field=name) from None
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{name}: expected a JSON object, got {type(value).__name__}", field=name)
     return value
 
 
@@ -263,13 +280,19 @@ def hf_names(config: DecoderConfig) -> dict[str, str]:
     return names
 
 
-def expected_hf_tensors(config: DecoderConfig, dtype: str) -> dict[str, tuple[tuple[int, ...], str]]:
-    """Checkpoint name -> (shape, safetensors dtype) of every tensor a checkpoint of `config`
-    stored in `dtype` ("F32", "F16" or "BF16") holds."""
+def expected_hf_tensors(
+    config: DecoderConfig, weights: Mapping[str, torch.Tensor]
+) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Checkpoint name -> (shape, dtype) of every tensor of a checkpoint of `config`, each in the
+    dtype it was loaded in (`weights`, by the family's names): what validation checks the
+    safetensors headers against."""
     from ipnext.serving.llm.model import expected_tensors
 
     shapes = expected_tensors(config)
-    return {hf: (shapes[ours][0], dtype) for ours, hf in hf_names(config).items()}
+    return {
+        hf: (shapes[ours][0], str(weights[ours].dtype).removeprefix("torch."))
+        for ours, hf in hf_names(config).items()
+    }
 
 
 def from_hf_names(
@@ -351,22 +374,49 @@ def _eos_ids(value: Any) -> tuple[int, ...]:
     return ()
 
 
-def load_checkpoint(folder: Path, max_seq_len: int | None = None) -> HFCheckpoint:
-    """Read a checkpoint folder: its config, its (possibly sharded) safetensors weights renamed to
-    the family's names, and its end-of-sequence ids."""
-    from safetensors.torch import load_file
+def folder_files(folder: Path) -> dict[str, bytes]:
+    """A checkpoint folder's files as a part receives them pinned (`CheckpointFiles`): every
+    `.json`, `.jinja` and `.safetensors` file, by name (tests, benchmarks, tools)."""
+    weight_files(folder)  # refuses a folder of pickles, naming them
+    return {
+        p.name: p.read_bytes()
+        for p in sorted(folder.iterdir())
+        if p.is_file() and p.suffix in (".json", ".jinja", ".safetensors") and p.name != "manifest.json"
+    }
 
-    raw = read_json(folder / CONFIG_FILE)
+
+def load_checkpoint(folder: Path, max_seq_len: int | None = None) -> HFCheckpoint:
+    """Read a checkpoint folder (`from_files` on `folder_files`)."""
+    return from_files(folder_files(folder), max_seq_len, folder.name)
+
+
+def from_files(
+    files: Mapping[str, bytes], max_seq_len: int | None = None, source: str = "the checkpoint"
+) -> HFCheckpoint:
+    """A checkpoint from its files' bytes (a pinned snapshot's `CheckpointFiles`, or a folder's):
+    its config, its (possibly sharded) safetensors weights renamed to the family's names, and
+    its end-of-sequence ids."""
+    from safetensors.torch import load
+
+    raw = _json(files, CONFIG_FILE)
     family, config = decoder_config(raw, max_seq_len)
+    if INDEX_FILE in files:
+        weight_map = _json(files, INDEX_FILE).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise CheckpointError(f"{INDEX_FILE}: no weight_map", field="weight_map")
+        shards = sorted({str(f) for f in weight_map.values()})
+    elif SINGLE_FILE in files:
+        shards = [SINGLE_FILE]
+    else:
+        raise CheckpointError(f"{source}: no {SINGLE_FILE} or {INDEX_FILE}", field=SINGLE_FILE)
     tensors: dict[str, torch.Tensor] = {}
-    for name in weight_files(folder):
-        path = folder / name
-        if not path.is_file():
-            raise CheckpointError(f"{INDEX_FILE}: names {name}, which is not in {folder.name}/", field=name)
-        tensors.update(load_file(str(path)))
-    weights = from_hf_names(tensors, config, source=folder.name)
+    for name in shards:
+        if name not in files:
+            raise CheckpointError(f"{INDEX_FILE}: names {name}, which {source} does not hold", field=name)
+        tensors.update(load(files[name]))
+    weights = from_hf_names(tensors, config, source=source)
     dtypes = {d for d, t in CHECKPOINT_DTYPES.items() for w in weights.values() if w.dtype == t}
-    generation = read_json(folder / GENERATION_FILE) if (folder / GENERATION_FILE).is_file() else {}
+    generation = _json(files, GENERATION_FILE) if GENERATION_FILE in files else {}
     eos = _eos_ids(generation.get("eos_token_id")) or _eos_ids(raw.get("eos_token_id"))
     bos = generation.get("bos_token_id", raw.get("bos_token_id"))
     return HFCheckpoint(
@@ -377,3 +427,68 @@ def load_checkpoint(folder: Path, max_seq_len: int | None = None) -> HFCheckpoin
         bos_token_id=bos if isinstance(bos, int) and not isinstance(bos, bool) else None,
         stored_dtype=dtypes.pop() if len(dtypes) == 1 else "mixed",
     )
+
+
+def save_checkpoint(
+    folder: Path,
+    config: DecoderConfig,
+    weights: Mapping[str, torch.Tensor],
+    *,
+    tokenizer_json: str,
+    bos: tuple[str, int],
+    eos: tuple[str, int],
+    chat_template: str | None = None,
+) -> list[str]:
+    """Write a model of the family as a Hugging Face Llama checkpoint (transformers' v5 layout),
+    the way the example trainer hands its model over: config.json, model.safetensors (the
+    family's tensors under Llama's names), tokenizer.json, tokenizer_config.json (special tokens,
+    chat template) and generation_config.json. `bos` and `eos` are (token, id). Returns the
+    files written. Only what Llama expresses is written: no biases, no sliding window."""
+    from safetensors.torch import save_file
+
+    if config.qkv_bias or config.sliding_window is not None:
+        raise ValueError("save_checkpoint writes Llama checkpoints: no q/k/v biases, no sliding window")
+    folder.mkdir(parents=True, exist_ok=True)
+    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": config.rope_theta}
+    if config.rope_scaling is not None:
+        rope |= {"rope_type": "llama3", **config.rope_scaling.model_dump()}
+    hf_config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.dim,
+        "intermediate_size": config.ffn_hidden,
+        "num_hidden_layers": config.n_layers,
+        "num_attention_heads": config.n_heads,
+        "num_key_value_heads": config.n_kv_heads,
+        "head_dim": config.head_dim,
+        "max_position_embeddings": config.max_seq_len,
+        "rms_norm_eps": config.norm_eps,
+        "rope_parameters": rope,
+        "hidden_act": "silu",
+        "tie_word_embeddings": config.tied_embeddings,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "bos_token_id": bos[1],
+        "eos_token_id": eos[1],
+        "dtype": "float32",
+    }
+    tokenizer_config: dict[str, Any] = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": bos[0],
+        "eos_token": eos[0],
+        "model_max_length": config.max_seq_len,
+    }
+    if chat_template is not None:
+        tokenizer_config["chat_template"] = chat_template
+    texts = {
+        CONFIG_FILE: hf_config,
+        "tokenizer_config.json": tokenizer_config,
+        GENERATION_FILE: {"bos_token_id": bos[1], "eos_token_id": eos[1]},
+    }
+    for name, value in texts.items():
+        (folder / name).write_text(json.dumps(value, indent=2) + "\n")
+    (folder / "tokenizer.json").write_text(tokenizer_json)
+    tensors = {hf: weights[ours].detach().contiguous() for ours, hf in hf_names(config).items()}
+    save_file(tensors, str(folder / SINGLE_FILE), metadata={"format": "pt"})
+    return sorted([*texts, "tokenizer.json", SINGLE_FILE])

@@ -1,5 +1,7 @@
 """`LLMPart`: a generative part of the decoder family, by the part contract
-(`factory(weights, config) -> part` with `__call__`, `stream` and `expected_tensors`).
+(`factory(weights, config) -> part` with `__call__`, `stream` and `expected_tensors`). Its
+snapshot is a Hugging Face checkpoint folder (the part gets its files as `CheckpointFiles`;
+`ipnext.serving.llm.hf` reads the model, `chat` the tokenizer and chat template).
 
 model.yaml:
 
@@ -7,7 +9,7 @@ model.yaml:
       lm:
         factory: ipnext.serving.llm.part:LLMPart
         config:
-          model: {vocab_size: 512, dim: 64, n_layers: 2, n_heads: 4, n_kv_heads: 2, ffn_hidden: 176}
+          max_seq_len: 1024   # the served context (default: the checkpoint's max_position_embeddings)
           engine: {kv_cache_bytes: 33554432, max_num_seqs: 16}
 
 A request's `inputs` is `{"prompt": str, "max_tokens": int, "temperature": float, "top_p": float,
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import torch
@@ -32,6 +34,7 @@ from pydantic import Field, ValidationError
 from ipnext.contracts import Frozen
 from ipnext.counters import SetCounters
 from ipnext.errors import PartInputError
+from ipnext.serving.llm.chat import checkpoint_codec
 from ipnext.serving.llm.engine import (
     GREEDY_BELOW,
     MAX_STOP_LENGTH,
@@ -40,16 +43,19 @@ from ipnext.serving.llm.engine import (
     LLMEngine,
     SamplingParams,
 )
+from ipnext.serving.llm.hf import expected_hf_tensors, from_files
 from ipnext.serving.llm.metrics import LLMMetrics
-from ipnext.serving.llm.model import DecoderConfig, expected_tensors
 from ipnext.serving.llm.service import LLMService, Prefilled, TextDelta
-from ipnext.serving.llm.text import TOKENIZER_TENSOR, TextCodec
 
 __all__ = ["LLMDecodePart", "LLMPart", "LLMPartConfig", "LLMPrefillPart", "LLMRequest", "Pinned"]
 
 
 class LLMPartConfig(Frozen):
-    model: DecoderConfig
+    # Refused when given: the checkpoint's config.json is the model's shape (kept only so an old
+    # model.yaml that still names it gets that said, not "extra field").
+    model: dict[str, Any] | None = None
+    # A checkpoint's served context: at most its max_position_embeddings (the default).
+    max_seq_len: int | None = Field(default=None, gt=0)
     engine: EngineConfig = Field(default_factory=EngineConfig)
     # Disaggregated serving: how long a prefill part keeps the keys and values it handed on in
     # the object store. It owns them, and a reference nested in a Serve answer does not always
@@ -74,20 +80,26 @@ class LLMRequest(SamplingParams):
 
 
 class LLMPart:
-    def __init__(self, weights: dict[str, torch.Tensor], config: dict[str, Any]) -> None:
+    """A generative part. Its snapshot is a Hugging Face checkpoint folder (`CheckpointFiles`:
+    config.json, safetensors weights, tokenizer.json, tokenizer_config.json and its chat
+    template, generation_config.json), whatever trained it: the example trainer writes one too."""
+
+    def __init__(self, weights: Mapping[str, Any], config: dict[str, Any]) -> None:
         self.config = LLMPartConfig.model_validate(config)
-        if TOKENIZER_TENSOR not in weights:
+        if self.config.model is not None:
             raise ValueError(
-                f"weights: no {TOKENIZER_TENSOR!r} tensor (the tokenizer travels with the weights)"
+                "config.model: a Hugging Face checkpoint brings its own shape (config.json); remove config.model"
             )
-        self.codec = TextCodec.from_tensor(weights[TOKENIZER_TENSOR])
-        if self.codec.vocab_size > self.config.model.vocab_size:
+        if not all(isinstance(data, bytes) for data in weights.values()):
             raise ValueError(
-                f"config.model.vocab_size: {self.config.model.vocab_size} is smaller than the tokenizer's "
-                f"{self.codec.vocab_size} tokens"
+                "weights: an LLM part serves a Hugging Face checkpoint folder (config.json, safetensors, "
+                "tokenizer.json), not one weights file; publish the folder (ipnext snapshot import-hf)"
             )
-        self._tokenizer_shape = tuple(weights[TOKENIZER_TENSOR].shape)
-        self.engine = LLMEngine(weights, self.config.model, self.config.engine)
+        checkpoint = from_files(weights, self.config.max_seq_len)
+        self.codec = checkpoint_codec(weights, checkpoint)
+        self.model_config = checkpoint.config
+        self._expected = expected_hf_tensors(checkpoint.config, checkpoint.weights)
+        self.engine = LLMEngine(checkpoint.weights, checkpoint.config, self.config.engine)
         self._service: LLMService | None = None
         self._observer: Callable[[str, float], None] | None = None
 
@@ -98,7 +110,8 @@ class LLMPart:
             self._service.metrics.observer = observer
 
     def expected_tensors(self) -> dict[str, tuple[tuple[int, ...], str]]:
-        return {**expected_tensors(self.config.model), TOKENIZER_TENSOR: (self._tokenizer_shape, "uint8")}
+        """Every tensor of the snapshot, by its name there: validation checks the file headers."""
+        return dict(self._expected)
 
     def serving_counters(self) -> SetCounters:
         """TTFT, ITL and queue-time histograms, cumulative: the host pushes them to the model's

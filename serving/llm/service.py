@@ -83,7 +83,7 @@ class LLMService:
         self.engine = engine
         self.codec = codec
         self.metrics = metrics or LLMMetrics()
-        engine.eos_token = codec.eos
+        engine.eos_tokens = frozenset(codec.eos_ids)
         engine.stop_check = self._hit_stop
         self._incoming: list[_Request] = []
         self._cancelled: list[_Request] = []

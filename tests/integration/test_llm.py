@@ -24,9 +24,10 @@ from ipnext.model import load_model_spec
 from ipnext.rollout import RolloutState
 from ipnext.sdk import Client
 from ipnext.serving.control import connect
-from ipnext.serving.llm.model import Decoder, DecoderConfig
-from ipnext.serving.llm.text import TOKENIZER_TENSOR, TextCodec
-from ipnext.snapshots import load_weights
+from ipnext.serving.llm.chat import checkpoint_codec
+from ipnext.serving.llm.hf import folder_files, from_files
+from ipnext.serving.llm.model import Decoder
+from ipnext.serving.llm.text import TextCodec
 
 from .conftest import keyed
 from .test_doors import counted, counters
@@ -93,9 +94,11 @@ async def describe(host: Any) -> dict[str, Any]:
     return dict(reply["status"])
 
 
-def reference(folder: Path, config: DecoderConfig, part: str = PART) -> tuple[Decoder, TextCodec]:
-    weights = load_weights(folder / f"{part}.safetensors")
-    return Decoder.from_weights(weights, config).eval(), TextCodec.from_tensor(weights[TOKENIZER_TENSOR])
+def reference(folder: Path) -> tuple[Decoder, TextCodec]:
+    """The one-request-at-a-time module and the tokenizer of a checkpoint the trainer wrote."""
+    files = folder_files(folder)
+    checkpoint = from_files(files)
+    return Decoder.from_weights(checkpoint.weights, checkpoint.config).eval(), checkpoint_codec(files, checkpoint)
 
 
 async def test_llm_streams_frees_cancelled_blocks_and_rolls_out_under_streaming_load(
@@ -104,13 +107,12 @@ async def test_llm_streams_frees_cancelled_blocks_and_rolls_out_under_streaming_
     spec = load_model_spec(REPO / "examples" / "llm" / "model.yaml")
     rollout = spec.rollout.model_copy(update={"steps": [50, 100]})
     spec = spec.model_copy(update={"name": model_name, "rollout": rollout})
-    config = DecoderConfig.model_validate(spec.parts[PART].config["model"])
     await client.publish_model(spec)
     v1 = train(stack.snapshot_roots[0], model_name, "v1", steps=60)
     first = await client.publish_snapshot(model_name, v1.folder)
     await client.wait_until_serving(model_name, first.set_id, timeout_s=180)
     path = f"/us-east/models/{model_name}/predict"
-    net, codec = reference(v1.folder, config)
+    net, codec = reference(v1.folder)
 
     async with httpx.AsyncClient(base_url=stack.serve_url, headers=keyed(stack), timeout=60) as http:
         # 1. Streamed piece by piece, the greedy loop's text, in the envelope.
@@ -229,12 +231,11 @@ async def test_disaggregated_prefill_hands_kv_to_decode_through_the_object_store
 ) -> None:
     spec = load_model_spec(REPO / "examples" / "llm" / "model-disaggregated.yaml")
     spec = spec.model_copy(update={"name": model_name})
-    config = DecoderConfig.model_validate(spec.parts["decode"].config["model"])
     await client.publish_model(spec)
     v1 = train(stack.snapshot_roots[0], model_name, "v1", steps=60, parts=("prefill", "decode"))
     published = await client.publish_snapshot(model_name, v1.folder)
     await client.wait_until_serving(model_name, published.set_id, timeout_s=180)
-    net, codec = reference(v1.folder, config, part="decode")
+    net, codec = reference(v1.folder)
     path = f"/us-east/models/{model_name}/predict"
     async with httpx.AsyncClient(base_url=stack.serve_url, headers=keyed(stack), timeout=60) as http:
         for prompt, n in (("two plus three is", 16), ("bo lives by the", 24)):

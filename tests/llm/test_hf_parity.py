@@ -21,61 +21,12 @@ from ipnext.errors import CheckpointError
 from ipnext.serving.llm.engine import EngineConfig, LLMEngine, SamplingParams
 from ipnext.serving.llm.hf import decoder_config, load_checkpoint
 from ipnext.serving.llm.model import Decoder
+from tests.llm.hf_checkpoints import FAMILIES, NEW_TOKENS, SHAPE, write_checkpoint
 
 # Float32 throughout: the engine's paged path and transformers' eager path sum in different
 # orders, so logits agree to about 1e-6; this bound leaves room and still catches any wrong
 # tensor, mask or rotary angle (those move logits by 1e-2 or more).
 LOGIT_TOLERANCE = 1e-4
-transformers.utils.logging.disable_progress_bar()
-NEW_TOKENS = 16
-SHAPE = {
-    "vocab_size": 320,
-    "hidden_size": 64,
-    "intermediate_size": 160,
-    "num_hidden_layers": 3,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 256,
-    "initializer_range": 0.1,  # confident logits: no near-ties for greedy decoding to split on
-    "bos_token_id": 1,
-    "eos_token_id": None,  # generate stops at eos; the engine runs with ignore_eos
-}
-FAMILIES = {
-    # Llama 3's rotary scaling, with an original context short enough that it moves the angles;
-    # an explicit head_dim that is not hidden_size / heads; untied output.
-    "llama3": (
-        transformers.LlamaConfig,
-        {
-            "head_dim": 32,
-            "rope_parameters": {
-                "rope_type": "llama3",
-                "rope_theta": 500_000.0,
-                "factor": 8.0,
-                "low_freq_factor": 1.0,
-                "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 32,
-            },
-        },
-    ),
-    # q/k/v biases, tied embeddings.
-    "qwen2": (transformers.Qwen2Config, {"tie_word_embeddings": True}),
-    # A sliding window shorter than every prompt.
-    "mistral-window": (transformers.MistralConfig, {"sliding_window": 8}),
-}
-
-
-def write_checkpoint(folder: Path, family: str, dtype: torch.dtype = torch.float32, **save: object) -> Path:
-    """A random checkpoint of `family`, as transformers saves it; biases made non-zero (transformers
-    initialises them to zero, which would hide a missing one)."""
-    config_class, extra = FAMILIES[family]
-    torch.manual_seed(len(family))
-    model = transformers.AutoModelForCausalLM.from_config(config_class(**SHAPE, **extra))
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith(".bias"):
-                param.normal_(0, 0.1)
-    model.to(dtype).save_pretrained(folder, safe_serialization=True, **save)
-    return folder
 
 
 def reference_model(folder: Path) -> transformers.PreTrainedModel:
@@ -107,7 +58,7 @@ def engine_greedy(folder: Path, batch: list[list[int]]) -> list[list[int]]:
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_the_engine_decodes_exactly_what_transformers_generates(family: str, tmp_path: Path) -> None:
-    folder = write_checkpoint(tmp_path / family, family)
+    folder = write_checkpoint(tmp_path / family, family, tokenizer=False)
     model = reference_model(folder)
     batch = prompts(SHAPE["vocab_size"], seed=len(family))
     expected = []
@@ -123,7 +74,7 @@ def test_the_engine_decodes_exactly_what_transformers_generates(family: str, tmp
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_logits_match_transformers_within_the_tolerance(family: str, tmp_path: Path) -> None:
-    folder = write_checkpoint(tmp_path / family, family)
+    folder = write_checkpoint(tmp_path / family, family, tokenizer=False)
     model = reference_model(folder)
     checkpoint = load_checkpoint(folder)
     tokens = prompts(SHAPE["vocab_size"], seed=7)[3]  # 30 tokens: past the Mistral window
@@ -172,7 +123,9 @@ def _sampled_logits(engine: LLMEngine) -> torch.Tensor | None:
 def test_bf16_and_sharded_checkpoints_load_and_decode_the_same(tmp_path: Path) -> None:
     """A bfloat16 checkpoint split in shards (an index and several files) is read as stored and
     computed in float32: the same tokens as transformers running those weights in float32."""
-    folder = write_checkpoint(tmp_path / "bf16", "llama3", torch.bfloat16, max_shard_size="40KB")
+    folder = write_checkpoint(
+        tmp_path / "bf16", "llama3", torch.bfloat16, max_shard_size="40KB", tokenizer=False
+    )
     assert (folder / "model.safetensors.index.json").is_file()
     shards = sorted(folder.glob("model-*.safetensors"))
     assert len(shards) > 1
@@ -219,7 +172,7 @@ V4_LLAMA = {
 
 
 def test_a_v4_layout_config_reads_as_the_v5_layout_does(tmp_path: Path) -> None:
-    folder = write_checkpoint(tmp_path / "v5", "llama3")
+    folder = write_checkpoint(tmp_path / "v5", "llama3", tokenizer=False)
     v5 = json.loads((folder / "config.json").read_text())
     assert "rope_parameters" in v5 and "rope_theta" not in v5  # what transformers 5 writes
     assert decoder_config(V4_LLAMA) == decoder_config(v5)
@@ -258,14 +211,14 @@ def test_a_config_the_engine_cannot_serve_is_refused_naming_what_and_what_is_ser
 
 
 def test_pickled_weights_are_never_loaded(tmp_path: Path) -> None:
-    folder = write_checkpoint(tmp_path / "ckpt", "qwen2")
+    folder = write_checkpoint(tmp_path / "ckpt", "qwen2", tokenizer=False)
     (folder / "model.safetensors").rename(folder / "pytorch_model.bin")
     with pytest.raises(CheckpointError, match="pickled weights are never loaded"):
         load_checkpoint(folder)
 
 
 def test_weights_that_do_not_fit_the_config_are_refused_naming_the_tensor(tmp_path: Path) -> None:
-    folder = write_checkpoint(tmp_path / "ckpt", "mistral-window")
+    folder = write_checkpoint(tmp_path / "ckpt", "mistral-window", tokenizer=False)
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "intermediate_size": 96}))
     with pytest.raises(

@@ -53,9 +53,7 @@ POISON: list[tuple[dict[str, Any], str]] = [
 
 
 def part_for(lm: TrainedLM, **config: Any) -> LLMPart:
-    return LLMPart(
-        lm.weights, {"model": lm.config.model_dump(), "engine": {"kv_cache_bytes": 4 << 20}, **config}
-    )
+    return LLMPart(lm.files, {"engine": {"kv_cache_bytes": 4 << 20}, **config})
 
 
 async def test_poison_values_are_refused_naming_the_field_and_the_part_answers_after(lm: TrainedLM) -> None:

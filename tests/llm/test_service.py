@@ -88,9 +88,9 @@ async def test_stop_strings_never_reach_the_stream(lm: TrainedLM) -> None:
 
 
 async def test_the_part_checks_its_snapshot_and_its_requests(lm: TrainedLM) -> None:
-    config = {"model": lm.config.model_dump(), "engine": {"kv_cache_bytes": 4 << 20}}
-    part = LLMPart(lm.weights, config)
-    header = inspect_safetensors(lm.folder / "lm.safetensors")
+    config = {"engine": {"kv_cache_bytes": 4 << 20}}
+    part = LLMPart(lm.files, config)
+    header = inspect_safetensors(lm.folder / "model.safetensors")
     assert part.expected_tensors() == {name: (tuple(shape), dtype) for name, (shape, dtype) in header.items()}
     answer = await part({"input": {"prompt": "two plus three is", "max_tokens": 12}})
     expected = lm.reference.generate(lm.codec.prompt("two plus three is"), 12, stop_token=lm.codec.eos)
@@ -103,15 +103,17 @@ async def test_the_part_checks_its_snapshot_and_its_requests(lm: TrainedLM) -> N
         await part({"input": {"max_tokens": 3}})
     with pytest.raises(PartInputError, match=r"inputs\.max_tokens: prompt"):
         await part({"input": {"prompt": "hi", "max_tokens": 5000}})
-    with pytest.raises(ValueError, match="vocab_size"):
-        LLMPart(lm.weights, {**config, "model": {**config["model"], "vocab_size": 100}})
+    with pytest.raises(ValueError, match="config.model: a Hugging Face checkpoint brings its own shape"):
+        LLMPart(lm.files, {**config, "model": {"vocab_size": 100}})
+    with pytest.raises(ValueError, match="not one weights file"):
+        LLMPart(lm.weights, config)
     await part.service.close()
 
 
 async def test_every_latency_observation_reaches_the_observer(lm: TrainedLM) -> None:
     """The hook the part's host uses to export TTFT, ITL and queue time to Prometheus."""
     seen: list[tuple[str, float]] = []
-    part = LLMPart(lm.weights, {"model": lm.config.model_dump(), "engine": {"kv_cache_bytes": 4 << 20}})
+    part = LLMPart(lm.files, {"engine": {"kv_cache_bytes": 4 << 20}})
     part.observe_with(lambda metric, ms: seen.append((metric, ms)))
     answer = await part({"input": {"prompt": "cyd is a blue", "max_tokens": 6, "ignore_eos": True}})
     assert answer["completion_tokens"] == 6
@@ -125,9 +127,9 @@ async def test_every_latency_observation_reaches_the_observer(lm: TrainedLM) -> 
 
 
 async def test_the_disaggregated_pair_answers_like_the_single_part(lm: TrainedLM) -> None:
-    config = {"model": lm.config.model_dump(), "engine": {"kv_cache_bytes": 4 << 20, "block_size": 4}}
-    single = LLMPart(lm.weights, config)
-    prefill, decode = LLMPrefillPart(lm.weights, config), LLMDecodePart(lm.weights, config)
+    config = {"engine": {"kv_cache_bytes": 4 << 20, "block_size": 4}}
+    single = LLMPart(lm.files, config)
+    prefill, decode = LLMPrefillPart(lm.files, config), LLMDecodePart(lm.files, config)
 
     async def pair(request: dict[str, object]) -> list[dict[str, object]]:
         handed = await prefill({"input": request})
@@ -189,8 +191,8 @@ def test_pinned_lets_the_oldest_go_past_its_bytes() -> None:
 async def test_the_prefill_part_holds_what_it_hands_on(
     lm: TrainedLM, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    config = {"model": lm.config.model_dump(), "engine": {"kv_cache_bytes": 4 << 20, "block_size": 4}}
-    prefill = LLMPrefillPart(lm.weights, {**config, "handoff_seconds": 30})
+    config = {"engine": {"kv_cache_bytes": 4 << 20, "block_size": 4}}
+    prefill = LLMPrefillPart(lm.files, {**config, "handoff_seconds": 30})
     assert prefill.handed.seconds == 30
     handed = await prefill({"input": {"prompt": PROMPTS[0], "max_tokens": 2}})
     assert isinstance(handed["kv"], torch.Tensor) and len(prefill.handed) == 0  # no Serve: no store
@@ -203,7 +205,7 @@ async def test_the_prefill_part_holds_what_it_hands_on(
     assert status["handed_kv_bytes"] == 4 * math.prod(handed["kv"][1]) > 0  # float32 keys and values
     await prefill.service.close()
     with pytest.raises(ValidationError, match="handoff_seconds"):
-        LLMPrefillPart(lm.weights, {**config, "handoff_seconds": 0})
+        LLMPrefillPart(lm.files, {**config, "handoff_seconds": 0})
 
 
 @pytest.mark.parametrize(
