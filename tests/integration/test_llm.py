@@ -98,7 +98,9 @@ def reference(folder: Path) -> tuple[Decoder, TextCodec]:
     """The one-request-at-a-time module and the tokenizer of a checkpoint the trainer wrote."""
     files = folder_files(folder)
     checkpoint = from_files(files)
-    return Decoder.from_weights(checkpoint.weights, checkpoint.config).eval(), checkpoint_codec(files, checkpoint)
+    return Decoder.from_weights(checkpoint.weights, checkpoint.config).eval(), checkpoint_codec(
+        files, checkpoint
+    )
 
 
 async def test_llm_streams_frees_cancelled_blocks_and_rolls_out_under_streaming_load(

@@ -103,7 +103,7 @@ async def test_the_part_checks_its_snapshot_and_its_requests(lm: TrainedLM) -> N
         await part({"input": {"max_tokens": 3}})
     with pytest.raises(PartInputError, match=r"inputs\.max_tokens: prompt"):
         await part({"input": {"prompt": "hi", "max_tokens": 5000}})
-    with pytest.raises(ValueError, match="config.model: a Hugging Face checkpoint brings its own shape"):
+    with pytest.raises(ValueError, match=r"config\.model: a Hugging Face checkpoint brings its own shape"):
         LLMPart(lm.files, {**config, "model": {"vocab_size": 100}})
     with pytest.raises(ValueError, match="not one weights file"):
         LLMPart(lm.weights, config)
