@@ -26,14 +26,14 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import torch
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 
 from ipnext.contracts import Frozen
 from ipnext.counters import SetCounters
-from ipnext.errors import PartInputError
+from ipnext.errors import CheckpointError, PartInputError
 from ipnext.serving.llm.chat import checkpoint_codec
 from ipnext.serving.llm.engine import (
     GREEDY_BELOW,
@@ -47,7 +47,15 @@ from ipnext.serving.llm.hf import expected_hf_tensors, from_files
 from ipnext.serving.llm.metrics import LLMMetrics
 from ipnext.serving.llm.service import LLMService, Prefilled, TextDelta
 
-__all__ = ["LLMDecodePart", "LLMPart", "LLMPartConfig", "LLMPrefillPart", "LLMRequest", "Pinned"]
+__all__ = [
+    "ChatMessage",
+    "LLMDecodePart",
+    "LLMPart",
+    "LLMPartConfig",
+    "LLMPrefillPart",
+    "LLMRequest",
+    "Pinned",
+]
 
 
 class LLMPartConfig(Frozen):
@@ -69,14 +77,46 @@ class LLMPartConfig(Frozen):
     stall_seconds: float = Field(default=30, gt=0, allow_inf_nan=False)
 
 
-class LLMRequest(SamplingParams):
-    """A generation request: the prompt and the engine's sampling settings, whose fields and
-    bounds it inherits (one definition of each)."""
+MAX_MESSAGES = 1024  # turns in one conversation
+MAX_CONTENT_PARTS = 64  # text parts of one message
 
-    prompt: str = Field(min_length=1)
+
+class TextPart(Frozen):
+    """A piece of a message's content, as OpenAI's API sends it: `{"type": "text", "text": ...}`."""
+
+    type: Literal["text"]
+    text: str = Field(strict=True)
+
+
+class ChatMessage(Frozen):
+    """One turn of a conversation: its role and its text (a string, or text parts, joined)."""
+
+    role: str = Field(strict=True, min_length=1, max_length=64)
+    content: (
+        Annotated[str, Field(strict=True)] | Annotated[list[TextPart], Field(max_length=MAX_CONTENT_PARTS)]
+    )
+
+    def for_template(self) -> dict[str, str]:
+        text = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        return {"role": self.role, "content": text}
+
+
+class LLMRequest(SamplingParams):
+    """A generation request: a `prompt` (a completion) or `messages` (a chat, rendered with the
+    checkpoint's chat template), exactly one, and the engine's sampling settings, whose fields
+    and bounds it inherits (one definition of each)."""
+
+    prompt: str | None = Field(default=None, min_length=1, strict=True)
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1, max_length=MAX_MESSAGES)
+
+    @model_validator(mode="after")
+    def _one_input(self) -> LLMRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("send a prompt (a completion) or messages (a chat), exactly one")
+        return self
 
     def sampling(self) -> SamplingParams:
-        return SamplingParams.model_validate(self.model_dump(exclude={"prompt"}))
+        return SamplingParams.model_validate(self.model_dump(exclude={"prompt", "messages"}))
 
 
 class LLMPart:
@@ -142,18 +182,25 @@ class LLMPart:
             self._service = LLMService(self.engine, self.codec, LLMMetrics(observer=self._observer))
         return self._service
 
-    def _checked(self, inputs: dict[str, Any]) -> LLMRequest:
-        """The request, refused with PartInputError if it could never run on this engine."""
+    def _checked(self, inputs: dict[str, Any]) -> tuple[LLMRequest, list[int]]:
+        """The request and its prompt's tokens, refused with PartInputError if it could never run
+        on this engine (or is a chat for a model without a chat template)."""
         request = _request(inputs)
         try:
-            self.engine.check(self.codec.prompt(request.prompt), request.sampling())
+            if request.messages is not None:
+                tokens = self.codec.chat_prompt([m.for_template() for m in request.messages])
+            else:
+                tokens = self.codec.prompt(str(request.prompt))
+            self.engine.check(tokens, request.sampling())
+        except CheckpointError as err:  # the template refused this conversation (raise_exception)
+            raise PartInputError(f"inputs.messages: {err}") from None
         except ValueError as err:
             raise PartInputError(f"inputs.{err}") from None
-        return request
+        return request, tokens
 
     async def __call__(self, inputs: dict[str, Any]) -> dict[str, Any]:
-        request = self._checked(inputs)
-        done = await self.service.complete(request.prompt, request.sampling())
+        request, tokens = self._checked(inputs)
+        done = await self.service.complete(tokens, request.sampling())
         return {
             "text": done.text,
             "finish_reason": done.finish_reason,
@@ -162,8 +209,8 @@ class LLMPart:
         }
 
     async def stream(self, inputs: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        request = self._checked(inputs)
-        async for delta in self.service.stream(request.prompt, request.sampling()):
+        request, tokens = self._checked(inputs)
+        async for delta in self.service.stream(tokens, request.sampling()):
             yield _piece(delta)
 
 
@@ -181,7 +228,7 @@ def _piece(delta: TextDelta) -> dict[str, Any]:
 
 # What a caller is told to send when a field is refused: every field's type and bounds.
 _BOUNDS = (
-    '{"prompt": "...", "max_tokens": 64, "temperature": 0, "top_p": 1, "stop": [], "seed": null}: '
+    '{"prompt": "..." or "messages": [{"role": "user", "content": "..."}], "max_tokens": 64, "temperature": 0, "top_p": 1, "stop": [], "seed": null}: '
     "max_tokens an integer >= 1 (prompt tokens + max_tokens within the model's context), temperature "
     f"a finite number >= 0 (below {GREEDY_BELOW:g}: greedy), top_p a number in (0, 1], stop up to "
     f"{MAX_STOP_STRINGS} strings of 1 to {MAX_STOP_LENGTH} characters, seed an integer in "
@@ -196,7 +243,7 @@ def _request(inputs: dict[str, Any]) -> LLMRequest:
         return LLMRequest.model_validate(raw)
     except ValidationError as err:
         first = err.errors()[0]
-        where = ".".join(str(x) for x in first["loc"]) or "inputs"
+        where = ".".join(str(x) for x in first["loc"]) or "prompt"  # neither or both: prompt, messages
         raise PartInputError(
             f"inputs.{where}: {first['msg']} (got {_shown(first.get('input'))}); send {_BOUNDS}"
         ) from None
@@ -253,8 +300,8 @@ class LLMPrefillPart(LLMPart):
         self.handed = Pinned(self.config.handoff_seconds, self.config.handoff_max_bytes)
 
     async def __call__(self, inputs: dict[str, Any]) -> dict[str, Any]:
-        request = self._checked(inputs)
-        prefilled = await self.service.prefill(request.prompt, request.sampling())
+        request, tokens = self._checked(inputs)
+        prefilled = await self.service.prefill(tokens, request.sampling())
         kv = _to_object_store(prefilled.kv)
         if not isinstance(kv, torch.Tensor):
             self.handed.keep(kv, prefilled.kv.numel() * prefilled.kv.element_size())

@@ -95,9 +95,14 @@ class LLMService:
         self._clock = clock
         self._progress_at = clock()  # the last step that ran a batch, or when work last arrived
 
-    async def stream(self, prompt: str, params: SamplingParams) -> AsyncIterator[TextDelta]:
+    def _tokens(self, prompt: str | list[int]) -> list[int]:
+        """A prompt's tokens: text through the codec (a completion), or tokens made already
+        (a chat prompt rendered with the template)."""
+        return self.codec.prompt(prompt) if isinstance(prompt, str) else list(prompt)
+
+    async def stream(self, prompt: str | list[int], params: SamplingParams) -> AsyncIterator[TextDelta]:
         """The answer to `prompt` as it is generated. Closing the iterator early cancels it."""
-        tokens = self.codec.prompt(prompt)
+        tokens = self._tokens(prompt)
         self.engine.check(tokens, params)  # refuse before queueing, with the field and the fix
         async for delta in self._deltas(_Request(tokens, params)):
             yield delta
@@ -126,9 +131,9 @@ class LLMService:
                 self._cancelled.append(request)
                 self._wake.set()
 
-    async def prefill(self, prompt: str, params: SamplingParams) -> Prefilled:
+    async def prefill(self, prompt: str | list[int], params: SamplingParams) -> Prefilled:
         """Disaggregated serving, first half: prefill the prompt and sample its first token."""
-        tokens = self.codec.prompt(prompt)
+        tokens = self._tokens(prompt)
         self.engine.check(tokens, params)
         request = _Request(tokens, params, prefill_only=True)
         request.prefilled = asyncio.get_running_loop().create_future()
@@ -147,7 +152,7 @@ class LLMService:
         async for delta in self._deltas(request):
             yield delta
 
-    async def complete(self, prompt: str, params: SamplingParams) -> Completion:
+    async def complete(self, prompt: str | list[int], params: SamplingParams) -> Completion:
         parts: list[str] = []
         async for delta in self.stream(prompt, params):
             parts.append(delta.text)

@@ -228,3 +228,37 @@ async def test_keys_and_values_gone_from_the_store_are_named_as_the_requests_err
         return "tensor"
 
     assert await part_module._fetch(there()) == "tensor"
+
+
+async def test_a_chat_request_renders_the_checkpoints_template_and_answers_like_the_reference(
+    lm: TrainedLM,
+) -> None:
+    part = LLMPart(lm.files, {"engine": {"kv_cache_bytes": 4 << 20}})
+    messages = [
+        {"role": "system", "content": "count with me"},
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "counting: one "}, {"type": "text", "text": "two"}],
+        },
+    ]
+    tokens = lm.codec.chat_prompt(
+        [{"role": "system", "content": "count with me"}, {"role": "user", "content": "counting: one two"}]
+    )
+    assert lm.codec.decode(tokens) == "system: count with me\nuser: counting: one two\nassistant:"
+    answer = await part({"input": {"messages": messages, "max_tokens": 10}})
+    expected = lm.reference.generate(tokens, 10, stop_token=lm.codec.eos)
+    assert answer["text"] == lm.codec.decode(expected) and answer["prompt_tokens"] == len(tokens)
+    pieces = [p async for p in part.stream({"input": {"messages": messages, "max_tokens": 10}})]
+    assert "".join(p["text"] for p in pieces) == answer["text"]
+    refused = {
+        "both": {"prompt": "hi", "messages": messages},
+        "neither": {"max_tokens": 3},
+        "no-turns": {"messages": []},
+        "role-not-text": {"messages": [{"role": 7, "content": "hi"}]},
+        "image-part": {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}]},
+    }
+    for why, inputs in refused.items():
+        with pytest.raises(PartInputError, match=r"^inputs") as err:
+            await part({"input": inputs})
+        assert "send" in str(err.value), why
+    await part.service.close()
