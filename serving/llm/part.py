@@ -108,6 +108,8 @@ class LLMRequest(SamplingParams):
 
     prompt: str | None = Field(default=None, min_length=1, strict=True)
     messages: list[ChatMessage] | None = Field(default=None, min_length=1, max_length=MAX_MESSAGES)
+    # null: as many as the model's context leaves after the prompt (OpenAI's chat default).
+    max_tokens: int | None = Field(default=64, ge=1, strict=True)  # type: ignore[assignment]
 
     @model_validator(mode="after")
     def _one_input(self) -> LLMRequest:
@@ -115,8 +117,13 @@ class LLMRequest(SamplingParams):
             raise ValueError("send a prompt (a completion) or messages (a chat), exactly one")
         return self
 
-    def sampling(self) -> SamplingParams:
-        return SamplingParams.model_validate(self.model_dump(exclude={"prompt", "messages"}))
+    def sampling(self, context_left: int = 1) -> SamplingParams:
+        """The engine's settings; `context_left` (tokens the context holds after the prompt)
+        stands in for a null max_tokens."""
+        fields = self.model_dump(exclude={"prompt", "messages"})
+        if fields["max_tokens"] is None:
+            fields["max_tokens"] = max(1, context_left)
+        return SamplingParams.model_validate(fields)
 
 
 class LLMPart:
@@ -191,16 +198,19 @@ class LLMPart:
                 tokens = self.codec.chat_prompt([m.for_template() for m in request.messages])
             else:
                 tokens = self.codec.prompt(str(request.prompt))
-            self.engine.check(tokens, request.sampling())
+            self.engine.check(tokens, self._sampling(request, tokens))
         except CheckpointError as err:  # the template refused this conversation (raise_exception)
             raise PartInputError(f"inputs.messages: {err}") from None
         except ValueError as err:
             raise PartInputError(f"inputs.{err}") from None
         return request, tokens
 
+    def _sampling(self, request: LLMRequest, tokens: list[int]) -> SamplingParams:
+        return request.sampling(context_left=self.model_config.max_seq_len - len(tokens))
+
     async def __call__(self, inputs: dict[str, Any]) -> dict[str, Any]:
         request, tokens = self._checked(inputs)
-        done = await self.service.complete(tokens, request.sampling())
+        done = await self.service.complete(tokens, self._sampling(request, tokens))
         return {
             "text": done.text,
             "finish_reason": done.finish_reason,
@@ -210,7 +220,7 @@ class LLMPart:
 
     async def stream(self, inputs: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         request, tokens = self._checked(inputs)
-        async for delta in self.service.stream(tokens, request.sampling()):
+        async for delta in self.service.stream(tokens, self._sampling(request, tokens)):
             yield _piece(delta)
 
 
@@ -301,12 +311,13 @@ class LLMPrefillPart(LLMPart):
 
     async def __call__(self, inputs: dict[str, Any]) -> dict[str, Any]:
         request, tokens = self._checked(inputs)
-        prefilled = await self.service.prefill(tokens, request.sampling())
+        sampling = self._sampling(request, tokens)
+        prefilled = await self.service.prefill(tokens, sampling)
         kv = _to_object_store(prefilled.kv)
         if not isinstance(kv, torch.Tensor):
             self.handed.keep(kv, prefilled.kv.numel() * prefilled.kv.element_size())
         return {
-            "request": request.model_dump(),
+            "request": {**request.model_dump(), "max_tokens": sampling.max_tokens},  # resolved
             "prompt_tokens": prefilled.prompt,
             "first_token": prefilled.first_token,
             "kv": kv,

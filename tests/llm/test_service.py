@@ -17,7 +17,7 @@ from pydantic import ValidationError
 import ipnext.serving.llm.part as part_module
 from ipnext.errors import PartInputError
 from ipnext.serving.llm.engine import EngineConfig, LLMEngine, SamplingParams
-from ipnext.serving.llm.part import LLMDecodePart, LLMPart, LLMPrefillPart, Pinned
+from ipnext.serving.llm.part import LLMDecodePart, LLMPart, LLMPrefillPart, LLMRequest, Pinned
 from ipnext.serving.llm.service import LLMService
 from ipnext.snapshots import inspect_safetensors
 
@@ -262,3 +262,10 @@ async def test_a_chat_request_renders_the_checkpoints_template_and_answers_like_
             await part({"input": inputs})
         assert "send" in str(err.value), why
     await part.service.close()
+
+
+def test_a_null_max_tokens_runs_to_the_end_of_the_context() -> None:
+    """OpenAI's chat default: as many tokens as the context leaves after the prompt."""
+    request = LLMRequest.model_validate({"messages": [{"role": "user", "content": "hi"}], "max_tokens": None})
+    assert request.sampling(context_left=100).max_tokens == 100
+    assert LLMRequest.model_validate({"prompt": "hi"}).sampling(context_left=100).max_tokens == 64
