@@ -175,7 +175,9 @@ def reconcile_serving(input: ReconcileInput) -> ReconcileResult:
         # writer after a Ray restart); the app deployed again when Serve lost it.
         before = _ray_get(writer.routing_generation.remote(model))
         if before is None:
-            publish_routing(writer, model, input.plan, current.serve.routing_ttl_seconds)
+            publish_routing(
+                writer, model, input.plan, current.serve.routing_ttl_seconds, input.spec.generative()
+            )
             repaired.append(f"routing document of {model}: lost (the writer holds none)")
         elif ROUTING_APP not in serve_applications():
             _ray_get(writer.redeploy.remote())

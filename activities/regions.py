@@ -120,6 +120,7 @@ class RegionActivities:
                 ttl_seconds=settings.serve.routing_ttl_seconds,
                 routes=routes,
                 plan_revision=entry.plan.revision,
+                generative=entry.spec.generative(),
             )
             published[model] = await asyncio.to_thread(
                 _ray_get, writer.publish_routing.remote(draft.model_dump(mode="json"))

@@ -154,20 +154,28 @@ def deploy_set_apps(input: DeploySetInput) -> DeploySetResult:
         # a rollout's last step, a capacity move, the old set after a rollback): its routing is
         # the model's from now on. Partial sizes are steps on the way and publish nothing.
         if input.scale == 1 and all(share == 1 for share in input.part_scales.values()):
-            publish_routing(writer, input.spec.name, input.plan, current.serve.routing_ttl_seconds)
+            publish_routing(
+                writer,
+                input.spec.name,
+                input.plan,
+                current.serve.routing_ttl_seconds,
+                input.spec.generative(),
+            )
     except ServingError as err:
         raise as_application_error(err) from None
     return DeploySetResult(apps={r: p.name for r, p in plans.items()})
 
 
-def publish_routing(writer: Any, model: str, plan: Plan, ttl_seconds: float) -> None:
+def publish_routing(
+    writer: Any, model: str, plan: Plan, ttl_seconds: float, generative: bool = False
+) -> None:
     """The model's routing document from `plan`, published by the writer (a new generation only
     if it changed) and waited for until the routing app serves it."""
     from ipnext.serving.control import wait_apps_running
     from ipnext.serving.routing_app import wait_routing_generation
 
     existed = ROUTING_APP in _ray_get(writer.app_names.remote())
-    draft = routing_document(model, plan, ttl_seconds)
+    draft = routing_document(model, plan, ttl_seconds, generative=generative)
     generation = _ray_get(writer.publish_routing.remote(draft.model_dump(mode="json")))
     if not existed:  # the first document of the stack starts the app; later ones reconfigure it
         wait_apps_running([ROUTING_APP], APPS_RUNNING_TIMEOUT_S, _heartbeat)

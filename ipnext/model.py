@@ -67,6 +67,7 @@ __all__ = [
 ]
 
 DEFAULT_ROUTER_MAX_ONGOING = 100
+LLM_PART_MODULE = "ipnext.serving.llm.part"  # a model whose output part is from here is generative
 DEFAULT_PART_MAX_QUEUED = 100  # a part's calls waiting at one caller, at most (PartSpec)
 # The longest deadline a spec may give: Serve's proxy timeout sits above it as a backstop
 # (`serving.layout.PROXY_TIMEOUT_S`), so the router, which counts, always answers first.
@@ -464,6 +465,15 @@ class ModelSpec(_Spec):
 
     def upstream(self, node: str) -> list[str]:
         return upstream_of(self.dag, node)
+
+    def generative(self) -> bool:
+        """True when what answers is one of ipnext's LLM parts (every node feeding the output is
+        a part whose factory is in `LLM_PART_MODULE`): those parts define the contract the
+        OpenAI door speaks (a prompt or messages in; text, finish reason, token counts out)."""
+        finals = self.upstream(DAG_OUTPUT)
+        return bool(finals) and all(
+            f in self.parts and self.parts[f].factory.startswith(f"{LLM_PART_MODULE}:") for f in finals
+        )
 
 
 def load_model_spec(path: str | Path) -> ModelSpec:

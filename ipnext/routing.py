@@ -53,6 +53,7 @@ class RoutingDocument(Frozen):
     ttl_seconds: float = Field(gt=0)
     routes: dict[str, dict[str, Fraction]]
     plan_revision: int = Field(default=1, ge=1)  # the placement revision the fractions come from
+    generative: bool = False  # an LLM: the OpenAI door serves it (`ModelSpec.generative`)
 
     def same_routing(self, other: RoutingDocument) -> bool:
         """True when the two say the same thing (whatever their generations)."""
@@ -126,7 +127,11 @@ def succeed(previous: RoutingDocument | None, draft: RoutingDocument) -> Routing
 
 
 def routing_document(
-    model: str, plan: Plan, ttl_seconds: float, previous: RoutingDocument | None = None
+    model: str,
+    plan: Plan,
+    ttl_seconds: float,
+    previous: RoutingDocument | None = None,
+    generative: bool = False,
 ) -> RoutingDocument:
     """The model's document for `plan`, succeeding `previous` (see `succeed`)."""
     draft = RoutingDocument(
@@ -135,6 +140,7 @@ def routing_document(
         ttl_seconds=ttl_seconds,
         routes=routes_from_plan(model, plan),
         plan_revision=plan.revision,
+        generative=generative,
     )
     return succeed(previous, draft)
 

@@ -25,7 +25,7 @@ from ipnext.model import (
 )
 from ipnext.plan import Plan
 from ipnext.rollout import RouterConfig, scaled_replicas
-from ipnext.routing import ROUTING_PREFIX, RoutingTable
+from ipnext.routing import RoutingTable
 
 __all__ = [
     "HEAD_NODE_RESOURCE",
@@ -539,7 +539,7 @@ def render_routing_app(table: RoutingTable) -> dict[str, Any]:
     so clients find their fallback regions while any region is lost."""
     return {
         "name": ROUTING_APP,
-        "route_prefix": ROUTING_PREFIX,
+        "route_prefix": "/",  # what no router's longer prefix claims: routing documents, OpenAI's /v1
         "import_path": ROUTING_IMPORT_PATH,
         "args": {},
         "deployments": [

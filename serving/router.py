@@ -259,11 +259,21 @@ class Router:
             counters.observe("latency_ms", latency_ms)
         self._prometheus.record(self._model, self._region, app, latency_ms)
 
-    async def stream(self, inputs: Any, key: str | None = None) -> AsyncIterator[dict[str, Any]]:
+    def admit(self, source: str | None) -> None:
+        """Count a request from another door (the OpenAI door calls `predict` and `stream`
+        through a handle) in this region's observed demand, by its source region."""
+        if source is not None:
+            self._demand[source] = self._demand.get(source, 0) + 1
+
+    async def stream(
+        self, inputs: Any, key: str | None = None, source: str | None = None
+    ) -> AsyncIterator[dict[str, Any]]:
         """The streaming `predict`: every part but the DAG's final one runs as usual, then the
         final part streams. Counted as one request (latency: first piece to last). Choice nodes
         pick the variants as for `predict`, but a failed variant is not retried on the fallback
-        (pieces may have gone out already). The deadline covers the whole stream."""
+        (pieces may have gone out already). The deadline covers the whole stream. `source`:
+        a request from the OpenAI door, counted in observed demand here."""
+        self.admit(source)
         deadline = asyncio.get_running_loop().time() + self._limits.deadline_seconds
         picked = self._pick(key)
         if picked is None:
@@ -317,10 +327,13 @@ class Router:
             dag.variants.finish(attempt.chosen, attempt.stamps, attempt.failed_part, time.monotonic())
         self._count(picked.counted, (time.perf_counter() - started) * 1000)
 
-    async def predict(self, inputs: Any, key: str | None = None) -> tuple[dict[str, Any], int]:
+    async def predict(
+        self, inputs: Any, key: str | None = None, source: str | None = None
+    ) -> tuple[dict[str, Any], int]:
         """One request through the DAG, within the deadline. What counts against the set is the
         table of docs/ARCHITECTURE.md: a caller's mistake (400) does not; a part's failure, a
-        part's full queue (503) and a passed deadline (504) do."""
+        part's full queue (503) and a passed deadline (504) do. `source` as for `stream`."""
+        self.admit(source)
         picked = self._pick(key)
         if picked is None:
             return _refusal(503, self._no_set())

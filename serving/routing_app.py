@@ -2,6 +2,10 @@
 with the model's routing document, so prediction clients find a serving region with no
 control-plane call. The documents are its `user_config`, written by the Serve config writer;
 a change is applied in place by `reconfigure`.
+
+Its route prefix is `/`: it also answers every path no router claims, which is where the
+OpenAI door lives (`/v1/...`, `/<region>/v1/...`; `serving/openai_door.py`), since the door
+needs what this app holds: every model's routing document and the API keys file.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ from typing import Any
 
 from ray import serve
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 
 from ipnext.auth import KeyCheck
 from ipnext.contracts import Frozen, PollTimeoutError, wait_until
@@ -19,6 +23,7 @@ from ipnext.errors import ServingError
 from ipnext.routing import RoutingTable, routing_model_of
 from ipnext.serving.control import wait_generation
 from ipnext.serving.layout import ROUTING_APP, ROUTING_DEPLOYMENT
+from ipnext.serving.openai_door import OpenAIDoor, openai_route
 
 __all__ = ["RoutingAppArgs", "RoutingService", "routing_app", "wait_routing_generation"]
 
@@ -35,6 +40,7 @@ class RoutingService:
     def __init__(self, keys_file: str | None = None) -> None:
         self._table = RoutingTable()
         self._keys = KeyCheck(Path(keys_file)) if keys_file is not None else None
+        self._door = OpenAIDoor(self._keys)
 
     def reconfigure(self, config: dict[str, Any]) -> None:
         self._table = RoutingTable.model_validate(config)
@@ -44,10 +50,16 @@ class RoutingService:
         document = self._table.documents.get(model)
         return document.generation if document is not None else 0
 
-    async def __call__(self, request: Request) -> JSONResponse:
+    async def __call__(self, request: Request) -> Response:
+        openai = openai_route(request.url.path)
+        if openai is not None:
+            return await self._door.answer(request, openai[0], openai[1], self._table)
         model = routing_model_of(request.url.path, request.scope.get("root_path", ""))
         if model is None:
-            return JSONResponse({"message": "use GET /models/<name>/routing"}, status_code=404)
+            return JSONResponse(
+                {"message": "use GET /models/<name>/routing, /<region>/models/<name>/predict or /v1/..."},
+                status_code=404,
+            )
         if request.method != "GET":
             return JSONResponse({"message": f"use GET /models/{model}/routing"}, status_code=405)
         if self._keys is not None:  # a model's document names its regions and sets: keys only

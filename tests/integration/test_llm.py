@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 from ray import ObjectRef, serve
 
@@ -48,19 +49,19 @@ async def stream_events(http: httpx.AsyncClient, path: str, inputs: dict[str, An
 
 
 @dataclass
-class StreamingLoad:
-    """Closed-loop streaming clients: each reads a whole answer, then asks again."""
+class OpenAIStreamingLoad:
+    """Closed-loop streaming chats through the OpenAI door with the official client; each
+    answer's set is its chunks' `system_fingerprint`."""
 
-    base_url: str
-    path: str
+    stack: Settings
+    model: str
     workers: int = 3
-    headers: dict[str, str] = field(default_factory=dict)  # the API key
-    done: list[str] = field(default_factory=list)  # the set of each answered stream
+    done: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
-    async def __aenter__(self) -> StreamingLoad:
+    async def __aenter__(self) -> OpenAIStreamingLoad:
         self._tasks = [asyncio.create_task(self._worker(i)) for i in range(self.workers)]
         return self
 
@@ -70,22 +71,84 @@ class StreamingLoad:
 
     async def _worker(self, index: int) -> None:
         prompts = ["ada is a red", "two plus three is", "counting: one two", "bo lives by the"]
-        async with httpx.AsyncClient(base_url=self.base_url, timeout=60, headers=self.headers) as http:
-            n = index
-            while not self._stop.is_set():
-                n += 1
-                try:
-                    events = await stream_events(
-                        http, self.path, {"prompt": prompts[n % len(prompts)], "max_tokens": 12}
-                    )
-                except (httpx.HTTPError, AssertionError) as err:
-                    self.failed.append(f"{type(err).__name__}: {err}")
-                    continue
-                errors = [e["message"] for e in events if "error_id" in e]
-                if errors or not events or "finish_reason" not in events[-1]["outputs"]:
-                    self.failed.append(str(errors or events[-1:]))
-                else:
-                    self.done.append(events[-1]["set"])
+        client = openai_client(self.stack)
+        n = index
+        while not self._stop.is_set():
+            n += 1
+            try:
+                stream = await client.chat.completions.create(
+                    model=self.model,
+                    messages=[{"role": "user", "content": prompts[n % len(prompts)]}],
+                    max_tokens=12,
+                    stream=True,
+                )
+                chunks = [chunk async for chunk in stream]
+            except openai.OpenAIError as err:
+                self.failed.append(f"{type(err).__name__}: {err}")
+                continue
+            ends = [c for c in chunks if c.choices and c.choices[0].finish_reason is not None]
+            if len(ends) != 1:
+                self.failed.append(f"{len(chunks)} chunks, {len(ends)} with a finish reason")
+            else:
+                self.done.append(str(ends[0].system_fingerprint))
+        await client.close()
+
+
+def openai_client(stack: Settings, region: str | None = None, key: str | None = None) -> openai.AsyncOpenAI:
+    """The official client on the stack's OpenAI door (`/v1`, or a region's `/<region>/v1`)."""
+    prefix = f"/{region}/v1" if region else "/v1"
+    token = key if key is not None else keyed(stack)["Authorization"].removeprefix("Bearer ")
+    return openai.AsyncOpenAI(base_url=stack.serve_url + prefix, api_key=token, max_retries=0, timeout=60)
+
+
+async def openai_checks(stack: Settings, model: str, set_id: str, net: Decoder, codec: TextCodec) -> None:
+    """models.list, a completion, a chat, a streamed chat equal to the unstreamed one (greedy),
+    usage, the set in system_fingerprint, a bad field, a wrong key, a region's own door."""
+    client = openai_client(stack)
+    listed = [m.id async for m in client.models.list()]
+    assert model in listed, listed
+    completion = await client.completions.create(
+        model=model, prompt="two plus three is", max_tokens=16, temperature=0
+    )
+    expected = net.generate(codec.prompt("two plus three is"), 16, stop_token=codec.eos)
+    assert completion.choices[0].text == codec.decode(expected)
+    assert completion.usage is not None and completion.usage.completion_tokens == len(expected)
+    assert completion.system_fingerprint == set_id
+    messages: list[Any] = [{"role": "user", "content": "counting: one two"}]
+    chat = await client.chat.completions.create(model=model, messages=messages, max_tokens=16, temperature=0)
+    tokens = codec.chat_prompt(messages)
+    answer = codec.decode(net.generate(tokens, 16, stop_token=codec.eos))
+    assert chat.choices[0].message.content == answer and chat.usage is not None
+    assert chat.usage.prompt_tokens == len(tokens)
+    stream = await client.chat.completions.create(
+        model=model,
+        messages=messages,
+        max_tokens=16,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = [chunk async for chunk in stream]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == answer
+    assert chunks[-1].usage is not None and chunks[-1].usage.total_tokens == chat.usage.total_tokens
+    with pytest.raises(openai.BadRequestError) as bad:
+        await client.chat.completions.create(model=model, messages=messages, temperature=3)
+    assert bad.value.param == "temperature" and "temperature" in bad.value.message
+    with pytest.raises(openai.NotFoundError):
+        await client.completions.create(model=f"{model}-nope", prompt="hi")
+    regional = openai_client(stack, region="us-east")
+    there = await regional.completions.create(
+        model=model, prompt="two plus three is", max_tokens=16, temperature=0
+    )
+    assert there.choices[0].text == codec.decode(expected)
+    with pytest.raises(openai.AuthenticationError):
+        await openai_client(stack, key="ipn_not-a-key").models.list()
+    print(
+        f"OpenAI door: models {listed}; completion, chat and a streamed chat ({len(chunks)} chunks) "
+        f"equal to the greedy reference; set {set_id} in system_fingerprint; 400 names temperature"
+    )
+    for c in (client, regional):
+        await c.close()
 
 
 async def describe(host: Any) -> dict[str, Any]:
@@ -168,6 +231,8 @@ async def test_llm_streams_frees_cancelled_blocks_and_rolls_out_under_streaming_
     with pytest.raises(ServingError, match=r"inputs\.max_tokens"):
         async for _ in client.predict_stream(model_name, {"prompt": "hi", "max_tokens": 0}, source="us-east"):
             pass
+    # The same model through the OpenAI door, with the official client.
+    await openai_checks(stack, model_name, first.set_id, net, codec)
     async with httpx.AsyncClient(base_url=stack.serve_url, headers=keyed(stack), timeout=60) as http:
         # 2. A client that goes away mid-stream: its sequence stops and its blocks come back.
         connect(stack.ray_address())
@@ -204,10 +269,10 @@ async def test_llm_streams_frees_cancelled_blocks_and_rolls_out_under_streaming_
         )
         assert status["cancelled"] >= 1
 
-    # 3. v2 rolls out under streaming load: no stream fails, and the TTFT gate judged it.
+    # 3. v2 rolls out under streamed OpenAI traffic: no stream fails, and the TTFT gate judged it.
     v2 = train(stack.snapshot_roots[0], model_name, "v2", seed=2, steps=60)
     compared: list[Any] = []  # TTFT readings of the 50% step: the new set against the old
-    async with StreamingLoad(stack.serve_url, path, headers=keyed(stack)) as load:
+    async with OpenAIStreamingLoad(stack, model_name) as load:
         second = await client.publish_snapshot(model_name, v2.folder)
         deadline = time.monotonic() + 240
         while (state := await client.get_model(model_name)).serving_set != second.set_id:
@@ -222,7 +287,7 @@ async def test_llm_streams_frees_cancelled_blocks_and_rolls_out_under_streaming_
     judged = [g for g in compared if g.judged and g.limit is not None]
     assert judged and not any(g.breached for g in compared), compared
     print(
-        f"LLM rollout under streaming load: {len(load.done)} streams, none failed; TTFT gate at 50% "
+        f"LLM rollout under streamed OpenAI traffic: {len(load.done)} streams, none failed; TTFT gate at 50% "
         f"(new p99, old p99, limit ms): {sorted({(g.value, g.old_value, g.limit) for g in judged})}"
     )
     await client.delete_model(model_name)

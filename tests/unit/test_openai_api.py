@@ -169,3 +169,25 @@ def test_error_bodies_are_what_the_client_raises_from() -> None:
     err = client._make_status_error_from_response(response)
     assert isinstance(err, openai.NotFoundError) and err.code == "model_not_found" and err.param == "model"
     assert "is not served here" in err.message
+
+
+def test_openai_paths_and_the_region_they_name() -> None:
+    from ipnext.serving.openai_door import openai_route
+
+    assert openai_route("/v1/chat/completions") == (None, "chat/completions")
+    assert openai_route("/v1/models") == (None, "models")
+    assert openai_route("/eu-west/v1/completions") == ("eu-west", "completions")
+    assert openai_route("/models/feed-ranker/routing") is None
+    assert openai_route("/us-east/models/m/predict") is None
+    assert openai_route("/Not A Region/v1/models") is None
+
+
+def test_a_model_is_generative_when_an_llm_part_answers() -> None:
+    from pathlib import Path
+
+    from ipnext.model import load_model_spec
+
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    assert load_model_spec(examples / "llm" / "model.yaml").generative()
+    assert load_model_spec(examples / "llm" / "model-disaggregated.yaml").generative()
+    assert not load_model_spec(examples / "click_ranker" / "model.yaml").generative()

@@ -272,7 +272,7 @@ def test_the_routing_path_is_built_and_parsed_in_one_place() -> None:
 def test_the_routing_app_renders_into_a_valid_serve_config_and_reads_back() -> None:
     table = RoutingTable().with_document(routing_document(MODEL, two_region_plan(), ttl_seconds=5))
     app = render_routing_app(table)
-    assert app["name"] == ROUTING_APP and app["route_prefix"] == "/models"
+    assert app["name"] == ROUTING_APP and app["route_prefix"] == "/"  # routing documents and the OpenAI door
     assert not app["name"].startswith(f"{MODEL}.")  # a model's teardown removes `<model>.*` apps
     ServeDeploySchema.model_validate(render_serve_config({ROUTING_APP: app}, "127.0.0.1", 8000))
     assert deployed_routing(app) == table
