@@ -28,6 +28,7 @@ async def push_forever(
     replica: str,
     payload: Callable[[], dict[str, Any]],
     demand: Callable[[], dict[str, int]] | None = None,
+    engine_stats: Callable[[], dict[str, Any]] | None = None,
 ) -> None:
     """Push this replica's cumulative counters (set app -> SetCounters) to a model's metrics
     actor every second, until the actor is gone.
@@ -56,6 +57,8 @@ async def push_forever(
             await actor.push.remote(replica, payload())  # type: ignore[attr-defined]
             if demand is not None:  # a router's requests by source (ipnext.demand)
                 await actor.push_demand.remote(replica, demand())  # type: ignore[attr-defined]
+            if engine_stats is not None:  # an LLM part's figures under vLLM's names
+                await actor.push_engine_stats.remote(replica, engine_stats())  # type: ignore[attr-defined]
         except ray.exceptions.RayActorError:
             return  # the next request or reconfigure starts a new pusher
 
@@ -70,17 +73,19 @@ class CounterPusher:
         replica: str,
         payload: Callable[[], dict[str, Any]],
         demand: Callable[[], dict[str, int]] | None = None,
+        engine_stats: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self._actor_name = actor_name
         self._replica = replica
         self._payload = payload
         self._demand = demand
+        self._engine_stats = engine_stats
         self._task: asyncio.Task[None] | None = None
 
     def ensure_running(self) -> None:
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(
-                push_forever(self._actor_name, self._replica, self._payload, self._demand)
+                push_forever(self._actor_name, self._replica, self._payload, self._demand, self._engine_stats)
             )
 
 

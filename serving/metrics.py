@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from ipnext.counters import LATENCY_LAYOUT, MetricsSnapshot, SetCounters, percentile
 from ipnext.demand import DemandHistory, demand_report, load_history, save_history
+from ipnext.serving.llm.vllm_metrics import EngineStats
 
 __all__ = [
     "LATENCY_LAYOUT",
@@ -28,6 +29,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 # The actor's name (`serving.layout.metrics_actor_name`) past its prefix is `<model>/<region>`.
+ENGINE_STATS_STALE_S = 30.0  # an LLM replica silent this long is gone from GET /metrics
 _ACTOR_NAME = re.compile(r"^ipnext-metrics/([a-z][a-z0-9-]*)/([a-z][a-z0-9-]*)$")
 
 
@@ -47,6 +49,7 @@ class MetricsStore:
 
     def __init__(self, demand_path: str | None = None, save_seconds: float | None = None) -> None:
         self._by_replica: dict[str, dict[str, SetCounters]] = {}
+        self._engine_stats: dict[str, tuple[float, EngineStats]] = {}  # replica -> (pushed at, stats)
         self._demand_path, self._save_seconds, reconstructed = _demand_place(demand_path, save_seconds)
         loaded = load_history(self._demand_path) if self._demand_path is not None else None
         self._demand = loaded or DemandHistory()
@@ -84,6 +87,26 @@ class MetricsStore:
     def demand(self, window_seconds: float = 60.0) -> dict[str, Any]:
         """The `ipnext.demand.DemandReport` of this (model, region), over windows of that length."""
         return demand_report(self._demand, time.time(), window_seconds).model_dump(mode="json")
+
+    def push_engine_stats(self, replica: str, raw: dict[str, Any]) -> None:
+        """An LLM part replica's figures under vLLM's names, cumulative (the latest replaces the
+        previous; a malformed push is dropped, as for counters)."""
+        try:
+            self._engine_stats[replica] = (time.monotonic(), EngineStats.model_validate(raw))
+        except ValidationError as err:
+            logger.warning("dropping malformed engine stats of replica %s: %s", replica, err)
+
+    def engine_stats(self) -> dict[str, Any] | None:
+        """The sum over the replicas that pushed within ENGINE_STATS_STALE_S (a replica gone
+        stops counting, as a vLLM instance's figures go with it); None when none did."""
+        now = time.monotonic()
+        fresh = [s for at, s in self._engine_stats.values() if now - at <= ENGINE_STATS_STALE_S]
+        if not fresh:
+            return None
+        total = fresh[0]
+        for stats in fresh[1:]:
+            total = total.plus(stats)
+        return total.model_dump()
 
     def push(self, replica: str, counters: dict[str, dict[str, Any]]) -> None:
         # Counters are cumulative per replica, so the latest push replaces the previous one. A

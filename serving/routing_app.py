@@ -4,15 +4,19 @@ control-plane call. The documents are its `user_config`, written by the Serve co
 a change is applied in place by `reconfigure`.
 
 Its route prefix is `/`: it also answers every path no router claims, which is where the
-OpenAI door lives (`/v1/...`, `/<region>/v1/...`; `serving/openai_door.py`), since the door
-needs what this app holds: every model's routing document and the API keys file.
+OpenAI door lives (`/v1/...`, `/<region>/v1/...`; `serving/openai_door.py`) and `GET /metrics`
+(the LLM engines' figures under vLLM's names), since both need what this app holds: every
+model's routing document and the API keys file.
 """
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
+import ray
+from prometheus_client import CONTENT_TYPE_LATEST
 from ray import serve
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -22,10 +26,14 @@ from ipnext.contracts import Frozen, PollTimeoutError, wait_until
 from ipnext.errors import ServingError
 from ipnext.routing import RoutingTable, routing_model_of
 from ipnext.serving.control import wait_generation
-from ipnext.serving.layout import ROUTING_APP, ROUTING_DEPLOYMENT
+from ipnext.serving.layout import RAY_NAMESPACE, ROUTING_APP, ROUTING_DEPLOYMENT, metrics_actor_name
+from ipnext.serving.llm.vllm_metrics import EngineStats, render
 from ipnext.serving.openai_door import OpenAIDoor, openai_route
 
-__all__ = ["RoutingAppArgs", "RoutingService", "routing_app", "wait_routing_generation"]
+__all__ = ["METRICS_PATH", "RoutingAppArgs", "RoutingService", "routing_app", "wait_routing_generation"]
+
+METRICS_PATH = "/metrics"
+OPERATOR_MODELS = "*"  # a key may read every model's figures when it may call every model
 
 
 class RoutingAppArgs(Frozen):
@@ -51,6 +59,8 @@ class RoutingService:
         return document.generation if document is not None else 0
 
     async def __call__(self, request: Request) -> Response:
+        if request.url.path.rstrip("/") == METRICS_PATH:
+            return await self._metrics(request)
         openai = openai_route(request.url.path)
         if openai is not None:
             return await self._door.answer(request, openai[0], openai[1], self._table)
@@ -76,6 +86,42 @@ class RoutingService:
                 status_code=404,
             )
         return JSONResponse(document.model_dump(mode="json"))
+
+    async def _metrics(self, request: Request) -> Response:
+        """GET /metrics: every generative model's engine figures under vLLM's names
+        (`llm/vllm_metrics.py`), summed over its replicas in every region, in Prometheus' text
+        format. With API keys on, only for an operator's key (one whose models are "*")."""
+        if request.method != "GET":
+            return JSONResponse({"message": "use GET /metrics"}, status_code=405)
+        if self._keys is not None:
+            refused = self._keys.refuse(request.headers.get("authorization"), OPERATOR_MODELS)
+            if refused is not None:
+                message = (
+                    refused[1]
+                    if refused[0] != 403
+                    else "GET /metrics needs an operator's key (models: ['*'])"
+                )
+                return JSONResponse({"message": message}, status_code=refused[0])
+        by_model: dict[str, EngineStats] = {}
+        for name, document in sorted(self._table.documents.items()):
+            if not document.generative:
+                continue
+            for region in sorted({r for row in document.routes.values() for r in row}):
+                stats = await _engine_stats(name, region)
+                if stats is not None:
+                    by_model[name] = by_model[name].plus(stats) if name in by_model else stats
+        return Response(render(by_model), media_type=CONTENT_TYPE_LATEST)
+
+
+async def _engine_stats(model: str, region: str) -> EngineStats | None:
+    """The model's engine figures in one region, from its metrics actor (None: none yet, or the
+    actor cannot answer within a few seconds: a scrape never hangs on one region)."""
+    try:
+        actor = ray.get_actor(metrics_actor_name(model, region), namespace=RAY_NAMESPACE)
+        raw: dict[str, Any] | None = await asyncio.wait_for(actor.engine_stats.remote(), timeout=5)
+    except (ValueError, TimeoutError, ray.exceptions.RayError):
+        return None
+    return EngineStats.model_validate(raw) if raw is not None else None
 
 
 def routing_app(args: dict[str, Any]) -> serve.Application:

@@ -148,7 +148,13 @@ class PartHost:
             return {host.app: counters().model_dump()}
 
         replica = f"part-{os.getpid()}-{id(self)}"
-        return CounterPusher(metrics_actor_name(host.model, host.region), replica, payload)
+        engine_stats = getattr(self._part, "engine_stats", None)
+        return CounterPusher(
+            metrics_actor_name(host.model, host.region),
+            replica,
+            payload,
+            engine_stats=engine_stats if callable(engine_stats) else None,
+        )
 
     def _ensure_pusher(self) -> None:
         if self._pusher is not None:

@@ -18,6 +18,7 @@ from typing import Any
 
 from ipnext.counters import SetCounters
 from ipnext.serving.llm.engine import LLMEngine, Sequence, StepResult
+from ipnext.serving.llm.vllm_metrics import EngineStats
 
 __all__ = ["LLMMetrics"]
 
@@ -44,6 +45,8 @@ class LLMMetrics:
     # A replica lives long: keep the running sum, not every answer's speed.
     decode_speed_sum: float = 0.0
     decode_speed_count: int = 0
+    # The same requests under vLLM's names (`vllm_metrics`), for the `GET /metrics` door.
+    engine_stats: EngineStats = field(default_factory=EngineStats)
 
     def observe_step(self, engine: LLMEngine, result: StepResult) -> None:
         if result.batch_size:
@@ -55,10 +58,20 @@ class LLMMetrics:
         self.kv_usage_peak = max(self.kv_usage_peak, self.kv_usage)
         self.prompt_tokens = engine.stats.prompt_tokens
         self.cached_prompt_tokens = engine.stats.cached_prompt_tokens
+        self.engine_stats.observe_engine(
+            len(engine.running),
+            len(engine.waiting),
+            self.kv_usage,
+            self.prompt_tokens,
+            self.cached_prompt_tokens,
+        )
 
     def observe_finished(self, seq: Sequence) -> None:
         self.finished += 1
         self.completion_tokens += len(seq.output)
+        self.engine_stats.observe_request(
+            seq.arrival, seq.token_times, len(seq.prompt), len(seq.output), not seq.prefilled_elsewhere
+        )
         times = seq.token_times
         if not times:
             return

@@ -46,6 +46,7 @@ from ipnext.serving.llm.engine import (
 from ipnext.serving.llm.hf import expected_hf_tensors, from_files
 from ipnext.serving.llm.metrics import LLMMetrics
 from ipnext.serving.llm.service import LLMService, Prefilled, TextDelta
+from ipnext.serving.llm.vllm_metrics import EngineStats
 
 __all__ = [
     "ChatMessage",
@@ -164,6 +165,12 @@ class LLMPart:
         """TTFT, ITL and queue-time histograms, cumulative: the host pushes them to the model's
         metrics actor beside the router's counters, where the rollout gates read them."""
         return self._service.metrics.latency if self._service is not None else SetCounters()
+
+    def engine_stats(self) -> dict[str, Any]:
+        """This replica's figures under vLLM's names (`vllm_metrics.EngineStats`), cumulative:
+        the host pushes them to the model's metrics actor for `GET /metrics`."""
+        stats = self._service.metrics.engine_stats if self._service is not None else EngineStats()
+        return stats.model_dump()
 
     def status(self) -> dict[str, Any]:
         pool = self.engine.cache.pool

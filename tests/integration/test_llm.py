@@ -151,6 +151,85 @@ async def openai_checks(stack: Settings, model: str, set_id: str, net: Decoder, 
         await c.close()
 
 
+async def vllm_metrics_check(stack: Settings, model: str) -> None:
+    """GET /metrics (operator key): every vLLM name with the model's label, and after N OpenAI
+    requests the token counters grew by their summed usage and the per-request histograms by N."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    label = (("model_name", model),)
+
+    async def scrape() -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+        reply = await http.get("/metrics", headers=keyed(stack))
+        assert reply.status_code == 200, reply.text
+        out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+        for family in text_string_to_metric_families(reply.text):
+            for sample in family.samples:
+                out.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
+        return out
+
+    def total(s: dict[str, dict[tuple[tuple[str, str], ...], float]], name: str) -> float:
+        return s.get(name, {}).get(label, -1.0)
+
+    async with httpx.AsyncClient(base_url=stack.serve_url, timeout=30) as http:
+        assert (await http.get("/metrics")).status_code == 401  # no key, no figures
+        before = await poll_until(
+            scrape,
+            lambda s: total(s, "vllm:prompt_tokens_total") >= 0,
+            timeout_s=30,
+            interval_s=0.5,
+            what="a scrape",
+        )
+        await asyncio.sleep(2 * 1.0)  # the answers so far all pushed (every second)
+        before = await scrape()
+        client = openai_client(stack)
+        prompts = ["two plus three is", "ada is a red", "counting: one"]
+        usages = []
+        for i, prompt in enumerate(prompts):
+            done = await client.completions.create(
+                model=model, prompt=prompt, max_tokens=4 + i, temperature=0
+            )
+            assert done.usage is not None
+            usages.append(done.usage)
+        await client.close()
+        n = len(prompts)
+        after = await poll_until(
+            scrape,
+            lambda s: (
+                total(s, "vllm:e2e_request_latency_seconds_count")
+                >= total(before, "vllm:e2e_request_latency_seconds_count") + n
+            ),
+            timeout_s=30,
+            interval_s=0.5,
+            what=f"{n} requests in vllm:e2e_request_latency_seconds",
+        )
+    names = {
+        "vllm:time_to_first_token_seconds_count",
+        "vllm:inter_token_latency_seconds_count",
+        "vllm:e2e_request_latency_seconds_count",
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:prefix_cache_queries_total",
+        "vllm:prefix_cache_hits_total",
+        "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total",
+    }
+    assert all(total(after, name) >= 0 for name in names), {n: total(after, n) for n in names}
+
+    def grew(name: str) -> float:
+        return total(after, name) - total(before, name)
+
+    assert grew("vllm:prompt_tokens_total") == sum(u.prompt_tokens for u in usages)
+    assert grew("vllm:generation_tokens_total") == sum(u.completion_tokens for u in usages)
+    assert grew("vllm:time_to_first_token_seconds_count") == n
+    assert grew("vllm:e2e_request_latency_seconds_count") == n
+    print(
+        f"GET /metrics: {len(names)} vLLM names for {model}; {n} requests added "
+        f"{grew('vllm:prompt_tokens_total'):.0f} prompt and {grew('vllm:generation_tokens_total'):.0f} generation "
+        "tokens, their usage summed"
+    )
+
+
 async def describe(host: Any) -> dict[str, Any]:
     """The LLM part's status, from its host replica (a blocking handle call, off the event loop)."""
     reply: dict[str, Any] = await asyncio.to_thread(lambda: host.describe.remote().result())
@@ -231,8 +310,9 @@ async def test_llm_streams_frees_cancelled_blocks_and_rolls_out_under_streaming_
     with pytest.raises(ServingError, match=r"inputs\.max_tokens"):
         async for _ in client.predict_stream(model_name, {"prompt": "hi", "max_tokens": 0}, source="us-east"):
             pass
-    # The same model through the OpenAI door, with the official client.
+    # The same model through the OpenAI door, with the official client; its figures under vLLM's names.
     await openai_checks(stack, model_name, first.set_id, net, codec)
+    await vllm_metrics_check(stack, model_name)
     async with httpx.AsyncClient(base_url=stack.serve_url, headers=keyed(stack), timeout=60) as http:
         # 2. A client that goes away mid-stream: its sequence stops and its blocks come back.
         connect(stack.ray_address())
