@@ -407,3 +407,51 @@ async def test_disaggregated_prefill_hands_kv_to_decode_through_the_object_store
         net.generate(codec.prompt("ada is a red"), 8, stop_token=codec.eos)
     )
     await client.delete_model(model_name)
+
+
+async def test_a_hugging_face_checkpoint_serves_what_transformers_generates(
+    stack: Settings, client: Client, model_name: str
+) -> None:
+    """A random Mistral checkpoint written by transformers (sliding window 8, shorter than the
+    prompts), imported as a download job's folder would be, published, and asked through the
+    OpenAI door: its completion and its chat are transformers' own greedy generation."""
+    import torch
+    import transformers
+
+    from ipnext.snapshots import import_checkpoint
+    from tests.llm.hf_checkpoints import write_checkpoint
+
+    folder = write_checkpoint(stack.snapshot_roots[0] / model_name / "v1", "mistral-window")
+    import_checkpoint(folder, model_name, PART, "v1")
+    spec = load_model_spec(REPO / "examples" / "llm" / "model.yaml").model_copy(update={"name": model_name})
+    await client.publish_model(spec)
+    published = await client.publish_snapshot(model_name, folder)
+    await client.wait_until_serving(model_name, published.set_id, timeout_s=180)
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+
+    def generate(ids: list[int], n: int) -> str:
+        out = model.generate(
+            torch.tensor([ids]),
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            max_new_tokens=n,
+            do_sample=False,
+            pad_token_id=0,
+        )[0, len(ids) :]
+        return str(tokenizer.decode(out, skip_special_tokens=True))
+
+    door = openai_client(stack)
+    prompt = "the quick brown fox jumps over the lazy dog and"
+    done = await door.completions.create(model=model_name, prompt=prompt, max_tokens=12, temperature=0)
+    assert done.choices[0].text == generate(tokenizer(prompt).input_ids, 12)
+    messages: list[Any] = [{"role": "user", "content": "hello world, how are you today?"}]
+    chat = await door.chat.completions.create(
+        model=model_name, messages=messages, max_tokens=12, temperature=0
+    )
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)["input_ids"]
+    assert chat.choices[0].message.content == generate(ids, 12)
+    assert chat.system_fingerprint == published.set_id
+    await door.close()
+    print("a Mistral checkpoint (window 8) served: completion and chat equal transformers' greedy generate")
+    await client.delete_model(model_name)

@@ -5,12 +5,12 @@ is) with a chat template in `tokenizer_config.json`."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 import transformers
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+from ipnext.examples.llm.random_checkpoint import write_tokenizer
 
 transformers.utils.logging.disable_progress_bar()
 
@@ -66,46 +66,5 @@ def write_checkpoint(
                 param.normal_(0, 0.1)
     model.to(dtype).save_pretrained(folder, safe_serialization=True, **save)
     if tokenizer:
-        write_tokenizer(folder)
+        write_tokenizer(folder, SHAPE["vocab_size"] - 8)
     return folder
-
-
-CORPUS = [
-    "the quick brown fox jumps over the lazy dog",
-    "hello world, how are you today?",
-    "a model serves tokens one step at a time",
-    "ünïcödé text and numbers 12345",
-]
-CHAT_TEMPLATE = (
-    "{{ bos_token }}{% for message in messages %}<|{{ message['role'] }}|>{{ message['content'] }}"
-    "{{ eos_token }}{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
-)
-
-
-def write_tokenizer(folder: Path, chat_template: str | None = CHAT_TEMPLATE) -> None:
-    """tokenizer.json (BPE trained on a few lines, within SHAPE's vocabulary; <s> then the text)
-    and tokenizer_config.json (special tokens, the chat template)."""
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=SHAPE["vocab_size"] - 8,
-        special_tokens=["<s>", "</s>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator(CORPUS * 20, trainer=trainer)
-    bos = tokenizer.token_to_id("<s>")
-    tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", bos)])
-    tokenizer.save(str(folder / "tokenizer.json"))
-    config: dict[str, object] = {
-        "bos_token": "<s>",
-        "eos_token": "</s>",
-        "tokenizer_class": "PreTrainedTokenizerFast",
-    }
-    if chat_template is not None:
-        config["chat_template"] = chat_template
-    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
-    generation = json.loads((folder / "generation_config.json").read_text())
-    generation |= {"bos_token_id": bos, "eos_token_id": tokenizer.token_to_id("</s>")}
-    (folder / "generation_config.json").write_text(json.dumps(generation, indent=2))
