@@ -285,6 +285,19 @@ async def chunk_events(
     `data: [DONE]`. A failure mid-stream is an error event in OpenAI's shape, then [DONE]."""
     id_, created = _new_id(request), int(time.time())
     kind = "chat.completion.chunk" if request.kind == "chat" else "text_completion"
+    try:
+        async for event in _chunks(request, envelopes, id_, created, kind):
+            yield event
+    finally:  # the caller went away (or all was sent): close the source, which stops its work
+        close = getattr(envelopes, "aclose", None)
+        if close is not None:
+            await close()
+    yield "data: [DONE]\n\n"
+
+
+async def _chunks(
+    request: OpenAIRequest, envelopes: AsyncIterator[Mapping[str, Any]], id_: str, created: int, kind: str
+) -> AsyncIterator[str]:
     first = True
     async for envelope in envelopes:
         if "error_id" in envelope:
@@ -311,4 +324,3 @@ async def chunk_events(
         yield _event({**head, "choices": [choice]})
         if finish is not None and request.include_usage:
             yield _event({**head, "choices": [], "usage": _usage(outputs)})
-    yield "data: [DONE]\n\n"

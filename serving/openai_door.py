@@ -24,6 +24,7 @@ against the set as the router counts them; 503 when the router cannot be reached
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 from ray import serve
@@ -35,10 +36,19 @@ from ipnext.auth import KeyCheck
 from ipnext.demand import SOURCE_HEADER, valid_source
 from ipnext.routing import RoutingTable, pick_region
 from ipnext.serving.layout import ROUTER_DEPLOYMENT, router_app_name
-from ipnext.serving.openai_api import OpenAIError, OpenAIRequest, chunk_events, parse_request, response_body
+from ipnext.serving.openai_api import (
+    OpenAIError,
+    OpenAIRequest,
+    chunk_events,
+    error_body,
+    parse_request,
+    response_body,
+)
 from ipnext.serving.request_body import BodyError, check_json_depth
 
 __all__ = ["SET_HEADER", "OpenAIDoor", "openai_route"]
+
+logger = logging.getLogger(__name__)
 
 SET_HEADER = "x-ipnext-set"
 MAX_BODY_BYTES = 4 << 20  # a long conversation is tens of KiB
@@ -61,6 +71,7 @@ class OpenAIDoor:
 
     def __init__(self, keys: KeyCheck | None) -> None:
         self._keys = keys
+        self._handles: dict[str, Any] = {}
 
     async def answer(self, request: Request, region: str | None, route: str, table: RoutingTable) -> Response:
         try:
@@ -101,6 +112,12 @@ class OpenAIDoor:
             return await self._forward(parsed, target, source or target, body.get("user"))
         except OpenAIError as err:
             return JSONResponse(err.body(), status_code=err.status)
+        except Exception as err:  # the router unreachable (its region lost, Serve restarting)
+            logger.warning("OpenAI door: %s: %s", request.url.path, err, exc_info=True)
+            return JSONResponse(
+                error_body(503, f"the model's router did not answer ({type(err).__name__}); retry later"),
+                status_code=503,
+            )
 
     def _check_key(self, request: Request, model: str) -> None:
         if self._keys is None:
@@ -126,10 +143,16 @@ class OpenAIDoor:
                 listed.append({"id": name, "object": "model", "created": 0, "owned_by": "ipnext"})
         return {"object": "list", "data": listed}
 
+    def _router(self, model: str, region: str) -> Any:
+        """The region's router handle, made once per app (a handle is reusable and costs a
+        controller call to make)."""
+        app = router_app_name(model, region)
+        if app not in self._handles:
+            self._handles[app] = serve.get_deployment_handle(ROUTER_DEPLOYMENT, app_name=app)
+        return self._handles[app]
+
     async def _forward(self, parsed: OpenAIRequest, region: str, source: str, user: Any) -> Response:
-        handle = serve.get_deployment_handle(
-            ROUTER_DEPLOYMENT, app_name=router_app_name(parsed.model, region)
-        )
+        handle = self._router(parsed.model, region)
         key = user if isinstance(user, str) and user else None  # OpenAI's `user`: the sticky key
         if parsed.stream:
             envelopes = handle.options(stream=True).stream.remote(parsed.inputs, key, source)
@@ -163,9 +186,14 @@ async def _first(envelopes: Any) -> dict[str, Any]:
 
 
 async def _prepend(first: dict[str, Any], rest: Any) -> Any:
-    yield first
-    async for envelope in rest:
-        yield envelope
+    """The first envelope, then the rest; when the caller goes away (Starlette closes this
+    generator) the router's stream is cancelled, which stops the part's generation."""
+    try:
+        yield first
+        async for envelope in rest:
+            yield envelope
+    finally:
+        rest.cancel()
 
 
 def _router_error(envelope: dict[str, Any], status: int) -> JSONResponse:

@@ -191,3 +191,23 @@ def test_a_model_is_generative_when_an_llm_part_answers() -> None:
     assert load_model_spec(examples / "llm" / "model.yaml").generative()
     assert load_model_spec(examples / "llm" / "model-disaggregated.yaml").generative()
     assert not load_model_spec(examples / "click_ranker" / "model.yaml").generative()
+
+
+async def test_a_caller_going_away_closes_the_routers_stream() -> None:
+    """Starlette closes the events generator when the client disconnects: the source (the
+    router's stream, which cancels the part's generation) must be closed with it, at once."""
+    closed: list[bool] = []
+
+    async def endless() -> AsyncIterator[Mapping[str, Any]]:
+        try:
+            while True:
+                yield {"outputs": {"text": "x"}, "set": "m@1"}
+        finally:
+            closed.append(True)
+
+    events = chunk_events(
+        parse_request("completion", {"model": "m", "prompt": "x", "stream": True}), endless()
+    )
+    assert (await anext(events)).startswith("data: ")
+    await events.aclose()
+    assert closed == [True]
