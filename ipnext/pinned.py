@@ -190,15 +190,12 @@ def load_verified(path: Path, sha256: str) -> dict[str, torch.Tensor]:
     SnapshotError if they are not the bytes validated (`sha256`)."""
     from safetensors.torch import load
 
-    data = path.read_bytes()
-    digest = hashlib.sha256(data).hexdigest()
-    if digest != sha256:
-        raise SnapshotError(
-            f"{path}: sha256 {digest} is not {sha256}, the sha256 validated: the pinned copy was changed.",
-            field="sha256",
-            value=sha256,
-            fix="publish the snapshot again, so it is validated and pinned again",
-        )
+    data = _read_verified(
+        path,
+        sha256,
+        "sha256",
+        f"{path}: sha256 {{digest}} is not {sha256}, the sha256 validated: the pinned copy was changed.",
+    )
     parse_safetensors_header(data, path)  # refuses anything but safetensors before parsing it
     tensors: dict[str, torch.Tensor] = load(data)
     return tensors
@@ -244,31 +241,41 @@ def load_verified_checkpoint(path: Path, sha256: str) -> CheckpointFiles:
     """The files of the checkpoint whose pinned file list is at `path`: the list and each file
     checked against their sha256 on the bytes read; SnapshotError naming what changed."""
     store = path.parent.parent
-    listing = path.read_bytes()
-    digest = hashlib.sha256(listing).hexdigest()
-    if digest != sha256:
-        raise SnapshotError(
-            f"{path}: sha256 {digest} is not {sha256}: the pinned file list was changed.",
-            field="sha256",
-            value=sha256,
-            fix="publish the snapshot again, so it is validated and pinned again",
-        )
+    listing = _read_verified(
+        path,
+        sha256,
+        "sha256",
+        f"{path}: sha256 {{digest}} is not {sha256}: the pinned file list was changed.",
+    )
     files: dict[str, str] = json.loads(listing)["files"]
     out: dict[str, bytes] = {}
     for name, file_sha in sorted(files.items()):
         file_path = pinned_path(store, file_sha, _suffix(name))
-        data = file_path.read_bytes()
-        if hashlib.sha256(data).hexdigest() != file_sha:
-            raise SnapshotError(
-                f"{name} ({file_path}): its pinned bytes changed since validation.",
-                field=f"files.{name}",
-                value=file_sha,
-                fix="publish the snapshot again, so it is validated and pinned again",
-            )
+        data = _read_verified(
+            file_path,
+            file_sha,
+            f"files.{name}",
+            f"{name} ({file_path}): its pinned bytes changed since validation.",
+        )
         if name.endswith(".safetensors"):
             parse_safetensors_header(data, Path(name))
         out[name] = data
     return CheckpointFiles(out)
+
+
+def _read_verified(path: Path, sha256: str, field: str, changed: str) -> bytes:
+    """A pinned file's bytes, read once and hashed; SnapshotError (`changed`, its `{digest}`
+    filled in) when they are not the bytes validated."""
+    data = path.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != sha256:
+        raise SnapshotError(
+            changed.replace("{digest}", digest),
+            field=field,
+            value=sha256,
+            fix="publish the snapshot again, so it is validated and pinned again",
+        )
+    return data
 
 
 def _copy(source: Path, target: Path) -> str:
