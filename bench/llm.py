@@ -114,9 +114,10 @@ def line(name: str, r: dict[str, Any], base: float | None = None) -> str:
 class IpnextStepper:
     """ipnext's engine in this process, stepped by `llm_drive.drive`."""
 
-    def __init__(self, folder: Path, *, prefix_cache: bool, max_num_seqs: int) -> None:
+    def __init__(self, folder: Path, *, prefix_cache: bool, max_num_seqs: int, threads: int | str) -> None:
         checkpoint = load_checkpoint(folder)
         config = EngineConfig(
+            threads=threads,
             block_size=16,
             kv_cache_bytes=512 << 20,
             max_num_seqs=max_num_seqs,
@@ -147,14 +148,19 @@ def run_ipnext(
     folder: Path,
     requests: list[Request],
     *,
+    threads: int | str = 1,
     prefix_cache: bool = True,
     max_num_seqs: int = BATCH,
     turns: int = 1,
     seed: int = 0,
 ) -> dict[str, Any]:
-    engine = IpnextStepper(folder, prefix_cache=prefix_cache, max_num_seqs=max_num_seqs)
+    engine = IpnextStepper(folder, prefix_cache=prefix_cache, max_num_seqs=max_num_seqs, threads=threads)
     done, wall = drive(engine, requests, turns=turns, seed=seed)
-    return checked(done, wall, later_turns=turns > 1)
+    got = checked(done, wall, later_turns=turns > 1)
+    tuner = engine.engine.threads
+    if tuner is not None:
+        got["threads"] = {"best": tuner.best, "switches": tuner.switches, "speeds": tuner.speeds}
+    return got
 
 
 def checked(done: list[Done], wall: float, *, later_turns: bool = False) -> dict[str, Any]:
@@ -359,49 +365,49 @@ def main() -> None:
             base = figures(*run_transformers(folder, a))
             print(line("transformers generate, static 16", base))
             got = {"transformers": base}
-            got["ipnext"] = run_ipnext(folder, a, prefix_cache=False)
-            print(line("ipnext engine, 16", got["ipnext"], base["tokens_per_s"]))
+            got["ipnext"] = run_ipnext(folder, a, threads=args.threads, prefix_cache=False)
+            print(line(f"ipnext engine 16, {args.threads} thread(s)", got["ipnext"], base["tokens_per_s"]))
+            got["ipnext auto"] = run_ipnext(folder, a, threads="auto", prefix_cache=False)
+            print(line("ipnext engine 16, threads auto", got["ipnext auto"], base["tokens_per_s"]))
             if vllm:
                 for name, seqs, cached in (("vllm 16", BATCH, False), ("vllm defaults", None, None)):
                     got[name] = run_vllm(vllm, folder, a, max_num_seqs=seqs, prefix_cache=cached)
                     print(line(name, got[name], base["tokens_per_s"]))
             if args.busy:
                 with busy():
-                    got["ipnext busy"] = run_ipnext(folder, a, prefix_cache=False)
-                    print(
-                        line("ipnext engine 16, one process beside", got["ipnext busy"], base["tokens_per_s"])
-                    )
+                    for name, threads in (("ipnext busy", args.threads), ("ipnext auto busy", "auto")):
+                        got[name] = run_ipnext(folder, a, threads=threads, prefix_cache=False)
+                        print(
+                            line(
+                                f"ipnext 16, {threads} thread(s), one process beside",
+                                got[name],
+                                base["tokens_per_s"],
+                            )
+                        )
                     if vllm:
                         got["vllm busy"] = run_vllm(vllm, folder, a, max_num_seqs=BATCH)
                         print(line("vllm 16, one process beside", got["vllm busy"], base["tokens_per_s"]))
+            pairs = [
+                ("ipnext/transformers", "ipnext", "transformers"),
+                ("ipnext auto/transformers", "ipnext auto", "transformers"),
+                ("ipnext/vllm 16", "ipnext", "vllm 16"),
+                ("ipnext auto/vllm 16", "ipnext auto", "vllm 16"),
+                ("ipnext auto/vllm defaults", "ipnext auto", "vllm defaults"),
+                ("busy: ipnext/vllm", "ipnext busy", "vllm busy"),
+                ("busy: ipnext auto/vllm", "ipnext auto busy", "vllm busy"),
+            ]
             got["ratios"] = {
-                "ipnext/transformers": round(got["ipnext"]["tokens_per_s"] / base["tokens_per_s"], 2),
-                **(
-                    {
-                        "ipnext/vllm 16": round(
-                            got["ipnext"]["tokens_per_s"] / got["vllm 16"]["tokens_per_s"], 2
-                        )
-                    }
-                    if "vllm 16" in got
-                    else {}
-                ),
-                **(
-                    {
-                        "busy ipnext/vllm": round(
-                            got["ipnext busy"]["tokens_per_s"] / got["vllm busy"]["tokens_per_s"], 2
-                        )
-                    }
-                    if "vllm busy" in got
-                    else {}
-                ),
+                name: round(got[x]["tokens_per_s"] / got[y]["tokens_per_s"], 2)
+                for name, x, y in pairs
+                if x in got and y in got
             }
-            print(f"  ratios: {got['ratios']}")
+            print(f"  ratios of tokens/s: {got['ratios']}")
             results["A"] = got
 
         if "B" in args.only:
             # Saturation without the prefix cache, then 70% of it as a Poisson stream.
             probe = workload_b(args.seed, max(BATCH, int(64 * scale)), rate=1e9)
-            probed = run_ipnext(folder, probe, prefix_cache=False)
+            probed = run_ipnext(folder, probe, threads=args.threads, prefix_cache=False)
             saturation = probed["requests"] / probed["wall_s"]
             rate = 0.7 * saturation
             b = workload_b(args.seed + 1, max(BATCH, int(120 * scale)), rate)
@@ -409,7 +415,9 @@ def main() -> None:
             print(
                 f"workload B: saturation {saturation:.2f} requests/s without the prefix cache; {len(b)} at {rate:.2f}/s"
             )
-            engines = [("ipnext", lambda cached: run_ipnext(folder, b, prefix_cache=cached))]
+            engines = [
+                ("ipnext", lambda cached: run_ipnext(folder, b, threads=args.threads, prefix_cache=cached))
+            ]
             if vllm:
                 engines.append(
                     (
@@ -443,7 +451,13 @@ def main() -> None:
                 (
                     "ipnext",
                     lambda cached: run_ipnext(
-                        folder, c, prefix_cache=cached, max_num_seqs=CHAT_SEQS, turns=6, seed=args.seed
+                        folder,
+                        c,
+                        threads=args.threads,
+                        prefix_cache=cached,
+                        max_num_seqs=CHAT_SEQS,
+                        turns=6,
+                        seed=args.seed,
                     ),
                 )
             ]

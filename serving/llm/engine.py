@@ -36,6 +36,7 @@ from ipnext.contracts import Frozen
 from ipnext.serving.llm.cache import KVCache, block_hashes
 from ipnext.serving.llm.model import DecoderConfig
 from ipnext.serving.llm.runner import Chunk, ModelRunner
+from ipnext.serving.llm.threads import ThreadTuner
 
 __all__ = [
     "GREEDY_BELOW",
@@ -86,6 +87,10 @@ class EngineConfig(Frozen):
     batching: Literal["continuous", "static"] = "continuous"
     dtype: Literal["float32", "float16", "bfloat16"] = "float32"
     backend: Literal["triton", "torch"] | None = None  # ipnext.kernels backend; None: by device
+    # torch threads for the steps (one setting for the whole process): None leaves the process's
+    # (a served replica sets 1); a count sets it; "auto" measures and keeps the fastest count
+    # from 1 to the process's CPUs as the machine's load changes (ipnext.serving.llm.threads).
+    threads: Annotated[int, Field(ge=1, le=1024, strict=True)] | Literal["auto"] | None = None
 
 
 @dataclass(eq=False)
@@ -172,6 +177,11 @@ class LLMEngine:
             dtype,
         )
         self.runner = ModelRunner(weights, model, self.cache, dtype, self.config.backend)
+        self.threads: ThreadTuner | None = None
+        if self.config.threads == "auto":
+            self.threads = ThreadTuner.for_this_process()
+        elif self.config.threads is not None:
+            torch.set_num_threads(self.config.threads)
         # Every id that ends a sequence (a Hugging Face generation_config may name several).
         self.eos_tokens: frozenset[int] = (
             frozenset()
@@ -286,8 +296,12 @@ class LLMEngine:
     def step(self) -> StepResult:
         """One batch forward and a token for each sequence whose chunk ends its tokens. Never
         raises for a request: what failed is in `StepResult.failed` (see the module's docstring)."""
+        started = time.perf_counter()  # the tuner measures real time, whatever `clock` is
         try:
-            return self._step()
+            result = self._step()
+            if self.threads is not None:
+                self.threads.record(result.batched_tokens, time.perf_counter() - started)
+            return result
         except Exception as err:
             # Not pinned on one sequence (the scheduler, or the batched forward pass: one matrix
             # product over every sequence cannot say whose row broke it). Every sequence the step
