@@ -52,6 +52,22 @@ def test_a_busy_machine_settles_on_one_thread_and_probing_two_costs_little_time(
     assert machine.seconds[2] < 0.05 * (machine.seconds[1] + machine.seconds[2]), machine.seconds
 
 
+def test_steps_of_different_sizes_do_not_mislead_it() -> None:
+    """Phases of prompt chunks (512 tokens a step, many times the tokens/s of decode rows) and
+    of decode steps (16 tokens), 37 steps each: 2 threads are faster in both, and a tuner that
+    compared a prefill window on 1 thread with a decode window on 2 would keep 1."""
+    prefill = {1: 2000.0, 2: 3200.0}
+    machine = Machine()
+    for phase in range(150):
+        speeds, tokens = (prefill, 512) if phase % 2 else (QUIET, 16)
+        for _ in range(37):
+            took = tokens / speeds[machine.threads]
+            machine.steps[machine.threads] += 1
+            machine.tuner.record(tokens, took)
+    assert machine.tuner.best == 2 and machine.threads == 2
+    assert machine.steps[1] < 0.1 * sum(machine.steps.values()), machine.steps
+
+
 def test_the_tuner_follows_the_machine_when_a_neighbour_starts_and_stops() -> None:
     machine = Machine({"max_hold": 8})
     machine.run(QUIET, 1000)
