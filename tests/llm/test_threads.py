@@ -88,7 +88,9 @@ def test_the_choices_are_thread_counts() -> None:
             assert "choices" in str(err)
         else:
             raise AssertionError(f"{bad} accepted")
-    assert ThreadTuner.for_this_process(set_threads=lambda n: None).choices == list(range(1, available_cpus() + 1))
+    assert ThreadTuner.for_this_process(set_threads=lambda n: None).choices == list(
+        range(1, available_cpus() + 1)
+    )
 
 
 def test_an_engine_with_threads_auto_tunes_torch_threads_and_answers_the_same(lm: TrainedLM) -> None:
