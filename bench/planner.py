@@ -6,9 +6,10 @@ plain MIP of the same formulation (HiGHS, same time limit), all in this process.
     .venv/bin/python bench/planner.py --rows 1000 --time-limit 600          # more time than the row's
     .venv/bin/python bench/planner.py --rows replan   # the replan goal: 20 and 100 deployments, seeds 1-5
     .venv/bin/python bench/planner.py --rows replan --replan-sizes 20 --seeds 2 --churn 0.5
+    .venv/bin/python bench/planner.py --rows 300-tight --repeat 10   # the same solve 10 times
 
 Prints one line per (row, method) and writes bench/results/planner.json (the replan rows alone:
-bench/results/planner-replan.json). A replan row: a start plan; every (model, source) demand
+bench/results/planner-replan.json; with --repeat, bench/results/planner-repeat.json). A replan row: a start plan; every (model, source) demand
 times a factor drawn from [0.95, 1.05] (a model's parts share it: `generator.changed_demand`);
 the from-scratch optimum of the new demand (an exact MIP); the fewest units any plan within 1%
 of that optimum moves against the start plan (an exact MIP; where it cannot close in the time
@@ -222,6 +223,38 @@ def _replan_line(r: dict[str, Any]) -> str:
     )
 
 
+def _repeated(row: str, problem: PlanningProblem, limit: float, times: int) -> dict[str, Any]:
+    """The same instance, seed and time limit solved `times` times: how many runs gave a plan,
+    each run's gap to its proven bound, and the spread of the objectives."""
+    runs = []
+    for i in range(times):
+        run = _ours(problem, limit)
+        runs.append(run)
+        shown = run.get("failed") or f"objective {run['objective']:.4f}, gap {100 * run['gap']:.2f}%"
+        print(f"{row} run {i + 1}/{times}: {shown} in {run['seconds']:.1f}s", flush=True)
+    objectives = [r["objective"] for r in runs if "objective" in r]
+    gaps = [r["gap"] for r in runs if "gap" in r]
+    summary = {
+        "row": row,
+        "method": "ipnext",
+        "time_limit_s": limit,
+        "repeat": times,
+        "plans": len(objectives),
+        "worst_gap": max(gaps, default=None),
+        "objective_min": min(objectives, default=None),
+        "objective_max": max(objectives, default=None),
+        "objective_spread": (max(objectives) - min(objectives)) / min(objectives) if objectives else None,
+        "runs": runs,
+    }
+    print(
+        f"{row}: {len(objectives)} plans of {times}; worst gap "
+        f"{'-' if not gaps else format(100 * max(gaps), '.2f') + '%'}; objectives "
+        f"{summary['objective_min']} to {summary['objective_max']}",
+        flush=True,
+    )
+    return summary
+
+
 def _first_fit(problem: PlanningProblem) -> dict[str, Any]:
     started = time.monotonic()
     try:
@@ -268,12 +301,19 @@ def main() -> None:
     )
     parser.add_argument("--churn", type=float, help="the replan's churn cost (default: SolveOptions')")
     parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="solve each row's instance this many times with ipnext alone: plans found, gaps, objectives' spread",
+    )
+    parser.add_argument(
         "--out", type=Path, help="default bench/results/planner.json (planner-replan.json for --rows replan)"
     )
     args = parser.parse_args()
-    out = args.out or Path(
-        "bench/results/planner-replan.json" if args.rows == ["replan"] else "bench/results/planner.json"
+    default = (
+        "planner-replan" if args.rows == ["replan"] else "planner-repeat" if args.repeat > 1 else "planner"
     )
+    out = args.out or Path(f"bench/results/{default}.json")
     results = []
     for row in args.rows:
         n, regions, hardware, utilization, limit = ROWS[row]
@@ -294,6 +334,9 @@ def main() -> None:
                     results.append(result)
             continue
         problem = generate(args.seed, n, regions, hardware, utilization=utilization)
+        if args.repeat > 1:
+            results.append(_repeated(row, problem, limit, args.repeat))
+            continue
         for method in ("ipnext", "first-fit", "plain-mip"):
             if method == "ipnext":
                 run = _ours(problem, limit)
