@@ -8,19 +8,19 @@ other down. So the tests are handed out in work units (`GroupScheduling` below),
 1. the shared stack's first half of the drills (`integration`), one unit: the worker that takes
    it first starts its stack at once and keeps it busy to the end; its destructive drills
    (`destructive`: they restart the stack) run after the rest of the unit;
-2. the drills that start a stack of their own (`OWN_STACK_MODULES`), a unit each, the longest
-   first: the other worker runs them while the first runs its half;
-3. the second half of the drills (`integration-b`, `SECOND_STACK_MODULES`), one unit, on that
-   other worker's next stack;
-4. the Temporal test server's tests (tests/workflows) and the trained LLM's (tests/llm), a unit
+2. the Temporal test server's tests (tests/workflows) and the trained LLM's (tests/llm), a unit
    each so each session fixture starts once;
-5. every other test module, a unit of its own, handed to whichever worker is free.
+3. every other test module, a unit of its own, handed to whichever worker is free;
+4. the second half of the drills (`integration-b`, `SECOND_STACK_MODULES`), one unit: the other
+   worker runs it on a stack of its own once the light tests are done;
+5. the drills that start a stack of their own (`OWN_STACK_MODULES`), a unit each, the longest
+   first: whichever worker is free first takes the 4-node region drill (CI run 15 handed it out
+   last, and it ran its last 337 s alone on one worker while the other had nothing left).
 
-Light units come last so that they fill the end of the run on whichever worker is free: with
-the own-stack drills last (as before 2026-11-27), the 4-node region drill ran for minutes on
-one worker while the other had nothing left (CI run 15: 1,908 s of pytest, of which the last
-337 s on one worker). A worker stops its stack as soon as its unit is done
-(tests/integration/conftest.py), so at most two stacks run at any time.
+A worker stops its stack as soon as its unit is done (tests/integration/conftest.py), so the
+own-stack drills at the end run beside at most one other stack. (Handing the own-stack drills
+out before the second half, so that they ran beside the first half's stack from the start,
+overloaded this machine: CI run 16 had three failures in its first ten minutes.)
 
 The halves are balanced by the drills' measured durations (a CI run's --durations), so the two
 workers end at about the same time."""
@@ -81,13 +81,13 @@ def unit_order(unit: str) -> tuple[int, int]:
     the own-stack drills, the place of its module in `OWN_STACK_MODULES`."""
     if unit == "integration":
         return 1, 0
-    if unit.startswith("own-stack:"):
-        return 2, OWN_STACK_MODULES.index(unit.rsplit("/", 1)[-1])
-    if unit == "integration-b":
-        return 3, 0
     if unit in SHARED_FIXTURE_FOLDERS:
+        return 2, 0
+    if unit == "integration-b":
         return 4, 0
-    return 5, 0
+    if unit.startswith("own-stack:"):
+        return 5, OWN_STACK_MODULES.index(unit.rsplit("/", 1)[-1])
+    return 3, 0
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
