@@ -33,16 +33,9 @@ lint: $(STAMP)
 types: $(STAMP)
 	$(BIN)/mypy -p ipnext
 
-test: lint
+test: lint types
 	@# Two workers; tests/conftest.py hands them work units (each half of the drills on a stack of its own).
-	@# mypy (a minute from nothing) runs beside the tests; its result is printed after them and
-	@# fails the target like a failed test.
-	@mkdir -p .ipnext
-	@echo "$(BIN)/pytest -n 2 -ra --durations=25 $(ARGS)  (mypy -p ipnext beside it)"
-	@( $(BIN)/mypy -p ipnext > .ipnext/mypy.out 2>&1; echo $$? > .ipnext/mypy.rc ) & \
-	$(BIN)/pytest -n 2 -ra --durations=25 $(ARGS); tests=$$?; wait; \
-	echo "$(BIN)/mypy -p ipnext"; cat .ipnext/mypy.out; \
-	test $$tests -eq 0 && test "$$(cat .ipnext/mypy.rc)" -eq 0
+	$(BIN)/pytest -n 2 -ra --durations=25 $(ARGS)
 
 clean:
 	rm -rf $(VENV) .ipnext .pytest_cache .mypy_cache .ruff_cache

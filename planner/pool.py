@@ -64,20 +64,11 @@ class Pool:
     def __exit__(self, *exc: object) -> None:
         if self.executor is not None:
             # Chunks still running past a deadline would hold both cores (and shutdown would
-            # wait for them) while the plan is built: stop the workers instead. Then wait for
-            # them and for the executor's manager thread, which holds the queues (and their
-            # semaphores) until it sees its workers gone: left running, they were still alive
-            # at exit ("resource_tracker: There appear to be 5 leaked semaphore objects").
-            processes = list((getattr(self.executor, "_processes", None) or {}).values())
-            manager = getattr(self.executor, "_executor_manager_thread", None)
+            # wait for them) while the plan is built: stop the workers instead.
+            processes = list(getattr(self.executor, "_processes", {}).values())
             self.executor.shutdown(wait=False, cancel_futures=True)
             for process in processes:
                 process.terminate()
-            for process in processes:
-                process.join(timeout=10)
-            if manager is not None:
-                manager.join(timeout=10)
-            self.executor = None
 
     def submit(
         self, blocks: list[int], prices: np.ndarray, churn: float, limit_s: float, refine: bool, size: int
