@@ -49,7 +49,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ipnext.errors import PlanningTimeoutError
+from ipnext.errors import InfeasiblePlanError, PlanningTimeoutError
 from ipnext.planner.backend import solve_model
 from ipnext.planner.columns import enrich, from_columns
 from ipnext.planner.formulation import build
@@ -64,7 +64,7 @@ from ipnext.planner.pricing import (
     choices_from_values,
     usage_of,
 )
-from ipnext.planner.repair import OUT_OF_TIME
+from ipnext.planner.repair import OUT_OF_TIME, repair
 from ipnext.planner.rounds import Reuse, Rounds
 
 __all__ = ["BlockChoice", "Decomposition", "decompose"]
@@ -74,6 +74,8 @@ log = logging.getLogger(__name__)
 SMOOTHING = 0.5
 LP_ROUNDINGS = 4
 ENRICH_SHARE = 0.25  # of the time left after pricing, for more columns near the best prices
+# Of the time limit, the most the first plan (LP rounding, repaired) may take before pricing starts.
+FIRST_PLAN_SHARE = 0.3
 MAX_SLACK_RAISES = 6  # then the columns are taken not to fit: repair decides, or names the shortfall
 # Larger LPs take most of the time limit (1,000 deployments: GLOP unfinished in 9 s).
 LP_PRICES_MAX_OPTIONS = 20_000
@@ -84,6 +86,9 @@ class Decomposition:
     choices: dict[int, BlockChoice]
     lower_bound: float
     iterations: int
+    # How the plan was made when it is the first plan (the column generation's ran out of time):
+    # None when the plan came out of the columns.
+    first_plan: str | None = None
 
 
 def decompose(
@@ -110,17 +115,26 @@ def decompose(
     iteration = 0
     started = time.monotonic()
     with Pool(inst, workers) as pool:
-        prices, rounded = _lp_prices(inst, churn, deadline)
-        for c in rounded:
+        start = _lp_prices(inst, churn, deadline)
+        prices = start.prices
+        for c in start.columns:
             master.add(c, c.cost)
+        # The anytime plan: whatever happens later, this one is returned if nothing better is.
+        first, first_how = _first_plan(
+            inst, start, churn, started + FIRST_PLAN_SHARE * (hard_deadline - started)
+        )
+        log.debug("first plan: %s (%.1fs)", first_how, time.monotonic() - started)
         # The first round must answer every block (each needs a column and a bound); later
         # rounds stop at `deadline` and carry the blocks they did not reach.
         choices = pool.solve(blocks, prices, churn, refine=False, deadline=hard_deadline)
         missing = [b for b in blocks if b not in choices]
         if missing:
+            if first is not None and start.bound is not None:
+                return Decomposition(first, max(start.bound, 0.0), 0, first_how)
             raise PlanningTimeoutError(
                 f"{OUT_OF_TIME}: the first pricing round reached {len(choices)} of {len(blocks)} blocks "
-                f"({block_names(inst, missing[0])} among those left).",
+                f"({block_names(inst, missing[0])} among those left) in {time.monotonic() - started:.1f}s, "
+                f"and no first plan was made ({first_how}).",
                 fix="give the planner more time (--time-limit)",
             )
         rounds = Rounds(inst)
@@ -193,7 +207,15 @@ def decompose(
                 lp.objective,
                 time.monotonic() - started,
             )
-        plan = from_columns(inst, master, lp, churn, prices, hard_deadline)
+        how: str | None = None
+        try:
+            plan = from_columns(inst, master, lp, churn, prices, hard_deadline)
+        except PlanningTimeoutError:
+            if first is None:
+                raise
+            plan, how = first, first_how
+        if first is not None and plan_cost(first) < plan_cost(plan):
+            plan, how = first, first_how
         log.debug("plan cost %.3f (%.1fs)", plan_cost(plan), time.monotonic() - started)
         loosest = loose(best_blocks)
         if pool.executor is not None and loosest:
@@ -206,10 +228,22 @@ def decompose(
         else:
             best = tighten(inst, pool, best_prices, best_blocks, churn, hard_deadline) or best
             plan = improve(inst, plan, best_prices, best_blocks, churn, hard_deadline, pool=pool).plan
-    return Decomposition(choices=plan, lower_bound=best, iterations=iteration)
+    if start.bound is not None:
+        best = max(best, start.bound)  # both are proven; the larger is the tighter
+    return Decomposition(choices=plan, lower_bound=best, iterations=iteration, first_plan=how)
 
 
-def _lp_prices(inst: Instance, churn: float, deadline: float) -> tuple[np.ndarray, list[BlockChoice]]:
+@dataclass
+class LPStart:
+    """What the whole model's LP relaxation gives the decomposition before any pricing round."""
+
+    prices: np.ndarray
+    columns: list[BlockChoice]
+    rounded: list[dict[int, BlockChoice]]  # each rounding's whole plan, in the order made
+    bound: float | None  # the LP's optimum, a lower bound of the MIP's; None when unsolved
+
+
+def _lp_prices(inst: Instance, churn: float, deadline: float) -> LPStart:
     """First pool prices: the duals of the whole model's LP relaxation, when it is small enough
     to solve in a fraction of the time (zero prices otherwise). Near-full pools are then
     priced from the first round, instead of after many rounds of overfull columns.
@@ -220,14 +254,16 @@ def _lp_prices(inst: Instance, churn: float, deadline: float) -> tuple[np.ndarra
     pools, which the blocks' own optima at any single prices often do not."""
     prices = np.zeros_like(inst.pool_units)
     if len(inst.opt_d) > LP_PRICES_MAX_OPTIONS:
-        return prices, []
+        return LPStart(prices, [], [], None)
     started = time.monotonic()
     model = build(inst, list(range(len(inst.blocks))), pool_capacity=inst.pool_units, churn_cost=churn)
     limit = max(1.0, 0.25 * (deadline - started))
     sol = solve_model(model, relax=True, solver="glop", time_limit_s=limit)
+    bound = None
     if sol.status == "optimal":  # the duals of an unfinished LP are no prices
         for (r, h), dual in sol.pool_duals.items():
             prices[r, h] = dual
+        bound = float(sol.objective)
     log.debug(
         "LP relaxation %s in %.1fs: %.3f, %d pools priced",
         sol.status,
@@ -236,6 +272,7 @@ def _lp_prices(inst: Instance, churn: float, deadline: float) -> tuple[np.ndarra
         int((prices > 0).sum()),
     )
     columns: list[BlockChoice] = []
+    plans: list[dict[int, BlockChoice]] = []
     blocks = list(range(len(inst.blocks)))
     capacity = inst.pool_units.copy()
     # Rounding up overfills pools that the LP filled; solve again with those pools shrunk by
@@ -247,6 +284,7 @@ def _lp_prices(inst: Instance, churn: float, deadline: float) -> tuple[np.ndarra
         values[: model.n_x] = np.ceil(values[: model.n_x] - 1e-6)
         rounded = choices_from_values(inst, model, values, churn, blocks)
         columns.extend(rounded.values())
+        plans.append(rounded)
         overflow = np.maximum(usage_of(inst, rounded) - inst.pool_units, 0.0)
         log.debug("LP rounding %d: overflows pools by %g units", attempt + 1, overflow.sum())
         if not overflow.any() or time.monotonic() > started + limit:
@@ -254,4 +292,29 @@ def _lp_prices(inst: Instance, churn: float, deadline: float) -> tuple[np.ndarra
         capacity = np.maximum(capacity - overflow, 0.0)
         model = build(inst, blocks, pool_capacity=capacity, churn_cost=churn)
         sol = solve_model(model, relax=True, solver="glop", time_limit_s=limit)
-    return prices, columns
+    return LPStart(prices, columns, plans, bound)
+
+
+def _first_plan(
+    inst: Instance, start: LPStart, churn: float, deadline: float
+) -> tuple[dict[int, BlockChoice] | None, str]:
+    """A plan that fits the pools, made in the first seconds so that a time limit never leaves
+    the planner with nothing: the LP rounding that overflows the pools least, repaired (blocks
+    taken off the overfull pools and placed again in the capacity the others leave: together
+    by an exact MIP, else one at a time, least flexible first). None, with why, when there is
+    no rounding (an LP too large to solve) or the repair does not finish by `deadline`."""
+    if not start.rounded:
+        return None, "no LP rounding (the LP relaxation is too large or unsolved)"
+    started = time.monotonic()
+
+    def overflow(plan: dict[int, BlockChoice]) -> float:
+        return float(np.maximum(usage_of(inst, plan) - inst.pool_units, 0.0).sum())
+
+    least = min(start.rounded, key=overflow)
+    if overflow(least) == 0.0:
+        return least, "the LP relaxation rounded up"
+    try:
+        plan = repair(inst, least, churn, deadline, start.prices)
+    except (PlanningTimeoutError, InfeasiblePlanError) as err:
+        return None, f"the LP rounding's repair found nothing in {time.monotonic() - started:.1f}s: {err}"
+    return plan, f"the LP relaxation rounded up and repaired in {time.monotonic() - started:.1f}s"

@@ -64,11 +64,20 @@ class Pool:
     def __exit__(self, *exc: object) -> None:
         if self.executor is not None:
             # Chunks still running past a deadline would hold both cores (and shutdown would
-            # wait for them) while the plan is built: stop the workers instead.
-            processes = list(getattr(self.executor, "_processes", {}).values())
+            # wait for them) while the plan is built: stop the workers instead. Then wait for
+            # them and for the executor's manager thread, which holds the queues (and their
+            # semaphores) until it sees its workers gone: left running, they were still alive
+            # at exit ("resource_tracker: There appear to be 5 leaked semaphore objects").
+            processes = list((getattr(self.executor, "_processes", None) or {}).values())
+            manager = getattr(self.executor, "_executor_manager_thread", None)
             self.executor.shutdown(wait=False, cancel_futures=True)
             for process in processes:
                 process.terminate()
+            for process in processes:
+                process.join(timeout=10)
+            if manager is not None:
+                manager.join(timeout=10)
+            self.executor = None
 
     def submit(
         self, blocks: list[int], prices: np.ndarray, churn: float, limit_s: float, refine: bool, size: int
@@ -129,7 +138,10 @@ def gather(jobs: Jobs, deadline: float) -> dict[int, BlockChoice | None]:
     done, pending = wait(jobs, timeout=timeout)
     for future in pending:
         future.cancel()
+    # In the order the chunks were sent, never the order they finished in: the master LP takes
+    # the columns in this order, and its ties would otherwise break differently run to run.
     results: dict[int, BlockChoice | None] = {}
-    for future in done:
-        results.update(zip(jobs[future], future.result(), strict=True))
+    for future, blocks in jobs.items():
+        if future in done:
+            results.update(zip(blocks, future.result(), strict=True))
     return results

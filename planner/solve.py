@@ -89,7 +89,12 @@ def solve(problem: PlanningProblem, options: SolveOptions | None = None) -> Plan
         method = "exact MIP (HiGHS) of the cost, stopped at its time limit"
     else:
         choices, bound = result.choices, result.lower_bound
-        method = f"Lagrangian bound at the column generation's best pool prices (block MIPs, {result.iterations} rounds)"
+        if result.iterations == 0 and result.first_plan:  # the first pricing round ran out of time
+            method = f"the LP relaxation's optimum; the plan: {result.first_plan}, the pricing out of time"
+        else:
+            method = f"Lagrangian bound at the column generation's best pool prices (block MIPs, {result.iterations} rounds)"
+            if result.first_plan:
+                method += f"; the plan: {result.first_plan} (the columns' was not better in time)"
         if unfinished is not None and not fleet_scale:  # the better plan and bound of the two
             if _total_cost(inst, unfinished[0]) < _total_cost(inst, choices):
                 choices = unfinished[0]

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ipnext.errors import InfeasiblePlanError
+from ipnext.errors import InfeasiblePlanError, PlanningTimeoutError
 from ipnext.fleet import Fleet, HardwareClass, Pool
 from ipnext.model import HardwareOption
 from ipnext.plan import DeploymentDemand, Plan, PlanningProblem, SolveOptions
@@ -69,6 +69,32 @@ def test_with_the_exact_path_the_objective_is_the_optimum(problem: PlanningProbl
     assert check_plan(problem, plan) == []
     assert plan.objective == pytest.approx(optimum, rel=TOL)
     assert plan.status == "optimal" and plan.gap == pytest.approx(0, abs=1e-9)
+
+
+nearly_full = st.builds(
+    _small,
+    seed=st.integers(0, 10_000),
+    deployments=st.integers(2, 8),
+    regions=st.integers(2, 3),
+    hardware=st.integers(1, 2),
+    utilization=st.sampled_from([0.92, 0.96, 0.99]),
+)
+
+
+@settings(deadline=None, derandomize=True, max_examples=20, suppress_health_check=[HealthCheck.too_slow])
+@given(problem=nearly_full)
+def test_nearly_full_pools_get_a_plan_whenever_the_exact_mip_finds_one(problem: PlanningProblem) -> None:
+    """The anytime promise on the scalable path (no exact fallback), with a short limit (10 s): a
+    feasible instance always gets a valid plan and a bound under the optimum."""
+    optimum = exact_optimum(problem)
+    if optimum is None:  # no plan exists; proving it may take the repair longer than the limit
+        with pytest.raises((InfeasiblePlanError, PlanningTimeoutError)):
+            solve(problem, SolveOptions(time_limit_s=10, exact_fallback=False, workers=1))
+        return
+    plan = solve(problem, SolveOptions(time_limit_s=10, exact_fallback=False, workers=1))
+    assert check_plan(problem, plan) == []
+    assert plan.lower_bound is not None and plan.objective is not None
+    assert plan.lower_bound <= optimum + TOL * max(1, optimum) <= plan.objective + 2 * TOL * max(1, optimum)
 
 
 def test_loose_pools_decompose_to_the_optimum() -> None:
