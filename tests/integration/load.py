@@ -1,5 +1,5 @@
 """Load on loopback: a bounded closed loop (`workers` callers, each sending its next request
-when the last one answered and its pace allows, recording every answer until stopped), and an open loop of
+when the last one answered, recording every answer until stopped), and an open loop of
 Poisson arrivals in phases of set rates (`OpenLoop`)."""
 
 from __future__ import annotations
@@ -25,22 +25,11 @@ class Answer:
     latency_s: float = 0.0  # from sending the request to its answer
 
 
-# The closed loop's rate in all (requests per second) unless a drill asks for another: unpaced,
-# 4 callers took about 50 requests/s from an idle stack with both cores 90% busy, and every
-# drill under load starved the other worker's drill, Serve's replica starts and its own
-# control loops. 25/s still gives a rollout's 10% step the 20 requests its gates need
-# (`min_requests` of the drills' specs) within the longest bake (3 x 3 s).
-DRILL_RATE_PER_S = 25.0
-
-
 @dataclass
 class Load:
     base_url: str
     path: str
     workers: int = 4
-    # Requests per second in all, each caller sending at most every workers/rate seconds;
-    # None: as fast as answers come (the overload drills).
-    rate_per_s: float | None = DRILL_RATE_PER_S
     # user ids cycle through these; the bad snapshot of the tests fails on even users
     users: list[int] = field(default_factory=lambda: list(range(40)))
     # a request's inputs for a user (default: the demo ranker's three items)
@@ -71,14 +60,7 @@ class Load:
     async def _caller(self, index: int) -> None:
         async with httpx.AsyncClient(base_url=self.base_url, timeout=30, headers=self.headers) as http:
             n = index
-            period = 0.0 if self.rate_per_s is None else self.workers / self.rate_per_s
-            next_at = self.elapsed() + period * index / self.workers  # callers spread over a period
             while not self._stop.is_set():
-                if period:
-                    await asyncio.sleep(max(0.0, next_at - self.elapsed()))
-                    next_at = max(next_at + period, self.elapsed())  # never a burst to catch up
-                    if self._stop.is_set():
-                        break
                 user = self.users[n % len(self.users)]
                 n += self.workers
                 at = self.elapsed()
