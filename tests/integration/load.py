@@ -114,6 +114,7 @@ class OpenLoop:
     seed: int = 1
     sent: list[Sent] = field(default_factory=list)
     headers: dict[str, str] = field(default_factory=dict)  # sent with every request (the API key)
+    timeout_s: float = 60.0  # a request not answered by then is failed (status 0)
 
     def phase_bounds(self) -> list[tuple[float, float]]:
         """(start, end) of each phase, in seconds since the loop started."""
@@ -129,7 +130,7 @@ class OpenLoop:
         rng = random.Random(self.seed)
         limits = httpx.Limits(max_connections=1000, max_keepalive_connections=200)
         async with httpx.AsyncClient(
-            base_url=self.base_url, timeout=60, limits=limits, headers=self.headers
+            base_url=self.base_url, timeout=self.timeout_s, limits=limits, headers=self.headers
         ) as http:
             started = time.perf_counter()
             tasks: list[asyncio.Task[None]] = []

@@ -39,11 +39,12 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(360)]
 
 # Sized for a 2-core box shared with another drill: every request costs the proxy, a router and
 # the parts some CPU, and at 20 requests/s (the drill's first size) the 1x phase's own p99 was
-# 2-13 s and the 4x phase's 45-75 s in CI, past the client's 60 s. Half the rate with twice the
-# service time asks the same of the autoscaler (4x is 1.6 replicas' capacity) for half the CPU.
-PEAK_QPS = 2.5  # declared; 4x is 10 requests/s through the router
-SERVICE_S = 0.8  # the dense part's fixed service time
-PART_MAX_ONGOING = 5  # Serve's default per replica: capacity 5 / 0.8 s = 6.25 requests/s
+# 2-13 s and the 4x phase's 45-75 s in CI; at 10/s still 2.5-4 s and 60-70 s (CI run 20). At
+# 4/s with a 2 s service time the step asks the same of the autoscaler (4x is 1.6 replicas'
+# capacity) for a fifth of the CPU.
+PEAK_QPS = 1.0  # declared; 4x is 4 requests/s through the router
+SERVICE_S = 2.0  # the dense part's fixed service time
+PART_MAX_ONGOING = 5  # Serve's default per replica: capacity 5 / 2 s = 2.5 requests/s
 PHASES_S = (5.0, 15.0, 12.0)  # 1x, 4x, 1x (bench/elastic.py: minutes)
 DENSE = part_deployment_name("dense", "cpu-std")
 ROUTERS_MAX = 3  # the model's router replicas in a region at most (the session's setting: 1)
@@ -157,6 +158,10 @@ async def test_load_step_scales_inside_the_envelope(stack: Settings, client: Cli
         f"/us-east/models/{model_name}/predict",
         [(PHASES_S[0], PEAK_QPS), (PHASES_S[1], 4 * PEAK_QPS), (PHASES_S[2], PEAK_QPS)],
         headers=keyed(stack),
+        # What waits in Serve's proxy for a router is outside the router's deadline: on the
+        # loaded box the step's backlog took up to 70 s to drain (CI run 20), an answer all the
+        # same. The latencies are printed; bench/elastic.py measures them at full length.
+        timeout_s=150.0,
     )
     await load.run()
     # Back down: after the load, the deployment returns to the plan's replicas and the routers
