@@ -1,0 +1,43 @@
+"""Repair's time: the joint MIPs over the blocks to move never take the whole of it, so the
+one-at-a-time placement (the fast solver, milliseconds a block) always gets its turn."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+from ipnext.planner import repair as repair_module
+from ipnext.planner.generator import generate
+from ipnext.planner.instance import compile_problem
+from ipnext.planner.pricing import solve_block, usage_of
+
+
+def test_a_joint_mip_that_runs_to_its_deadline_leaves_the_one_by_one_placement_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    inst = compile_problem(generate(3, 30, 4, 2, utilization=0.7))
+    prices = np.zeros_like(inst.pool_units)
+    # Every block at its cheapest, pools ignored: the cheap pools overflow.
+    choices = {b: solve_block(inst, b, prices, 0.0, 5.0) for b in range(len(inst.blocks))}
+    assert all(c is not None for c in choices.values())
+    start = {b: c for b, c in choices.items() if c is not None}
+    assert (usage_of(inst, start) > inst.pool_units + 1e-9).any(), "nothing to repair: pick another seed"
+
+    joint_deadlines: list[float] = []
+
+    def joint_mip_using_all_its_time(
+        inst: Any, movers: Any, residual: Any, churn: Any, deadline: float
+    ) -> None:
+        joint_deadlines.append(deadline)
+        time.sleep(max(0.0, deadline - time.monotonic()))  # as a MIP that finds nothing in time
+        return None
+
+    monkeypatch.setattr(repair_module, "place_jointly", joint_mip_using_all_its_time)
+    deadline = time.monotonic() + 10.0
+    repaired = repair_module.repair(inst, start, 0.0, deadline, prices)
+    assert joint_deadlines and max(joint_deadlines) <= deadline - 4.0, joint_deadlines
+    assert (usage_of(inst, repaired) <= inst.pool_units + 1e-9).all()
+    assert sorted(repaired) == sorted(start)
