@@ -36,8 +36,9 @@ def repair(
 ) -> dict[int, BlockChoice]:
     """Make the choices fit the pools. Blocks are taken off the overfull pools and re-placed
     into the capacity the others leave, together by one MIP (hard pool rows, in at most
-    `JOINT_SHARE` of the time) or, if that cannot finish in time, one by one, least flexible first. When they cannot fit, the
-    circle widens: every block on the congested hardware classes, then every block."""
+    `JOINT_SHARE` of the time) or, if that cannot finish in time, one by one, least flexible
+    first. When they cannot fit, the circle widens: every block on the congested hardware
+    classes, then every block."""
     used = usage_of(inst, choices)
     if (used <= inst.pool_units + 1e-9).all():
         return dict(choices)
