@@ -50,6 +50,9 @@ logger = logging.getLogger("ray.serve")
 # How often a router asks each set's ingress for its capacity, which follows the replicas Serve
 # runs: a part on two hardware classes is split by what each deployment runs now.
 CAPACITY_REFRESH_S = 2.0
+# How long a set app's ingress has to describe itself to a router (it answers in milliseconds
+# when it runs; a call to an app that does not exist waits for good).
+DESCRIBE_TIMEOUT_S = 10.0
 
 
 class _SetRoute:
@@ -98,6 +101,22 @@ class _Attempt:
     retried: bool = False  # this is the retry on a fallback after the first attempt failed
 
 
+async def _describe(app: str) -> SetDescription | None:
+    """What a set app's ingress says of its set, or None when it does not answer within
+    DESCRIBE_TIMEOUT_S or fails (going away, restarting, never deployed)."""
+
+    async def ask() -> SetDescription:
+        described: SetDescription = await serve.get_deployment_handle(
+            SET_DEPLOYMENT, app_name=app
+        ).describe.remote()
+        return described
+
+    try:
+        return await asyncio.wait_for(ask(), DESCRIBE_TIMEOUT_S)
+    except Exception:  # TimeoutError included
+        return None
+
+
 @serve.deployment(ray_actor_options={"num_cpus": 0})
 class Router:
     """The (model, region) HTTP entry: picks a set app by weight and runs the DAG against it."""
@@ -122,33 +141,53 @@ class Router:
         self._following: asyncio.Task[None] | None = None
 
     async def _follow_capacity(self) -> None:
+        """Every CAPACITY_REFRESH_S: each routed set app's capacity as its ingress reads it, and
+        a route for each app of the config that had none (it did not describe itself in time)."""
         while True:
             await asyncio.sleep(CAPACITY_REFRESH_S)
             for app, route in list(self._routes.items()):
-                try:
-                    described: SetDescription = await serve.get_deployment_handle(
-                        SET_DEPLOYMENT, app_name=app
-                    ).describe.remote()
-                except Exception:  # a set going away, or its ingress restarting: next round
-                    continue
-                route.follow(described)
+                described = await _describe(app)
+                if described is not None:  # else a set going away, or its ingress restarting
+                    route.follow(described)
+            for app in sorted(self._config.apps() - set(self._routes)):
+                found = await _describe(app)
+                if found is not None and app in self._config.apps() and app not in self._routes:
+                    self._routes = {**self._routes, app: self._route(app, found)}
+                    logger.info("set app %s described itself: routed to from now on", app)
 
     async def reconfigure(self, config: dict[str, Any]) -> None:
+        """Take a new router config in place. Each set app it names describes itself (its DAG and
+        part deployments), all at once, each within DESCRIBE_TIMEOUT_S: an app that does not
+        answer (deleted since, or its node not back) keeps the route this replica had for it,
+        else is left out of the draw (pick_apps) until `_follow_capacity` finds it. Waiting on it
+        instead held this replica in Serve's STARTING for good (a region's router started again
+        on a config naming a set app the emergency replan had deleted: the return replan then
+        waited 240 s for a router that never started)."""
         new = RouterConfig.model_validate(config)
+        apps = sorted(new.apps())
         routes: dict[str, _SetRoute] = {}
-        for app in sorted(new.apps()):
-            described: SetDescription = await serve.get_deployment_handle(
-                SET_DEPLOYMENT, app_name=app
-            ).describe.remote()
-            variants = VariantRouter(described.dag, described.order, described.choices, self._observer(app))
-            if app in self._routes:  # the same set app: keep its in-flight counts and breakers
-                variants.carry_over(self._routes[app].variants)
-            routes[app] = _SetRoute(app, described, variants)
+        for app, described in zip(apps, await asyncio.gather(*map(_describe, apps)), strict=True):
+            if described is not None:
+                routes[app] = self._route(app, described)
+            elif app in self._routes:
+                routes[app] = self._routes[app]
+            else:
+                logger.warning(
+                    "set app %s did not describe itself within %g s: left out of the draw until it does",
+                    app,
+                    DESCRIBE_TIMEOUT_S,
+                )
         self._routes = routes
         self._config = new
         self._pusher.ensure_running()
         if self._following is None or self._following.done():
             self._following = asyncio.create_task(self._follow_capacity())
+
+    def _route(self, app: str, described: SetDescription) -> _SetRoute:
+        variants = VariantRouter(described.dag, described.order, described.choices, self._observer(app))
+        if app in self._routes:  # the same set app: keep its in-flight counts and breakers
+            variants.carry_over(self._routes[app].variants)
+        return _SetRoute(app, described, variants)
 
     def generation(self) -> int:
         return self._config.generation

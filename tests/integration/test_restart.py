@@ -72,6 +72,9 @@ async def test_a_model_terminated_from_the_ui_keeps_serving_and_is_adopted(
     await client.delete_model(model_name)
 
 
+# Two outages and a rollout on one model: 488 s in the last CI run (run last, beside the
+# region drill's four-node cluster). Each wait inside has its own timeout.
+@pytest.mark.timeout(840)
 @pytest.mark.destructive
 async def test_a_full_restart_and_a_lost_ray_cluster_serve_again_with_no_command(
     stack: Settings, stack_config: Path, client: Client, model_name: str

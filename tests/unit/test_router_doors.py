@@ -260,3 +260,68 @@ async def test_requests_are_counted_by_the_callers_source_region(build: Any) -> 
     assert refused.status_code == 400 and json.loads(refused.body)["message"].startswith("x-ipnext-source:")
     await router(request(b'{"inputs": NaN}', {"x-ipnext-source": "ap-south"}))  # refused at the door
     assert router._demand == {"eu-west": 2, "us-east": 1}
+
+
+class SetIngress:
+    """The `set` deployment's handle of one app: `describe` answers the app's description when
+    the app is up, and never while it is not (a call to an app Serve does not run waits)."""
+
+    def __init__(self, described: SetDescription) -> None:
+        self.described = described
+        self.up = asyncio.Event()
+        self.describe = self
+
+    def remote(self) -> FakeResponse:
+        async def answer() -> SetDescription:
+            await self.up.wait()
+            return self.described
+
+        return FakeResponse(answer())
+
+
+async def test_a_config_naming_a_set_app_that_is_not_there_starts_the_router_and_routes_once_it_is(
+    build: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The region drill's hang: a router started on a config naming a set app deleted meanwhile
+    waited on it for good (Serve held the replica STARTING). Now the reconfigure ends in
+    DESCRIBE_TIMEOUT_S with the app out of the draw (503, counted nowhere), and the app is routed
+    to as soon as it describes itself; a routed app that stops answering keeps its route."""
+    router, counted, _ = build(reply({"u": 1}), reply([0.5]))
+    late = "m.us-east.s2.r1"
+    ingress = SetIngress(described_as("m@2"))
+    parts = {"embed": reply({"u": 1}), "dense": reply([0.7])}
+    monkeypatch.setattr(
+        router_module.serve,
+        "get_deployment_handle",
+        lambda name, app_name: ingress if name == "set" else FakeHandle(name.split("-")[0], parts, []),
+    )
+    monkeypatch.setattr(router_module, "DESCRIBE_TIMEOUT_S", 0.2, raising=False)
+    monkeypatch.setattr(router_module, "CAPACITY_REFRESH_S", 0.05)
+    router._routes = {}
+    await asyncio.wait_for(router.reconfigure({"generation": 2, "weights": {late: 100}}), timeout=5)
+    assert router.generation() == 2 and router._routes == {}
+    body, status = await router.predict({"user": 1})
+    assert status == 503 and "has no serving set" in body["message"] and counted.latencies == []
+    ingress.up.set()  # the app comes up: the next refresh routes to it
+    for _ in range(100):
+        if late in router._routes:
+            break
+        await asyncio.sleep(0.02)
+    body, status = await router.predict({"user": 1})
+    assert status == 200 and body["set"] == "m@2" and body["outputs"] == [0.7], body
+    # The app stops answering (its ingress restarting): a new config keeps the route it had.
+    ingress.up = asyncio.Event()
+    await asyncio.wait_for(router.reconfigure({"generation": 3, "weights": {late: 100}}), timeout=5)
+    body, status = await router.predict({"user": 1})
+    assert router.generation() == 3 and status == 200 and body["set"] == "m@2", body
+    router._following.cancel()
+
+
+def described_as(set_id: str) -> SetDescription:
+    dag = [("input", "embed"), ("embed", "dense"), ("dense", "output")]
+    return SetDescription(
+        set_id=set_id,
+        dag=dag,
+        order=["embed", "dense"],
+        deployments={"embed": {"embed-cpu": 1.0}, "dense": {"dense-cpu": 1.0}},
+    )
