@@ -19,6 +19,7 @@ clients themselves live in ipnext.entry.prediction and are only re-exported here
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -121,6 +122,11 @@ SPEC_CHECK_TIMEOUT = timedelta(minutes=3)
 # A rollout's `status` answers in milliseconds; one whose task keeps failing never does (the
 # server holds the query): past this, the model's record of it is shown, marked as such.
 QUERY_TIMEOUT = timedelta(seconds=10)
+# The worker's answer to a query whose workflow activation ran past the SDK's deadlock limit
+# (temporalio's "[TMPRL1101] Potential deadlock detected"): transient, asked again (_query_state).
+DEADLOCK_CODE = "TMPRL1101"
+QUERY_DEADLOCK_RETRIES = 3
+QUERY_DEADLOCK_PAUSE_S = 1.0
 WAIT_INTERVAL_S = 0.5  # how often wait_until_serving reads the model and its rollout
 
 
@@ -577,11 +583,21 @@ class Client:
         )
 
     async def _query_state(self, name: str) -> ModelState:
+        """The model's state by query. A query the worker answered with its deadlock detector's
+        error (a workflow activation that held its thread over the SDK's fixed 2 s: the worker's
+        process busy on a loaded machine, its sync activities holding the GIL) is asked again,
+        QUERY_DEADLOCK_RETRIES times, QUERY_DEADLOCK_PAUSE_S apart: the worker retries that task
+        itself, so the next answer is usually the state. CI once failed a drill's wait on one
+        such answer. Any other failure, or that one again after the retries, is a ServingError."""
         handle = await self._running_model(name)
-        try:
-            return await handle.query(ModelWorkflowNames.GET, result_type=ModelState)
-        except WorkflowQueryFailedError as err:
-            raise ServingError(f"model {name}: query failed: {err}") from None
+        for attempt in range(QUERY_DEADLOCK_RETRIES + 1):
+            try:
+                return await handle.query(ModelWorkflowNames.GET, result_type=ModelState)
+            except WorkflowQueryFailedError as err:
+                if DEADLOCK_CODE not in str(err) or attempt == QUERY_DEADLOCK_RETRIES:
+                    raise ServingError(f"model {name}: query failed: {err}") from None
+                await asyncio.sleep(QUERY_DEADLOCK_PAUSE_S)
+        raise AssertionError("unreachable")  # the loop returns or raises
 
 
 # How a model workflow may end without a delete (its apps then keep serving, unmanaged).
