@@ -1,13 +1,20 @@
-"""Decode attention over a paged key/value cache: the checked wrapper and its torch reference.
+"""Decode attention over a paged key/value cache: the checked wrapper, its torch reference and its C path.
 
 Each sequence's keys and values live in fixed-size blocks of one shared cache; its row of the block
-table lists them in order, and its context length says how many of their tokens count.
+table lists them in order, and its context length says how many of their tokens count. On CPU,
+float32 calls run the C kernel of `_paged_attention_cpu.c` (compiled for the host on first use,
+see `_cpu_build`), which reads the blocks in place; the torch reference serves where it cannot.
 """
 
 from __future__ import annotations
 
+import ctypes
+import threading
+from collections.abc import Callable
+
 import torch
 
+from . import _cpu_build
 from ._common import (
     FLOAT_DTYPES,
     bad_input,
@@ -49,7 +56,8 @@ def paged_attention(
     syncs with the device). head_dim is 16, 32, 64 or 128; dtype float16, bfloat16 or float32;
     `scale` defaults to 1/sqrt(head_dim). Returns (num_seqs, heads, head_dim) in q's dtype.
 
-    backend: as for `attention` (None: Triton on CUDA, the torch reference on CPU).
+    backend: as for `attention`, except that None on CPU runs the compiled C kernel for float32
+    inputs where it builds (the torch reference otherwise); backend="torch" always runs the reference.
     """
     q, k_cache, v_cache, block_table, context_lens, longest = _check(
         q, k_cache, v_cache, block_table, context_lens
@@ -58,6 +66,10 @@ def paged_attention(
         raise bad_input("window", "None or an integer >= 1", repr(window))
     scale = default_scale(scale, q.shape[2])
     if choose_backend(backend, q.device) == "torch":
+        if backend is None and cpu_kernel_fits(q, k_cache):
+            kernel = _cpu_kernel()
+            if kernel is not None:
+                return _run_cpu(kernel, q, k_cache, v_cache, block_table, context_lens, window, scale)
         return paged_attention_reference(
             q, k_cache, v_cache, block_table, context_lens, window=window, scale=scale
         )
@@ -104,6 +116,76 @@ def _launch(
         scale=scale,
         tf32=tf32_allowed(),
     )
+
+
+CPU_MAX_GROUP = 64  # the C kernel's limits (MAX_GROUP, MAX_BLOCK in the source)
+CPU_MAX_BLOCK = 256
+_cpu_lock = threading.Lock()
+_cpu_function: list[Callable[..., None] | None] = []
+
+
+def cpu_kernel_fits(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """Whether the C kernel takes these (checked) inputs: float32 CPU tensors within its limits."""
+    return (
+        q.device.type == "cpu"
+        and q.dtype == torch.float32
+        and k_cache.dtype == torch.float32
+        and q.shape[1] // k_cache.shape[1] <= CPU_MAX_GROUP
+        and k_cache.shape[2] <= CPU_MAX_BLOCK
+    )
+
+
+def _cpu_kernel() -> Callable[..., None] | None:
+    """The C kernel's entry point, built on first use; None where it cannot be built (logged once)."""
+    with _cpu_lock:
+        if not _cpu_function:
+            library = _cpu_build.load("_paged_attention_cpu.c")
+            function = None
+            if library is not None:
+                function = library.ipnext_paged_attention_f32
+                pointer, size = ctypes.c_void_p, ctypes.c_int64
+                function.argtypes = [pointer] * 6 + [size] * 7 + [ctypes.c_float, size]
+                function.restype = None
+            _cpu_function.append(function)
+        return _cpu_function[0] if _cpu_build.enabled() else None
+
+
+def _run_cpu(
+    kernel: Callable[..., None],
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    context_lens: torch.Tensor,
+    window: int | None,
+    scale: float,
+) -> torch.Tensor:
+    """The C kernel on checked float32 CPU inputs, on as many threads as torch uses."""
+    q, k_cache, v_cache = q.contiguous(), k_cache.contiguous(), v_cache.contiguous()
+    block_table, context_lens = block_table.contiguous(), context_lens.contiguous()
+    num_seqs, heads, head_dim = q.shape
+    out = torch.empty_like(q)
+    if num_seqs == 0:
+        return out
+    # ctypes lets go of the GIL for the call, so other Python threads run meanwhile.
+    kernel(
+        q.data_ptr(),
+        k_cache.data_ptr(),
+        v_cache.data_ptr(),
+        block_table.data_ptr(),
+        context_lens.data_ptr(),
+        out.data_ptr(),
+        num_seqs,
+        heads,
+        k_cache.shape[1],
+        head_dim,
+        k_cache.shape[2],
+        block_table.shape[1],
+        window or 0,
+        scale,
+        torch.get_num_threads(),
+    )
+    return out
 
 
 def paged_attention_reference(

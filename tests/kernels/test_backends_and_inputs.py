@@ -106,7 +106,11 @@ def test_cpu_default_and_torch_backend_run_the_reference_not_triton(
 
     monkeypatch.setattr(module, "_launch", no_triton)
     args = make_args()
-    assert same(function(**args, backend=backend), reference(**args))
+    if name == "paged_attention" and backend is None:
+        # float32 on CPU takes the compiled C kernel (test_paged_attention_cpu): equal within rounding.
+        torch.testing.assert_close(function(**args, backend=backend), reference(**args), atol=1e-5, rtol=1e-5)
+    else:
+        assert same(function(**args, backend=backend), reference(**args))
 
 
 @pytest.mark.parametrize("name", KERNELS)
