@@ -66,6 +66,7 @@ class SetTarget(Frozen):
     snapshot_set: SnapshotSet
     plan: Plan
     scales: dict[str, float] = Field(default_factory=dict)
+    spec: ModelSpec | None = None  # the spec its apps run under (None: the input's)
 
 
 class ReconcileInput(Frozen):
@@ -222,12 +223,13 @@ def _rollout_sets(
 ) -> dict[str, dict[str, Any]]:
     """A rollout's sets: each set's apps, in every region of its plan, at its step's size."""
     apps: dict[str, dict[str, Any]] = {}
-    parts = list(input.spec.parts)
     for target in input.sets:
+        spec = target.spec or input.spec
+        parts = list(spec.parts)
         scale, shares = deploy_scale(target.scales or dict.fromkeys(parts, 1.0), parts)
         regions = sorted({r for p in target.plan.deployments.values() for r in p.regions()})
         for region in regions:
-            plan = set_app_plan(input.spec, target.snapshot_set, target.plan, region, store, scale, shares)
+            plan = set_app_plan(spec, target.snapshot_set, target.plan, region, store, scale, shares)
             app = render_set_app(plan, replica_num_cpus, health_check, autoscaling)
             apps[app["name"]] = app
     return apps

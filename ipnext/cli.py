@@ -1,7 +1,7 @@
 """The `ipnext` command line: the SDK's verbs plus the dev stack and the demo.
 
 ipnext dev up [--nodes single|per-region] | down | status | hold|release NAME [--why W]
-ipnext model publish FILE | get NAME | demand NAME [--window S] | list | adopt NAME | delete NAME
+ipnext model publish FILE | update -f FILE [--snapshots FOLDER] [--who W] | get NAME | demand NAME [--window S] | list | adopt NAME | delete NAME
 ipnext snapshot publish MODEL FOLDER [--wait [--timeout S]] [--override-freeze REASON --who NAME]
 ipnext snapshot import-hf DIR --model M --part P --version V
 ipnext rollout status|watch MODEL | pause|abort|override-freeze MODEL --reason R [--who W] | resume MODEL
@@ -33,6 +33,7 @@ from typing import Any
 from ipnext.config import Settings, load_settings
 from ipnext.entry.checkpoints import add_import_hf_parser, import_hf
 from ipnext.entry.keys import add_auth_parser
+from ipnext.entry.model_update import add_update_parser, update_model_command
 from ipnext.errors import IpnextError, StackError
 
 __all__ = ["main"]
@@ -58,6 +59,8 @@ def _model(args: argparse.Namespace, settings: Settings) -> None:
         spec = load_model_spec(args.file)
         state = asyncio.run(_with_client(settings, lambda c: c.publish_model(spec)))
         print(f"model {spec.name} registered (workflow model/{spec.name}, state {state.state})")
+    elif args.verb == "update":
+        update_model_command(args, settings)
     elif args.verb == "get":
 
         async def get(c: Any) -> tuple[Any, Any]:
@@ -630,6 +633,7 @@ def _parser() -> argparse.ArgumentParser:
     model = sub.add_parser("model", help="register, inspect and delete models")
     msub = model.add_subparsers(dest="verb", required=True)
     msub.add_parser("publish", help="register a model from its model.yaml").add_argument("file", type=Path)
+    add_update_parser(msub)
     msub.add_parser("get", help="a model's state as JSON").add_argument("name")
     demand = msub.add_parser("demand", help="declared against observed demand, per source region")
     demand.add_argument("name")

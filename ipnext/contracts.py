@@ -72,6 +72,7 @@ class ModelWorkflowNames:
     GET = "get"  # query -> ModelState
     PUBLISH = "publish"  # update PublishInput -> PublishResult
     DELETE = "delete"  # update DeleteInput -> DeleteResult
+    UPDATE = "update_model"  # update UpdateModelInput -> UpdateModelResult: a new spec
     APPLY_PLAN = "apply_plan"  # signal ApplyPlanInput
     ROLLOUT_ENDED = "rollout_ended"  # signal RolloutEnded, from the rollout child at its end
     RECONCILE = "reconcile"  # signal, no input: check Serve against the record now (worker start)

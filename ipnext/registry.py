@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ipnext.contracts import Frozen, ModelStatus, RolloutOutcome
-from ipnext.model import ModelSpec, SnapshotSet, SnapshotSetRequest
+from ipnext.model import ModelSpec, SnapshotRef, SnapshotSet, SnapshotSetRequest
 from ipnext.plan import Plan
 from ipnext.rollout import (
     AbortInput,
@@ -43,6 +43,10 @@ __all__ = [
     "RolloutInput",
     "RolloutProgress",
     "RolloutResult",
+    "SpecChange",
+    "SpecPending",
+    "UpdateModelInput",
+    "UpdateModelResult",
     "ValidateSpecInput",
     "WatchInput",
     "WatchResult",
@@ -56,6 +60,8 @@ class ApplyPlanInput(Frozen):
     fleet_revision: int
     # Regions down when it was planned (planned without them): the move leaves them alone.
     down_regions: list[str] = Field(default_factory=list)
+    # What asked for it when not a fleet replan (fleet_revision 0): "model update 3 by alice".
+    cause: str = ""
 
 
 class ReconcileRecord(Frozen):
@@ -99,6 +105,27 @@ class OlderSets(Frozen):
     versions: list[str] = Field(default_factory=list)
 
 
+class SpecChange(Frozen):
+    """One accepted update of the model's spec: who, when, what changed and how it applied."""
+
+    number: int  # 1, 2, ... per model
+    at: datetime
+    who: str
+    kind: str  # ipnext.spec_update.UpdateKind
+    changes: list[str]  # "rollout.bake_seconds: 60 -> 5", one per changed field
+    # "applied in place", "capacity move to placement revision 3", "rolling out as m@4",
+    # "applied: m@4 serves", "rolled back: ..." (a new set's update ends with its rollout)
+    outcome: str
+
+
+class SpecPending(Frozen):
+    """An update that changes parts or the DAG: its spec serves once its set does."""
+
+    spec: ModelSpec
+    set_id: str
+    change: int  # its SpecChange number
+
+
 class ModelRecord(BaseModel):
     """A ModelWorkflow's state, and whole its continue-as-new payload: the model's sets, what
     serves, its placement, the queue. (What only a running handler holds, a delete or a
@@ -119,6 +146,8 @@ class ModelRecord(BaseModel):
     active_rollout: ActiveRollout | None = None
     older_sets: OlderSets = Field(default_factory=OlderSets)
     updated_at: datetime | None = None  # workflow time of the last pass of the model's loop
+    spec_changes: list[SpecChange] = Field(default_factory=list)  # the latest SPEC_CHANGES_KEPT
+    spec_pending: SpecPending | None = None
 
 
 class ModelWorkflowInput(Frozen):
@@ -163,6 +192,25 @@ class DeleteResult(Frozen):
     removed_apps: list[str]
 
 
+class UpdateModelInput(Frozen):
+    """Update `update_model`: the model's whole new spec (as `model update -f` reads it)."""
+
+    spec: ModelSpec
+    who: str = "unknown"
+    # Snapshots the update brings, for an update that makes a new set (parts, factories, hardware
+    # or the DAG changed): required for an added part; the serving set's snapshots fill the rest.
+    snapshots: dict[str, SnapshotRef] = Field(default_factory=dict)
+
+
+class UpdateModelResult(Frozen):
+    model: str
+    kind: str  # ipnext.spec_update.UpdateKind: none, in_place, capacity, new_set
+    changes: list[str]
+    outcome: str  # as SpecChange.outcome; "no change" for an identical spec
+    set_id: str | None = None  # new_set: the set that carries it
+    plan_revision: int | None = None  # capacity: the placement moved to
+
+
 class ValidateSpecInput(Frozen):
     """ValidateModelWorkflow's input: the spec the worker checks before the model is registered."""
 
@@ -184,6 +232,8 @@ class ModelState(Frozen):
     reconcile: ReconcileRecord | None = None  # the serving checks: repairs and failures
     active_rollout: ActiveRollout | None = None  # the rollout child the model waits on
     older_sets: OlderSets | None = None  # sets no longer kept whole, summarized
+    spec_changes: list[SpecChange] = Field(default_factory=list)  # updates of the spec, newest last
+    spec_pending: SpecPending | None = None  # an update rolling out with its new set
     # Workflow time when the model workflow last looked at its record (every pass of its loop:
     # at least every serving check while idle). A reader says how old the answer is from it.
     updated_at: datetime | None = None
@@ -246,6 +296,12 @@ class RolloutInput(Frozen):
     # theirs is deployed, routed, waited on or gated; their callers reach other regions through
     # the routing document. Their old apps are removed without waiting.
     down_regions: list[str] = Field(default_factory=list)
+    # The spec the old set's apps run under, when a model update changed parts or the DAG and
+    # `spec` is the new one (None: both sets run under `spec`). Such a rollout moves whole sets.
+    old_spec: ModelSpec | None = None
+
+    def spec_of_old(self) -> ModelSpec:
+        return self.old_spec or self.spec
 
 
 class RolloutResult(Frozen):

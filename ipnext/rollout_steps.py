@@ -73,10 +73,13 @@ def is_gradual(input: RolloutInput) -> bool:
 
 
 def rolling_parts(input: RolloutInput) -> list[str]:
-    """sync: independent: the parts whose snapshot changed, in DAG order (each rolls on its own)."""
+    """sync: independent: the parts whose snapshot changed, in DAG order (each rolls on its own);
+    none (the whole set moves) when the sets run under different specs."""
     old = input.old_set
     if not is_gradual(input) or input.spec.sync != "independent" or old is None or old.id == input.new_set.id:
         return []
+    if input.old_spec is not None and input.old_spec != input.spec:
+        return []  # a model update changed parts or the DAG: the sets' parts do not mix
     return [
         part
         for part in input.spec.topological_order()

@@ -74,7 +74,7 @@ from ipnext.errors import (
     error_from_type,
 )
 from ipnext.identity import default_identity
-from ipnext.model import ModelSpec, SnapshotSetRequest, check_against_fleet
+from ipnext.model import ModelSpec, SnapshotRef, SnapshotSetRequest, check_against_fleet
 from ipnext.regions import FleetStatus, RegionChangeResult, RegionDownInput, RegionUpInput
 from ipnext.registry import (
     DeleteInput,
@@ -86,6 +86,8 @@ from ipnext.registry import (
     PublishInput,
     PublishResult,
     ReconcileRecord,
+    UpdateModelInput,
+    UpdateModelResult,
     ValidateSpecInput,
 )
 from ipnext.rollout import (
@@ -327,6 +329,32 @@ class Client:
         try:
             await handle.result()
         except WorkflowFailureError as err:
+            raise _translate(err) from None
+        return result
+
+    async def update_model(
+        self,
+        spec: ModelSpec,
+        who: str = "sdk",
+        snapshots: Path | dict[str, SnapshotRef] | None = None,
+    ) -> UpdateModelResult:
+        """Change a model's spec. The worker checks it as at publish (fleet, factories), then it
+        applies the lightest way it can: in place (gates, rollout and router settings, choices,
+        batching), a capacity move (traffic, latency budget, availability), or a new set of the
+        serving snapshots under the new spec, rolled out as usual (parts, factories, hardware, the
+        DAG). `snapshots` (a folder with a manifest, or part -> ref) brings snapshots for parts the
+        update adds or changes. A refused update changes nothing."""
+        if self.settings.fleet_file.is_file():
+            check_against_fleet(spec, self.settings.fleet())
+        refs = request_from_folder(snapshots).parts if isinstance(snapshots, Path) else dict(snapshots or {})
+        handle = await self._running_model(spec.name)
+        try:
+            result: UpdateModelResult = await handle.execute_update(
+                ModelWorkflowNames.UPDATE,
+                UpdateModelInput(spec=spec, who=who, snapshots=refs),
+                result_type=UpdateModelResult,
+            )
+        except WorkflowUpdateFailedError as err:
             raise _translate(err) from None
         return result
 

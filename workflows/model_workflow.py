@@ -46,9 +46,6 @@ with workflow.unsafe.imports_passed_through():
     from ipnext.activities.serving import TeardownInput, teardown_model
     from ipnext.activities.validate import ValidateSetInput, validate_snapshot_set
     from ipnext.contracts import (
-        MODEL_KEY,
-        STATE_KEY,
-        ModelStatus,
         ModelWorkflowNames,
         RolloutOutcome,
         SetStatus,
@@ -70,8 +67,11 @@ with workflow.unsafe.imports_passed_through():
         RolloutEnded,
         RolloutInput,
         RolloutResult,
+        UpdateModelInput,
+        UpdateModelResult,
     )
-    from ipnext.rollout import RolloutState, RolloutStatus
+    from ipnext.rollout import RolloutState
+    from ipnext.workflows.model_update import UPDATE_EXAMPLE, ModelUpdates, as_update_error
     from ipnext.workflows.rollout_workflow import RolloutWorkflow
     from ipnext.workflows.signals import NO_PAYLOAD, signal_input, update_input
 
@@ -93,7 +93,7 @@ EVENTS_PER_CHECK = 10
 
 
 @workflow.defn
-class ModelWorkflow:
+class ModelWorkflow(ModelUpdates):
     @workflow.init
     def __init__(self, input: ModelWorkflowInput) -> None:
         self._spec = input.spec
@@ -107,6 +107,7 @@ class ModelWorkflow:
         self._delete_by: str | None = None
         self._removed_apps: list[str] | None = None
         self._publishing = 0
+        self._updating = False
         # A serving model checks Serve against its record at the start of each run and after
         # each rollout, then every `reconcile.interval_seconds` while idle.
         self._reconcile_due = self._record.serving_set is not None
@@ -130,6 +131,8 @@ class ModelWorkflow:
             active_rollout=r.active_rollout,
             older_sets=r.older_sets,
             updated_at=r.updated_at,
+            spec_changes=list(r.spec_changes),
+            spec_pending=r.spec_pending,
         )
 
     # ---- replanned placement -------------------------------------------------------------
@@ -187,7 +190,7 @@ class ModelWorkflow:
                 summary=f"validate {input.request.model} {input.request.version}",
             )
         except ActivityError as err:
-            raise _as_update_error(err) from None
+            raise as_update_error(err, "validation could not run", "SnapshotError") from None
         finally:
             self._publishing -= 1
         if self._delete_by is not None:
@@ -221,6 +224,13 @@ class ModelWorkflow:
         request = input.request
         if self._delete_by is not None:
             raise ApplicationError(f"model {self._spec.name} is being deleted", type="ModelNotFoundError")
+        pending = self._record.spec_pending
+        if pending is not None:
+            raise ApplicationError(
+                f"model {self._spec.name}: update {pending.change} of its spec is rolling out with set "
+                f"{pending.set_id}. Fix: publish when that rollout ends.",
+                type="SnapshotError",
+            )
         if request.model != self._spec.name:
             raise ApplicationError(
                 f"model: the snapshot set is for {request.model!r}, not {self._spec.name!r}. "
@@ -246,6 +256,17 @@ class ModelWorkflow:
                     "Fix: give every snapshot set a new version label.",
                     type="SnapshotError",
                 )
+
+    # ---- update: a new spec (workflows/model_update.py) -----------------------------------
+
+    @workflow.update(name=ModelWorkflowNames.UPDATE)
+    async def update_model(self, raw: Any = NO_PAYLOAD, _extra: Any = None) -> UpdateModelResult:
+        input = update_input(raw, UpdateModelInput, ModelWorkflowNames.UPDATE, UPDATE_EXAMPLE)
+        return await self._apply_update(input)
+
+    @update_model.validator
+    def _validate_update(self, raw: Any = NO_PAYLOAD, _extra: Any = None) -> None:
+        self._refuse_update(update_input(raw, UpdateModelInput, ModelWorkflowNames.UPDATE, UPDATE_EXAMPLE))
 
     # ---- delete --------------------------------------------------------------------------
 
@@ -316,7 +337,9 @@ class ModelWorkflow:
                 continue
             await workflow.wait_condition(lambda: workflow.all_handlers_finished() and self._publishing == 0)
             if not record.queued and record.pending_plan is None and self._delete_by is None:
-                workflow.continue_as_new(self._input.model_copy(update={"record": record}))
+                workflow.continue_as_new(
+                    self._input.model_copy(update={"record": record, "spec": self._spec})
+                )
         return await self._delete()
 
     def _has_work(self) -> bool:
@@ -400,9 +423,11 @@ class ModelWorkflow:
             )
         self._set_status(new.id, SetStatus.ROLLING_OUT)
         child_id = rollout_workflow_id(self._spec.name, new.id)
+        spec, old_spec = self._next_rollout_specs(new.id)
         await self._run_rollout(
             RolloutInput(
-                spec=self._spec,
+                spec=spec,
+                old_spec=old_spec,
                 plan=record.plan,
                 new_set=new,
                 old_set=old,
@@ -430,7 +455,8 @@ class ModelWorkflow:
             record.plan = pending.plan
             self._upsert_state()
             return
-        where = f"placement revision {pending.plan.revision} (fleet plan {pending.fleet_revision})"
+        why = pending.cause or f"fleet plan {pending.fleet_revision}"
+        where = f"placement revision {pending.plan.revision} ({why})"
         child_id = f"{rollout_workflow_id(self._spec.name, serving.id)}/plan-r{pending.plan.revision}"
         await self._run_rollout(
             RolloutInput(
@@ -515,7 +541,9 @@ class ModelWorkflow:
                 )
                 if self._ended is None and self._delete_by is None:
                     workflow.logger.info("model continues as new while %s runs", active.workflow_id)
-                    workflow.continue_as_new(self._input.model_copy(update={"record": self._record}))
+                    workflow.continue_as_new(
+                        self._input.model_copy(update={"record": self._record, "spec": self._spec})
+                    )
                 every = every or timedelta(seconds=self._input.rollout_check_seconds)
         outside, self._ended_outside = self._ended_outside, ""
         self._finish_rollout(active, self._ended)
@@ -591,6 +619,8 @@ class ModelWorkflow:
                 active.workflow_id, result.state, result.generations, result.detail or active.detail, old, new
             )
         done = result.state == RolloutState.COMPLETED
+        if active.kind != "capacity":
+            self._end_spec_update(new.id, done, result.state.value)
         if active.kind == "capacity":
             if done and active.new_plan is not None:
                 record.plan = active.new_plan
@@ -655,36 +685,6 @@ class ModelWorkflow:
             or info.get_current_history_length() >= self._input.history_limit
         )
 
-    def _rollout_status(
-        self,
-        child_id: str,
-        state: RolloutState,
-        generations: list[int],
-        detail: str,
-        old: SnapshotSet | None,
-        new: SnapshotSet,
-    ) -> RolloutStatus:
-        """The model's summary of its latest rollout; the child's `status` query has the live view."""
-        done = state == RolloutState.COMPLETED
-        traffic = {new.id: 100.0 if done else 0.0}
-        if old is not None and old.id == new.id:  # a capacity move: the same set serves throughout
-            traffic = {new.id: 100.0}
-        elif old is not None:
-            traffic[old.id] = 0.0 if done else 100.0
-        return RolloutStatus(
-            model=self._spec.name,
-            set_id=new.id,
-            from_set_id=old.id if old else None,
-            state=state,
-            step="finished" if state != RolloutState.RUNNING else "running",
-            traffic_percent=traffic,
-            generations=generations,
-            detail=detail,
-            workflow_id=child_id,
-            steps=list(self._spec.rollout.steps),
-            updated_at=workflow.now(),
-        )
-
     async def _delete(self) -> ModelWorkflowResult:
         self._upsert_state()
         removed = await workflow.execute_activity(
@@ -722,42 +722,6 @@ class ModelWorkflow:
             for s in self._record.sets
         ]
 
-    def _state(self) -> ModelStatus:
-        if self._delete_by is not None:
-            return ModelStatus.DELETING
-        if self._record.active_rollout is not None:
-            return ModelStatus.ROLLING_OUT
-        return ModelStatus.SERVING if self._record.serving_set else ModelStatus.EMPTY
-
-    def _upsert_state(self) -> None:
-        workflow.upsert_search_attributes(
-            [MODEL_KEY.value_set(self._spec.name), STATE_KEY.value_set(self._state().value)]
-        )
-        self._publish_details()
-
-    def _publish_details(self) -> None:
-        """The UI's current details, and the time `get` is as of (no command: replay-safe)."""
-        record = self._record
-        record.updated_at = workflow.now()
-        lines = [f"**{self._state()}**, owner {self._spec.owner}"]
-        lines.append(f"serving: {record.serving_set or 'nothing'}")
-        if record.queued:
-            lines.append(f"queued: {', '.join(record.queued)}")
-        if record.plan is not None:
-            lines.append(f"placement revision {record.plan.revision}: {', '.join(_regions(record.plan))}")
-        for s in record.sets[-5:]:
-            lines.append(f"- {s.id} ({s.version}): {s.status}")
-        last = record.rollout
-        if last is not None and last.state.is_terminal:
-            lines.append(f"last rollout {last.workflow_id}: outcome {last.state.value}")
-        checks = record.reconcile
-        if checks.repairs or checks.failures:
-            lines.append(
-                f"serving checks: {checks.checks}, {checks.repairs} repaired Serve "
-                f"(last: {checks.last_repair or 'none'}), {checks.failures} could not run"
-            )
-        workflow.set_current_details("\n\n".join(lines))
-
 
 def _ended_outside(child_id: str, err: ChildWorkflowError) -> str:
     """How a rollout child ended without a result, in words for the model's record."""
@@ -769,16 +733,3 @@ def _ended_outside(child_id: str, err: ChildWorkflowError) -> str:
     if isinstance(cause, WorkflowTimeoutError):
         return f"rollout {child_id} timed out"
     return f"rollout {child_id} failed: {cause if cause is not None else err.message}"
-
-
-def _as_update_error(err: ActivityError) -> ApplicationError:
-    cause = err.cause
-    if isinstance(cause, ApplicationError):
-        return ApplicationError(cause.message, type=cause.type, non_retryable=True)
-    return ApplicationError(
-        f"validation could not run: {cause or err}", type="SnapshotError", non_retryable=True
-    )
-
-
-def _regions(plan: Plan) -> list[str]:
-    return sorted({r for p in plan.deployments.values() for r in p.regions()})

@@ -36,7 +36,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from ipnext.contracts import MODEL_KEY, STATE_KEY, TRAFFIC_KEY, RolloutOutcome
     from ipnext.identity import attributed
-    from ipnext.model import SnapshotSet
+    from ipnext.model import ModelSpec, SnapshotSet
     from ipnext.plan import Plan
     from ipnext.registry import RolloutInput, RolloutProgress, RolloutResult
     from ipnext.rollout import (
@@ -181,20 +181,26 @@ class RolloutActions:
     async def _deploy(
         self, snapshot_set: SnapshotSet, plan: Plan, scales: dict[str, float]
     ) -> dict[str, str]:
-        """The set's apps at `scales` (part -> share of the plan's replicas)."""
-        scale, shares = steps.deploy_scale(scales, list(self._input.spec.parts))
+        """The set's apps at `scales` (part -> share of the plan's replicas), under the spec that
+        set runs with (the old one's, when a model update changed parts)."""
+        spec = self._spec_for(snapshot_set)
+        scale, shares = steps.deploy_scale(scales, list(spec.parts))
         sizes = ", ".join(f"{p} {v:.0%}" for p, v in sorted(shares.items())) or f"{scale:.0%}"
         deployed = await workflow.execute_activity(
             deploy_set_apps,
-            DeploySetInput(
-                spec=self._input.spec, snapshot_set=snapshot_set, plan=plan, scale=scale, part_scales=shares
-            ),
+            DeploySetInput(spec=spec, snapshot_set=snapshot_set, plan=plan, scale=scale, part_scales=shares),
             start_to_close_timeout=DEPLOY_TIMEOUT,
             heartbeat_timeout=HEARTBEAT_TIMEOUT,
             retry_policy=RETRY,
             summary=f"{snapshot_set.id} at {sizes} of plan revision {plan.revision}",
         )
         return dict(deployed.apps)
+
+    def _spec_for(self, snapshot_set: SnapshotSet) -> ModelSpec:
+        old = self._input.old_set
+        if old is not None and snapshot_set.id == old.id and old.id != self._input.new_set.id:
+            return self._input.spec_of_old()
+        return self._input.spec
 
     async def _route(
         self, weights: Weights, parts: PartWeights | None = None, gated: str | None = None
@@ -251,7 +257,12 @@ class RolloutActions:
             apps=dict(input.old_apps),
             generation_floor=max(p.generations, default=0),
             sets=[
-                SetTarget(snapshot_set=input.old_set, plan=self._old_plan(), scales=p.old_scales),
+                SetTarget(
+                    snapshot_set=input.old_set,
+                    plan=self._old_plan(),
+                    scales=p.old_scales,
+                    spec=input.old_spec,  # None: `spec`
+                ),
                 SetTarget(snapshot_set=input.new_set, plan=input.plan, scales=p.new_scales),
             ],
             routers=dict(p.routers),

@@ -131,7 +131,7 @@ class RolloutWorkflow(RolloutActions):
             else RolloutProgress(
                 traffic_percent=steps.initial_traffic(input),
                 part_traffic=dict.fromkeys(self._rolling, 0.0),
-                old_scales=dict.fromkeys(input.spec.parts, 1.0),
+                old_scales=dict.fromkeys(input.spec_of_old().parts, 1.0),
                 freeze_override=input.freeze_override,
             )
         )

@@ -41,7 +41,7 @@ from ipnext.contracts import poll_until, rollout_workflow_id
 from ipnext.counters import SetCounters
 from ipnext.model import ModelSpec, SnapshotRef, SnapshotSetRequest
 from ipnext.plan import DeploymentPlacement, Plan
-from ipnext.registry import ModelState, ModelWorkflowInput, PublishInput
+from ipnext.registry import ModelState, ModelWorkflowInput, PublishInput, ValidateSpecInput
 from ipnext.rollout import FreezeOverride, FreezeWindow, RolloutStatus
 from ipnext.worker import WORKFLOWS
 
@@ -74,6 +74,7 @@ class FakeServing:
         self.release: dict[str, asyncio.Event] = {}
         self.fail: set[str] = set()
         self.deployed: list[str] = []
+        self.deploy_specs: list[tuple[str, ModelSpec]] = []  # (set, the spec it was deployed under)
         self.deploy_plans: list[int] = []
         self.scales: list[tuple[str, int, float]] = []  # (set, plan revision, scale) per deploy
         self.part_scales: list[tuple[str, dict[str, float]]] = []  # (set, part -> share) per deploy
@@ -138,6 +139,14 @@ class FakeServing:
             raise ApplicationError("parts.embed: checksum mismatch", type="SnapshotError", non_retryable=True)
         return ValidateSetResult(parts=dict(input.request.parts))
 
+    @activity.defn(name="validate_model_spec")
+    async def validate_spec(self, input: ValidateSpecInput) -> None:
+        bad = sorted(p for p, part in input.spec.parts.items() if part.factory.startswith("bad"))
+        if bad:
+            raise ApplicationError(
+                f"parts.{bad[0]}.factory: cannot import it", type="SpecError", non_retryable=True
+            )
+
     @activity.defn(name="plan_placement")
     async def plan(self, input: PlanInput) -> Plan:
         placement = DeploymentPlacement(
@@ -159,6 +168,7 @@ class FakeServing:
                 f"Serve app of {set_id} is DEPLOY_FAILED", type="ServingError", non_retryable=True
             )
         self.deployed.append(set_id)
+        self.deploy_specs.append((set_id, input.spec))
         self.deploy_plans.append(input.plan.revision)
         self.scales.append((set_id, input.plan.revision, input.scale))
         self.part_scales.append((set_id, dict(input.part_scales)))
@@ -229,6 +239,7 @@ class FakeServing:
             self.reconcile,
             self.verify_pinned,
             self.validate,
+            self.validate_spec,
             self.plan,
             self.watch,
             self.deploy,
