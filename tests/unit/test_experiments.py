@@ -1,0 +1,156 @@
+"""Experiments' arithmetic: sticky assignment, signed request ids, totals, and the significance
+tests against scipy's own (Welch's t-test, and the chi-square test that the z-test squares to)."""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from collections import Counter
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import stats
+
+from ipnext.experiments import (
+    ArmTotals,
+    OutcomeTotals,
+    RequestIdError,
+    assign_arm,
+    compare,
+    compare_means,
+    compare_rates,
+    new_request_id,
+    read_request_id,
+)
+
+SECRET = b"s" * 32
+
+
+def totals(values: list[float]) -> OutcomeTotals:
+    out = OutcomeTotals()
+    for v in values:
+        out = out.add(v)
+    return out
+
+
+def test_assignment_is_sticky_split_as_asked_and_salted() -> None:
+    split = {"control": 50.0, "treatment": 50.0}
+    users = [str(u) for u in range(20_000)]
+    first = {u: assign_arm(split, "salt-a", u) for u in users}
+    assert all(assign_arm(split, "salt-a", u) == arm for u, arm in first.items())  # sticky
+    share = Counter(first.values())["treatment"] / len(users)
+    assert abs(share - 0.5) < 0.02, share
+    other = {u: assign_arm(split, "salt-b", u) for u in users}
+    moved = sum(first[u] != other[u] for u in users) / len(users)
+    assert abs(moved - 0.5) < 0.03, moved  # another experiment's salt assigns independently
+    uneven = Counter(assign_arm({"control": 90.0, "treatment": 10.0}, "salt-a", u) for u in users)
+    assert abs(uneven["treatment"] / len(users) - 0.10) < 0.01, uneven
+    with pytest.raises(ValueError, match=r"^split: no arm has a positive share"):
+        assign_arm({"control": 0.0}, "s", "1")
+
+
+def test_request_ids_carry_their_arm_and_refuse_tampering() -> None:
+    request_id = new_request_id(SECRET, "exp-1", "treatment")
+    assert read_request_id(SECRET, request_id) == ("exp-1", "treatment")
+    assert new_request_id(SECRET, "exp-1", "treatment") != request_id  # a nonce per answer
+    forged = request_id.replace(".treatment.", ".control.")
+    for bad, why in (
+        (forged, "its signature does not match"),
+        (request_id[:-1] + ("0" if request_id[-1] != "0" else "1"), "its signature does not match"),
+        ("req-123", "not an experiment's request id"),
+        ("x2" + request_id[2:], "not an experiment's request id"),
+    ):
+        with pytest.raises(RequestIdError, match=why):
+            read_request_id(SECRET, bad)
+    with pytest.raises(RequestIdError, match="signature"):
+        read_request_id(b"another secret", request_id)
+    with pytest.raises(ValueError, match="no dots"):
+        new_request_id(SECRET, "exp.1", "control")
+
+
+def test_totals_add_and_merge_to_the_same_as_all_at_once() -> None:
+    rng = random.Random(3)
+    values = [rng.gauss(5, 2) for _ in range(300)]
+    whole = totals(values)
+    halves = totals(values[:120]).merged(totals(values[120:]))
+    assert halves.count == whole.count == 300 and not whole.binary
+    assert math.isclose(halves.total, whole.total) and math.isclose(halves.squares, whole.squares)
+    assert math.isclose(whole.variance() or 0, statistics.variance(values), rel_tol=1e-9)
+    assert totals([1, 0, 1]).binary and not totals([1, 0, 2]).binary
+    assert totals([3.0]).variance() is None and OutcomeTotals().mean() is None
+    with pytest.raises(ValueError, match="finite"):
+        OutcomeTotals().add(float("nan"))
+    arms = ArmTotals(requests=10, errors=1, outcomes={"click": totals([1, 0])}).merged(
+        ArmTotals(requests=5, errors=0, outcomes={"dwell": totals([2.5])})
+    )
+    assert (arms.requests, arms.errors, sorted(arms.outcomes)) == (15, 1, ["click", "dwell"])
+    assert arms.error_rate() == pytest.approx(1 / 15)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(
+    st.lists(st.floats(-100, 100), min_size=2, max_size=60),
+    st.lists(st.floats(-100, 100), min_size=2, max_size=60),
+)
+def test_welch_matches_scipy(arm: list[float], control: list[float]) -> None:
+    got = compare_means(totals(arm), totals(control))
+    assert got is not None
+    if statistics.variance(arm) < 1e-9 or statistics.variance(control) < 1e-9:
+        return  # scipy answers nan there; ours says certain or none (below)
+    want = stats.ttest_ind(arm, control, equal_var=False)
+    interval = want.confidence_interval(0.95)
+    assert got.statistic == pytest.approx(want.statistic, rel=1e-6, abs=1e-9)
+    assert got.p_value == pytest.approx(want.pvalue, rel=1e-6, abs=1e-12)
+    assert got.degrees_of_freedom == pytest.approx(want.df, rel=1e-6)
+    assert (got.low, got.high) == (
+        pytest.approx(interval.low, abs=1e-6),
+        pytest.approx(interval.high, abs=1e-6),
+    )
+    assert got.difference == pytest.approx(statistics.fmean(arm) - statistics.fmean(control), abs=1e-9)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(st.integers(1, 5000), st.integers(1, 5000), st.data())
+def test_the_rate_test_is_scipys_chi_square_without_correction(n1: int, n0: int, data: st.DataObject) -> None:
+    x1 = data.draw(st.integers(0, n1))
+    x0 = data.draw(st.integers(0, n0))
+    got = compare_rates(x1, n1, x0, n0)
+    assert got is not None and got.difference == pytest.approx(x1 / n1 - x0 / n0)
+    if x1 + x0 in (0, n1 + n0):
+        assert (got.statistic, got.p_value) == (0.0, 1.0)
+        return
+    chi2, p, _, _ = stats.chi2_contingency([[x1, n1 - x1], [x0, n0 - x0]], correction=False)
+    assert got.statistic**2 == pytest.approx(chi2, rel=1e-6)
+    assert got.p_value == pytest.approx(p, rel=1e-6, abs=1e-300)
+    p1, p0 = x1 / n1, x0 / n0
+    margin = stats.norm.ppf(0.975) * math.sqrt(p1 * (1 - p1) / n1 + p0 * (1 - p0) / n0)
+    assert (got.low, got.high) == (
+        pytest.approx(got.difference - margin),
+        pytest.approx(got.difference + margin),
+    )
+
+
+def test_compare_picks_the_test_by_the_values() -> None:
+    clicks = compare(totals([1, 0, 1, 1]), totals([0, 0, 1, 0]))
+    assert clicks is not None and clicks.test == "two-proportion z"
+    dwell = compare(totals([1.5, 2.0, 3.0]), totals([1.0, 1.2, 0.9]))
+    assert dwell is not None and dwell.test == "welch t"
+    assert compare(totals([1.0]), totals([2.0, 3.0])) is None  # too few values for a variance
+    assert compare_rates(0, 0, 1, 2) is None
+    same = compare_means(totals([2.0, 2.0]), totals([2.0, 2.0]))
+    assert same is not None and (same.p_value, same.statistic) == (1.0, 0.0)
+    apart = compare_means(totals([3.0, 3.0]), totals([2.0, 2.0]))
+    assert apart is not None and apart.p_value == 0.0 and apart.statistic == math.inf
+
+
+def test_a_real_difference_is_found_and_none_is_not() -> None:
+    rng = random.Random(11)
+    better = totals([float(rng.random() < 0.30) for _ in range(4000)])
+    worse = totals([float(rng.random() < 0.25) for _ in range(4000)])
+    same = totals([float(rng.random() < 0.25) for _ in range(4000)])
+    found = compare(better, worse)
+    assert found is not None and found.p_value < 0.01 and found.low > 0
+    null = compare(same, worse)
+    assert null is not None and null.p_value > 0.01 and null.low < 0 < null.high
