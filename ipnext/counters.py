@@ -17,6 +17,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from ipnext.experiments import OutcomeTotals
+
 __all__ = [
     "BUCKET_RATIO",
     "LATENCY_LAYOUT",
@@ -121,6 +123,8 @@ class SetCounters(BaseModel):
     requests: int = 0
     errors: int = 0
     histograms: dict[str, list[int]] = Field(default_factory=dict)  # metric -> bucket counts
+    # Experiment outcomes reported for answers of this set app (the feedback route): name -> totals.
+    outcomes: dict[str, OutcomeTotals] = Field(default_factory=dict)
     # The layout `histograms` count into. None: the legacy fixed bounds (`LEGACY_BUCKETS_MS`),
     # which counters recorded before layouts existed carry: they have histograms and no `layout`.
     layout: BucketLayout | None = LATENCY_LAYOUT
@@ -162,7 +166,10 @@ class SetCounters(BaseModel):
         if not self._same_layout(earlier):
             return self.model_copy(deep=True)
         diff = SetCounters(
-            requests=self.requests - earlier.requests, errors=self.errors - earlier.errors, layout=self.layout
+            requests=self.requests - earlier.requests,
+            errors=self.errors - earlier.errors,
+            layout=self.layout,
+            outcomes={n: t.minus(earlier.outcomes.get(n, OutcomeTotals())) for n, t in self.outcomes.items()},
         )
         for metric, buckets in self.histograms.items():
             old = earlier.histograms.get(metric, [0] * len(buckets))
@@ -173,6 +180,8 @@ class SetCounters(BaseModel):
         """Cumulative counters never go down: if these did, they restarted after `earlier`. So
         did counters whose layout changed (only a new process counts on another layout)."""
         if self.requests < earlier.requests or self.errors < earlier.errors:
+            return True
+        if any(self.outcomes.get(n, OutcomeTotals()).count < t.count for n, t in earlier.outcomes.items()):
             return True
         if not self._same_layout(earlier):
             return True
@@ -190,8 +199,15 @@ class SetCounters(BaseModel):
         depends on the layouts alone, so a sum is the same in any order (workflow replay)."""
         sides = [c for c in (self, other) if c.histograms]
         layout = max((c.layout for c in sides), key=_rank) if sides else self.layout
+        names = sorted(set(self.outcomes) | set(other.outcomes))
         merged = SetCounters(
-            requests=self.requests + other.requests, errors=self.errors + other.errors, layout=layout
+            requests=self.requests + other.requests,
+            errors=self.errors + other.errors,
+            layout=layout,
+            outcomes={
+                n: self.outcomes.get(n, OutcomeTotals()).merged(other.outcomes.get(n, OutcomeTotals()))
+                for n in names
+            },
         )
         zeros = [0] * (len(bucket_bounds(layout)) + 1)
         for side in (c for c in sides if c.layout == layout):

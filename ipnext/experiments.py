@@ -26,7 +26,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pydantic import Field
-from scipy import special
 
 from ipnext.contracts import Frozen
 from ipnext.routing import weighted_draw
@@ -109,6 +108,15 @@ class OutcomeTotals(Frozen):
             binary=self.binary and value in (0.0, 1.0),
         )
 
+    def minus(self, earlier: OutcomeTotals) -> OutcomeTotals:
+        """What was added since `earlier` (cumulative totals, as counters are diffed)."""
+        return OutcomeTotals(
+            count=self.count - earlier.count,
+            total=self.total - earlier.total,
+            squares=self.squares - earlier.squares,
+            binary=self.binary,
+        )
+
     def merged(self, other: OutcomeTotals) -> OutcomeTotals:
         return OutcomeTotals(
             count=self.count + other.count,
@@ -170,6 +178,8 @@ class Comparison:
 
 
 def _z(confidence: float) -> float:
+    from scipy import special  # here: routers and workflows import this module, not the tests
+
     return math.sqrt(2) * float(special.erfinv(confidence))
 
 
@@ -177,6 +187,8 @@ def compare_rates(
     successes: int, trials: int, control_successes: int, control_trials: int, confidence: float = CONFIDENCE
 ) -> Comparison | None:
     """Two-proportion z-test of arm against control; None without trials on both sides."""
+    from scipy import special
+
     if trials <= 0 or control_trials <= 0:
         return None
     p1, p0 = successes / trials, control_successes / control_trials
@@ -206,6 +218,8 @@ def compare_means(
     arm: OutcomeTotals, control: OutcomeTotals, confidence: float = CONFIDENCE
 ) -> Comparison | None:
     """Welch's t-test of arm against control; None under two values on either side."""
+    from scipy import special
+
     v1, v0 = arm.variance(), control.variance()
     m1, m0 = arm.mean(), control.mean()
     if v1 is None or v0 is None or m1 is None or m0 is None:

@@ -23,6 +23,7 @@ __all__ = [
     "IPNEXT",
     "NEEDS_ATTENTION",
     "AbortInput",
+    "ExperimentRoute",
     "FreezeCalendar",
     "FreezeOverride",
     "FreezeWindow",
@@ -53,6 +54,29 @@ NEEDS_ATTENTION = "needs_attention"  # a rollback that cannot complete: on-call 
 FREEZE_PAUSE = "freeze: "  # the reason's start of a freeze window's hold; ends with the window
 
 
+class ExperimentRoute(Frozen):
+    """A running experiment as routers draw it: a request that names its `unit` goes to the set app
+    of the arm `experiments.assign_arm` gives that unit (sticky: a salted hash), and its answer
+    carries the arm and a signed request id; a request without a unit runs as if there were no
+    experiment (`RouterConfig.weights`)."""
+
+    experiment: str = Field(pattern=r"^[a-z][a-z0-9-]*$")
+    salt: str = Field(min_length=8)
+    control: str
+    arms: dict[str, str] = Field(min_length=2)  # arm -> set app
+    split: dict[str, float]  # arm -> percent of units
+
+    @model_validator(mode="after")
+    def _arms_and_split_agree(self) -> ExperimentRoute:
+        if self.control not in self.arms:
+            raise ValueError(f"control: {self.control!r} is not one of the arms {sorted(self.arms)}")
+        if set(self.split) != set(self.arms):
+            raise ValueError(f"split: names the arms {sorted(self.split)}, the arms are {sorted(self.arms)}")
+        if any(share < 0 for share in self.split.values()) or abs(sum(self.split.values()) - 100) > 1e-6:
+            raise ValueError(f"split: shares of at least 0 that sum to 100, got {self.split}")
+        return self
+
+
 class RouterConfig(Frozen):
     """The router app's user_config: applied in place by `reconfigure`, never restarting it.
 
@@ -66,6 +90,7 @@ class RouterConfig(Frozen):
     weights: dict[str, float]  # set app name -> percent of traffic
     parts: dict[str, dict[str, float]] = Field(default_factory=dict)  # part -> set app -> percent
     gated_part: str | None = None
+    experiment: ExperimentRoute | None = None
 
     @model_validator(mode="after")
     def _gated_part_has_weights(self) -> RouterConfig:
@@ -76,6 +101,8 @@ class RouterConfig(Frozen):
     def apps(self) -> set[str]:
         """Every set app a request may reach."""
         named = {a for a, w in self.weights.items() if w > 0}
+        if self.experiment is not None:
+            named |= {app for arm, app in self.experiment.arms.items() if self.experiment.split[arm] > 0}
         return named | {a for by_app in self.parts.values() for a, w in by_app.items() if w > 0}
 
 

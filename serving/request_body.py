@@ -14,9 +14,19 @@ import math
 import re
 from array import array
 from itertools import accumulate
-from typing import Any
+from typing import Any, NamedTuple
 
-__all__ = ["BodyError", "check_json_depth", "first_non_finite", "parse_request_body"]
+__all__ = [
+    "BodyError",
+    "Feedback",
+    "check_json_depth",
+    "first_non_finite",
+    "parse_feedback_body",
+    "parse_request_body",
+]
+
+MAX_UNIT_CHARS = 256
+MAX_OUTCOMES = 32
 
 # A JSON string, escapes included: what the nesting count must skip ("[" inside a string).
 _STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
@@ -90,4 +100,47 @@ def parse_request_body(raw: bytes, max_depth: int) -> dict[str, Any]:
     key = body.get("key")
     if key is not None and not isinstance(key, str):
         raise BodyError(400, f"key: {key!r:.80} is not a string; send the sticky key as a string")
+    unit = body.get("unit")
+    if unit is not None:
+        body["unit"] = _unit(unit)
     return body
+
+
+def _unit(unit: Any) -> str:
+    """An experiment's unit (a user id): a string or an integer, the same user as either."""
+    if isinstance(unit, bool) or not isinstance(unit, (str, int)):
+        raise BodyError(400, f"unit: {unit!r:.80} is not a string or an integer; send the user's id")
+    text = str(unit)
+    if not 0 < len(text) <= MAX_UNIT_CHARS:
+        raise BodyError(400, f"unit: 1 to {MAX_UNIT_CHARS} characters, got {len(text)}")
+    return text
+
+
+class Feedback(NamedTuple):
+    request_id: str
+    outcome: dict[str, float]  # name -> value
+
+
+def parse_feedback_body(raw: bytes, max_depth: int) -> Feedback:
+    """A feedback body `{"request_id": "<an answer's id>", "outcome": {"<name>": number, ...}}`,
+    checked; `BodyError` (400) names what is wrong."""
+    check_json_depth(raw, max_depth)
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError) as err:
+        raise BodyError(400, f"body is not JSON: {err}") from None
+    if not isinstance(body, dict) or set(body) != {"request_id", "outcome"}:
+        raise BodyError(400, 'body must be a JSON object {"request_id": "...", "outcome": {"name": number}}')
+    request_id, outcome = body["request_id"], body["outcome"]
+    if not isinstance(request_id, str) or not request_id:
+        raise BodyError(400, f"request_id: {request_id!r:.80} is not an answer's request id (a string)")
+    if not isinstance(outcome, dict) or not 0 < len(outcome) <= MAX_OUTCOMES:
+        raise BodyError(400, f'outcome: an object of 1 to {MAX_OUTCOMES} named numbers, e.g. {{"click": 1}}')
+    values: dict[str, float] = {}
+    for name, value in outcome.items():
+        if not re.fullmatch(r"[a-z][a-z0-9_]{0,62}", name):
+            raise BodyError(400, f"outcome.{name[:64]}: a name of lowercase letters, digits and _")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise BodyError(400, f"outcome.{name}: {value!r:.40} is not a finite number")
+        values[name] = float(value)
+    return Feedback(request_id, values)

@@ -8,6 +8,7 @@ import math
 import random
 from typing import Any, NamedTuple
 
+from ipnext.experiments import assign_arm
 from ipnext.model import DAG_INPUT
 from ipnext.rollout import RouterConfig
 from ipnext.routing import weighted_draw
@@ -23,6 +24,7 @@ class PickedApps(NamedTuple):
     counted: str  # the app the request is counted against and stamped with
     base: str  # the app whose DAG runs
     part_apps: dict[str, str]  # part that rolls on its own -> the app it runs on
+    arm: str | None = None  # the experiment arm of the request's unit
 
 
 def pick_set(weights: dict[str, float], key: str | None, rng: random.Random) -> str | None:
@@ -32,13 +34,20 @@ def pick_set(weights: dict[str, float], key: str | None, rng: random.Random) -> 
 
 
 def pick_apps(
-    config: RouterConfig, reachable: set[str], key: str | None, rng: random.Random
+    config: RouterConfig, reachable: set[str], key: str | None, rng: random.Random, unit: str | None = None
 ) -> PickedApps | None:
     """The apps of one request, or None when no app is reachable.
 
-    `base` is drawn from `config.weights` and runs the DAG; each part that rolls on its own
+    In an experiment, a request with a `unit` runs whole on its arm's set app, or nowhere while
+    that app is unreachable: another arm would break the unit's stickiness. Otherwise `base` is
+    drawn from `config.weights` and runs the DAG; each part that rolls on its own
     (`config.parts`) runs on the app drawn from its weights; the request is counted against
     (and stamped with) the gated part's app, else the base app."""
+    experiment = config.experiment
+    if experiment is not None and unit is not None:
+        arm = assign_arm(experiment.split, experiment.salt, unit)
+        app = experiment.arms[arm]
+        return PickedApps(app, app, {}, arm) if app in reachable else None
 
     def pick(weights: dict[str, float]) -> str | None:
         return pick_set({a: w for a, w in weights.items() if a in reachable}, key, rng)
