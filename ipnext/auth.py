@@ -9,8 +9,10 @@ The keys file is YAML, written by `ipnext dev up` (its first key) and `ipnext au
         sha256: 3f1c...           # of the key; the key itself is shown once, when made
         models: [feed-ranker, "ranking-*"]   # a name, a prefix ending in *, or "*" for every model
 
-Keys are 256-bit random tokens, so an unsalted SHA-256 is enough to keep the file useless to
-whoever reads it (a password would need a slow, salted hash; a random key does not).
+Keys are 256-bit random tokens, so an unsalted SHA-256 is enough to keep the keys useless to
+whoever reads the file (a password would need a slow, salted hash; a random key does not). The
+file also holds `request_signing_secret`, the HMAC key of experiments' request ids, so it is
+written readable by its owner only.
 """
 
 from __future__ import annotations
@@ -70,6 +72,10 @@ class KeysFile(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     keys: list[ApiKeyEntry] = Field(default_factory=list)
+    # The routers' HMAC key for experiments' request ids (`ipnext.experiments`), 256 random bits
+    # in hex: the one secret in this file, which is why it is the owner's alone (0600). Written
+    # with the first key; None in files from before experiments (no request ids are signed).
+    request_signing_secret: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
 
     @model_validator(mode="after")
     def _unique(self) -> KeysFile:
@@ -143,7 +149,8 @@ def add_key(path: Path, name: str, models: list[str]) -> str:
     key = new_key()
     try:
         entry = ApiKeyEntry(name=name, sha256=hash_key(key), models=models)
-        updated = KeysFile(keys=[*current.keys, entry])
+        secret = current.request_signing_secret or secrets.token_hex(32)
+        updated = KeysFile(keys=[*current.keys, entry], request_signing_secret=secret)
     except ValidationError as err:
         raise SpecError(
             f"the key is invalid: {format_validation_error(err)}",
@@ -184,7 +191,12 @@ class KeyCheck:
         self._checked_at = -float("inf")
         self._stamp: tuple[int, int] | None = None  # (mtime_ns, size) of the file last read
         self._by_hash: dict[str, ApiKeyEntry] | None = None
+        self._secret: bytes | None = None
         self.last_error: str | None = None
+
+    def signing_secret(self) -> bytes | None:
+        """The file's request-signing secret (None: the file has none, or cannot be read)."""
+        return self._secret if self._keys() is not None else None
 
     def refuse(self, authorization: str | None, model: str) -> tuple[int, str] | None:
         """None when the header's key may call `model`; else the status and the message."""
@@ -213,9 +225,11 @@ class KeyCheck:
                 read = read_keys(self._path)
                 # A dict keyed by hash: the lookup compares hashes, which reveal nothing of a key.
                 self._by_hash = {entry.sha256: entry for entry in read.keys}
+                secret = read.request_signing_secret
+                self._secret = bytes.fromhex(secret) if secret is not None else None
                 self._stamp = stamp
                 self.last_error = None
         except (OSError, SpecError) as err:  # closed, not open: no keys, every request refused
             self.last_error = str(err)
-            self._by_hash, self._stamp = None, None
+            self._by_hash, self._stamp, self._secret = None, None, None
         return self._by_hash

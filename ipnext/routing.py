@@ -92,6 +92,11 @@ def predict_path(model: str, region: str) -> str:
     return f"/{region}/models/{model}/predict"
 
 
+def feedback_path(model: str, region: str) -> str:
+    """The model's feedback route in a serving region: outcomes of answers given in an experiment."""
+    return f"/{region}/models/{model}/feedback"
+
+
 def demand_path(model: str, region: str) -> str:
     """The model's observed demand in a serving region, by source (its router app there)."""
     return f"/{region}/models/{model}/demand"

@@ -531,13 +531,19 @@ class Client:
     # ---- predictions (no Temporal call: see AsyncPredictionClient) -----------------------
 
     async def predict(self, name: str, inputs: Any, **where: str | None) -> Prediction:
-        """`AsyncPredictionClient.predict` (keywords `source`, `region`, `key`): POST to the
+        """`AsyncPredictionClient.predict` (keywords `source`, `region`, `key`, `unit`): POST to the
         serving region the model's routing document picks for `source`."""
         return await self.predictions.predict(name, inputs, **where)
 
     def predict_stream(self, name: str, inputs: Any, **where: str | None) -> AsyncIterator[Prediction]:
         """`AsyncPredictionClient.predict_stream` (same keywords): the answer piece by piece."""
         return self.predictions.predict_stream(name, inputs, **where)
+
+    async def feedback(
+        self, name: str, answer: Prediction | str, outcome: dict[str, float], region: str | None = None
+    ) -> dict[str, Any]:
+        """`AsyncPredictionClient.feedback`: what came of an answer given in an experiment."""
+        return await self.predictions.feedback(name, answer, outcome, region=region)
 
     async def model_demand(self, name: str, window_seconds: float = 60.0) -> ModelDemand:
         """The model's declared demand (`traffic.peak_qps`) against what its callers sent, per

@@ -28,6 +28,7 @@ from ipnext.auth import KeyCheck
 from ipnext.counters import SetCounters
 from ipnext.demand import SOURCE_HEADER, valid_source
 from ipnext.errors import PartInputError
+from ipnext.experiments import OutcomeTotals, RequestIdError, new_request_id, read_request_id
 from ipnext.model import DAG_INPUT, DAG_OUTPUT
 from ipnext.rollout import RouterConfig
 from ipnext.serving.choices import FallbackReason, VariantRouter, variant_label
@@ -40,7 +41,7 @@ from ipnext.serving.layout import (
     SetDescription,
     metrics_actor_name,
 )
-from ipnext.serving.request_body import BodyError, parse_request_body
+from ipnext.serving.request_body import BodyError, parse_feedback_body, parse_request_body
 from ipnext.serving.traffic import PickedApps, all_finite, join_shards, jsonable, pick_apps, upstream_values
 
 __all__ = ["NonFiniteOutputsError", "Router", "router_app"]
@@ -221,8 +222,10 @@ class Router:
                 return await self._demand_answer(request)
             if request.method == "GET" and not path.endswith("/predict"):
                 return JSONResponse(self.state())
+            if request.method == "POST" and path.endswith("/feedback"):
+                return _answer(*self.feedback(await self._read_body(request)))
             if request.method != "POST" or not path.endswith("/predict"):
-                return _answer(*_refusal(404, "use POST .../predict"))
+                return _answer(*_refusal(404, "use POST .../predict (or .../feedback)"))
             source = request.headers.get(SOURCE_HEADER) or self._region
             if not valid_source(source):
                 return _answer(*_refusal(400, f"{SOURCE_HEADER}: {source[:80]!r} is not a region name"))
@@ -231,11 +234,12 @@ class Router:
             except BodyError as err:  # the caller's mistake: never counted against a set
                 return _answer(*_refusal(err.status, err.message))
             self._demand[source] = self._demand.get(source, 0) + 1  # admitted: observed demand
+            key, unit = body.get("key"), body.get("unit")
             if body.get("stream"):
                 return StreamingResponse(
-                    self._stream_events(body["inputs"], body.get("key")), media_type="text/event-stream"
+                    self._stream_events(body["inputs"], key, unit), media_type="text/event-stream"
                 )
-            return _answer(*await self.predict(body["inputs"], body.get("key")))
+            return _answer(*await self.predict(body["inputs"], key, unit=unit))
         except Exception as err:  # a bug of the router itself: say so without its insides
             return _answer(*_server_failure(500, "the router failed", err))
 
@@ -274,15 +278,54 @@ class Router:
             chunks.append(chunk)
         return b"".join(chunks)
 
-    async def _stream_events(self, inputs: Any, key: str | None) -> AsyncIterator[str]:
+    async def _stream_events(self, inputs: Any, key: str | None, unit: str | None) -> AsyncIterator[str]:
         """Server-sent events: one envelope per piece of the final part's answer (a part
         without `stream` gives one piece); a failure is an event with `error_id`, `message` and
         `status`. If the client goes away, the part's stream is cancelled with this generator."""
-        async for envelope in self.stream(inputs, key):
+        async for envelope in self.stream(inputs, key, unit=unit):
             yield f"data: {json.dumps(envelope)}\n\n"
 
-    def _pick(self, key: str | None) -> PickedApps | None:
-        return pick_apps(self._config, set(self._routes), key, self._rng)
+    def _pick(self, key: str | None, unit: str | None = None) -> PickedApps | None:
+        return pick_apps(self._config, set(self._routes), key, self._rng, unit)
+
+    def _stamp_arm(self, picked: PickedApps) -> dict[str, Any]:
+        """What an answer says of the experiment: its arm (None outside one) and, in one, the
+        signed id that feedback names (none while the keys file has no signing secret)."""
+        experiment = self._config.experiment
+        if picked.arm is None or experiment is None:
+            return {"arm": None}
+        secret = self._keys.signing_secret() if self._keys is not None else None
+        if secret is None:
+            return {"arm": picked.arm}
+        return {"arm": picked.arm, "request_id": new_request_id(secret, experiment.experiment, picked.arm)}
+
+    def feedback(self, raw: bytes) -> tuple[dict[str, Any], int]:
+        """POST .../feedback `{request_id, outcome: {name: number}}`: the outcomes count for the
+        arm the (signed) id names, in its set app's counters, while its experiment runs here."""
+        experiment = self._config.experiment
+        try:
+            given = parse_feedback_body(raw, self._limits.max_json_depth)
+        except BodyError as err:
+            return _refusal(err.status, err.message)
+        secret = self._keys.signing_secret() if self._keys is not None else None
+        if secret is None:
+            return _refusal(503, "feedback needs the keys file's request_signing_secret; ask the operator")
+        try:
+            name, arm = read_request_id(secret, given.request_id)
+        except RequestIdError as err:
+            return _refusal(400, str(err))
+        if experiment is None or experiment.experiment != name:
+            return _refusal(
+                410, f"request_id: experiment {name} is not running here; its outcomes are refused"
+            )
+        app = experiment.arms.get(arm)
+        if app is None:
+            return _refusal(400, f"request_id: {arm!r} is not an arm of experiment {name}")
+        self._pusher.ensure_running()
+        counters = self._counters.setdefault(app, SetCounters())
+        for outcome, value in given.outcome.items():
+            counters.outcomes[outcome] = counters.outcomes.get(outcome, OutcomeTotals()).add(value)
+        return {"experiment": name, "arm": arm, "recorded": sorted(given.outcome)}, 200
 
     def _no_set(self) -> str:
         return f"model {self._model} has no serving set in {self._region}"
@@ -305,7 +348,7 @@ class Router:
             self._demand[source] = self._demand.get(source, 0) + 1
 
     async def stream(
-        self, inputs: Any, key: str | None = None, source: str | None = None
+        self, inputs: Any, key: str | None = None, source: str | None = None, unit: str | None = None
     ) -> AsyncIterator[dict[str, Any]]:
         """The streaming `predict`: every part but the DAG's final one runs as usual, then the
         final part streams. Counted as one request (latency: first piece to last). Choice nodes
@@ -314,12 +357,13 @@ class Router:
         a request from the OpenAI door, counted in observed demand here."""
         self.admit(source)
         deadline = asyncio.get_running_loop().time() + self._limits.deadline_seconds
-        picked = self._pick(key)
+        picked = self._pick(key, unit)
         if picked is None:
             body, status = _refusal(503, self._no_set())
             yield {**body, "status": status}
             return
         set_id = self._routes[picked.counted].set_id
+        arm = self._stamp_arm(picked)  # one id for the whole stream
         dag = self._routes[picked.base]
         part_routes = {p: self._routes[a] for p, a in picked.part_apps.items()}
         attempt = _Attempt(dag.variants.choose(inputs, time.monotonic()))
@@ -347,7 +391,13 @@ class Router:
                 output = jsonable(reply["output"])
                 if not all_finite(output):
                     raise NonFiniteOutputsError()
-                yield {"outputs": output, "set": set_id, "parts": dict(attempt.stamps), "variant": variant}
+                yield {
+                    "outputs": output,
+                    "set": set_id,
+                    "parts": dict(attempt.stamps),
+                    "variant": variant,
+                    **arm,
+                }
             pieces = None
         except PartInputError as err:  # the caller's mistake: not counted against the set
             body, status = _refusal(400, _cause(err))
@@ -367,13 +417,13 @@ class Router:
         self._count(picked.counted, (time.perf_counter() - started) * 1000)
 
     async def predict(
-        self, inputs: Any, key: str | None = None, source: str | None = None
+        self, inputs: Any, key: str | None = None, source: str | None = None, unit: str | None = None
     ) -> tuple[dict[str, Any], int]:
         """One request through the DAG, within the deadline. What counts against the set is the
         table of docs/ARCHITECTURE.md: a caller's mistake (400) does not; a part's failure, a
         part's full queue (503) and a passed deadline (504) do. `source` as for `stream`."""
         self.admit(source)
-        picked = self._pick(key)
+        picked = self._pick(key, unit)
         if picked is None:
             return _refusal(503, self._no_set())
         set_id = self._routes[picked.counted].set_id  # the set the answer is counted against and stamped with
@@ -395,7 +445,7 @@ class Router:
         # the gates must see it, or a bad snapshot of a variant would roll out unnoticed.
         self._count(picked.counted, None if attempt.retried else (time.perf_counter() - started) * 1000)
         envelope = {"outputs": outputs, "set": set_id, "parts": attempt.stamps}
-        return {**envelope, "variant": variant_label(attempt.chosen)}, 200
+        return {**envelope, "variant": variant_label(attempt.chosen), **self._stamp_arm(picked)}, 200
 
     def _failure(self, err: Exception, attempt: _Attempt) -> tuple[dict[str, Any], int]:
         """The answer to a request the set failed: 504 past the deadline, 503 when a part's

@@ -23,7 +23,7 @@ import json
 import random
 import threading
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Iterator
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Iterator, Mapping
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -42,7 +42,14 @@ from ipnext.errors import (
     PredictionServerError,
     PredictionTransportError,
 )
-from ipnext.routing import RoutingDocument, demand_path, fallback_order, predict_path, routing_path
+from ipnext.routing import (
+    RoutingDocument,
+    demand_path,
+    fallback_order,
+    feedback_path,
+    predict_path,
+    routing_path,
+)
 
 __all__ = ["AsyncPredictionClient", "Prediction", "PredictionClient"]
 
@@ -70,6 +77,8 @@ class Prediction(BaseModel):
     parts: dict[str, str]
     variant: str | None = None
     region: str
+    arm: str | None = None  # in an experiment: the arm of the request's unit
+    request_id: str | None = None  # in an experiment: what `feedback` names (signed)
 
 
 class AsyncPredictionClient:
@@ -164,11 +173,13 @@ class AsyncPredictionClient:
         source: str | None = None,
         region: str | None = None,
         key: str | None = None,
+        unit: str | int | None = None,
     ) -> Prediction:
         """POST to the region the routing document picks for `source` (or to `region`, if given:
-        then to that region only). `key` makes both the region and the set sticky for that key.
+        then to that region only). `key` makes both the region and the set sticky for that key;
+        `unit` (a user id) is the experiment's unit: its arm, the same on every request.
         A region that does not answer is passed over for the next (see the module's docstring)."""
-        body = _body(inputs, key)
+        body = _body(inputs, key, unit)
         deadline = self._clock() + self._timeout_s
 
         async def attempt(target: str, limit: float) -> httpx.Response:
@@ -284,6 +295,26 @@ class AsyncPredictionClient:
         now = self._clock()
         return sorted(order, key=lambda r: self._down.get(r, 0.0) > now)
 
+    async def feedback(
+        self, model: str, answer: Prediction | str, outcome: Mapping[str, float], *, region: str | None = None
+    ) -> dict[str, Any]:
+        """Report what came of an answer given in an experiment (`outcome`, e.g. {"click": 1}): it
+        counts for the arm the answer's signed `request_id` names. Sent to the region that gave
+        the answer (or `region`); any region of the model takes it. Refused (PredictionError with
+        the status) for an id that is not an experiment's, or whose experiment has ended (410)."""
+        request_id = answer.request_id if isinstance(answer, Prediction) else answer
+        if not request_id:
+            raise ValueError("answer: it carries no request_id (it was not given in an experiment)")
+        target = region or (answer.region if isinstance(answer, Prediction) else None)
+        if target is None:
+            target = self._order(await self.routing(model), None, None)[0]
+        body = {"request_id": request_id, "outcome": dict(outcome)}
+        response = await _within(self._http.post(feedback_path(model, target), json=body), self._timeout_s)
+        if response.status_code != 200:
+            raise _status_error(response, model, target)
+        answer_body: dict[str, Any] = response.json()
+        return answer_body
+
     async def predict_stream(
         self,
         model: str,
@@ -292,11 +323,12 @@ class AsyncPredictionClient:
         source: str | None = None,
         region: str | None = None,
         key: str | None = None,
+        unit: str | int | None = None,
     ) -> AsyncGenerator[Prediction, None]:
         """The answer piece by piece (server-sent events; a generative part streams its text, any
         other model answers in one piece). Leaving the loop early closes the connection, which
         cancels the request in the part."""
-        body = {**_body(inputs, key), "stream": True}
+        body = {**_body(inputs, key, unit), "stream": True}
         deadline = self._clock() + self._timeout_s
 
         async def attempt(target: str, limit: float) -> httpx.Response:
@@ -379,6 +411,12 @@ class PredictionClient:
         region the routing document picks for `source` (or to `region`, if given)."""
         return self._run(self._client.predict(model, inputs, **where))
 
+    def feedback(
+        self, model: str, answer: Prediction | str, outcome: Mapping[str, float], *, region: str | None = None
+    ) -> dict[str, Any]:
+        """As `AsyncPredictionClient.feedback`: outcomes of an answer given in an experiment."""
+        return self._run(self._client.feedback(model, answer, outcome, region=region))
+
     def predict_stream(self, model: str, inputs: Any, **where: str | None) -> Iterator[Prediction]:
         """The answer piece by piece, as `AsyncPredictionClient.predict_stream` (same keywords:
         source, region, key). Leaving the loop early closes the connection, which cancels the
@@ -404,10 +442,12 @@ class PredictionClient:
 # ---- the wire, converted once -------------------------------------------------------------
 
 
-def _body(inputs: Any, key: str | None) -> dict[str, Any]:
+def _body(inputs: Any, key: str | None, unit: str | int | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {"inputs": inputs}
     if key is not None:
         body["key"] = key
+    if unit is not None:
+        body["unit"] = unit
     return body
 
 

@@ -1,0 +1,142 @@
+"""The router in an experiment, on the real `Router` class with fake part handles (as in
+test_router_doors): a unit's answers come from its arm and say so with a signed request id, and
+feedback on that id counts for the arm, while forged ids, ended experiments and bad bodies are
+refused with the status and the field."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ipnext.auth import KeyCheck, add_key
+from ipnext.model import RouterSpec
+from ipnext.rollout import ExperimentRoute, RouterConfig
+from ipnext.serving import router as router_module
+from ipnext.serving.choices import VariantRouter
+from ipnext.serving.layout import RouterAppArgs, SetDescription
+from tests.unit.test_router_doors import Counted, FakeHandle, reply
+
+CONTROL, TREATMENT = "m.us-east.s1.r1", "m.us-east.s2.r1"
+EXPERIMENT = ExperimentRoute(
+    experiment="exp-1",
+    salt="salt-0123",
+    control="control",
+    arms={"control": CONTROL, "treatment": TREATMENT},
+    split={"control": 50.0, "treatment": 50.0},
+)
+
+
+@pytest.fixture
+def router(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
+    parts = {"embed": reply({"u": 1}), "dense": reply([0.5])}
+    monkeypatch.setattr(
+        router_module.serve,
+        "get_deployment_handle",
+        lambda name, app_name: FakeHandle(name.split("-")[0], parts, []),
+    )
+    monkeypatch.setattr(router_module, "RouterPrometheus", Counted)
+    monkeypatch.setattr(router_module.CounterPusher, "ensure_running", lambda self: None)
+    keys = tmp_path / "api-keys.yaml"
+    add_key(keys, "dev", ["*"])  # writes the request-signing secret with the first key
+    made = router_module.Router.func_or_class(
+        RouterAppArgs(model="m", region="us-east", router=RouterSpec(), keys_file=str(keys))
+    )
+    dag = [("input", "embed"), ("embed", "dense"), ("dense", "output")]
+    routes = {}
+    for number, app in enumerate((CONTROL, TREATMENT), start=1):
+        described = SetDescription(
+            set_id=f"m@{number}",
+            dag=dag,
+            order=["embed", "dense"],
+            deployments={"embed": {"embed-cpu": 1.0}, "dense": {"dense-cpu": 1.0}},
+        )
+        routes[app] = router_module._SetRoute(app, described, VariantRouter(dag, ["embed", "dense"], {}))
+    made._routes = routes
+    made._config = RouterConfig(generation=1, weights={CONTROL: 100}, experiment=EXPERIMENT)
+    made.fake_parts = parts  # a test may change what a part answers
+    return made
+
+
+def feedback(router: Any, body: dict[str, Any] | bytes) -> tuple[dict[str, Any], int]:
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    answer: tuple[dict[str, Any], int] = router.feedback(raw)
+    return answer
+
+
+async def test_a_units_answers_come_from_its_arm_with_a_signed_id(router: Any) -> None:
+    seen: dict[str, str] = {}
+    for user in range(40):
+        for _ in range(2):
+            body, status = await router.predict({"user": user}, unit=str(user))
+            assert status == 200 and body["arm"] in EXPERIMENT.arms
+            assert body["set"] == {"control": "m@1", "treatment": "m@2"}[body["arm"]]
+            assert body["request_id"].startswith(f"x1.exp-1.{body['arm']}.")
+            assert seen.setdefault(str(user), body["arm"]) == body["arm"]  # one arm per user
+    assert set(seen.values()) == {"control", "treatment"}
+    outside, status = await router.predict({"user": 1})
+    assert (
+        status == 200 and outside["arm"] is None and "request_id" not in outside and outside["set"] == "m@1"
+    )
+
+
+async def test_a_streamed_answer_says_its_arm_and_one_id_in_every_piece(router: Any) -> None:
+    async def pieces(upstream: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        for word in ("a", "b"):
+            yield {"output": word, "snapshot_id": "m/dense@v1"}
+
+    router.fake_parts["dense"] = pieces
+    streamed = [piece async for piece in router.stream({"user": 3}, unit="3")]
+    assert [p["outputs"] for p in streamed] == ["a", "b"]
+    arm = streamed[0]["arm"]
+    assert arm in EXPERIMENT.arms and {p["arm"] for p in streamed} == {arm}
+    assert len({p["request_id"] for p in streamed}) == 1 and streamed[0]["request_id"].startswith(
+        f"x1.exp-1.{arm}."
+    )
+
+
+async def test_feedback_counts_for_the_arm_its_id_names(router: Any) -> None:
+    body, _ = await router.predict({"user": 7}, unit="7")
+    arm = body["arm"]
+    for click in (1, 0, 1):
+        answer, status = feedback(router, {"request_id": body["request_id"], "outcome": {"click": click}})
+        assert status == 200 and answer == {"experiment": "exp-1", "arm": arm, "recorded": ["click"]}
+    counted = router._counters[EXPERIMENT.arms[arm]].outcomes["click"]
+    assert (counted.count, counted.total, counted.binary) == (3, 2.0, True)
+    other = EXPERIMENT.arms["treatment" if arm == "control" else "control"]
+    assert "click" not in router._counters.get(other, router_module.SetCounters()).outcomes
+
+
+async def test_forged_ended_and_malformed_feedback_is_refused(router: Any) -> None:
+    body, _ = await router.predict({"user": 7}, unit="7")
+    request_id = body["request_id"]
+    other = "treatment" if body["arm"] == "control" else "control"
+    forged = request_id.replace(f".{body['arm']}.", f".{other}.")
+    cases: list[tuple[dict[str, Any] | bytes, int, str]] = [
+        ({"request_id": forged, "outcome": {"click": 1}}, 400, "request_id: its signature does not match"),
+        ({"request_id": "abc", "outcome": {"click": 1}}, 400, "request_id: not an experiment's request id"),
+        ({"request_id": request_id, "outcome": {"click": "yes"}}, 400, "outcome.click:"),
+        (b"[1, 2", 400, "body is not JSON"),
+    ]
+    for sent, status, words in cases:
+        answer, got = feedback(router, sent)
+        assert got == status and answer["message"].startswith(words), answer
+    router._config = router._config.model_copy(update={"experiment": None})  # the experiment ended
+    answer, got = feedback(router, {"request_id": request_id, "outcome": {"click": 1}})
+    assert got == 410 and "experiment exp-1 is not running here" in answer["message"]
+    assert all(not c.outcomes for c in router._counters.values())
+
+
+async def test_without_a_signing_secret_answers_carry_no_id_and_feedback_is_503(
+    router: Any, tmp_path: Path
+) -> None:
+    bare = tmp_path / "old-keys.yaml"
+    bare.write_text("keys: []\n")  # a keys file from before experiments
+    router._keys = KeyCheck(bare)
+    body, status = await router.predict({"user": 7}, unit="7")
+    assert status == 200 and body["arm"] in EXPERIMENT.arms and "request_id" not in body
+    answer, got = feedback(router, {"request_id": "x1.exp-1.control.00.11", "outcome": {"click": 1}})
+    assert got == 503 and "request_signing_secret" in answer["message"]
