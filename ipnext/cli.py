@@ -2,7 +2,7 @@
 
 ipnext dev up [--nodes single|per-region] | down | status | hold|release NAME [--why W]
 ipnext model publish FILE | update -f FILE [--snapshots FOLDER] [--who W] | get NAME | demand NAME [--window S] | list | adopt NAME | delete NAME
-ipnext snapshot publish MODEL FOLDER [--wait [--timeout S]] [--override-freeze REASON --who NAME]
+ipnext snapshot publish MODEL FOLDER [--wait [--timeout S]] [--override-freeze REASON --who NAME] [--hold]
 ipnext snapshot import-hf DIR --model M --part P --version V
 ipnext rollout status|watch MODEL | pause|abort|override-freeze MODEL --reason R [--who W] | resume MODEL
 ipnext predict MODEL --inputs JSON [--source REGION | --region REGION] [--key KEY]
@@ -120,8 +120,12 @@ def _snapshot(args: argparse.Namespace, settings: Settings) -> None:
             if not args.who:
                 raise IpnextError("--override-freeze needs --who: an override records who decided it")
             override = FreezeOverride(reason=args.override_freeze, who=args.who)
+        if args.hold and (args.wait or override):
+            raise IpnextError(
+                "--hold keeps the set from rolling out: it takes neither --wait nor --override-freeze"
+            )
         result = await ipn.publish_snapshot(
-            args.model, Path(args.folder), who=args.who or "cli", freeze_override=override
+            args.model, Path(args.folder), who=args.who or "cli", freeze_override=override, hold=args.hold
         )
         print(f"published {result.set_id} ({result.status})", flush=True)
         if args.wait:
@@ -663,6 +667,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     pub.add_argument("--override-freeze", metavar="REASON", help="roll out even inside a freeze window")
     pub.add_argument("--who", help="who publishes (required with --override-freeze)")
+    pub.add_argument("--hold", action="store_true", help="validate and keep the set, not rolled out")
     add_import_hf_parser(ssub)
     snap.set_defaults(run=_snapshot)
 

@@ -192,6 +192,7 @@ class SetStatus(StrEnum):
     """`SnapshotSet.status`: where a published set is in its life."""
 
     VALIDATED = "validated"  # queued behind a running rollout
+    HELD = "held"  # published with hold: validated and kept, never rolled out by itself
     ROLLING_OUT = "rolling_out"
     SERVING = "serving"
     RETIRED = "retired"  # served, then replaced by a newer set

@@ -176,11 +176,14 @@ class PublishInput(Frozen):
     request: SnapshotSetRequest
     who: str = "unknown"
     freeze_override: FreezeOverride | None = None  # roll out even inside a freeze window
+    # Validate and keep the set without rolling it out (status `held`): for an experiment's or a
+    # shadow's candidate.
+    hold: bool = False
 
 
 class PublishResult(Frozen):
     set_id: str
-    status: str  # "queued" until its rollout starts
+    status: str  # "queued" until its rollout starts; "held" when published with hold
 
 
 class DeleteInput(Frozen):

@@ -366,15 +366,18 @@ class Client:
         snapshot: Path | SnapshotSetRequest,
         who: str = "sdk",
         freeze_override: FreezeOverride | None = None,
+        hold: bool = False,
     ) -> PublishResult:
         """Publish a snapshot set (a folder with a manifest, or a request); it is validated before
-        anything changes. `freeze_override` lets its rollout start inside a freeze window."""
+        anything changes. `freeze_override` lets its rollout start inside a freeze window; `hold`
+        keeps the set validated without rolling it out (status `held`), for an experiment or a
+        shadow to take."""
         request = request_from_folder(snapshot) if isinstance(snapshot, Path) else snapshot
         handle = await self._running_model(name)
         try:
             return await handle.execute_update(
                 ModelWorkflowNames.PUBLISH,
-                PublishInput(request=request, who=who, freeze_override=freeze_override),
+                PublishInput(request=request, who=who, freeze_override=freeze_override, hold=hold),
                 result_type=PublishResult,
             )
         except WorkflowUpdateFailedError as err:

@@ -201,22 +201,24 @@ class ModelWorkflow(ModelUpdates):
             )
         number = self._record.next_number
         self._record.next_number += 1
+        held = " and held: not rolled out (for an experiment or a shadow)" if input.hold else ""
         snapshot_set = SnapshotSet(
             id=f"{self._spec.name}@{number}",
             number=number,
             version=input.request.version,
             parts=validated.parts,
-            status=SetStatus.VALIDATED,
+            status=SetStatus.HELD if input.hold else SetStatus.VALIDATED,
             published_at=workflow.now(),
-            detail=f"published by {input.who}",
+            detail=f"published by {input.who}{held}",
         )
         self._record.sets.append(snapshot_set)
-        self._record.queued.append(snapshot_set.id)
+        if not input.hold:
+            self._record.queued.append(snapshot_set.id)
         self._trim_sets()
         if input.freeze_override is not None:
             self._record.freeze_overrides[snapshot_set.id] = input.freeze_override
         workflow.logger.info("published %s (%s) by %s", snapshot_set.id, input.request.version, input.who)
-        return PublishResult(set_id=snapshot_set.id, status="queued")
+        return PublishResult(set_id=snapshot_set.id, status="held" if input.hold else "queued")
 
     @publish.validator
     def _check_publish(self, raw: Any = NO_PAYLOAD, _extra: Any = None) -> None:
@@ -656,6 +658,7 @@ class ModelWorkflow(ModelUpdates):
             return
         active = r.active_rollout
         busy = {r.serving_set, *r.queued, *((active.new_set, active.old_set) if active else ())}
+        busy |= {s.id for s in r.sets if s.status == SetStatus.HELD}  # an experiment may take it
         dropped = [s for s in r.sets if s.id not in busy][:excess]
         if not dropped:
             return

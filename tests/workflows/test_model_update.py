@@ -153,3 +153,24 @@ async def test_refused_updates_change_nothing(temporal: Client) -> None:
     unchecked = {"reconcile": None, "updated_at": None}  # the serving checks go on meanwhile
     assert after.model_copy(update=unchecked) == before.model_copy(update=unchecked)
     assert after.spec_changes == [] and after.sets == before.sets
+
+
+async def test_a_held_set_is_validated_and_kept_without_a_rollout(temporal: Client) -> None:
+    fake = FakeServing()
+    worker, handle = await start(temporal, fake)
+    async with worker:
+        await serving_v1(handle)
+        deploys = len(fake.deployed)
+        held = request("v2").model_copy(update={"hold": True, "who": "ann"})
+        result: PublishResult = await handle.execute_update("publish", held, result_type=PublishResult)
+        assert (result.set_id, result.status) == ("wf-model@2", "held")
+        await handle.execute_update("publish", request("v3"), result_type=PublishResult)
+        state = await until(handle, lambda s: s.serving_set == "wf-model@3" and s.state == "serving")
+    assert [(s.id, s.status) for s in state.sets] == [
+        ("wf-model@1", "retired"),
+        ("wf-model@2", "held"),  # neither rolled out nor superseded by the set after it
+        ("wf-model@3", "serving"),
+    ]
+    assert "wf-model@2" not in fake.deployed[deploys:] and state.sets[1].detail.startswith(
+        "published by ann and held"
+    )
