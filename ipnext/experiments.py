@@ -9,8 +9,9 @@ an arm won (pure; the workflow, the router and the feedback route call it).
   platform's secret: `x1.<experiment>.<arm>.<nonce>.<signature>`. Feedback names the id, and the
   outcome is joined to the arm the id carries, so the join needs no store that grows with
   traffic, and a forged or altered id is refused.
-- **Significance.** Per arm, requests, errors and each outcome's count, sum and sum of squares
-  (mergeable across routers and continue-as-new). An outcome whose values are all 0 or 1 is a
+- **Significance.** Per arm, the arm's set app's counters (`counters.SetCounters`: requests,
+  errors, latency histogram, and each outcome's count, sum and sum of squares, mergeable across
+  routers, regions and continue-as-new). An outcome whose values are all 0 or 1 is a
   rate: two-proportion z-test (pooled for the p-value, unpooled for the interval); any other is a
   mean: Welch's t-test with Welch-Satterthwaite degrees of freedom. Both give the difference
   (arm minus control), its 95% confidence interval and a two-sided p-value.
@@ -24,15 +25,19 @@ import math
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
-
-from pydantic import Field
+from typing import TYPE_CHECKING
 
 from ipnext.contracts import Frozen
 from ipnext.routing import weighted_draw
 
+if TYPE_CHECKING:  # counters imports this module (OutcomeTotals)
+    from ipnext.counters import SetCounters
+
 __all__ = [
-    "ArmTotals",
+    "ArmSummary",
     "Comparison",
+    "ExperimentReport",
+    "OutcomeComparison",
     "OutcomeTotals",
     "RequestIdError",
     "assign_arm",
@@ -41,6 +46,8 @@ __all__ = [
     "compare_rates",
     "new_request_id",
     "read_request_id",
+    "render_report",
+    "summarize",
 ]
 
 REQUEST_ID_VERSION = "x1"
@@ -134,28 +141,6 @@ class OutcomeTotals(Frozen):
             return None
         mean = self.total / self.count
         return max(0.0, (self.squares - self.count * mean * mean) / (self.count - 1))
-
-
-class ArmTotals(Frozen):
-    """What one arm served and was told: requests, failed ones, outcomes by name."""
-
-    requests: int = 0
-    errors: int = 0
-    outcomes: dict[str, OutcomeTotals] = Field(default_factory=dict)
-
-    def merged(self, other: ArmTotals) -> ArmTotals:
-        names = sorted(set(self.outcomes) | set(other.outcomes))
-        return ArmTotals(
-            requests=self.requests + other.requests,
-            errors=self.errors + other.errors,
-            outcomes={
-                n: self.outcomes.get(n, OutcomeTotals()).merged(other.outcomes.get(n, OutcomeTotals()))
-                for n in names
-            },
-        )
-
-    def error_rate(self) -> float | None:
-        return self.errors / self.requests if self.requests else None
 
 
 # ---- significance ----------------------------------------------------------------------------
@@ -261,3 +246,175 @@ def compare(arm: OutcomeTotals, control: OutcomeTotals, confidence: float = CONF
     if arm.binary and control.binary:
         return compare_rates(round(arm.total), arm.count, round(control.total), control.count, confidence)
     return compare_means(arm, control, confidence)
+
+
+# ---- the report ------------------------------------------------------------------------------
+
+
+class ArmSummary(Frozen):
+    arm: str
+    set_id: str
+    requests: int
+    errors: int
+    error_rate: float | None
+    latency_p50_ms: float | None
+    latency_p99_ms: float | None
+    outcomes: dict[str, tuple[int, float | None]]  # name -> (count, mean)
+
+
+class OutcomeComparison(Frozen):
+    """One arm against control on one outcome (or on `error_rate`)."""
+
+    arm: str
+    outcome: str
+    test: str
+    control: float
+    value: float
+    difference: float
+    low: float
+    high: float
+    p_value: float
+    significant: bool  # p below the report's alpha
+
+
+class ExperimentReport(Frozen):
+    experiment: str
+    model: str
+    control: str
+    alpha: float
+    arms: list[ArmSummary]
+    comparisons: list[OutcomeComparison]
+    # The arm whose every outcome that differs significantly from control is higher (None: no
+    # arm differs from control, or the evidence points both ways). Outcomes are "more is
+    # better" (a click, a purchase); a guardrail's error rate is judged by the gates, not here.
+    winner: str | None
+
+
+def summarize(
+    experiment: str,
+    model: str,
+    control: str,
+    arms: Mapping[str, SetCounters],
+    sets: Mapping[str, str],
+    alpha: float = 0.01,
+) -> ExperimentReport:
+    """The report of an experiment from each arm's counters (summed over its run so far)."""
+    summaries = [
+        ArmSummary(
+            arm=arm,
+            set_id=sets[arm],
+            requests=counted.requests,
+            errors=counted.errors,
+            error_rate=counted.errors / counted.requests if counted.requests else None,
+            latency_p50_ms=counted.quantile_ms("latency_ms", 0.5),
+            latency_p99_ms=counted.quantile_ms("latency_ms", 0.99),
+            outcomes={name: (t.count, t.mean()) for name, t in sorted(counted.outcomes.items())},
+        )
+        for arm, counted in sorted(arms.items(), key=lambda item: (item[0] != control, item[0]))
+    ]
+    comparisons: list[OutcomeComparison] = []
+    base = arms[control]
+    for arm, counted in sorted(arms.items()):
+        if arm == control:
+            continue
+        tests = {
+            name: compare(totals, base.outcomes.get(name, OutcomeTotals()))
+            for name, totals in sorted(counted.outcomes.items())
+        }
+        tests["error_rate"] = compare_rates(counted.errors, counted.requests, base.errors, base.requests)
+        for name, found in tests.items():
+            if found is not None:
+                comparisons.append(
+                    OutcomeComparison(
+                        arm=arm,
+                        outcome=name,
+                        test=found.test,
+                        control=found.control,
+                        value=found.arm,
+                        difference=found.difference,
+                        low=found.low,
+                        high=found.high,
+                        p_value=found.p_value,
+                        significant=found.p_value < alpha,
+                    )
+                )
+    return ExperimentReport(
+        experiment=experiment,
+        model=model,
+        control=control,
+        alpha=alpha,
+        arms=summaries,
+        comparisons=comparisons,
+        winner=_winner(control, comparisons),
+    )
+
+
+def _winner(control: str, comparisons: list[OutcomeComparison]) -> str | None:
+    verdicts: dict[str, set[bool]] = {}
+    for c in comparisons:
+        if c.significant and c.outcome != "error_rate":
+            verdicts.setdefault(c.arm, set()).add(c.difference > 0)
+    better = [arm for arm, signs in verdicts.items() if signs == {True}]
+    worse = [arm for arm, signs in verdicts.items() if signs == {False}]
+    if len(better) == 1:
+        return better[0]
+    if not better and worse and len(worse) == len(verdicts):
+        return control  # every arm that differs is worse
+    return None
+
+
+def render_report(report: ExperimentReport) -> str:
+    """The report as `ipnext experiment report` prints it: one row per arm, one per comparison."""
+
+    def number(value: float | None, digits: int = 4) -> str:
+        return "-" if value is None else f"{value:.{digits}g}"
+
+    lines = [f"experiment {report.experiment} of {report.model} (control: {report.control})", ""]
+    names = sorted({n for a in report.arms for n in a.outcomes})
+    header = ["arm", "set", "requests", "error rate", "p50 ms", "p99 ms", *(f"{n} (n, mean)" for n in names)]
+    rows = [
+        [
+            a.arm,
+            a.set_id,
+            str(a.requests),
+            number(a.error_rate),
+            number(a.latency_p50_ms),
+            number(a.latency_p99_ms),
+            *(f"{a.outcomes[n][0]}, {number(a.outcomes[n][1])}" if n in a.outcomes else "-" for n in names),
+        ]
+        for a in report.arms
+    ]
+    lines += _table(header, rows)
+    lines.append("")
+    header = [
+        "arm",
+        "outcome",
+        "test",
+        "difference",
+        f"{CONFIDENCE:.0%} interval",
+        "p",
+        f"p < {report.alpha:g}",
+    ]
+    rows = [
+        [
+            c.arm,
+            c.outcome,
+            c.test,
+            f"{c.difference:+.4g}",
+            f"[{c.low:+.4g}, {c.high:+.4g}]",
+            f"{c.p_value:.3g}",
+            "yes" if c.significant else "no",
+        ]
+        for c in report.comparisons
+    ]
+    lines += _table(header, rows)
+    lines += ["", f"winner: {report.winner or 'none yet (no arm differs significantly and consistently)'}"]
+    return "\n".join(lines)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    return [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in [header, *rows]
+    ]

@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
+from ipnext.counters import SetCounters
 from ipnext.experiments import (
-    ArmTotals,
     OutcomeTotals,
     RequestIdError,
     assign_arm,
@@ -23,6 +23,8 @@ from ipnext.experiments import (
     compare_rates,
     new_request_id,
     read_request_id,
+    render_report,
+    summarize,
 )
 
 SECRET = b"s" * 32
@@ -82,11 +84,6 @@ def test_totals_add_and_merge_to_the_same_as_all_at_once() -> None:
     assert totals([3.0]).variance() is None and OutcomeTotals().mean() is None
     with pytest.raises(ValueError, match="finite"):
         OutcomeTotals().add(float("nan"))
-    arms = ArmTotals(requests=10, errors=1, outcomes={"click": totals([1, 0])}).merged(
-        ArmTotals(requests=5, errors=0, outcomes={"dwell": totals([2.5])})
-    )
-    assert (arms.requests, arms.errors, sorted(arms.outcomes)) == (15, 1, ["click", "dwell"])
-    assert arms.error_rate() == pytest.approx(1 / 15)
 
 
 @settings(max_examples=40, deadline=None, derandomize=True)
@@ -154,3 +151,38 @@ def test_a_real_difference_is_found_and_none_is_not() -> None:
     assert found is not None and found.p_value < 0.01 and found.low > 0
     null = compare(same, worse)
     assert null is not None and null.p_value > 0.01 and null.low < 0 < null.high
+
+
+def arm_counters(rate: float, n: int, seed: int, errors: int = 0) -> SetCounters:
+    rng = random.Random(seed)
+    counted = SetCounters(
+        requests=n, errors=errors, outcomes={"click": totals([float(rng.random() < rate) for _ in range(n)])}
+    )
+    for _ in range(n):
+        counted.observe("latency_ms", 5 + rng.random())
+    return counted
+
+
+def test_the_report_names_the_better_arm_and_prints_a_table() -> None:
+    arms = {"control": arm_counters(0.20, 3000, 1), "treatment": arm_counters(0.26, 3000, 2, errors=3)}
+    report = summarize("exp-1", "feed-ranker", "control", arms, {"control": "m@1", "treatment": "m@2"})
+    assert [a.arm for a in report.arms] == ["control", "treatment"]  # control first
+    (clicks,) = [c for c in report.comparisons if c.outcome == "click"]
+    assert clicks.test == "two-proportion z" and clicks.significant and clicks.difference > 0
+    (errors,) = [c for c in report.comparisons if c.outcome == "error_rate"]
+    assert errors.value == pytest.approx(3 / 3000) and errors.control == 0
+    assert report.winner == "treatment"
+    text = render_report(report)
+    assert "experiment exp-1 of feed-ranker (control: control)" in text
+    assert "winner: treatment" in text and "two-proportion z" in text and "95% interval" in text
+    row = next(line for line in text.splitlines() if line.startswith("treatment  m@2"))
+    assert "3000" in row and "0.001" in row  # requests and error rate
+    print(text)
+
+
+def test_no_winner_without_evidence_and_control_when_every_arm_is_worse() -> None:
+    same = {"control": arm_counters(0.2, 2000, 1), "b": arm_counters(0.2, 2000, 2)}
+    report = summarize("exp-2", "m", "control", same, {"control": "m@1", "b": "m@2"})
+    assert report.winner is None and "winner: none yet" in render_report(report)
+    worse = {"control": arm_counters(0.3, 3000, 1), "b": arm_counters(0.2, 3000, 2)}
+    assert summarize("exp-3", "m", "control", worse, {"control": "m@1", "b": "m@2"}).winner == "control"
