@@ -16,7 +16,7 @@ from ipnext.contracts import Frozen
 from ipnext.errors import ServingError
 from ipnext.model import DEFAULT_ROUTER_MAX_ONGOING, ModelSpec, RouterSpec, SnapshotSet
 from ipnext.plan import Plan
-from ipnext.rollout import RouterConfig
+from ipnext.rollout import ExperimentRoute, RouterConfig
 from ipnext.routing import routing_document
 from ipnext.serving.layout import (
     ROUTING_APP,
@@ -86,6 +86,8 @@ class RouteInput(Frozen):
     # The highest generation the caller saw applied: a router the writer lost (Ray restarted)
     # is applied above it, never below, so generations only ever go up.
     generation_floor: int = Field(default=0, ge=0)
+    # A running experiment's route per region (ExperimentWorkflow); absent: none.
+    experiments: dict[str, ExperimentRoute] = Field(default_factory=dict)
 
 
 class RouteResult(Frozen):
@@ -206,6 +208,7 @@ def route_traffic(input: RouteInput) -> RouteResult:
                 weights=weights,
                 parts=parts,
                 gated_part=input.gated_part if input.gated_part in parts else None,
+                experiment=input.experiments.get(region),
             ),
             max_ongoing_requests=router.max_ongoing_requests,
             max_queued_requests=router.max_queued_requests,

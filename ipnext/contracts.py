@@ -64,6 +64,7 @@ class Workflows:
     FLEET_REPLAN = "FleetReplanWorkflow"
     VALIDATE_MODEL = "ValidateModelWorkflow"
     FLEET = "FleetWorkflow"
+    EXPERIMENT = "ExperimentWorkflow"
 
 
 class ModelWorkflowNames:
@@ -86,6 +87,13 @@ class RolloutWorkflowNames:
     RESUME = "resume"  # signal ResumeInput
     ABORT = "abort"  # signal AbortInput
     OVERRIDE_FREEZE = "override_freeze"  # signal FreezeOverride
+
+
+class ExperimentWorkflowNames:
+    """Handlers of `ExperimentWorkflow`."""
+
+    STATUS = "status"  # query -> ExperimentStatus
+    STOP = "stop"  # signal StopExperimentInput: end it now, all traffic to control
 
 
 class FleetWorkflowNames:
@@ -123,6 +131,10 @@ def model_name_of(workflow_id: str) -> str:
 
 def rollout_workflow_id(model: str, set_id: str) -> str:
     return f"rollout/{model}/{set_id}"
+
+
+def experiment_workflow_id(model: str, name: str) -> str:
+    return f"experiment/{model}/{name}"
 
 
 def validate_workflow_id(model: str, token: str) -> str:

@@ -14,6 +14,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ipnext.contracts import Frozen, ModelStatus, RolloutOutcome
+from ipnext.counters import SetCounters
+from ipnext.experiments import ExperimentReport
 from ipnext.model import ModelSpec, SnapshotRef, SnapshotSet, SnapshotSetRequest
 from ipnext.plan import Plan
 from ipnext.rollout import (
@@ -31,6 +33,9 @@ __all__ = [
     "ApplyPlanInput",
     "DeleteInput",
     "DeleteResult",
+    "ExperimentInput",
+    "ExperimentState",
+    "ExperimentStatus",
     "ModelRecord",
     "ModelState",
     "ModelWorkflowInput",
@@ -45,6 +50,7 @@ __all__ = [
     "RolloutResult",
     "SpecChange",
     "SpecPending",
+    "StopExperimentInput",
     "UpdateModelInput",
     "UpdateModelResult",
     "ValidateSpecInput",
@@ -342,3 +348,68 @@ class WatchInput(Frozen):
 class WatchResult(Frozen):
     published: list[str]
     rejected: list[str] = Field(default_factory=list)  # why a found snapshot was refused
+
+
+# ---- experiments -------------------------------------------------------------------------------
+
+
+class ExperimentState(BaseModel):
+    """An ExperimentWorkflow's state, and whole its continue-as-new payload: nothing counted so far
+    (each arm's totals, the last metrics read the next window starts from) is lost across it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    phase: str = "deploying"  # deploying, running, ending, ended
+    started_at: datetime | None = None
+    ends_at: datetime | None = None
+    treatment_apps: dict[str, str] = Field(default_factory=dict)  # region -> the treatment's set app
+    generations: list[int] = Field(default_factory=list)  # router generations applied
+    totals: dict[str, SetCounters] = Field(default_factory=dict)  # arm -> summed over the experiment
+    last_read: dict[str, dict[str, Any]] | None = None  # region -> metrics snapshot; None: none yet
+    guardrails: list[GateReading] = Field(default_factory=list)  # the latest window's readings
+    end: str = ""  # why it ended (or is ending)
+    outcome: str = ""  # completed, stopped, guardrail, failed
+    checks: int = 0
+
+
+class ExperimentInput(Frozen):
+    """Start an ExperimentWorkflow (or continue it, with `state`): the serving set (control, its
+    apps already serving) against a treatment set, split by unit for `duration_seconds`."""
+
+    spec: ModelSpec
+    plan: Plan
+    name: str = Field(pattern=r"^[a-z][a-z0-9-]{0,40}$")
+    salt: str = Field(min_length=8)
+    control_set: SnapshotSet
+    control_apps: dict[str, str]  # region -> the control's set app
+    treatment_set: SnapshotSet
+    treatment_percent: float = Field(gt=0, lt=100)
+    duration_seconds: float = Field(gt=0)
+    check_seconds: float = Field(default=10.0, gt=0)
+    alpha: float = Field(default=0.01, gt=0, lt=1)
+    who: str = "unknown"
+    history_limit: int = Field(default=10_000, ge=50)
+    state: ExperimentState | None = None
+
+
+class StopExperimentInput(Frozen):
+    who: str = "unknown"
+    reason: str = Field(min_length=1)
+
+
+class ExperimentStatus(Frozen):
+    """What the experiment's `status` query answers, and its result: where it is, why it ended,
+    the guardrails' latest readings and the report so far."""
+
+    model: str
+    name: str
+    workflow_id: str
+    phase: str
+    outcome: str
+    end: str
+    started_at: datetime | None
+    ends_at: datetime | None
+    arms: dict[str, str]  # arm -> set id
+    treatment_percent: float
+    guardrails: list[GateReading]
+    report: ExperimentReport | None

@@ -39,6 +39,7 @@ from ipnext.contracts import ModelWorkflowNames, Workflows
 from ipnext.entry.fleet import ensure_fleet_workflow
 from ipnext.identity import ReadIdentity
 from ipnext.temporal import connect_client, temporal_connection
+from ipnext.workflows.experiment_workflow import ExperimentWorkflow
 from ipnext.workflows.fleet_replan_workflow import FleetReplanWorkflow
 from ipnext.workflows.fleet_workflow import FleetWorkflow
 from ipnext.workflows.model_workflow import ModelWorkflow
@@ -55,6 +56,7 @@ WORKFLOWS = [
     FleetReplanWorkflow,
     ValidateModelWorkflow,
     FleetWorkflow,
+    ExperimentWorkflow,
 ]
 # Signal and update handlers read the sender's `ipnext-identity` header (ipnext.identity).
 INTERCEPTORS = [ReadIdentity()]

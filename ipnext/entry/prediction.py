@@ -298,22 +298,18 @@ class AsyncPredictionClient:
     async def feedback(
         self, model: str, answer: Prediction | str, outcome: Mapping[str, float], *, region: str | None = None
     ) -> dict[str, Any]:
-        """Report what came of an answer given in an experiment (`outcome`, e.g. {"click": 1}): it
-        counts for the arm the answer's signed `request_id` names. Sent to the region that gave
-        the answer (or `region`); any region of the model takes it. Refused (PredictionError with
-        the status) for an id that is not an experiment's, or whose experiment has ended (410)."""
+        """An experiment answer's `outcome` (e.g. {"click": 1}), counted for the arm its signed `request_id`
+        names, sent to the region that gave it; PredictionError 400 (forged id), 410 (ended)."""
         request_id = answer.request_id if isinstance(answer, Prediction) else answer
         if not request_id:
             raise ValueError("answer: it carries no request_id (it was not given in an experiment)")
         target = region or (answer.region if isinstance(answer, Prediction) else None)
-        if target is None:
-            target = self._order(await self.routing(model), None, None)[0]
+        target = target or self._order(await self.routing(model), None, None)[0]
         body = {"request_id": request_id, "outcome": dict(outcome)}
         response = await _within(self._http.post(feedback_path(model, target), json=body), self._timeout_s)
         if response.status_code != 200:
             raise _status_error(response, model, target)
-        answer_body: dict[str, Any] = response.json()
-        return answer_body
+        return dict(response.json())
 
     async def predict_stream(
         self,

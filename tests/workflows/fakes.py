@@ -39,10 +39,11 @@ from ipnext.activities.validate import (
 )
 from ipnext.contracts import poll_until, rollout_workflow_id
 from ipnext.counters import SetCounters
+from ipnext.experiments import OutcomeTotals
 from ipnext.model import ModelSpec, SnapshotRef, SnapshotSetRequest
 from ipnext.plan import DeploymentPlacement, Plan
 from ipnext.registry import ModelState, ModelWorkflowInput, PublishInput, ValidateSpecInput
-from ipnext.rollout import FreezeOverride, FreezeWindow, RolloutStatus
+from ipnext.rollout import ExperimentRoute, FreezeOverride, FreezeWindow, RolloutStatus
 from ipnext.worker import WORKFLOWS
 
 SPEC = ModelSpec.model_validate(
@@ -107,6 +108,8 @@ class FakeServing:
         self.repairing: list[ReconcileInput] = []  # each check that found drift
         self.corrupt: set[str] = set()  # sets whose pinned files fail their checksum
         self.verified: list[str] = []
+        self.experiments: list[dict[str, ExperimentRoute]] = []  # each route call's experiment routes
+        self.click_rates: dict[str, float] = {}  # app -> share of its answers clicked
 
     @activity.defn(name="freeze_windows")
     async def freeze(self) -> FreezeWindowsResult:
@@ -124,12 +127,17 @@ class FakeServing:
             # Like the router: a request counts against the gated part's app, else the set's.
             for app, percent in self.counted.get(region, self.weights.get(region, {})).items():
                 c = by_app.setdefault(app, SetCounters())
-                for _ in range(round(self.rate * percent / 100)):
+                served = round(self.rate * percent / 100)
+                for _ in range(served):
                     c.requests += 1
                     if app in self.bad_apps or (app, self.gated) in self.bad_parts:
                         c.errors += 1
                     else:
                         c.observe("latency_ms", 4.0)
+                if app in self.click_rates:  # feedback on the answers: this share of them clicked
+                    clicks = round(served * self.click_rates[app])
+                    for click in [1.0] * clicks + [0.0] * (served - clicks):
+                        c.outcomes["click"] = c.outcomes.get("click", OutcomeTotals()).add(click)
             out[region] = {"sets": {app: c.model_dump() for app, c in by_app.items()}}
         return ReadMetricsResult(snapshots=out)
 
@@ -190,6 +198,9 @@ class FakeServing:
             for region in input.parts
             if input.gated_part in input.parts[region]
         }
+        self.experiments.append(dict(input.experiments))
+        for region, route in input.experiments.items():  # units split by the arms' shares
+            self.counted[region] = {route.arms[arm]: share for arm, share in route.split.items()}
         return RouteResult(generations={r: self.generation for r in input.weights})
 
     @activity.defn(name="remove_apps")

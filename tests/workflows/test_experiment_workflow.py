@@ -1,0 +1,146 @@
+"""ExperimentWorkflow on a real Temporal dev server with the activities faked at their seam: the
+treatment deployed at its share and routed by unit, outcomes summed per arm into a report that
+finds the better arm, and every way it ends (duration, on-call stop, a guardrail) putting all
+traffic back on control and removing the treatment; across continue-as-new nothing is lost."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from temporalio.client import Client, WorkflowHandle
+from temporalio.worker import Worker
+
+from ipnext.activities.rollouts import RolloutActivities
+from ipnext.contracts import SetStatus
+from ipnext.model import SnapshotRef, SnapshotSet
+from ipnext.plan import DeploymentPlacement, Plan
+from ipnext.registry import ExperimentInput, ExperimentStatus, StopExperimentInput
+from ipnext.worker import WORKFLOWS
+
+from .fakes import SPEC, FakeServing, with_rollout
+
+pytestmark = pytest.mark.timeout(120)
+
+PLAN = Plan(
+    deployments={
+        "wf-model/embed": DeploymentPlacement(
+            replicas={"us-east": {"cpu-std": 2}}, fractions={"us-east": {"us-east": 1.0}}
+        )
+    },
+    cost=2.0,
+    solver="fake",
+)
+
+
+def snapshot_set(number: int, status: SetStatus) -> SnapshotSet:
+    ref = SnapshotRef(uri=f"file:///snap/v{number}", sha256="a" * 64, snapshot_id=f"wf-model/embed@v{number}")
+    return SnapshotSet(
+        id=f"wf-model@{number}",
+        number=number,
+        version=f"v{number}",
+        parts={"embed": ref},
+        status=status,
+        published_at=datetime(2026, 11, 28, tzinfo=UTC),
+    )
+
+
+async def start(
+    temporal: Client, fake: FakeServing, **change: Any
+) -> tuple[Worker, WorkflowHandle[Any, Any]]:
+    queue = f"exp-{uuid.uuid4().hex[:8]}"
+    worker = Worker(
+        temporal,
+        task_queue=queue,
+        workflows=WORKFLOWS,
+        activities=[*fake.activities(), RolloutActivities(temporal).rollout_outcome],
+    )
+    input = ExperimentInput(
+        spec=change.pop("spec", SPEC),
+        plan=PLAN,
+        name="exp-1",
+        salt="salt-0123456",
+        control_set=snapshot_set(1, SetStatus.SERVING),
+        control_apps={"us-east": "app-1"},
+        treatment_set=snapshot_set(2, SetStatus.HELD),
+        treatment_percent=50,
+        duration_seconds=change.pop("duration_seconds", 2.0),
+        check_seconds=0.2,
+        **change,
+    )
+    handle = await temporal.start_workflow(
+        "ExperimentWorkflow",
+        input,
+        id=f"experiment/wf-{uuid.uuid4().hex[:8]}/exp-1",
+        task_queue=queue,
+        result_type=ExperimentStatus,
+    )
+    return worker, handle
+
+
+async def test_an_experiment_runs_its_time_and_its_report_finds_the_better_arm(temporal: Client) -> None:
+    fake = FakeServing()
+    fake.weights = {"us-east": {"app-1": 100.0}}  # the control serves before the experiment
+    fake.click_rates = {"app-1": 0.20, "app-2": 0.30}
+    fake.rate = 400  # requests per metrics read: 200 per arm
+    worker, handle = await start(temporal, fake)
+    async with worker:
+        result: ExperimentStatus = await handle.result()
+    assert (result.phase, result.outcome) == ("ended", "completed") and "duration of 2 s ended" in result.end
+    assert fake.scales[0] == ("wf-model@2", 1, 0.5)  # the treatment at its share of the plan
+    on, off = fake.experiments[0]["us-east"], fake.experiments[-1]
+    assert on.arms == {"control": "app-1", "treatment": "app-2"} and on.split == {
+        "control": 50.0,
+        "treatment": 50.0,
+    }
+    assert off == {} and fake.routes[-1] == {"us-east": {"app-1": 100.0}}  # all back on control
+    assert fake.removed == ["app-2"]
+    report = result.report
+    assert report is not None and [a.arm for a in report.arms] == ["control", "treatment"]
+    control, treatment = report.arms
+    assert control.requests == treatment.requests > 0 and control.outcomes["click"][1] == pytest.approx(0.2)
+    (clicks,) = [c for c in report.comparisons if c.outcome == "click"]
+    assert clicks.difference == pytest.approx(0.1) and clicks.significant and report.winner == "treatment"
+
+
+async def test_on_call_stops_it_and_nothing_counted_is_lost_across_continue_as_new(temporal: Client) -> None:
+    fake = FakeServing()
+    fake.weights = {"us-east": {"app-1": 100.0}}
+    fake.click_rates = {"app-1": 0.5, "app-2": 0.5}
+    worker, handle = await start(temporal, fake, duration_seconds=600.0, history_limit=50)
+    async with worker:
+        runs: set[str | None] = set()
+        while True:
+            status: ExperimentStatus = await handle.query("status", result_type=ExperimentStatus)
+            runs.add((await handle.describe()).run_id)
+            if len(runs) >= 3 and status.report is not None:
+                break
+        await handle.signal("stop", StopExperimentInput(who="ann", reason="enough"))
+        result: ExperimentStatus = await handle.result()
+    assert (result.outcome, result.end) == ("stopped", "stopped by ann: enough")
+    assert result.report is not None
+    control, treatment = result.report.arms
+    # Every window of every run counted: 50 requests per arm per read after the first.
+    checks = control.requests // 50
+    assert control.requests == treatment.requests == 50 * checks and checks >= 3
+    assert control.outcomes["click"][0] == control.requests
+    assert fake.removed == ["app-2"] and fake.experiments[-1] == {}
+
+
+async def test_a_guardrail_breach_ends_it_with_all_traffic_on_control(temporal: Client) -> None:
+    fake = FakeServing()
+    fake.weights = {"us-east": {"app-1": 100.0}}
+    fake.bad_apps = {"app-2"}  # the treatment fails every request
+    spec = with_rollout(gates=[{"metric": "error_rate", "max": 0.05}], min_requests=5)
+    worker, handle = await start(temporal, fake, spec=spec, duration_seconds=600.0)
+    async with worker:
+        result: ExperimentStatus = await handle.result()
+    assert result.outcome == "guardrail" and result.end.startswith(
+        "guardrail error_rate breached by the treatment"
+    )
+    assert fake.routes[-1] == {"us-east": {"app-1": 100.0}} and fake.experiments[-1] == {}
+    assert fake.removed == ["app-2"]
+    breached = [g for g in result.guardrails if g.breached]
+    assert breached and breached[0].value == 1.0

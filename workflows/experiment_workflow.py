@@ -1,0 +1,256 @@
+"""ExperimentWorkflow: the serving set (control) against a treatment set, split by unit and held on
+purpose for a set duration, judged on outcomes, guarded by the rollout gates.
+
+It deploys the treatment set's apps at its share of the plan beside the control's (which keep
+serving as they are), and gives every region's router the experiment route
+(`rollout.ExperimentRoute`: each unit's arm by a salted hash, so a user keeps one arm in every
+region and across restarts). Every `check_seconds` it reads the routers' counters, adds each
+arm's window to its totals (requests, errors, latency, the outcomes feedback sent) and applies the
+model's rollout gates to the treatment's window against the control's: a breach ends the
+experiment. It ends when the duration is over, on a `stop` signal, or on that breach, always the
+same way: routers back to the control alone (no experiment route), the treatment's apps removed,
+and the report (`experiments.summarize`) in its result. Its state is one object
+(`ExperimentState`), its continue-as-new payload, so a multi-day experiment's totals survive the
+history limit.
+
+Not yet started by ModelWorkflow (issue 21): until it is, nothing keeps the model's own serving
+checks from putting its routers back on the serving set while one runs.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from temporalio import workflow
+
+with workflow.unsafe.imports_passed_through():
+    # The report's tests (ipnext.experiments) import scipy when first called: numpy, under it,
+    # writes environment variables at import, which the sandbox forbids. Passed through here,
+    # it is imported once with the worker; its special functions are deterministic.
+    import scipy.special  # noqa: F401
+
+    from ipnext.activities import DEPLOY_TIMEOUT, HEARTBEAT_TIMEOUT, QUICK_TIMEOUT, RETRY
+    from ipnext.activities.serving import (
+        DeploySetInput,
+        ReadMetricsInput,
+        ReadMetricsResult,
+        RemoveAppsInput,
+        RouteInput,
+        deploy_set_apps,
+        read_metrics,
+        remove_apps,
+        route_traffic,
+    )
+    from ipnext.contracts import ExperimentWorkflowNames
+    from ipnext.counters import SetCounters
+    from ipnext.experiments import summarize
+    from ipnext.registry import ExperimentInput, ExperimentState, ExperimentStatus, StopExperimentInput
+    from ipnext.rollout import ExperimentRoute, evaluate_gates, window_counters
+    from ipnext.workflows.signals import NO_PAYLOAD, signal_input
+
+__all__ = ["CONTROL", "TREATMENT", "ExperimentWorkflow"]
+
+CONTROL, TREATMENT = "control", "treatment"
+
+
+@workflow.defn
+class ExperimentWorkflow:
+    @workflow.init
+    def __init__(self, input: ExperimentInput) -> None:
+        self._input = input
+        self._state = (input.state or ExperimentState()).model_copy(deep=True)
+
+    @workflow.query(name=ExperimentWorkflowNames.STATUS)
+    def status(self) -> ExperimentStatus:
+        input, s = self._input, self._state
+        report = None
+        if s.totals:
+            report = summarize(
+                input.name,
+                input.spec.name,
+                CONTROL,
+                {arm: s.totals.get(arm, SetCounters()) for arm in (CONTROL, TREATMENT)},
+                {CONTROL: input.control_set.id, TREATMENT: input.treatment_set.id},
+                input.alpha,
+            )
+        return ExperimentStatus(
+            model=input.spec.name,
+            name=input.name,
+            workflow_id=workflow.info().workflow_id,
+            phase=s.phase,
+            outcome=s.outcome,
+            end=s.end,
+            started_at=s.started_at,
+            ends_at=s.ends_at,
+            arms={CONTROL: input.control_set.id, TREATMENT: input.treatment_set.id},
+            treatment_percent=input.treatment_percent,
+            guardrails=list(s.guardrails),
+            report=report,
+        )
+
+    @workflow.signal(name=ExperimentWorkflowNames.STOP)
+    def stop(self, raw: Any = NO_PAYLOAD, _extra: Any = None) -> None:
+        """On-call ends it now: all traffic to control (a malformed or bare stop is logged and ignored)."""
+        input = signal_input(raw, StopExperimentInput, ExperimentWorkflowNames.STOP)
+        if input is not None and not self._state.end:
+            self._state.end = f"stopped by {input.who}: {input.reason}"
+            self._state.outcome = "stopped"
+
+    @workflow.run
+    async def run(self, input: ExperimentInput) -> ExperimentStatus:
+        s = self._state
+        if s.phase == "deploying":
+            s.treatment_apps = await self._deploy()
+            await self._route(experiment=True)
+            s.started_at = workflow.now()
+            s.ends_at = s.started_at + timedelta(seconds=input.duration_seconds)
+            s.phase = "running"
+            self._details()
+        while s.phase == "running" and not s.end:
+            left = (s.ends_at - workflow.now()).total_seconds() if s.ends_at is not None else 0.0
+            if left <= 0:
+                s.end, s.outcome = f"its duration of {input.duration_seconds:g} s ended", "completed"
+                break
+            try:
+                await workflow.wait_condition(lambda: bool(s.end), timeout=min(input.check_seconds, left))
+            except TimeoutError:
+                pass
+            if s.end:
+                break
+            await self._check()
+            if self._history_full() and not s.end:
+                workflow.continue_as_new(input.model_copy(update={"state": s}))
+        s.phase = "ending"
+        self._details()
+        await self._check()  # the last window: what came in since the previous read counts too
+        await self._route(experiment=False)
+        await workflow.execute_activity(
+            remove_apps,
+            RemoveAppsInput(names=sorted(set(s.treatment_apps.values()))),
+            start_to_close_timeout=DEPLOY_TIMEOUT,
+            retry_policy=RETRY,
+            summary="remove the treatment's apps",
+        )
+        s.phase = "ended"
+        self._details()
+        workflow.logger.info("experiment %s of %s ended: %s", input.name, input.spec.name, s.end)
+        return self.status()
+
+    # ---- steps -----------------------------------------------------------------------------------
+
+    async def _deploy(self) -> dict[str, str]:
+        input = self._input
+        deployed = await workflow.execute_activity(
+            deploy_set_apps,
+            DeploySetInput(
+                spec=input.spec,
+                snapshot_set=input.treatment_set,
+                plan=input.plan,
+                scale=input.treatment_percent / 100,
+            ),
+            start_to_close_timeout=DEPLOY_TIMEOUT,
+            heartbeat_timeout=HEARTBEAT_TIMEOUT,
+            retry_policy=RETRY,
+            summary=f"{input.treatment_set.id} at {input.treatment_percent:g}% of the plan",
+        )
+        return dict(deployed.apps)
+
+    async def _route(self, experiment: bool) -> None:
+        """Every region's router: all of it on the control's app, and with `experiment` the
+        experiment route, by which units go to their arms."""
+        input, s = self._input, self._state
+        routes = {}
+        if experiment:
+            for region, control in input.control_apps.items():
+                if region in s.treatment_apps:
+                    routes[region] = ExperimentRoute(
+                        experiment=input.name,
+                        salt=input.salt,
+                        control=CONTROL,
+                        arms={CONTROL: control, TREATMENT: s.treatment_apps[region]},
+                        split={CONTROL: 100 - input.treatment_percent, TREATMENT: input.treatment_percent},
+                    )
+        result = await workflow.execute_activity(
+            route_traffic,
+            RouteInput(
+                model=input.spec.name,
+                weights={region: {app: 100.0} for region, app in input.control_apps.items()},
+                experiments=routes,
+                router_max_ongoing_requests=input.spec.router.max_ongoing_requests,
+                router=input.spec.router,
+                generation_floor=max(s.generations, default=0),
+            ),
+            start_to_close_timeout=DEPLOY_TIMEOUT,
+            heartbeat_timeout=HEARTBEAT_TIMEOUT,
+            retry_policy=RETRY,
+            summary="routers: the experiment on" if experiment else "routers: all on control",
+        )
+        s.generations = sorted(set(s.generations) | set(result.generations.values()))
+
+    async def _check(self) -> None:
+        """One window: each arm's counters since the last read added to its totals, and the gates
+        on the treatment's window against the control's (a breach ends the experiment)."""
+        input, s = self._input, self._state
+        regions = sorted(input.control_apps)
+        read: ReadMetricsResult = await workflow.execute_activity(
+            read_metrics,
+            ReadMetricsInput(model=input.spec.name, regions=regions),
+            start_to_close_timeout=QUICK_TIMEOUT,
+            retry_policy=RETRY,
+            summary="the arms' counters",
+        )
+        before, s.last_read = s.last_read, dict(read.snapshots)
+        s.checks += 1
+        if before is None:  # the first read is where the experiment's windows start
+            return
+        readings = []
+        for region in regions:
+            arms = {CONTROL: {input.control_apps[region]}, TREATMENT: {s.treatment_apps.get(region, "")}}
+            window = {
+                arm: window_counters(before.get(region), read.snapshots.get(region, {}), apps)
+                for arm, apps in arms.items()
+            }
+            for arm, counted in window.items():
+                s.totals[arm] = s.totals.get(arm, SetCounters()).plus(counted)
+            rollout = input.spec.rollout
+            readings += evaluate_gates(
+                rollout.gates, region, window[TREATMENT], window[CONTROL], rollout.min_requests
+            )
+        s.guardrails = readings
+        breached = [r for r in readings if r.breached]
+        if breached and not s.end:
+            first = breached[0]
+            s.end = (
+                f"guardrail {first.metric} breached by the treatment in {first.region}: "
+                f"{first.value or 0:.4g} over {first.limit or 0:.4g}; all traffic back to control"
+            )
+            s.outcome = "guardrail"
+        self._details()
+
+    # ---- helpers ---------------------------------------------------------------------------------
+
+    def _history_full(self) -> bool:
+        info = workflow.info()
+        return (
+            info.is_continue_as_new_suggested()
+            or info.get_current_history_length() >= self._input.history_limit
+        )
+
+    def _details(self) -> None:
+        input, s = self._input, self._state
+        lines = [
+            f"**{s.phase}**: {input.control_set.id} (control) against {input.treatment_set.id} "
+            f"({input.treatment_percent:g}% of units)",
+            f"ends at {s.ends_at:%Y-%m-%d %H:%M:%S} UTC" if s.ends_at else "starting",
+        ]
+        for arm, counted in sorted(s.totals.items()):
+            outcomes = ", ".join(
+                f"{n} {t.count}: mean {t.mean() or 0:.4g}" for n, t in sorted(counted.outcomes.items())
+            )
+            lines.append(
+                f"{arm}: {counted.requests} requests, {counted.errors} errors; {outcomes or 'no outcomes yet'}"
+            )
+        if s.end:
+            lines.append(f"end: {s.end}")
+        workflow.set_current_details("\n\n".join(lines))
