@@ -13,9 +13,9 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureEr
 from temporalio.service import RPCError, RPCStatusCode
 
 from ipnext.contracts import Frozen
-from ipnext.registry import RolloutResult
+from ipnext.registry import ExperimentStatus, RolloutResult
 
-__all__ = ["RolloutActivities", "RolloutOutcome", "RolloutOutcomeInput"]
+__all__ = ["ExperimentOutcome", "RolloutActivities", "RolloutOutcome", "RolloutOutcomeInput"]
 
 
 class RolloutOutcomeInput(Frozen):
@@ -26,6 +26,12 @@ class RolloutOutcome(Frozen):
     running: bool
     result: RolloutResult | None = None  # the rollout's own result, when it completed
     how: str = ""  # how it ended without a result: "terminated", "canceled", "failed", ...
+
+
+class ExperimentOutcome(Frozen):
+    running: bool
+    result: ExperimentStatus | None = None  # the experiment's own result, when it completed
+    how: str = ""
 
 
 class RolloutActivities:
@@ -51,3 +57,20 @@ class RolloutActivities:
                 return RolloutOutcome(running=False, how=f"completed without a result: {err}")
             return RolloutOutcome(running=False, result=result)
         return RolloutOutcome(running=False, how=status.name.lower())
+
+    @activity.defn
+    async def experiment_outcome(self, input: RolloutOutcomeInput) -> ExperimentOutcome:
+        """The same question of an ExperimentWorkflow (its result is its `ExperimentStatus`)."""
+        handle = self._client.get_workflow_handle(input.workflow_id, result_type=ExperimentStatus)
+        try:
+            described = await handle.describe()
+        except RPCError as err:
+            if err.status == RPCStatusCode.NOT_FOUND:
+                return ExperimentOutcome(running=False, how="not found")
+            raise
+        status = described.status
+        if status in (None, WorkflowExecutionStatus.RUNNING, WorkflowExecutionStatus.CONTINUED_AS_NEW):
+            return ExperimentOutcome(running=True)
+        if status == WorkflowExecutionStatus.COMPLETED:
+            return ExperimentOutcome(running=False, result=await handle.result())
+        return ExperimentOutcome(running=False, how=status.name.lower())

@@ -29,11 +29,13 @@ from ipnext.rollout import (
 )
 
 __all__ = [
+    "ActiveExperiment",
     "ActiveRollout",
     "ApplyPlanInput",
     "DeleteInput",
     "DeleteResult",
     "ExperimentInput",
+    "ExperimentStarted",
     "ExperimentState",
     "ExperimentStatus",
     "ModelRecord",
@@ -50,6 +52,7 @@ __all__ = [
     "RolloutResult",
     "SpecChange",
     "SpecPending",
+    "StartExperimentInput",
     "StopExperimentInput",
     "UpdateModelInput",
     "UpdateModelResult",
@@ -154,6 +157,8 @@ class ModelRecord(BaseModel):
     updated_at: datetime | None = None  # workflow time of the last pass of the model's loop
     spec_changes: list[SpecChange] = Field(default_factory=list)  # the latest SPEC_CHANGES_KEPT
     spec_pending: SpecPending | None = None
+    experiment: ActiveExperiment | None = None  # asked for or running: rollouts and checks wait
+    experiments: list[ExperimentStatus] = Field(default_factory=list)  # ended ones, newest last
 
 
 class ModelWorkflowInput(Frozen):
@@ -243,6 +248,8 @@ class ModelState(Frozen):
     older_sets: OlderSets | None = None  # sets no longer kept whole, summarized
     spec_changes: list[SpecChange] = Field(default_factory=list)  # updates of the spec, newest last
     spec_pending: SpecPending | None = None  # an update rolling out with its new set
+    experiment: ActiveExperiment | None = None
+    experiments: list[ExperimentStatus] = Field(default_factory=list)
     # Workflow time when the model workflow last looked at its record (every pass of its loop:
     # at least every serving check while idle). A reader says how old the answer is from it.
     updated_at: datetime | None = None
@@ -413,3 +420,32 @@ class ExperimentStatus(Frozen):
     treatment_percent: float
     guardrails: list[GateReading]
     report: ExperimentReport | None
+
+
+class StartExperimentInput(Frozen):
+    """Update `start_experiment`: the serving set (control) against a held set (treatment)."""
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9-]{0,40}$")
+    treatment: str  # a set id of the model, published with hold
+    treatment_percent: float = Field(default=50.0, gt=0, lt=100)
+    duration_seconds: float = Field(gt=0)
+    check_seconds: float = Field(default=10.0, gt=0)
+    alpha: float = Field(default=0.01, gt=0, lt=1)
+    who: str = "unknown"
+
+
+class ExperimentStarted(Frozen):
+    workflow_id: str
+    control: str  # set id
+    treatment: str
+
+
+class ActiveExperiment(Frozen):
+    """The experiment child the model waits on (its start, then its end)."""
+
+    workflow_id: str
+    name: str
+    control: str
+    treatment: str
+    start: StartExperimentInput
+    started: bool = False  # the child was started (a run continued as new after may not have)

@@ -97,6 +97,7 @@ async def run_worker(
                     teardown_model,
                     reconcile_serving,
                     rollouts.rollout_outcome,
+                    rollouts.experiment_outcome,
                     watch.ensure_watch_schedule,
                     watch.publish_new_snapshots,
                     fleet.collect_models,

@@ -13,8 +13,8 @@ and the report (`experiments.summarize`) in its result. Its state is one object
 (`ExperimentState`), its continue-as-new payload, so a multi-day experiment's totals survive the
 history limit.
 
-Not yet started by ModelWorkflow (issue 21): until it is, nothing keeps the model's own serving
-checks from putting its routers back on the serving set while one runs.
+ModelWorkflow starts it (`start_experiment`, workflows/model_experiments.py) and holds its own
+rollouts and serving checks while it runs; at its end it tells the model by `experiment_ended`.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
+from temporalio.exceptions import FailureError
 
 with workflow.unsafe.imports_passed_through():
     # The report's tests (ipnext.experiments) import scipy when first called: numpy, under it,
@@ -42,7 +43,7 @@ with workflow.unsafe.imports_passed_through():
         remove_apps,
         route_traffic,
     )
-    from ipnext.contracts import ExperimentWorkflowNames
+    from ipnext.contracts import ExperimentWorkflowNames, ModelWorkflowNames
     from ipnext.counters import SetCounters
     from ipnext.experiments import summarize
     from ipnext.registry import ExperimentInput, ExperimentState, ExperimentStatus, StopExperimentInput
@@ -135,7 +136,23 @@ class ExperimentWorkflow:
         s.phase = "ended"
         self._details()
         workflow.logger.info("experiment %s of %s ended: %s", input.name, input.spec.name, s.end)
-        return self.status()
+        result = self.status()
+        await self._report(result)
+        return result
+
+    async def _report(self, result: ExperimentStatus) -> None:
+        """Tell the model (its latest run: it may have continued as new since) that this ended."""
+        parent = workflow.info().parent
+        if parent is None:  # started by hand, not by a model: no one to tell
+            return
+        try:
+            await workflow.get_external_workflow_handle(parent.workflow_id).signal(
+                ModelWorkflowNames.EXPERIMENT_ENDED, result
+            )
+        except FailureError as err:  # the model's workflow is gone: nothing to tell
+            workflow.logger.warning(
+                "could not report the experiment's end to %s: %s", parent.workflow_id, err
+            )
 
     # ---- steps -----------------------------------------------------------------------------------
 

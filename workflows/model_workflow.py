@@ -58,6 +58,8 @@ with workflow.unsafe.imports_passed_through():
         ApplyPlanInput,
         DeleteInput,
         DeleteResult,
+        ExperimentStarted,
+        ExperimentStatus,
         ModelState,
         ModelWorkflowInput,
         ModelWorkflowResult,
@@ -67,11 +69,13 @@ with workflow.unsafe.imports_passed_through():
         RolloutEnded,
         RolloutInput,
         RolloutResult,
+        StartExperimentInput,
         UpdateModelInput,
         UpdateModelResult,
     )
     from ipnext.rollout import RolloutState
-    from ipnext.workflows.model_update import UPDATE_EXAMPLE, ModelUpdates, as_update_error
+    from ipnext.workflows.model_experiments import START_EXPERIMENT_EXAMPLE, ModelExperiments
+    from ipnext.workflows.model_update import UPDATE_EXAMPLE, as_update_error
     from ipnext.workflows.rollout_workflow import RolloutWorkflow
     from ipnext.workflows.signals import NO_PAYLOAD, signal_input, update_input
 
@@ -93,7 +97,7 @@ EVENTS_PER_CHECK = 10
 
 
 @workflow.defn
-class ModelWorkflow(ModelUpdates):
+class ModelWorkflow(ModelExperiments):
     @workflow.init
     def __init__(self, input: ModelWorkflowInput) -> None:
         self._spec = input.spec
@@ -108,6 +112,9 @@ class ModelWorkflow(ModelUpdates):
         self._removed_apps: list[str] | None = None
         self._publishing = 0
         self._updating = False
+        self._experiment_child = None  # started by this run
+        self._experiment_ended: ExperimentStatus | None = None
+        self._experiment_stopping = False
         # A serving model checks Serve against its record at the start of each run and after
         # each rollout, then every `reconcile.interval_seconds` while idle.
         self._reconcile_due = self._record.serving_set is not None
@@ -133,6 +140,8 @@ class ModelWorkflow(ModelUpdates):
             updated_at=r.updated_at,
             spec_changes=list(r.spec_changes),
             spec_pending=r.spec_pending,
+            experiment=r.experiment,
+            experiments=list(r.experiments),
         )
 
     # ---- replanned placement -------------------------------------------------------------
@@ -270,6 +279,28 @@ class ModelWorkflow(ModelUpdates):
     def _validate_update(self, raw: Any = NO_PAYLOAD, _extra: Any = None) -> None:
         self._refuse_update(update_input(raw, UpdateModelInput, ModelWorkflowNames.UPDATE, UPDATE_EXAMPLE))
 
+    # ---- experiments (workflows/model_experiments.py) ------------------------------------
+
+    @workflow.update(name=ModelWorkflowNames.START_EXPERIMENT)
+    def start_experiment(self, raw: Any = NO_PAYLOAD, _extra: Any = None) -> ExperimentStarted:
+        input = update_input(
+            raw, StartExperimentInput, ModelWorkflowNames.START_EXPERIMENT, START_EXPERIMENT_EXAMPLE
+        )
+        return self._start_experiment(input)
+
+    @start_experiment.validator
+    def _validate_experiment(self, raw: Any = NO_PAYLOAD, _extra: Any = None) -> None:
+        name = ModelWorkflowNames.START_EXPERIMENT
+        self._refuse_experiment(update_input(raw, StartExperimentInput, name, START_EXPERIMENT_EXAMPLE))
+
+    @workflow.signal(name=ModelWorkflowNames.EXPERIMENT_ENDED)
+    def experiment_ended(self, raw: Any = NO_PAYLOAD, _extra: Any = None) -> None:
+        """The running experiment's own report of its end (any other is stale: ignored)."""
+        input = signal_input(raw, ExperimentStatus, ModelWorkflowNames.EXPERIMENT_ENDED)
+        active = self._record.experiment
+        if input is not None and active is not None and input.workflow_id == active.workflow_id:
+            self._experiment_ended = input
+
     # ---- delete --------------------------------------------------------------------------
 
     @workflow.update(name=ModelWorkflowNames.DELETE)
@@ -293,6 +324,8 @@ class ModelWorkflow(ModelUpdates):
         self._upsert_state()
         if record.active_rollout is not None:  # a run continued as new while its rollout ran
             await self._await_rollout()
+        if record.experiment is not None and record.experiment.started:  # likewise, an experiment
+            await self._run_experiment()
         if record.plan is None:
             record.plan = await workflow.execute_activity(
                 plan_placement,
@@ -325,6 +358,9 @@ class ModelWorkflow(ModelUpdates):
             except TimeoutError:  # idle for an interval: check that Serve serves the record
                 self._reconcile_due = True
                 continue
+            if record.experiment is not None:  # rollouts, replans and checks wait for its end
+                await self._run_experiment()
+                continue
             if self._delete_by is not None:
                 break
             if record.queued:
@@ -346,7 +382,8 @@ class ModelWorkflow(ModelUpdates):
 
     def _has_work(self) -> bool:
         r = self._record
-        return bool(r.queued) or r.pending_plan is not None or self._delete_by is not None
+        busy = bool(r.queued) or r.pending_plan is not None or r.experiment is not None
+        return busy or self._delete_by is not None
 
     # ---- reconcile: Serve serves what the record says --------------------------------------
 

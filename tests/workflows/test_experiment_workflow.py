@@ -5,6 +5,7 @@ traffic back on control and removing the treatment; across continue-as-new nothi
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from datetime import UTC, datetime
 from typing import Any
@@ -144,3 +145,51 @@ async def test_a_guardrail_breach_ends_it_with_all_traffic_on_control(temporal: 
     assert fake.removed == ["app-2"]
     breached = [g for g in result.guardrails if g.breached]
     assert breached and breached[0].value == 1.0
+
+
+async def test_a_model_runs_its_experiment_and_holds_rollouts_and_checks_until_it_ends(
+    temporal: Client,
+) -> None:
+    from temporalio.client import WorkflowUpdateFailedError
+
+    from ipnext.registry import ExperimentStarted, ModelState, PublishResult, StartExperimentInput
+
+    from .fakes import request, until
+    from .fakes import start as start_model
+
+    fake = FakeServing()
+    fake.click_rates = {"app-1": 0.2, "app-2": 0.3}
+    fake.rate = 400
+    worker, handle = await start_model(temporal, fake)
+    async with worker:
+        await handle.execute_update("publish", request("v1"), result_type=PublishResult)
+        await until(handle, lambda s: s.serving_set == "wf-model@1" and s.state == "serving")
+        held = request("v2").model_copy(update={"hold": True})
+        await handle.execute_update("publish", held, result_type=PublishResult)
+        ask = StartExperimentInput(
+            name="exp-1", treatment="wf-model@1", duration_seconds=3, check_seconds=0.2
+        )
+        with pytest.raises(WorkflowUpdateFailedError) as refused:  # the serving set is no treatment
+            await handle.execute_update("start_experiment", ask, result_type=ExperimentStarted)
+        assert "treatment: 'wf-model@1' is not a held set of wf-model (held: ['wf-model@2'])" in str(
+            refused.value.cause
+        )
+        ask = ask.model_copy(update={"treatment": "wf-model@2", "who": "ann"})
+        started: ExperimentStarted = await handle.execute_update(
+            "start_experiment", ask, result_type=ExperimentStarted
+        )
+        assert (started.control, started.treatment) == ("wf-model@1", "wf-model@2")
+        await until(handle, lambda s: s.experiment is not None and s.experiment.started)
+        checks = len(fake.reconciled)
+        await asyncio.sleep(1.5)  # three of the model's serving-check intervals
+        assert [r for r in fake.reconciled[checks:] if not r.sets] == []  # its checks wait
+        await handle.execute_update("publish", request("v3"), result_type=PublishResult)  # waits for the end
+        during: ModelState = await handle.query("get", result_type=ModelState)
+        assert during.queued == ["wf-model@3"] and during.serving_set == "wf-model@1"
+        state = await until(
+            handle, lambda s: s.experiments != [] and s.serving_set == "wf-model@3", timeout=60
+        )
+    (ended,) = state.experiments
+    assert ended.outcome == "completed" and ended.workflow_id == started.workflow_id
+    assert ended.report is not None and ended.report.winner == "treatment"
+    assert fake.removed[0] == "app-2"  # the treatment's app went first, then the rollout to @3

@@ -1,0 +1,210 @@
+"""A model's experiments: ModelWorkflow's `start_experiment` Update, the ExperimentWorkflow child it
+starts, and its end recorded. While one runs, the model holds everything else that would change
+its serving: queued sets wait without rolling out, a replanned placement waits, and the serving
+checks pause (the experiment's routes would be "repaired" away); they all resume when it ends.
+
+One experiment at a time, against the serving set (control) and a set published with hold
+(treatment); it ends on its own (duration, guardrail, on-call stop) and reports to the model with
+the `experiment_ended` signal; after a continue-as-new the model also asks Temporal from time to
+time, so an experiment terminated from the UI is noticed. ModelWorkflow inherits this and keeps
+the handlers' declarations; nothing here runs outside a workflow.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from temporalio import workflow
+from temporalio.exceptions import ApplicationError, ChildWorkflowError
+from temporalio.workflow import ChildWorkflowHandle, ParentClosePolicy
+
+with workflow.unsafe.imports_passed_through():
+    from ipnext.activities import QUICK_TIMEOUT, RETRY
+    from ipnext.activities.rollouts import RolloutActivities, RolloutOutcomeInput
+    from ipnext.contracts import ExperimentWorkflowNames, SetStatus, experiment_workflow_id
+    from ipnext.registry import (
+        ActiveExperiment,
+        ExperimentInput,
+        ExperimentStarted,
+        ExperimentStatus,
+        StartExperimentInput,
+        StopExperimentInput,
+    )
+    from ipnext.workflows.experiment_workflow import ExperimentWorkflow
+    from ipnext.workflows.model_update import ModelUpdates
+
+__all__ = ["EXPERIMENTS_KEPT", "START_EXPERIMENT_EXAMPLE", "ModelExperiments"]
+
+START_EXPERIMENT_EXAMPLE = (
+    '{"name": "...", "treatment": "<model>@<n>", "duration_seconds": ..., "who": "..."}'
+)
+EXPERIMENTS_KEPT = 20  # ended experiments' results kept in the record
+
+
+class ModelExperiments(ModelUpdates):
+    """The experiment's start, wait and end; ModelWorkflow sets the state in its constructor."""
+
+    _experiment_child: ChildWorkflowHandle[Any, ExperimentStatus] | None
+    _experiment_ended: ExperimentStatus | None
+    _experiment_stopping: bool  # a delete asked the running experiment to stop
+
+    def _refuse_experiment(self, input: StartExperimentInput) -> None:
+        """Raise ApplicationError for an experiment that cannot start now (no I/O)."""
+        name, r = self._spec.name, self._record
+        why = ""
+        if self._delete_by is not None:
+            why = "it is being deleted"
+        elif r.serving_set is None:
+            why = "nothing serves yet (the control is the serving set)"
+        elif r.experiment is not None:
+            why = f"experiment {r.experiment.name} runs (`ipnext experiment stop {name}` ends it)"
+        elif r.active_rollout is not None or r.queued or r.spec_pending is not None:
+            why = "a rollout runs or a set is queued: start it when the model serves alone"
+        elif any(e.name == input.name for e in r.experiments):
+            why = f"an experiment named {input.name!r} already ran: give this one its own name"
+        if why:
+            raise ApplicationError(f"model {name}: no experiment now: {why}.", type="ExperimentError")
+        treatment = self._find(input.treatment)
+        if treatment is None or treatment.status != SetStatus.HELD:
+            held = [s.id for s in r.sets if s.status == SetStatus.HELD]
+            raise ApplicationError(
+                f"treatment: {input.treatment!r} is not a held set of {name} (held: {held or 'none'}). "
+                "Fix: publish the candidate with `ipnext snapshot publish --hold`.",
+                type="ExperimentError",
+            )
+
+    def _start_experiment(self, input: StartExperimentInput) -> ExperimentStarted:
+        """Record the experiment for the loop to start (it starts children one at a time)."""
+        self._refuse_experiment(input)
+        r = self._record
+        active = ActiveExperiment(
+            workflow_id=experiment_workflow_id(self._spec.name, input.name),
+            name=input.name,
+            control=r.serving_set or "",
+            treatment=input.treatment,
+            start=input,
+        )
+        r.experiment = active
+        self._upsert_state()
+        return ExperimentStarted(
+            workflow_id=active.workflow_id, control=active.control, treatment=active.treatment
+        )
+
+    async def _run_experiment(self) -> None:
+        """Start the recorded experiment (unless a run before this one did) and wait for its end."""
+        r = self._record
+        active = r.experiment
+        control, treatment = (
+            self._find(active.control if active else None),
+            self._find(active.treatment if active else None),
+        )
+        if active is None or control is None or treatment is None or r.plan is None:
+            r.experiment = None
+            return
+        if not active.started:
+            start = active.start
+            self._experiment_ended = None
+            self._experiment_child = await workflow.start_child_workflow(
+                ExperimentWorkflow.run,
+                ExperimentInput(
+                    spec=self._spec,
+                    plan=r.plan,
+                    name=active.name,
+                    salt=str(workflow.uuid4()),
+                    control_set=control,
+                    control_apps=dict(r.serving_apps),
+                    treatment_set=treatment,
+                    treatment_percent=start.treatment_percent,
+                    duration_seconds=start.duration_seconds,
+                    check_seconds=start.check_seconds,
+                    alpha=start.alpha,
+                    who=start.who,
+                    history_limit=max(50, self._input.history_limit),
+                ),
+                id=active.workflow_id,
+                static_summary=f"{self._spec.name}: {control.id} against {treatment.id}",
+                parent_close_policy=ParentClosePolicy.ABANDON,
+            )
+            r.experiment = active = active.model_copy(update={"started": True})
+            self._upsert_state()
+        every = (
+            None
+            if self._experiment_child is not None
+            else timedelta(seconds=self._input.rollout_check_seconds)
+        )
+        self._experiment_stopping = False
+        while self._experiment_ended is None:
+            if self._delete_by is not None and not self._experiment_stopping:  # a delete ends it first
+                self._experiment_stopping = True
+                await workflow.get_external_workflow_handle(active.workflow_id).signal(
+                    ExperimentWorkflowNames.STOP,
+                    StopExperimentInput(who=self._delete_by, reason="the model is being deleted"),
+                )
+            try:
+                await workflow.wait_condition(
+                    lambda: (
+                        self._experiment_ended is not None
+                        or self._experiment_done()
+                        or self._may_continue()
+                        or (self._delete_by is not None and not self._experiment_stopping)
+                    ),
+                    timeout=every,
+                )
+            except TimeoutError:
+                outcome = await workflow.execute_activity_method(
+                    RolloutActivities.experiment_outcome,
+                    RolloutOutcomeInput(workflow_id=active.workflow_id),
+                    start_to_close_timeout=QUICK_TIMEOUT,
+                    retry_policy=RETRY,
+                    summary=f"is {active.workflow_id} still running?",
+                )
+                if not outcome.running and self._experiment_ended is None:
+                    self._experiment_ended = outcome.result or self._experiment_lost(active, outcome.how)
+                continue
+            if (
+                self._experiment_ended is None
+                and self._experiment_done()
+                and self._experiment_child is not None
+            ):
+                try:
+                    self._experiment_ended = self._experiment_child.result()
+                except ChildWorkflowError as err:
+                    self._experiment_ended = self._experiment_lost(active, str(err.cause or err))
+                continue
+            if self._experiment_ended is None and self._may_continue() and self._delete_by is None:
+                await workflow.wait_condition(
+                    lambda: workflow.all_handlers_finished() and self._publishing == 0
+                )
+                if self._experiment_ended is None and self._delete_by is None:
+                    workflow.continue_as_new(self._input.model_copy(update={"record": r, "spec": self._spec}))
+                every = every or timedelta(seconds=self._input.rollout_check_seconds)
+        ended, self._experiment_ended, self._experiment_child = self._experiment_ended, None, None
+        r.experiments = [*r.experiments, ended][-EXPERIMENTS_KEPT:]
+        r.experiment = None
+        self._reconcile_due = True  # a lost experiment may have left routes behind: put them right
+        workflow.logger.info("model %s: experiment %s ended: %s", self._spec.name, ended.name, ended.end)
+        self._upsert_state()
+
+    def _experiment_done(self) -> bool:
+        return self._experiment_child is not None and self._experiment_child.done()
+
+    def _may_continue(self) -> bool:
+        raise NotImplementedError  # ModelWorkflow's
+
+    def _experiment_lost(self, active: ActiveExperiment, how: str) -> ExperimentStatus:
+        """An experiment that ended without its report (terminated, failed): what the model knows."""
+        return ExperimentStatus(
+            model=self._spec.name,
+            name=active.name,
+            workflow_id=active.workflow_id,
+            phase="ended",
+            outcome="failed",
+            end=f"ended without its report: {how}; the model's serving check puts its routers back",
+            started_at=None,
+            ends_at=None,
+            arms={"control": active.control, "treatment": active.treatment},
+            treatment_percent=active.start.treatment_percent,
+            guardrails=[],
+            report=None,
+        )
