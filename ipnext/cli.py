@@ -4,6 +4,7 @@ ipnext dev up [--nodes single|per-region] | down | status | hold|release NAME [-
 ipnext model publish FILE | update -f FILE [--snapshots FOLDER] [--who W] | get NAME | demand NAME [--window S] | list | adopt NAME | delete NAME
 ipnext snapshot publish MODEL FOLDER [--wait [--timeout S]] [--override-freeze REASON --who NAME] [--hold]
 ipnext snapshot import-hf DIR --model M --part P --version V
+ipnext experiment start MODEL --name N --treatment SET --duration 3d [--split 50] | status|report|stop MODEL
 ipnext rollout status|watch MODEL | pause|abort|override-freeze MODEL --reason R [--who W] | resume MODEL
 ipnext predict MODEL --inputs JSON [--source REGION | --region REGION] [--key KEY]
 ipnext serve export [-o FILE]
@@ -32,6 +33,7 @@ from typing import Any
 
 from ipnext.config import Settings, load_settings
 from ipnext.entry.checkpoints import add_import_hf_parser, import_hf
+from ipnext.entry.experiments import add_experiment_parser
 from ipnext.entry.keys import add_auth_parser
 from ipnext.entry.model_update import add_update_parser, update_model_command
 from ipnext.errors import IpnextError, StackError
@@ -592,8 +594,7 @@ def _demo(args: argparse.Namespace, settings: Settings) -> None:
     from ipnext.devstack import DevStack
     from ipnext.examples.demo import run_scenario
 
-    # Ctrl-C and SIGTERM both end the demo through the `finally` below, even where a
-    # launcher left SIGINT ignored (as shells do for background jobs).
+    # Ctrl-C and SIGTERM end the demo through the `finally` below, even where SIGINT is ignored.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     stack = DevStack(settings)
@@ -670,6 +671,7 @@ def _parser() -> argparse.ArgumentParser:
     pub.add_argument("--hold", action="store_true", help="validate and keep the set, not rolled out")
     add_import_hf_parser(ssub)
     snap.set_defaults(run=_snapshot)
+    add_experiment_parser(sub)
 
     roll = sub.add_parser("rollout", help="watch and steer a model's running rollout (on-call)")
     rsub = roll.add_subparsers(dest="verb", required=True)

@@ -50,6 +50,7 @@ from ipnext.config import Settings, load_settings
 from ipnext.contracts import (
     MODEL_KEY,
     STATE_KEY,
+    ExperimentWorkflowNames,
     ModelStatus,
     ModelWorkflowNames,
     PollTimeoutError,
@@ -79,6 +80,8 @@ from ipnext.regions import FleetStatus, RegionChangeResult, RegionDownInput, Reg
 from ipnext.registry import (
     DeleteInput,
     DeleteResult,
+    ExperimentStarted,
+    ExperimentStatus,
     ModelRecord,
     ModelState,
     ModelWorkflowInput,
@@ -86,6 +89,8 @@ from ipnext.registry import (
     PublishInput,
     PublishResult,
     ReconcileRecord,
+    StartExperimentInput,
+    StopExperimentInput,
     UpdateModelInput,
     UpdateModelResult,
     ValidateSpecInput,
@@ -357,6 +362,67 @@ class Client:
         except WorkflowUpdateFailedError as err:
             raise _translate(err) from None
         return result
+
+    # ---- experiments ---------------------------------------------------------------------
+
+    async def start_experiment(self, name: str, input: StartExperimentInput) -> ExperimentStarted:
+        """Run an experiment on model `name`: its serving set against `input.treatment` (a set
+        published with hold) for `input.duration_seconds`; refused with the reason while the model
+        is busy. It ends by itself; `experiment_status` follows it, `stop_experiment` ends it."""
+        handle = await self._running_model(name)
+        try:
+            started: ExperimentStarted = await handle.execute_update(
+                ModelWorkflowNames.START_EXPERIMENT, input, result_type=ExperimentStarted
+            )
+        except WorkflowUpdateFailedError as err:
+            raise _translate(err) from None
+        return started
+
+    async def experiment_status(self, name: str, experiment: str | None = None) -> ExperimentStatus:
+        """The model's running experiment, live (with its report so far), or an ended one from
+        the model's record; `experiment`: its name (default: the running one, else the latest)."""
+        state = await self.get_model(name)
+        running = state.experiment
+        if running is not None and experiment in (None, running.name):
+            if not running.started:  # asked for, the model starts it on its next pass
+                return ExperimentStatus(
+                    model=name,
+                    name=running.name,
+                    workflow_id=running.workflow_id,
+                    phase="starting",
+                    outcome="",
+                    end="",
+                    started_at=None,
+                    ends_at=None,
+                    arms={"control": running.control, "treatment": running.treatment},
+                    treatment_percent=running.start.treatment_percent,
+                    guardrails=[],
+                    report=None,
+                )
+            handle = self.temporal.get_workflow_handle(running.workflow_id)
+            try:
+                live: ExperimentStatus = await handle.query(
+                    ExperimentWorkflowNames.STATUS, result_type=ExperimentStatus
+                )
+            except (WorkflowQueryFailedError, RPCError) as err:
+                raise ServingError(f"experiment {running.name} of {name} did not answer: {err}") from None
+            return live
+        ended = [e for e in state.experiments if experiment in (None, e.name)]
+        if not ended:
+            raise IpnextError(
+                f"model {name} has no experiment{' named ' + repr(experiment) if experiment else ''}.",
+                fix=f"start one with `ipnext experiment start {name} --treatment <held set> --duration 1d`",
+            )
+        return ended[-1]
+
+    async def stop_experiment(self, name: str, reason: str, who: str = "sdk") -> ExperimentStatus:
+        """End the model's running experiment now: all traffic back to control; its report so far."""
+        state = await self.get_model(name)
+        if state.experiment is None or not state.experiment.started:
+            raise IpnextError(f"model {name} runs no experiment to stop.")
+        handle = self.temporal.get_workflow_handle(state.experiment.workflow_id)
+        await handle.signal(ExperimentWorkflowNames.STOP, StopExperimentInput(who=who, reason=reason))
+        return await self.experiment_status(name, state.experiment.name)
 
     # ---- snapshots -----------------------------------------------------------------------
 

@@ -1,0 +1,114 @@
+"""`ipnext experiment start|status|stop|report MODEL`: run an experiment on a model and read its report.
+
+    ipnext experiment start feed-ranker --name ranker-v2 --treatment feed-ranker@4 --split 50 --duration 3d
+    ipnext experiment status feed-ranker            # live: phase, arms, guardrails, the report so far
+    ipnext experiment stop feed-ranker --reason "saw enough"
+    ipnext experiment report feed-ranker [--name N] [--json]
+
+The treatment is a set published with `ipnext snapshot publish --hold`; the control is the set
+that serves. Errors are one line (what failed, the fix), exit 2, as for every verb.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+from typing import Any
+
+from pydantic import ValidationError
+
+from ipnext.config import Settings
+from ipnext.errors import IpnextError
+from ipnext.specio import format_validation_error
+
+__all__ = ["add_experiment_parser", "parse_duration", "run_experiment_command"]
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> float:
+    """`90s`, `30m`, `6h`, `3d` -> seconds."""
+    match = _DURATION.match(text.strip())
+    if not match:
+        raise IpnextError(f"--duration {text!r}: write a number and a unit, like 90s, 30m, 6h or 3d.")
+    return float(match[1]) * _UNITS[match[2]]
+
+
+def add_experiment_parser(commands: Any) -> None:
+    """The `experiment` command and its verbs."""
+    experiment = commands.add_parser("experiment", help="A/B experiments: a held set against the serving set")
+    verbs = experiment.add_subparsers(dest="verb", required=True)
+    start = verbs.add_parser("start", help="start one (the model holds its rollouts until it ends)")
+    start.add_argument("model")
+    start.add_argument("--name", required=True, help="the experiment's name (lowercase, digits, -)")
+    start.add_argument("--treatment", required=True, help="a set published with --hold, e.g. MODEL@4")
+    start.add_argument("--split", type=float, default=50.0, help="percent of units on the treatment (50)")
+    start.add_argument("--duration", required=True, help="how long: 90s, 30m, 6h, 3d")
+    start.add_argument("--check", default="10s", help="how often the arms are read and the guardrails judged")
+    start.add_argument("--alpha", type=float, default=0.01, help="significance level of the report (0.01)")
+    start.add_argument("--who", help="default: $USER")
+    for verb, text in (("status", "the running one, live (or the latest)"), ("report", "the report")):
+        reader = verbs.add_parser(verb, help=text)
+        reader.add_argument("model")
+        reader.add_argument("--name", help="an ended experiment's name (default: the running or latest one)")
+        reader.add_argument("--json", action="store_true", help="as JSON")
+    stop = verbs.add_parser("stop", help="end the running one now: all traffic back to control")
+    stop.add_argument("model")
+    stop.add_argument("--reason", required=True)
+    stop.add_argument("--who", help="default: $USER")
+    experiment.set_defaults(run=run_experiment_command)
+
+
+def run_experiment_command(args: argparse.Namespace, settings: Settings) -> None:
+    from ipnext.experiments import render_report
+    from ipnext.registry import StartExperimentInput
+    from ipnext.sdk import Client
+
+    who = getattr(args, "who", None) or os.environ.get("USER", "cli")
+    ask = None
+    if args.verb == "start":  # checked before anything connects
+        try:
+            ask = StartExperimentInput(
+                name=args.name,
+                treatment=args.treatment,
+                treatment_percent=args.split,
+                duration_seconds=parse_duration(args.duration),
+                check_seconds=parse_duration(args.check),
+                alpha=args.alpha,
+                who=who,
+            )
+        except ValidationError as err:
+            raise IpnextError(f"experiment start: {format_validation_error(err)}") from None
+
+    async def act() -> Any:
+        async with await Client.connect(settings) as ipn:
+            if ask is not None:
+                return await ipn.start_experiment(args.model, ask)
+            if args.verb == "stop":
+                return await ipn.stop_experiment(args.model, args.reason, who=who)
+            return await ipn.experiment_status(args.model, args.name)
+
+    result = asyncio.run(act())
+    if args.verb == "start":
+        print(
+            f"experiment {args.name} of {args.model}: {result.control} (control) against {result.treatment}"
+        )
+        print(f"  workflow {result.workflow_id}; `ipnext experiment status {args.model}` follows it")
+        return
+    if getattr(args, "json", False):
+        print(json.dumps(result.model_dump(mode="json"), indent=2))
+        return
+    print(
+        f"experiment {result.name} of {result.model}: {result.phase}{', ' + result.outcome if result.outcome else ''}"
+    )
+    if result.end:
+        print(f"  {result.end}")
+    for reading in result.guardrails:
+        print(f"  guardrail {reading.describe()}")
+    if result.report is not None:
+        print()
+        print(render_report(result.report))

@@ -1,0 +1,91 @@
+"""`ipnext experiment start|status|stop|report` against a real Temporal dev server (the activities
+faked): a refused start exits 2 with its reason, a started one is followed live, stopped by
+on-call, and its report printed with the winner."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import uuid
+
+import pytest
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from ipnext.activities.rollouts import RolloutActivities
+from ipnext.registry import ModelWorkflowInput, PublishResult
+from ipnext.worker import WORKFLOWS
+
+from .fakes import SPEC, FakeServing, request, until
+
+pytestmark = pytest.mark.timeout(180)
+
+
+async def cli(address: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "IPNEXT_TEMPORAL__ADDRESS": address, "USER": "ann"}
+    argv = [sys.executable, "-m", "ipnext.cli", "experiment", *args]
+    return await asyncio.to_thread(subprocess.run, argv, env=env, capture_output=True, text=True, timeout=90)
+
+
+async def test_experiment_verbs(temporal: Client) -> None:
+    fake = FakeServing()
+    fake.click_rates = {"app-1": 0.2, "app-2": 0.3}
+    fake.rate = 400
+    queue = f"wf-{uuid.uuid4().hex[:8]}"
+    activities = [
+        *fake.activities(),
+        RolloutActivities(temporal).rollout_outcome,
+        RolloutActivities(temporal).experiment_outcome,
+    ]
+    worker = Worker(temporal, task_queue=queue, workflows=WORKFLOWS, activities=activities)
+    model = await temporal.start_workflow(
+        "ModelWorkflow", ModelWorkflowInput(spec=SPEC), id="model/wf-model", task_queue=queue
+    )
+    address = temporal.service_client.config.target_host
+    async with worker:
+        await model.execute_update("publish", request("v1"), result_type=PublishResult)
+        await until(model, lambda s: s.serving_set == "wf-model@1")
+        refused = await cli(
+            address, "start", "wf-model", "--name", "e1", "--treatment", "wf-model@2", "--duration", "1m"
+        )
+        assert refused.returncode == 2 and "treatment: 'wf-model@2' is not a held set" in refused.stderr, (
+            refused.stderr
+        )
+        await model.execute_update(
+            "publish", request("v2").model_copy(update={"hold": True}), result_type=PublishResult
+        )
+        started = await cli(
+            address,
+            "start",
+            "wf-model",
+            "--name",
+            "e1",
+            "--treatment",
+            "wf-model@2",
+            "--duration",
+            "1h",
+            "--check",
+            "0.2s",
+        )
+        assert started.returncode == 0, started.stderr
+        assert "experiment e1 of wf-model: wf-model@1 (control) against wf-model@2" in started.stdout
+        await until(model, lambda s: s.experiment is not None and s.experiment.started)
+        await asyncio.sleep(2)  # a few windows counted
+        live = await cli(address, "status", "wf-model")
+        assert live.returncode == 0 and "experiment e1 of wf-model: running" in live.stdout, live.stderr
+        stopped = await cli(address, "stop", "wf-model", "--reason", "saw enough")
+        assert stopped.returncode == 0, stopped.stderr
+        await until(model, lambda s: s.experiments != [])
+        report = await cli(address, "report", "wf-model")
+        as_json = await cli(address, "report", "wf-model", "--name", "e1", "--json")
+    assert (
+        "experiment e1 of wf-model: ended, stopped" in report.stdout
+        and "stopped by ann: saw enough" in report.stdout
+    )
+    assert "winner: treatment" in report.stdout and "two-proportion z" in report.stdout, report.stdout
+    ended = json.loads(as_json.stdout)
+    assert ended["outcome"] == "stopped" and ended["report"]["winner"] == "treatment"
+    print(report.stdout)
