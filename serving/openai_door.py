@@ -51,6 +51,8 @@ __all__ = ["SET_HEADER", "OpenAIDoor", "openai_route"]
 logger = logging.getLogger(__name__)
 
 SET_HEADER = "x-ipnext-set"
+# In an experiment: the arm of the caller's `user` (the unit) and the signed id feedback names.
+ARM_HEADER, REQUEST_ID_HEADER = "x-ipnext-arm", "x-ipnext-request-id"
 MAX_BODY_BYTES = 4 << 20  # a long conversation is tens of KiB
 MAX_JSON_DEPTH = 16  # messages[i].content[j].text is five deep
 _KINDS = {"completions": "completion", "chat/completions": "chat"}
@@ -153,26 +155,34 @@ class OpenAIDoor:
 
     async def _forward(self, parsed: OpenAIRequest, region: str, source: str, user: Any) -> Response:
         handle = self._router(parsed.model, region)
-        key = user if isinstance(user, str) and user else None  # OpenAI's `user`: the sticky key
+        key = user if isinstance(user, str) and user else None  # OpenAI's `user`: the sticky key and unit
         if parsed.stream:
-            envelopes = handle.options(stream=True).stream.remote(parsed.inputs, key, source)
+            envelopes = handle.options(stream=True).stream.remote(parsed.inputs, key, source, key)
             first = await _first(envelopes)
             if "error_id" in first:  # nothing streamed yet: an answer with its status
                 return _router_error(first, int(first.get("status", 500)))
             return StreamingResponse(
                 chunk_events(parsed, _prepend(first, envelopes)),
                 media_type="text/event-stream",
-                headers={SET_HEADER: str(first.get("set", ""))},
+                headers=answer_headers(first),
             )
         try:
-            envelope, status = await handle.predict.remote(parsed.inputs, key, source)
+            envelope, status = await handle.predict.remote(parsed.inputs, key, source, key)
         except BackPressureError:
             raise OpenAIError(503, f"model {parsed.model!r} is overloaded in {region}; retry later") from None
         if status != 200:
             return _router_error(envelope, status)
-        return JSONResponse(
-            response_body(parsed, envelope), headers={SET_HEADER: str(envelope.get("set", ""))}
-        )
+        return JSONResponse(response_body(parsed, envelope), headers=answer_headers(envelope))
+
+
+def answer_headers(envelope: dict[str, Any]) -> dict[str, str]:
+    """The set that answered, and in an experiment the arm and the request id feedback names."""
+    headers = {SET_HEADER: str(envelope.get("set", ""))}
+    if envelope.get("arm"):
+        headers[ARM_HEADER] = str(envelope["arm"])
+    if envelope.get("request_id"):
+        headers[REQUEST_ID_HEADER] = str(envelope["request_id"])
+    return headers
 
 
 async def _first(envelopes: Any) -> dict[str, Any]:

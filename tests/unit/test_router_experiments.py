@@ -140,3 +140,15 @@ async def test_without_a_signing_secret_answers_carry_no_id_and_feedback_is_503(
     assert status == 200 and body["arm"] in EXPERIMENT.arms and "request_id" not in body
     answer, got = feedback(router, {"request_id": "x1.exp-1.control.00.11", "outcome": {"click": 1}})
     assert got == 503 and "request_signing_secret" in answer["message"]
+
+
+def test_openai_answers_carry_the_arm_and_request_id_as_headers() -> None:
+    from ipnext.serving.openai_door import ARM_HEADER, REQUEST_ID_HEADER, SET_HEADER, answer_headers
+
+    inside = {"set": "m@2", "arm": "treatment", "request_id": "x1.exp-1.treatment.ab.cd"}
+    assert answer_headers(inside) == {
+        SET_HEADER: "m@2",
+        ARM_HEADER: "treatment",
+        REQUEST_ID_HEADER: "x1.exp-1.treatment.ab.cd",
+    }
+    assert answer_headers({"set": "m@1", "arm": None}) == {SET_HEADER: "m@1"}
