@@ -55,6 +55,7 @@ SECOND_STACK_MODULES = (
     "test_load_step.py",
     "test_ranking.py",
     "test_model_update.py",
+    "test_experiments.py",
 )
 # The units that run on a shared dev stack (tests/integration/conftest.py `stack`): a worker
 # stops its stack as soon as the unit is done.

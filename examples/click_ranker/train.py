@@ -22,7 +22,7 @@ from torch import nn
 from ipnext.examples.click_ranker.parts import build_modules
 from ipnext.snapshots import Manifest, write_snapshot
 
-__all__ = ["DEFAULT_CONFIG", "TrainReport", "parse_dense_parts", "train"]
+__all__ = ["DEFAULT_CONFIG", "TrainReport", "favourite", "parse_dense_parts", "train"]
 
 DEFAULT_CONFIG: dict[str, Any] = {"num_users": 200, "num_items": 500, "dim": 16, "hidden": 32}
 _FACTORS = 8
@@ -46,13 +46,25 @@ class TrainReport:
         self.loglosses = loglosses or {}  # MLP part -> held-out logloss
 
 
-def _clicks(
-    config: dict[str, Any], n: int, generator: torch.Generator
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    # The world is fixed (seed 0) so every version learns the same users and items.
+def _world(config: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The hidden user and item factors. Fixed (seed 0) so every version learns the same world."""
     world = torch.Generator().manual_seed(0)
     users_f = torch.randn(config["num_users"], _FACTORS, generator=world) / _FACTORS**0.5
     items_f = torch.randn(config["num_items"], _FACTORS, generator=world) / _FACTORS**0.5
+    return users_f, items_f
+
+
+def favourite(user: int, items: list[int], config: dict[str, Any] | None = None) -> int:
+    """The item of `items` this user is likeliest to click (the world's truth, not a model's)."""
+    users_f, items_f = _world(dict(config or DEFAULT_CONFIG))
+    affinity = (users_f[user] * items_f[torch.tensor(items)]).sum(-1)
+    return items[int(affinity.argmax())]
+
+
+def _clicks(
+    config: dict[str, Any], n: int, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    users_f, items_f = _world(config)
     users = torch.randint(0, config["num_users"], (n,), generator=generator)
     items = torch.randint(0, config["num_items"], (n,), generator=generator)
     p = torch.sigmoid(4 * (users_f[users] * items_f[items]).sum(-1) * _FACTORS**0.5 - 1)
