@@ -76,6 +76,7 @@ class ModelWorkflowNames:
     UPDATE = "update_model"  # update UpdateModelInput -> UpdateModelResult: a new spec
     START_EXPERIMENT = "start_experiment"  # update StartExperimentInput -> ExperimentStarted
     EXPERIMENT_ENDED = "experiment_ended"  # signal ExperimentStatus, from the experiment at its end
+    PROMOTE = "promote"  # update PromoteInput -> PublishResult: a held set queued for its rollout
     APPLY_PLAN = "apply_plan"  # signal ApplyPlanInput
     ROLLOUT_ENDED = "rollout_ended"  # signal RolloutEnded, from the rollout child at its end
     RECONCILE = "reconcile"  # signal, no input: check Serve against the record now (worker start)

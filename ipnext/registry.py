@@ -43,6 +43,7 @@ __all__ = [
     "ModelWorkflowInput",
     "ModelWorkflowResult",
     "OlderSets",
+    "PromoteInput",
     "PublishInput",
     "PublishResult",
     "ReconcileRecord",
@@ -449,3 +450,11 @@ class ActiveExperiment(Frozen):
     treatment: str
     start: StartExperimentInput
     started: bool = False  # the child was started (a run continued as new after may not have)
+
+
+class PromoteInput(Frozen):
+    """Update `promote`: a held set (an experiment's winner) queued for the normal gradual rollout."""
+
+    set_id: str
+    who: str = "unknown"
+    reason: str = ""

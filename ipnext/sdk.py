@@ -86,6 +86,7 @@ from ipnext.registry import (
     ModelState,
     ModelWorkflowInput,
     OlderSets,
+    PromoteInput,
     PublishInput,
     PublishResult,
     ReconcileRecord,
@@ -423,6 +424,31 @@ class Client:
         handle = self.temporal.get_workflow_handle(state.experiment.workflow_id)
         await handle.signal(ExperimentWorkflowNames.STOP, StopExperimentInput(who=who, reason=reason))
         return await self.experiment_status(name, state.experiment.name)
+
+    async def promote_experiment(
+        self, name: str, experiment: str | None = None, who: str = "sdk"
+    ) -> PublishResult:
+        """Roll an ended experiment's winning treatment out through the normal gradual rollout;
+        refused when its report names no winner over control (nothing to roll out)."""
+        ended = await self.experiment_status(name, experiment)
+        winner = ended.report.winner if ended.report is not None else None
+        if ended.phase != "ended" or winner != "treatment":
+            said = (
+                "it has not ended" if ended.phase != "ended" else f"its report's winner is {winner or 'none'}"
+            )
+            raise IpnextError(
+                f"experiment {ended.name} of {name}: nothing promoted: {said}.",
+                fix="promote a set by hand when you know better: publish it again without --hold",
+            )
+        handle = await self._running_model(name)
+        ask = PromoteInput(set_id=ended.arms["treatment"], who=who, reason=f"won experiment {ended.name}")
+        try:
+            result: PublishResult = await handle.execute_update(
+                ModelWorkflowNames.PROMOTE, ask, result_type=PublishResult
+            )
+        except WorkflowUpdateFailedError as err:
+            raise _translate(err) from None
+        return result
 
     # ---- snapshots -----------------------------------------------------------------------
 

@@ -28,6 +28,8 @@ with workflow.unsafe.imports_passed_through():
         ExperimentInput,
         ExperimentStarted,
         ExperimentStatus,
+        PromoteInput,
+        PublishResult,
         StartExperimentInput,
         StopExperimentInput,
     )
@@ -185,6 +187,34 @@ class ModelExperiments(ModelUpdates):
         self._reconcile_due = True  # a lost experiment may have left routes behind: put them right
         workflow.logger.info("model %s: experiment %s ended: %s", self._spec.name, ended.name, ended.end)
         self._upsert_state()
+
+    def _promote(self, input: PromoteInput) -> PublishResult:
+        """Queue a held set for its rollout, which runs through the normal steps and gates."""
+        self._refuse_promote(input)
+        why = f": {input.reason}" if input.reason else ""
+        self._set_status(input.set_id, SetStatus.VALIDATED, f"promoted by {input.who}{why}")
+        self._record.queued.append(input.set_id)
+        self._upsert_state()
+        return PublishResult(set_id=input.set_id, status="queued")
+
+    def _refuse_promote(self, input: PromoteInput) -> None:
+        r, name = self._record, self._spec.name
+        held = [s.id for s in r.sets if s.status == SetStatus.HELD]
+        found = self._find(input.set_id)
+        why = ""
+        if self._delete_by is not None:
+            why = "it is being deleted"
+        elif r.experiment is not None:
+            why = f"experiment {r.experiment.name} runs: promote when it has ended"
+        elif r.spec_pending is not None:
+            why = f"update {r.spec_pending.change} of its spec is rolling out"
+        elif found is None or found.status != SetStatus.HELD:
+            why = f"{input.set_id!r} is not a held set (held: {held or 'none'})"
+        if why:
+            raise ApplicationError(f"model {name}: nothing promoted: {why}.", type="ExperimentError")
+
+    def _set_status(self, set_id: str, status: SetStatus, detail: str = "") -> None:
+        raise NotImplementedError  # ModelWorkflow's
 
     def _experiment_done(self) -> bool:
         return self._experiment_child is not None and self._experiment_child.done()

@@ -64,6 +64,7 @@ with workflow.unsafe.imports_passed_through():
         ModelWorkflowInput,
         ModelWorkflowResult,
         OlderSets,
+        PromoteInput,
         PublishInput,
         PublishResult,
         RolloutEnded,
@@ -89,6 +90,7 @@ RESTORE_PATCH = "restore-after-outside-end"
 DOWN_REGIONS_PATCH = "capacity-move-without-down-regions"
 PUBLISH_EXAMPLE = '{"request": {"model": ..., "version": ..., "parts": {...}}, "who": ...}'
 DELETE_EXAMPLE = '{"who": "<who deletes>"}'
+PROMOTE_EXAMPLE = '{"set_id": "<model>@<n>", "who": "<who promotes>"}'
 # A continued rollout bakes its step again from a fresh window, so one run must hold a step
 # (scale, shift: tens of events) and a whole bake (a timer, a metrics read and a workflow task
 # per check: at most EVENTS_PER_CHECK events), or no bake would ever end.
@@ -292,6 +294,14 @@ class ModelWorkflow(ModelExperiments):
     def _validate_experiment(self, raw: Any = NO_PAYLOAD, _extra: Any = None) -> None:
         name = ModelWorkflowNames.START_EXPERIMENT
         self._refuse_experiment(update_input(raw, StartExperimentInput, name, START_EXPERIMENT_EXAMPLE))
+
+    @workflow.update(name=ModelWorkflowNames.PROMOTE)
+    def promote(self, raw: Any = NO_PAYLOAD, _extra: Any = None) -> PublishResult:
+        return self._promote(update_input(raw, PromoteInput, ModelWorkflowNames.PROMOTE, PROMOTE_EXAMPLE))
+
+    @promote.validator
+    def _validate_promote(self, raw: Any = NO_PAYLOAD, _extra: Any = None) -> None:
+        self._refuse_promote(update_input(raw, PromoteInput, ModelWorkflowNames.PROMOTE, PROMOTE_EXAMPLE))
 
     @workflow.signal(name=ModelWorkflowNames.EXPERIMENT_ENDED)
     def experiment_ended(self, raw: Any = NO_PAYLOAD, _extra: Any = None) -> None:

@@ -1,9 +1,10 @@
-"""`ipnext experiment start|status|stop|report MODEL`: run an experiment on a model and read its report.
+"""`ipnext experiment start|status|stop|report|promote MODEL`: run an experiment on a model and read its report.
 
     ipnext experiment start feed-ranker --name ranker-v2 --treatment feed-ranker@4 --split 50 --duration 3d
     ipnext experiment status feed-ranker            # live: phase, arms, guardrails, the report so far
     ipnext experiment stop feed-ranker --reason "saw enough"
     ipnext experiment report feed-ranker [--name N] [--json]
+    ipnext experiment promote feed-ranker [--name N]  # the winner rolls out through the normal steps
 
 The treatment is a set published with `ipnext snapshot publish --hold`; the control is the set
 that serves. Errors are one line (what failed, the fix), exit 2, as for every verb.
@@ -56,6 +57,10 @@ def add_experiment_parser(commands: Any) -> None:
         reader.add_argument("model")
         reader.add_argument("--name", help="an ended experiment's name (default: the running or latest one)")
         reader.add_argument("--json", action="store_true", help="as JSON")
+    promote = verbs.add_parser("promote", help="roll an ended experiment's winner out (the normal rollout)")
+    promote.add_argument("model")
+    promote.add_argument("--name", help="the experiment (default: the latest)")
+    promote.add_argument("--who", help="default: $USER")
     stop = verbs.add_parser("stop", help="end the running one now: all traffic back to control")
     stop.add_argument("model")
     stop.add_argument("--reason", required=True)
@@ -90,9 +95,14 @@ def run_experiment_command(args: argparse.Namespace, settings: Settings) -> None
                 return await ipn.start_experiment(args.model, ask)
             if args.verb == "stop":
                 return await ipn.stop_experiment(args.model, args.reason, who=who)
+            if args.verb == "promote":
+                return await ipn.promote_experiment(args.model, args.name, who=who)
             return await ipn.experiment_status(args.model, args.name)
 
     result = asyncio.run(act())
+    if args.verb == "promote":
+        print(f"{result.set_id} queued for its rollout; `ipnext rollout watch {args.model}` follows it")
+        return
     if args.verb == "start":
         print(
             f"experiment {args.name} of {args.model}: {result.control} (control) against {result.treatment}"

@@ -1,6 +1,6 @@
-"""`ipnext experiment start|status|stop|report` against a real Temporal dev server (the activities
-faked): a refused start exits 2 with its reason, a started one is followed live, stopped by
-on-call, and its report printed with the winner."""
+"""`ipnext experiment start|status|stop|report|promote` against a real Temporal dev server (the
+activities faked): a refused start exits 2 with its reason, a started one is followed live,
+stopped by on-call, its report printed with the winner, and the winner promoted: it rolls out."""
 
 from __future__ import annotations
 
@@ -81,6 +81,14 @@ async def test_experiment_verbs(temporal: Client) -> None:
         await until(model, lambda s: s.experiments != [])
         report = await cli(address, "report", "wf-model")
         as_json = await cli(address, "report", "wf-model", "--name", "e1", "--json")
+        promoted = await cli(address, "promote", "wf-model")
+        assert promoted.returncode == 0 and "wf-model@2 queued for its rollout" in promoted.stdout, (
+            promoted.stderr
+        )
+        again = await cli(address, "promote", "wf-model")  # no longer held: refused, nothing changes
+        assert again.returncode == 2 and "is not a held set" in again.stderr, again.stderr
+        state = await until(model, lambda s: s.serving_set == "wf-model@2" and s.state == "serving")
+        assert state.sets[1].detail == "promoted by ann: won experiment e1"
     assert (
         "experiment e1 of wf-model: ended, stopped" in report.stdout
         and "stopped by ann: saw enough" in report.stdout
