@@ -226,6 +226,7 @@ class TemporalDevSettings(_Section):
             "IpnextState": "Keyword",
             "IpnextTrafficPercent": "Int",
             "IpnextRegionsDown": "KeywordList",
+            "IpnextArms": "KeywordList",
         }
     )
 

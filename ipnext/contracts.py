@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict
 from temporalio.common import SearchAttributeKey
 
 __all__ = [
+    "ARMS_KEY",
     "FLEET_WORKFLOW_ID",
     "MODEL_KEY",
     "REGIONS_DOWN_KEY",
@@ -155,6 +156,7 @@ MODEL_KEY = SearchAttributeKey.for_keyword("IpnextModel")
 STATE_KEY = SearchAttributeKey.for_keyword("IpnextState")
 TRAFFIC_KEY = SearchAttributeKey.for_int("IpnextTrafficPercent")
 REGIONS_DOWN_KEY = SearchAttributeKey.for_keyword_list("IpnextRegionsDown")  # FleetWorkflow's down regions
+ARMS_KEY = SearchAttributeKey.for_keyword_list("IpnextArms")  # ExperimentWorkflow's "arm=set id"s
 
 
 # -- status vocabularies ------------------------------------------------------------------

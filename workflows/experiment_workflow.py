@@ -43,7 +43,7 @@ with workflow.unsafe.imports_passed_through():
         remove_apps,
         route_traffic,
     )
-    from ipnext.contracts import ExperimentWorkflowNames, ModelWorkflowNames
+    from ipnext.contracts import ARMS_KEY, MODEL_KEY, STATE_KEY, ExperimentWorkflowNames, ModelWorkflowNames
     from ipnext.counters import SetCounters
     from ipnext.experiments import summarize
     from ipnext.registry import ExperimentInput, ExperimentState, ExperimentStatus, StopExperimentInput
@@ -101,13 +101,13 @@ class ExperimentWorkflow:
     @workflow.run
     async def run(self, input: ExperimentInput) -> ExperimentStatus:
         s = self._state
+        self._enter(s.phase)
         if s.phase == "deploying":
             s.treatment_apps = await self._deploy()
             await self._route(experiment=True)
             s.started_at = workflow.now()
             s.ends_at = s.started_at + timedelta(seconds=input.duration_seconds)
-            s.phase = "running"
-            self._details()
+            self._enter("running")
         while s.phase == "running" and not s.end:
             left = (s.ends_at - workflow.now()).total_seconds() if s.ends_at is not None else 0.0
             if left <= 0:
@@ -122,8 +122,7 @@ class ExperimentWorkflow:
             await self._check()
             if self._history_full() and not s.end:
                 workflow.continue_as_new(input.model_copy(update={"state": s}))
-        s.phase = "ending"
-        self._details()
+        self._enter("ending")
         await self._check()  # the last window: what came in since the previous read counts too
         await self._route(experiment=False)
         await workflow.execute_activity(
@@ -133,8 +132,7 @@ class ExperimentWorkflow:
             retry_policy=RETRY,
             summary="remove the treatment's apps",
         )
-        s.phase = "ended"
-        self._details()
+        self._enter("ended")
         workflow.logger.info("experiment %s of %s ended: %s", input.name, input.spec.name, s.end)
         result = self.status()
         await self._report(result)
@@ -253,6 +251,22 @@ class ExperimentWorkflow:
             info.is_continue_as_new_suggested()
             or info.get_current_history_length() >= self._input.history_limit
         )
+
+    def _enter(self, phase: str) -> None:
+        """A new phase: the search attributes (model, state, arms: what the Temporal UI lists
+        experiments by) and the details say it."""
+        input = self._input
+        self._state.phase = phase
+        workflow.upsert_search_attributes(
+            [
+                MODEL_KEY.value_set(input.spec.name),
+                STATE_KEY.value_set(phase),
+                ARMS_KEY.value_set(
+                    [f"control={input.control_set.id}", f"treatment={input.treatment_set.id}"]
+                ),
+            ]
+        )
+        self._details()
 
     def _details(self) -> None:
         input, s = self._input, self._state

@@ -12,7 +12,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
-from ipnext.contracts import MODEL_KEY, REGIONS_DOWN_KEY, STATE_KEY, TRAFFIC_KEY
+from ipnext.contracts import ARMS_KEY, MODEL_KEY, REGIONS_DOWN_KEY, STATE_KEY, TRAFFIC_KEY
 
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
@@ -20,7 +20,7 @@ async def temporal() -> AsyncIterator[Client]:
     env = await WorkflowEnvironment.start_local(
         data_converter=pydantic_data_converter,
         dev_server_existing_path=str(Path(sys.executable).parent / "temporal"),
-        search_attributes=[MODEL_KEY, STATE_KEY, TRAFFIC_KEY, REGIONS_DOWN_KEY],
+        search_attributes=[MODEL_KEY, STATE_KEY, TRAFFIC_KEY, REGIONS_DOWN_KEY, ARMS_KEY],
     )
     try:
         yield env.client

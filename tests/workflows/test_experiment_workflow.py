@@ -15,7 +15,7 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.worker import Worker
 
 from ipnext.activities.rollouts import RolloutActivities
-from ipnext.contracts import SetStatus
+from ipnext.contracts import ARMS_KEY, MODEL_KEY, STATE_KEY, SetStatus
 from ipnext.model import SnapshotRef, SnapshotSet
 from ipnext.plan import DeploymentPlacement, Plan
 from ipnext.registry import ExperimentInput, ExperimentStatus, StopExperimentInput
@@ -90,6 +90,9 @@ async def test_an_experiment_runs_its_time_and_its_report_finds_the_better_arm(t
     async with worker:
         result: ExperimentStatus = await handle.result()
     assert (result.phase, result.outcome) == ("ended", "completed") and "duration of 2 s ended" in result.end
+    listed = (await handle.describe()).typed_search_attributes  # what the Temporal UI lists it by
+    assert (listed.get(MODEL_KEY), listed.get(STATE_KEY)) == ("wf-model", "ended")
+    assert listed.get(ARMS_KEY) == ["control=wf-model@1", "treatment=wf-model@2"]
     assert fake.scales[0] == ("wf-model@2", 1, 0.5)  # the treatment at its share of the plan
     on, off = fake.experiments[0]["us-east"], fake.experiments[-1]
     assert on.arms == {"control": "app-1", "treatment": "app-2"} and on.split == {
