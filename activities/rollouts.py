@@ -8,6 +8,8 @@ the Temporal UI never does, so the model asks here every `rollout_check_seconds`
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from temporalio import activity
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.service import RPCError, RPCStatusCode
@@ -28,6 +30,9 @@ class RolloutOutcome(Frozen):
     how: str = ""  # how it ended without a result: "terminated", "canceled", "failed", ...
 
 
+T = TypeVar("T")
+
+
 class ExperimentOutcome(Frozen):
     running: bool
     result: ExperimentStatus | None = None  # the experiment's own result, when it completed
@@ -40,37 +45,30 @@ class RolloutActivities:
 
     @activity.defn
     async def rollout_outcome(self, input: RolloutOutcomeInput) -> RolloutOutcome:
-        handle = self._client.get_workflow_handle(input.workflow_id, result_type=RolloutResult)  # latest run
-        try:
-            described = await handle.describe()
-        except RPCError as err:
-            if err.status == RPCStatusCode.NOT_FOUND:  # past retention: it ended long ago
-                return RolloutOutcome(running=False, how="not found")
-            raise
-        status = described.status
-        if status in (None, WorkflowExecutionStatus.RUNNING, WorkflowExecutionStatus.CONTINUED_AS_NEW):
-            return RolloutOutcome(running=True)
-        if status == WorkflowExecutionStatus.COMPLETED:
-            try:
-                result = await handle.result()
-            except WorkflowFailureError as err:  # pragma: no cover - completed runs have a result
-                return RolloutOutcome(running=False, how=f"completed without a result: {err}")
-            return RolloutOutcome(running=False, result=result)
-        return RolloutOutcome(running=False, how=status.name.lower())
+        running, result, how = await self._outcome(input.workflow_id, RolloutResult)
+        return RolloutOutcome(running=running, result=result, how=how)
 
     @activity.defn
     async def experiment_outcome(self, input: RolloutOutcomeInput) -> ExperimentOutcome:
         """The same question of an ExperimentWorkflow (its result is its `ExperimentStatus`)."""
-        handle = self._client.get_workflow_handle(input.workflow_id, result_type=ExperimentStatus)
+        running, result, how = await self._outcome(input.workflow_id, ExperimentStatus)
+        return ExperimentOutcome(running=running, result=result, how=how)
+
+    async def _outcome(self, workflow_id: str, result_type: type[T]) -> tuple[bool, T | None, str]:
+        """(running, its result once completed, how it ended without one) of a workflow's latest run."""
+        handle = self._client.get_workflow_handle(workflow_id, result_type=result_type)
         try:
             described = await handle.describe()
         except RPCError as err:
-            if err.status == RPCStatusCode.NOT_FOUND:
-                return ExperimentOutcome(running=False, how="not found")
+            if err.status == RPCStatusCode.NOT_FOUND:  # past retention: it ended long ago
+                return False, None, "not found"
             raise
         status = described.status
         if status in (None, WorkflowExecutionStatus.RUNNING, WorkflowExecutionStatus.CONTINUED_AS_NEW):
-            return ExperimentOutcome(running=True)
+            return True, None, ""
         if status == WorkflowExecutionStatus.COMPLETED:
-            return ExperimentOutcome(running=False, result=await handle.result())
-        return ExperimentOutcome(running=False, how=status.name.lower())
+            try:
+                return False, await handle.result(), ""
+            except WorkflowFailureError as err:  # pragma: no cover - completed runs have a result
+                return False, None, f"completed without a result: {err}"
+        return False, None, status.name.lower()

@@ -451,6 +451,23 @@ class ActiveExperiment(Frozen):
     start: StartExperimentInput
     started: bool = False  # the child was started (a run continued as new after may not have)
 
+    def status(self, model: str, phase: str, outcome: str = "", end: str = "") -> ExperimentStatus:
+        """What is known of it without asking it: before it starts, or after it was lost."""
+        return ExperimentStatus(
+            model=model,
+            name=self.name,
+            workflow_id=self.workflow_id,
+            phase=phase,
+            outcome=outcome,
+            end=end,
+            started_at=None,
+            ends_at=None,
+            arms={"control": self.control, "treatment": self.treatment},
+            treatment_percent=self.start.treatment_percent,
+            guardrails=[],
+            report=None,
+        )
+
 
 class PromoteInput(Frozen):
     """Update `promote`: a held set (an experiment's winner) queued for the normal gradual rollout."""

@@ -386,20 +386,7 @@ class Client:
         running = state.experiment
         if running is not None and experiment in (None, running.name):
             if not running.started:  # asked for, the model starts it on its next pass
-                return ExperimentStatus(
-                    model=name,
-                    name=running.name,
-                    workflow_id=running.workflow_id,
-                    phase="starting",
-                    outcome="",
-                    end="",
-                    started_at=None,
-                    ends_at=None,
-                    arms={"control": running.control, "treatment": running.treatment},
-                    treatment_percent=running.start.treatment_percent,
-                    guardrails=[],
-                    report=None,
-                )
+                return running.status(name, "starting")
             handle = self.temporal.get_workflow_handle(running.workflow_id)
             try:
                 live: ExperimentStatus = await handle.query(

@@ -224,17 +224,5 @@ class ModelExperiments(ModelUpdates):
 
     def _experiment_lost(self, active: ActiveExperiment, how: str) -> ExperimentStatus:
         """An experiment that ended without its report (terminated, failed): what the model knows."""
-        return ExperimentStatus(
-            model=self._spec.name,
-            name=active.name,
-            workflow_id=active.workflow_id,
-            phase="ended",
-            outcome="failed",
-            end=f"ended without its report: {how}; the model's serving check puts its routers back",
-            started_at=None,
-            ends_at=None,
-            arms={"control": active.control, "treatment": active.treatment},
-            treatment_percent=active.start.treatment_percent,
-            guardrails=[],
-            report=None,
-        )
+        end = f"ended without its report: {how}; the model's serving check puts its routers back"
+        return active.status(self._spec.name, "ended", "failed", end)
