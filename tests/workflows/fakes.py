@@ -338,7 +338,8 @@ async def start(
     """A worker of the real workflows with `fake`'s activities (and the real `rollout_outcome`,
     which only asks Temporal), and a ModelWorkflow of `spec` (`input`: more of its input)."""
     queue = f"wf-{uuid.uuid4().hex[:8]}"
-    activities = [*fake.activities(), RolloutActivities(client).rollout_outcome]
+    outcomes = RolloutActivities(client)
+    activities = [*fake.activities(), outcomes.rollout_outcome, outcomes.experiment_outcome]
     worker = Worker(client, task_queue=queue, workflows=WORKFLOWS, activities=activities)
     handle = await client.start_workflow(
         "ModelWorkflow",

@@ -196,3 +196,50 @@ async def test_a_model_runs_its_experiment_and_holds_rollouts_and_checks_until_i
     assert ended.outcome == "completed" and ended.workflow_id == started.workflow_id
     assert ended.report is not None and ended.report.winner == "treatment"
     assert fake.removed[0] == "app-2"  # the treatment's app went first, then the rollout to @3
+
+
+@pytest.mark.parametrize("ending", ["completed", "terminated"])
+async def test_the_model_continues_as_new_while_its_experiment_runs_and_learns_its_end(
+    temporal: Client, ending: str
+) -> None:
+    """A model whose history passes its (low) limit continues as new while its experiment runs;
+    the latest run learns the end from the experiment's signal, or, for one terminated from the
+    Temporal UI, by asking Temporal (`experiment_outcome`), and records it."""
+    from ipnext.contracts import poll_until
+    from ipnext.registry import ExperimentStarted, PublishResult, StartExperimentInput
+
+    from .fakes import request, until
+    from .fakes import start as start_model
+
+    fake = FakeServing()
+    worker, handle = await start_model(temporal, fake, history_limit=20, rollout_check_seconds=0.3)
+    async with worker:
+        await handle.execute_update("publish", request("v1"), result_type=PublishResult)
+        await until(handle, lambda s: s.serving_set == "wf-model@1" and s.state == "serving")
+        await handle.execute_update(
+            "publish", request("v2").model_copy(update={"hold": True}), result_type=PublishResult
+        )
+        duration = 4 if ending == "completed" else 600
+        ask = StartExperimentInput(
+            name="exp-1", treatment="wf-model@2", duration_seconds=duration, check_seconds=0.2
+        )
+        started = await handle.execute_update("start_experiment", ask, result_type=ExperimentStarted)
+        await until(handle, lambda s: s.experiment is not None and s.experiment.started)
+        first = (await handle.describe()).run_id
+
+        async def model_run() -> str:
+            # Each signal is an event: the waiting run sees its history grow past the limit.
+            await handle.signal("reconcile")
+            run_id: str = (await handle.describe()).run_id
+            return run_id
+
+        await poll_until(model_run, lambda run: run != first, timeout_s=30, what="a continue-as-new")
+        if ending == "terminated":
+            await temporal.get_workflow_handle(started.workflow_id).terminate(reason="drill")
+        state = await until(handle, lambda s: s.experiments != [] and s.experiment is None, timeout=60)
+    (ended,) = state.experiments
+    if ending == "completed":
+        assert ended.outcome == "completed" and ended.report is not None
+    else:
+        assert ended.outcome == "failed" and "ended without its report: terminated" in ended.end
+    assert state.serving_set == "wf-model@1" and state.state == "serving"
