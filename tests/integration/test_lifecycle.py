@@ -60,7 +60,7 @@ async def test_publish_serve_predict_then_second_set(
         )
         assert reply.status_code == 200, reply.text
         envelope = reply.json()
-        assert set(envelope) == {"outputs", "set", "parts", "variant"}
+        assert set(envelope) == {"outputs", "set", "parts", "variant", "arm"} and envelope["arm"] is None
         assert envelope["set"] == f"{model_name}@1"
         assert envelope["variant"] is None
         assert envelope["parts"] == {
