@@ -1,6 +1,6 @@
 """Load on loopback: a bounded closed loop (`workers` callers, each sending its next request
-when the last one answered, recording every answer until stopped), and an open loop of
-Poisson arrivals in phases of set rates (`OpenLoop`)."""
+when the last one answered, recording every answer until stopped), paced to at most `rate`
+requests/s in all, and an open loop of Poisson arrivals in phases of set rates (`OpenLoop`)."""
 
 from __future__ import annotations
 
@@ -25,6 +25,14 @@ class Answer:
     latency_s: float = 0.0  # from sending the request to its answer
 
 
+# The closed loop's pace unless a drill asks otherwise: requests/s in all, shared by the callers.
+# Unpaced, one drill's four callers kept this 2-core machine about 95% busy by themselves (CPU
+# sampled through the on-call rollout drill), so every control-plane step of both test workers
+# (Serve deploys, workflow tasks) waited behind predictions. At 15/s a 10% rollout step still
+# sees the drills' request floor (10) within its longest bake window (3 s, 3 times over).
+DEFAULT_RATE = 15.0
+
+
 @dataclass
 class Load:
     base_url: str
@@ -38,7 +46,10 @@ class Load:
     # a pause after an answer refused for overload (503) before the caller's next request
     backoff_s: float = 0.0
     headers: dict[str, str] = field(default_factory=dict)  # sent with every request (the API key)
+    # requests/s in all at most (None: as fast as the callers are answered, an overload drill)
+    rate: float | None = DEFAULT_RATE
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
+    _next_slot: float = 0.0  # when the next request may go, in seconds since the load started
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     _started: float = 0.0
 
@@ -61,6 +72,8 @@ class Load:
         async with httpx.AsyncClient(base_url=self.base_url, timeout=30, headers=self.headers) as http:
             n = index
             while not self._stop.is_set():
+                if not await self._paced():
+                    break
                 user = self.users[n % len(self.users)]
                 n += self.workers
                 at = self.elapsed()
@@ -88,6 +101,22 @@ class Load:
                 except (httpx.HTTPError, ValueError) as err:
                     self.answers.append(Answer(at, 0, None, {}, f"{type(err).__name__}: {err}"))
                     await asyncio.sleep(0.05)  # nothing listens (a restart): do not spin on the cores
+
+    async def _paced(self) -> bool:
+        """Wait for this caller's next slot (1/rate after the last one handed out; a caller that
+        falls behind goes at once, never in a burst to catch up). False once stopped."""
+        if self.rate is None:
+            return True
+        now = self.elapsed()
+        slot = max(self._next_slot, now)
+        self._next_slot = slot + 1.0 / self.rate
+        if slot > now:
+            try:
+                await asyncio.wait_for(self._stop.wait(), timeout=slot - now)
+            except TimeoutError:
+                return True
+            return False
+        return True
 
 
 @dataclass

@@ -227,7 +227,7 @@ async def test_doors_poison_inputs_overload_a_hung_canary_and_a_killed_router(
     assert set(pids) == {"proxy", "router"}, pids
     rss_before = {name: rss_kib(pid) for name, pid in pids.items()}
     async with Load(
-        stack.serve_url, path, headers=keyed(stack), workers=OVERLOAD_CLIENTS, backoff_s=0.05
+        stack.serve_url, path, headers=keyed(stack), workers=OVERLOAD_CLIENTS, backoff_s=0.05, rate=None
     ) as load:
         await asyncio.sleep(OVERLOAD_S)
     rss_after = {name: rss_kib(pid) for name, pid in pids.items()}

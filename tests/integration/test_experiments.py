@@ -28,6 +28,10 @@ from .conftest import keyed, one_region_spec, train_version
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
 CANDIDATES, TOP = 10, 3
+# Requests/s of all the users together: enough for a clear verdict in a 10 s experiment (about
+# 100 answers an arm), and far below what the box can serve, so the load does not hold the
+# control plane back (four unpaced users kept both cores busy on their own).
+RATE = 20.0
 
 
 @dataclass
@@ -41,9 +45,13 @@ class Users:
     feedback: list[int] = field(default_factory=list)  # feedback statuses
     started: float = field(default_factory=time.monotonic)
 
-    async def run(self, stop: asyncio.Event, seed: int) -> None:
+    async def run(self, stop: asyncio.Event, seed: int, every_s: float) -> None:
+        """One user loop: a request every `every_s` seconds at most, until stopped."""
         rng = random.Random(seed)
+        due = time.monotonic()
         while not stop.is_set():
+            due = max(due + every_s, time.monotonic())
+            await asyncio.sleep(due - time.monotonic())
             user, items = rng.randrange(200), rng.sample(range(500), CANDIDATES)
             body = {"inputs": {"user": user, "items": items}, "unit": user}
             answer = await self.http.post(f"/us-east/models/{self.model}/predict", json=body)
@@ -71,7 +79,7 @@ class Users:
 async def under_load(stack: Settings, model: str, until: Any, workers: int = 4) -> Users:
     async with httpx.AsyncClient(base_url=stack.serve_url, headers=keyed(stack), timeout=30) as http:
         users, stop = Users(http, model), asyncio.Event()
-        tasks = [asyncio.create_task(users.run(stop, seed)) for seed in range(workers)]
+        tasks = [asyncio.create_task(users.run(stop, seed, workers / RATE)) for seed in range(workers)]
         try:
             await until(users)
         finally:

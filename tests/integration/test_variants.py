@@ -26,7 +26,7 @@ from ipnext.serving.control import connect
 from ipnext.serving.layout import metrics_actor_name
 from ipnext.snapshots import write_snapshot
 
-from .conftest import REPO, keyed, tolerant_latency_gate, until_rolled_back
+from .conftest import DRILL_MIN_REQUESTS, REPO, keyed, tolerant_latency_gate, until_rolled_back
 from .load import Load
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -39,11 +39,14 @@ COOLDOWN_S = 3.0
 
 def variants_spec(name: str) -> ModelSpec:
     """The example with traffic from one region, a slow large part that fails on big batches,
-    and a breaker that opens after 3 failures for a few seconds."""
+    a breaker that opens after 3 failures for a few seconds, and the drills' request floor."""
     data = load_model_spec(VARIANTS_MODEL).model_dump(mode="json")
     data.update(name=name, traffic={"peak_qps": {"us-east": 50}})
     data["parts"]["large"]["config"].update(delay_ms=LARGE_DELAY_MS, max_items=LARGE_MAX_ITEMS)
     data["choices"]["ranker"]["breaker"] = {"failures": 3, "cooldown_seconds": COOLDOWN_S}
+    # The slow large part holds the drill's load to about 10 requests/s on a loaded box: at the
+    # example's 20, a 10% step paused for too little traffic (CI: 13 in 13 s) and the wait failed.
+    data["rollout"]["min_requests"] = DRILL_MIN_REQUESTS
     return ModelSpec.model_validate(tolerant_latency_gate(data))
 
 
