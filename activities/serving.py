@@ -16,7 +16,7 @@ from ipnext.contracts import Frozen
 from ipnext.errors import ServingError
 from ipnext.model import DEFAULT_ROUTER_MAX_ONGOING, ModelSpec, RouterSpec, SnapshotSet
 from ipnext.plan import Plan
-from ipnext.rollout import ExperimentRoute, RouterConfig
+from ipnext.rollout import ExperimentRoute, RouterConfig, ShadowRoute
 from ipnext.routing import routing_document
 from ipnext.serving.layout import (
     ROUTING_APP,
@@ -88,6 +88,8 @@ class RouteInput(Frozen):
     generation_floor: int = Field(default=0, ge=0)
     # A running experiment's route per region (ExperimentWorkflow); absent: none.
     experiments: dict[str, ExperimentRoute] = Field(default_factory=dict)
+    # A running shadow's route per region (an ExperimentWorkflow in shadow mode); absent: none.
+    shadows: dict[str, ShadowRoute] = Field(default_factory=dict)
 
 
 class RouteResult(Frozen):
@@ -209,6 +211,7 @@ def route_traffic(input: RouteInput) -> RouteResult:
                 parts=parts,
                 gated_part=input.gated_part if input.gated_part in parts else None,
                 experiment=input.experiments.get(region),
+                shadow=input.shadows.get(region),
             ),
             max_ongoing_requests=router.max_ongoing_requests,
             max_queued_requests=router.max_queued_requests,

@@ -4,7 +4,7 @@ ipnext dev up [--nodes single|per-region] | down | status | hold|release NAME [-
 ipnext model publish FILE | update -f FILE [--snapshots FOLDER] [--who W] | get NAME | demand NAME [--window S] | list | adopt NAME | delete NAME
 ipnext snapshot publish MODEL FOLDER [--wait [--timeout S]] [--override-freeze REASON --who NAME] [--hold]
 ipnext snapshot import-hf DIR --model M --part P --version V
-ipnext experiment start MODEL --name N --treatment SET --duration 3d [--split 50] | status|report|stop MODEL
+ipnext experiment start MODEL --name N --treatment SET --duration 3d [--split 50] | status|report|stop MODEL; shadow start MODEL --set SET --percent 10 | status|stop MODEL
 ipnext rollout status|watch MODEL | pause|abort|override-freeze MODEL --reason R [--who W] | resume MODEL
 ipnext predict MODEL --inputs JSON [--source REGION | --region REGION] [--key KEY]
 ipnext serve export [-o FILE]

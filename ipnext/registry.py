@@ -9,7 +9,7 @@ input carries whole when it continues as new.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -27,6 +27,7 @@ from ipnext.rollout import (
     RolloutStatus,
     RouterConfig,
 )
+from ipnext.shadow import ShadowSummary
 
 __all__ = [
     "ActiveExperiment",
@@ -378,6 +379,7 @@ class ExperimentState(BaseModel):
     end: str = ""  # why it ended (or is ending)
     outcome: str = ""  # completed, stopped, guardrail, failed
     checks: int = 0
+    shadow_windows: list[ShadowSummary] = Field(default_factory=list)  # a shadow's latest windows
 
 
 class ExperimentInput(Frozen):
@@ -391,13 +393,15 @@ class ExperimentInput(Frozen):
     control_set: SnapshotSet
     control_apps: dict[str, str]  # region -> the control's set app
     treatment_set: SnapshotSet
-    treatment_percent: float = Field(gt=0, lt=100)
+    treatment_percent: float = Field(gt=0, le=100)
     duration_seconds: float = Field(gt=0)
     check_seconds: float = Field(default=10.0, gt=0)
     alpha: float = Field(default=0.01, gt=0, lt=1)
     who: str = "unknown"
     history_limit: int = Field(default=10_000, ge=50)
     state: ExperimentState | None = None
+    mode: Literal["split", "shadow"] = "split"  # shadow: the treatment is sent copies, never answers
+    shadow_max_in_flight: int = Field(default=8, ge=1, le=1000)
 
 
 class StopExperimentInput(Frozen):
@@ -421,18 +425,35 @@ class ExperimentStatus(Frozen):
     treatment_percent: float
     guardrails: list[GateReading]
     report: ExperimentReport | None
+    mode: Literal["split", "shadow"] = "split"
+    # A shadow's comparisons: over its whole run, and its latest windows (one per check).
+    shadow: ShadowSummary | None = None
+    shadow_windows: list[ShadowSummary] = Field(default_factory=list)
 
 
 class StartExperimentInput(Frozen):
-    """Update `start_experiment`: the serving set (control) against a held set (treatment)."""
+    """Update `start_experiment`: the serving set (control) against a held set (treatment), split
+    by unit; or with `mode` shadow, the serving set answering everything while `treatment_percent`
+    of its requests are copied to the treatment and the answers compared."""
 
     name: str = Field(pattern=r"^[a-z][a-z0-9-]{0,40}$")
     treatment: str  # a set id of the model, published with hold
-    treatment_percent: float = Field(default=50.0, gt=0, lt=100)
+    treatment_percent: float = Field(default=50.0, gt=0, le=100)
     duration_seconds: float = Field(gt=0)
     check_seconds: float = Field(default=10.0, gt=0)
     alpha: float = Field(default=0.01, gt=0, lt=1)
     who: str = "unknown"
+    mode: Literal["split", "shadow"] = "split"
+    shadow_max_in_flight: int = Field(default=8, ge=1, le=1000)  # per router replica
+
+    @model_validator(mode="after")
+    def _a_split_leaves_control_some(self) -> StartExperimentInput:
+        if self.mode == "split" and self.treatment_percent >= 100:
+            raise ValueError(
+                f"treatment_percent: {self.treatment_percent:g} leaves the control no units; "
+                "a split gives the treatment under 100 (a shadow may copy 100)"
+            )
+        return self
 
 
 class ExperimentStarted(Frozen):
@@ -466,6 +487,7 @@ class ActiveExperiment(Frozen):
             treatment_percent=self.start.treatment_percent,
             guardrails=[],
             report=None,
+            mode=self.start.mode,
         )
 
 

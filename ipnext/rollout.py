@@ -34,6 +34,7 @@ __all__ = [
     "RolloutState",
     "RolloutStatus",
     "RouterConfig",
+    "ShadowRoute",
     "active_freeze",
     "evaluate_gates",
     "judge_window",
@@ -77,6 +78,20 @@ class ExperimentRoute(Frozen):
         return self
 
 
+class ShadowRoute(Frozen):
+    """A running shadow as routers mirror it: `percent` of the requests answered from the
+    serving set are sent again, after the caller's answer, to the candidate's set app (`app`),
+    whose answer is compared with the served one (`ipnext.shadow`) and never returned. At most
+    `max_in_flight` such calls per router replica at once: past that a mirrored request is
+    dropped, and counted as dropped."""
+
+    shadow: str = Field(pattern=r"^[a-z][a-z0-9-]*$")  # the shadow's name (an experiment's)
+    app: str
+    percent: float = Field(gt=0, le=100)
+    max_in_flight: int = Field(default=8, ge=1, le=1000)
+    top_k: int = Field(default=3, ge=1)  # a ranking answer's top k, for the overlap
+
+
 class RouterConfig(Frozen):
     """The router app's user_config: applied in place by `reconfigure`, never restarting it.
 
@@ -91,6 +106,7 @@ class RouterConfig(Frozen):
     parts: dict[str, dict[str, float]] = Field(default_factory=dict)  # part -> set app -> percent
     gated_part: str | None = None
     experiment: ExperimentRoute | None = None
+    shadow: ShadowRoute | None = None  # never answers a caller: not in `weights`
 
     @model_validator(mode="after")
     def _gated_part_has_weights(self) -> RouterConfig:
@@ -99,8 +115,10 @@ class RouterConfig(Frozen):
         return self
 
     def apps(self) -> set[str]:
-        """Every set app a request may reach."""
+        """Every set app a request may reach (a shadow's as a copy, never for its answer)."""
         named = {a for a, w in self.weights.items() if w > 0}
+        if self.shadow is not None:
+            named.add(self.shadow.app)
         if self.experiment is not None:
             named |= {app for arm, app in self.experiment.arms.items() if self.experiment.split[arm] > 0}
         return named | {a for by_app in self.parts.values() for a, w in by_app.items() if w > 0}

@@ -379,6 +379,18 @@ class Client:
             raise _translate(err) from None
         return started
 
+    async def start_shadow(
+        self, name: str, candidate: str, percent: float, **options: Any
+    ) -> ExperimentStarted:
+        """Copy `percent` of model `name`'s requests to `candidate` (a held set) after answering
+        them and compare the answers: an experiment in shadow mode (`StartExperimentInput`'s fields
+        in `options`, duration_seconds required; the name defaults to shadow-<the set's number>)."""
+        options.setdefault("name", f"shadow-{candidate.rpartition('@')[2]}")
+        shadow = StartExperimentInput(
+            treatment=candidate, treatment_percent=percent, mode="shadow", **options
+        )
+        return await self.start_experiment(name, shadow)
+
     async def experiment_status(self, name: str, experiment: str | None = None) -> ExperimentStatus:
         """The model's running experiment, live (with its report so far), or an ended one from
         the model's record; `experiment`: its name (default: the running one, else the latest)."""

@@ -42,6 +42,7 @@ from ipnext.serving.layout import (
     metrics_actor_name,
 )
 from ipnext.serving.request_body import BodyError, parse_feedback_body, parse_request_body
+from ipnext.serving.shadow_mirror import ShadowMirror
 from ipnext.serving.traffic import PickedApps, all_finite, join_shards, jsonable, pick_apps, upstream_values
 
 __all__ = ["NonFiniteOutputsError", "Router", "router_app"]
@@ -140,6 +141,7 @@ class Router:
         )
         self._prometheus = RouterPrometheus()
         self._following: asyncio.Task[None] | None = None
+        self._mirror = ShadowMirror(self._count, self._note)
 
     async def _follow_capacity(self) -> None:
         """Every CAPACITY_REFRESH_S: each routed set app's capacity as its ingress reads it, and
@@ -321,11 +323,25 @@ class Router:
         app = experiment.arms.get(arm)
         if app is None:
             return _refusal(400, f"request_id: {arm!r} is not an arm of experiment {name}")
+        self._note(app, dict(given.outcome))
+        return {"experiment": name, "arm": arm, "recorded": sorted(given.outcome)}, 200
+
+    def _note(self, app: str, outcomes: dict[str, float]) -> None:
+        """Outcomes for set app `app` (feedback, a shadow comparison), counted with its other counters."""
         self._pusher.ensure_running()
         counters = self._counters.setdefault(app, SetCounters())
-        for outcome, value in given.outcome.items():
+        for outcome, value in outcomes.items():
             counters.outcomes[outcome] = counters.outcomes.get(outcome, OutcomeTotals()).add(value)
-        return {"experiment": name, "arm": arm, "recorded": sorted(given.outcome)}, 200
+
+    def _shadow(self, inputs: Any, outputs: Any) -> None:
+        """Mirror an answered request to the shadow candidate, if one runs and draws it
+        (`ShadowMirror`: after the answer, never part of it)."""
+        shadow = self._config.shadow
+        if shadow is None or self._rng.random() * 100 >= shadow.percent:
+            return
+        route = self._routes.get(shadow.app)
+        run = None if route is None else lambda: self._run_dag(route, {}, inputs, [])
+        self._mirror.send(shadow, outputs, run, self._limits.deadline_seconds)
 
     def _no_set(self) -> str:
         return f"model {self._model} has no serving set in {self._region}"
@@ -445,7 +461,9 @@ class Router:
         # the gates must see it, or a bad snapshot of a variant would roll out unnoticed.
         self._count(picked.counted, None if attempt.retried else (time.perf_counter() - started) * 1000)
         envelope = {"outputs": outputs, "set": set_id, "parts": attempt.stamps}
-        return {**envelope, "variant": variant_label(attempt.chosen), **self._stamp_arm(picked)}, 200
+        answer = {**envelope, "variant": variant_label(attempt.chosen), **self._stamp_arm(picked)}
+        self._shadow(inputs, outputs)  # after the answer is whole and its latency counted
+        return answer, 200
 
     def _failure(self, err: Exception, attempt: _Attempt) -> tuple[dict[str, Any], int]:
         """The answer to a request the set failed: 504 past the deadline, 503 when a part's

@@ -13,6 +13,11 @@ and the report (`experiments.summarize`) in its result. Its state is one object
 (`ExperimentState`), its continue-as-new payload, so a multi-day experiment's totals survive the
 history limit.
 
+In shadow mode (`ipnext shadow start`) the control answers every request and the routers copy
+`treatment_percent` of them to the treatment after answering (`rollout.ShadowRoute`,
+serving/shadow_mirror.py); each window's comparisons (`ipnext.shadow`) are kept beside the totals,
+and the gates' readings are recorded as evidence without ending it (the treatment answers no one).
+
 ModelWorkflow starts it (`start_experiment`, workflows/model_experiments.py) and holds its own
 rollouts and serving checks while it runs; at its end it tells the model by `experiment_ended`.
 """
@@ -47,12 +52,14 @@ with workflow.unsafe.imports_passed_through():
     from ipnext.counters import SetCounters
     from ipnext.experiments import summarize
     from ipnext.registry import ExperimentInput, ExperimentState, ExperimentStatus, StopExperimentInput
-    from ipnext.rollout import ExperimentRoute, evaluate_gates, window_counters
+    from ipnext.rollout import ExperimentRoute, ShadowRoute, evaluate_gates, window_counters
+    from ipnext.shadow import render_shadow, summarize_shadow
     from ipnext.workflows.signals import NO_PAYLOAD, signal_input
 
-__all__ = ["CONTROL", "TREATMENT", "ExperimentWorkflow"]
+__all__ = ["CONTROL", "SHADOW_WINDOWS_KEPT", "TREATMENT", "ExperimentWorkflow"]
 
 CONTROL, TREATMENT = "control", "treatment"
+SHADOW_WINDOWS_KEPT = 20  # a shadow's latest windows in its state and status
 
 
 @workflow.defn
@@ -65,8 +72,10 @@ class ExperimentWorkflow:
     @workflow.query(name=ExperimentWorkflowNames.STATUS)
     def status(self) -> ExperimentStatus:
         input, s = self._input, self._state
-        report = None
-        if s.totals:
+        report = shadow = None
+        if s.totals and input.mode == "shadow":
+            shadow = summarize_shadow(s.totals.get(TREATMENT, SetCounters()), windows=max(0, s.checks - 1))
+        elif s.totals:
             report = summarize(
                 input.name,
                 input.spec.name,
@@ -88,6 +97,9 @@ class ExperimentWorkflow:
             treatment_percent=input.treatment_percent,
             guardrails=list(s.guardrails),
             report=report,
+            mode=input.mode,
+            shadow=shadow,
+            shadow_windows=list(s.shadow_windows),
         )
 
     @workflow.signal(name=ExperimentWorkflowNames.STOP)
@@ -173,10 +185,19 @@ class ExperimentWorkflow:
 
     async def _route(self, experiment: bool) -> None:
         """Every region's router: all of it on the control's app, and with `experiment` the
-        experiment route, by which units go to their arms."""
+        experiment route, by which units go to their arms (a shadow's: copies to the treatment)."""
         input, s = self._input, self._state
-        routes = {}
-        if experiment:
+        routes, shadows = {}, {}
+        if experiment and input.mode == "shadow":
+            for region in input.control_apps:
+                if region in s.treatment_apps:
+                    shadows[region] = ShadowRoute(
+                        shadow=input.name,
+                        app=s.treatment_apps[region],
+                        percent=input.treatment_percent,
+                        max_in_flight=input.shadow_max_in_flight,
+                    )
+        elif experiment:
             for region, control in input.control_apps.items():
                 if region in s.treatment_apps:
                     routes[region] = ExperimentRoute(
@@ -192,6 +213,7 @@ class ExperimentWorkflow:
                 model=input.spec.name,
                 weights={region: {app: 100.0} for region, app in input.control_apps.items()},
                 experiments=routes,
+                shadows=shadows,
                 router_max_ongoing_requests=input.spec.router.max_ongoing_requests,
                 router=input.spec.router,
                 generation_floor=max(s.generations, default=0),
@@ -219,7 +241,7 @@ class ExperimentWorkflow:
         s.checks += 1
         if before is None:  # the first read is where the experiment's windows start
             return
-        readings = []
+        readings, shadowed = [], SetCounters()
         for region in regions:
             arms = {CONTROL: {input.control_apps[region]}, TREATMENT: {s.treatment_apps.get(region, "")}}
             window = {
@@ -228,11 +250,16 @@ class ExperimentWorkflow:
             }
             for arm, counted in window.items():
                 s.totals[arm] = s.totals.get(arm, SetCounters()).plus(counted)
+            shadowed = shadowed.plus(window[TREATMENT])
             rollout = input.spec.rollout
             readings += evaluate_gates(
                 rollout.gates, region, window[TREATMENT], window[CONTROL], rollout.min_requests
             )
         s.guardrails = readings
+        if input.mode == "shadow":  # a shadow's candidate answers no one: its gates are evidence
+            s.shadow_windows = [*s.shadow_windows, summarize_shadow(shadowed)][-SHADOW_WINDOWS_KEPT:]
+            self._details()
+            return
         breached = [r for r in readings if r.breached]
         if breached and not s.end:
             first = breached[0]
@@ -262,7 +289,10 @@ class ExperimentWorkflow:
                 MODEL_KEY.value_set(input.spec.name),
                 STATE_KEY.value_set(phase),
                 ARMS_KEY.value_set(
-                    [f"control={input.control_set.id}", f"treatment={input.treatment_set.id}"]
+                    [
+                        f"control={input.control_set.id}",
+                        f"{'shadow' if input.mode == 'shadow' else 'treatment'}={input.treatment_set.id}",
+                    ]
                 ),
             ]
         )
@@ -270,9 +300,13 @@ class ExperimentWorkflow:
 
     def _details(self) -> None:
         input, s = self._input, self._state
+        against = (
+            f"{input.treatment_set.id} shadowing it ({input.treatment_percent:g}% of requests copied)"
+            if input.mode == "shadow"
+            else f"against {input.treatment_set.id} ({input.treatment_percent:g}% of units)"
+        )
         lines = [
-            f"**{s.phase}**: {input.control_set.id} (control) against {input.treatment_set.id} "
-            f"({input.treatment_percent:g}% of units)",
+            f"**{s.phase}**: {input.control_set.id} (control) {against}",
             f"ends at {s.ends_at:%Y-%m-%d %H:%M:%S} UTC" if s.ends_at else "starting",
         ]
         for arm, counted in sorted(s.totals.items()):
@@ -282,6 +316,11 @@ class ExperimentWorkflow:
             lines.append(
                 f"{arm}: {counted.requests} requests, {counted.errors} errors; {outcomes or 'no outcomes yet'}"
             )
+        if input.mode == "shadow" and s.totals:
+            whole = summarize_shadow(s.totals.get(TREATMENT, SetCounters()))
+            lines.append(f"shadow so far: {render_shadow(whole)}")
+            if s.shadow_windows:
+                lines.append(f"latest window: {render_shadow(s.shadow_windows[-1])}")
         if s.end:
             lines.append(f"end: {s.end}")
         workflow.set_current_details("\n\n".join(lines))

@@ -4,7 +4,7 @@ its serving: queued sets wait without rolling out, a replanned placement waits, 
 checks pause (the experiment's routes would be "repaired" away); they all resume when it ends.
 
 One experiment at a time, against the serving set (control) and a set published with hold
-(treatment); it ends on its own (duration, guardrail, on-call stop) and reports to the model with
+(treatment), split by unit or (a shadow) sent copies of the control's requests; it ends on its own (duration, guardrail, on-call stop) and reports to the model with
 the `experiment_ended` signal; after a continue-as-new the model also asks Temporal from time to
 time, so an experiment terminated from the UI is noticed. ModelWorkflow inherits this and keeps
 the handlers' declarations; nothing here runs outside a workflow.
@@ -33,6 +33,7 @@ with workflow.unsafe.imports_passed_through():
         StartExperimentInput,
         StopExperimentInput,
     )
+    from ipnext.shadow import render_shadow
     from ipnext.workflows.experiment_workflow import ExperimentWorkflow
     from ipnext.workflows.model_update import ModelUpdates
 
@@ -123,9 +124,15 @@ class ModelExperiments(ModelUpdates):
                     alpha=start.alpha,
                     who=start.who,
                     history_limit=max(50, self._input.history_limit),
+                    mode=start.mode,
+                    shadow_max_in_flight=start.shadow_max_in_flight,
                 ),
                 id=active.workflow_id,
-                static_summary=f"{self._spec.name}: {control.id} against {treatment.id}",
+                static_summary=(
+                    f"{self._spec.name}: {treatment.id} shadowing {control.id}"
+                    if start.mode == "shadow"
+                    else f"{self._spec.name}: {control.id} against {treatment.id}"
+                ),
                 parent_close_policy=ParentClosePolicy.ABANDON,
             )
             r.experiment = active = active.model_copy(update={"started": True})
@@ -184,6 +191,11 @@ class ModelExperiments(ModelUpdates):
         ended, self._experiment_ended, self._experiment_child = self._experiment_ended, None, None
         r.experiments = [*r.experiments, ended][-EXPERIMENTS_KEPT:]
         r.experiment = None
+        if ended.shadow is not None and self._find(active.treatment) is not None:
+            # The candidate's evidence stays on its record (it stays held: promote rolls it out).
+            self._set_status(
+                active.treatment, SetStatus.HELD, f"shadow {ended.name}: {render_shadow(ended.shadow)}"
+            )
         self._reconcile_due = True  # a lost experiment may have left routes behind: put them right
         workflow.logger.info("model %s: experiment %s ended: %s", self._spec.name, ended.name, ended.end)
         self._upsert_state()

@@ -1,4 +1,5 @@
-"""`ipnext experiment start|status|stop|report|promote MODEL`: run an experiment on a model and read its report.
+"""`ipnext experiment start|status|stop|report|promote MODEL` and `ipnext shadow start|status|stop
+MODEL`: run an experiment or a shadow on a model and read what it found.
 
     ipnext experiment start feed-ranker --name ranker-v2 --treatment feed-ranker@4 --split 50 --duration 3d
     ipnext experiment status feed-ranker            # live: phase, arms, guardrails, the report so far
@@ -6,8 +7,14 @@
     ipnext experiment report feed-ranker [--name N] [--json]
     ipnext experiment promote feed-ranker [--name N]  # the winner rolls out through the normal steps
 
-The treatment is a set published with `ipnext snapshot publish --hold`; the control is the set
-that serves. Errors are one line (what failed, the fix), exit 2, as for every verb.
+    ipnext shadow start feed-ranker --set feed-ranker@5 --percent 10 [--duration 1d] [--name N]
+    ipnext shadow status feed-ranker [--json]     # mirrored, dropped, compared; how the answers agree
+    ipnext shadow stop feed-ranker --reason "enough evidence"
+
+The treatment (a shadow's candidate) is a set published with `ipnext snapshot publish --hold`;
+the control is the set that serves. A shadow is an experiment in shadow mode: the control answers
+every caller, and the routers send a copy of `--percent` of the requests to the candidate after
+answering, comparing the two answers. Errors are one line (what failed, the fix), exit 2, as for every verb.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from ipnext.config import Settings
 from ipnext.errors import IpnextError
 from ipnext.specio import format_validation_error
 
-__all__ = ["add_experiment_parser", "parse_duration", "run_experiment_command"]
+__all__ = ["add_experiment_parser", "parse_duration", "run_experiment_command", "run_shadow_command"]
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -66,6 +73,97 @@ def add_experiment_parser(commands: Any) -> None:
     stop.add_argument("--reason", required=True)
     stop.add_argument("--who", help="default: $USER")
     experiment.set_defaults(run=run_experiment_command)
+    _add_shadow_parser(commands)
+
+
+def _add_shadow_parser(commands: Any) -> None:
+    shadow = commands.add_parser("shadow", help="shadow traffic: copies of live requests to a held set")
+    verbs = shadow.add_subparsers(dest="verb", required=True)
+    start = verbs.add_parser("start", help="start one (the model holds its rollouts until it ends)")
+    start.add_argument("model")
+    start.add_argument(
+        "--set", required=True, dest="candidate", help="a set published with --hold, e.g. MODEL@5"
+    )
+    start.add_argument(
+        "--percent", type=float, default=10.0, help="percent of requests copied (10; up to 100)"
+    )
+    start.add_argument("--name", help="the shadow's name (default: shadow-<the set's number>)")
+    start.add_argument("--duration", default="1d", help="how long, unless stopped: 90s, 30m, 6h, 3d (1d)")
+    start.add_argument("--check", default="10s", help="how often a window is summarized (10s)")
+    start.add_argument(
+        "--max-in-flight", type=int, default=8, help="copies in flight per router, then dropped (8)"
+    )
+    start.add_argument("--who", help="default: $USER")
+    status = verbs.add_parser("status", help="the running one, live (or the latest)")
+    status.add_argument("model")
+    status.add_argument("--name", help="an ended shadow's name (default: the running or latest one)")
+    status.add_argument("--json", action="store_true", help="as JSON")
+    stop = verbs.add_parser("stop", help="end the running one now")
+    stop.add_argument("model")
+    stop.add_argument("--reason", required=True)
+    stop.add_argument("--who", help="default: $USER")
+    shadow.set_defaults(run=run_shadow_command)
+
+
+def run_shadow_command(args: argparse.Namespace, settings: Settings) -> None:
+    from ipnext.registry import StartExperimentInput
+    from ipnext.sdk import Client
+    from ipnext.shadow import render_shadow
+
+    who = getattr(args, "who", None) or os.environ.get("USER", "cli")
+    ask = None
+    if args.verb == "start":  # checked before anything connects
+        number = args.candidate.rpartition("@")[2]
+        try:
+            ask = StartExperimentInput(
+                name=args.name or f"shadow-{number if number.isdigit() else 'set'}",
+                treatment=args.candidate,
+                treatment_percent=args.percent,
+                duration_seconds=parse_duration(args.duration),
+                check_seconds=parse_duration(args.check),
+                who=who,
+                mode="shadow",
+                shadow_max_in_flight=args.max_in_flight,
+            )
+        except ValidationError as err:
+            raise IpnextError(f"shadow start: {format_validation_error(err)}") from None
+
+    async def act() -> Any:
+        async with await Client.connect(settings) as ipn:
+            if ask is not None:
+                return await ipn.start_experiment(args.model, ask)
+            if args.verb == "stop":
+                return await ipn.stop_experiment(args.model, args.reason, who=who)
+            return await ipn.experiment_status(args.model, args.name)
+
+    result = asyncio.run(act())
+    if args.verb == "start":
+        print(
+            f"shadow {ask.name if ask else ''} of {args.model}: {args.percent:g}% of {result.control}'s requests copied to {result.treatment}"
+        )
+        print(f"  workflow {result.workflow_id}; `ipnext shadow status {args.model}` follows it")
+        return
+    if result.mode != "shadow":
+        raise IpnextError(
+            f"{result.name} of {args.model} is an experiment, not a shadow: `ipnext experiment status {args.model}` shows it."
+        )
+    if getattr(args, "json", False):
+        print(json.dumps(result.model_dump(mode="json"), indent=2))
+        return
+    print(
+        f"shadow {result.name} of {result.model}: {result.phase}{', ' + result.outcome if result.outcome else ''}"
+    )
+    print(
+        f"  {result.arms.get('treatment')} shadowing {result.arms.get('control')} ({result.treatment_percent:g}% copied)"
+    )
+    if result.end:
+        print(f"  {result.end}")
+    if result.shadow is not None:
+        print(f"  so far: {render_shadow(result.shadow)}")
+    for window in result.shadow_windows[-5:]:
+        print(f"  window: {render_shadow(window)}")
+    for reading in result.guardrails:
+        print(f"  gate (evidence only) {reading.describe()}")
 
 
 def run_experiment_command(args: argparse.Namespace, settings: Settings) -> None:

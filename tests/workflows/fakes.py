@@ -43,7 +43,8 @@ from ipnext.experiments import OutcomeTotals
 from ipnext.model import ModelSpec, SnapshotRef, SnapshotSetRequest
 from ipnext.plan import DeploymentPlacement, Plan
 from ipnext.registry import ModelState, ModelWorkflowInput, PublishInput, ValidateSpecInput
-from ipnext.rollout import ExperimentRoute, FreezeOverride, FreezeWindow, RolloutStatus
+from ipnext.rollout import ExperimentRoute, FreezeOverride, FreezeWindow, RolloutStatus, ShadowRoute
+from ipnext.shadow import DROPPED, compare_answers
 from ipnext.worker import WORKFLOWS
 
 SPEC = ModelSpec.model_validate(
@@ -110,6 +111,8 @@ class FakeServing:
         self.verified: list[str] = []
         self.experiments: list[dict[str, ExperimentRoute]] = []  # each route call's experiment routes
         self.click_rates: dict[str, float] = {}  # app -> share of its answers clicked
+        self.shadows: list[dict[str, ShadowRoute]] = []  # each route call's shadow routes
+        self.shadow_diff = 0.0  # every shadow answer's max |diff| from the served one
 
     @activity.defn(name="freeze_windows")
     async def freeze(self) -> FreezeWindowsResult:
@@ -138,6 +141,18 @@ class FakeServing:
                     clicks = round(served * self.click_rates[app])
                     for click in [1.0] * clicks + [0.0] * (served - clicks):
                         c.outcomes["click"] = c.outcomes.get("click", OutcomeTotals()).add(click)
+            shadow = self.shadows[-1].get(region) if self.shadows else None
+            if shadow is not None:  # the router's copies of the served requests, compared
+                c = by_app.setdefault(shadow.app, SetCounters())
+                for _ in range(round(self.rate * shadow.percent / 100)):
+                    c.requests += 1
+                    failed = shadow.app in self.bad_apps
+                    c.errors += failed
+                    if not failed:
+                        c.observe("latency_ms", 5.0)
+                    found = {} if failed else compare_answers([0.5, 0.25], [0.5 + self.shadow_diff, 0.25], 1)
+                    for name, value in {DROPPED: 0.0, **found}.items():
+                        c.outcomes[name] = c.outcomes.get(name, OutcomeTotals()).add(value)
             out[region] = {"sets": {app: c.model_dump() for app, c in by_app.items()}}
         return ReadMetricsResult(snapshots=out)
 
@@ -199,6 +214,7 @@ class FakeServing:
             if input.gated_part in input.parts[region]
         }
         self.experiments.append(dict(input.experiments))
+        self.shadows.append(dict(input.shadows))
         for region, route in input.experiments.items():  # units split by the arms' shares
             self.counted[region] = {route.arms[arm]: share for arm, share in route.split.items()}
         return RouteResult(generations={r: self.generation for r in input.weights})

@@ -1,6 +1,7 @@
-"""`ipnext experiment start|status|stop|report|promote` against a real Temporal dev server (the
-activities faked): a refused start exits 2 with its reason, a started one is followed live,
-stopped by on-call, its report printed with the winner, and the winner promoted: it rolls out."""
+"""`ipnext experiment start|status|stop|report|promote` and `ipnext shadow start|status|stop`
+against a real Temporal dev server (the activities faked): a refused start exits 2 with its
+reason, a started one is followed live, stopped by on-call, its report printed with the winner,
+and the winner promoted: it rolls out; a shadow's comparisons are shown and kept on its set."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import uuid
 
 import pytest
 from temporalio.client import Client
+from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.worker import Worker
 
 from ipnext.activities.rollouts import RolloutActivities
@@ -24,9 +26,9 @@ from .fakes import SPEC, FakeServing, request, until
 pytestmark = pytest.mark.timeout(180)
 
 
-async def cli(address: str, *args: str) -> subprocess.CompletedProcess[str]:
+async def cli(address: str, *args: str, command: str = "experiment") -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "IPNEXT_TEMPORAL__ADDRESS": address, "USER": "ann"}
-    argv = [sys.executable, "-m", "ipnext.cli", "experiment", *args]
+    argv = [sys.executable, "-m", "ipnext.cli", command, *args]
     return await asyncio.to_thread(subprocess.run, argv, env=env, capture_output=True, text=True, timeout=90)
 
 
@@ -97,3 +99,48 @@ async def test_experiment_verbs(temporal: Client) -> None:
     ended = json.loads(as_json.stdout)
     assert ended["outcome"] == "stopped" and ended["report"]["winner"] == "treatment"
     print(report.stdout)
+
+
+async def test_shadow_verbs(temporal: Client) -> None:
+    fake = FakeServing()
+    fake.shadow_diff = 0.25
+    queue = f"wf-{uuid.uuid4().hex[:8]}"
+    activities = [*fake.activities(), RolloutActivities(temporal).experiment_outcome]
+    worker = Worker(temporal, task_queue=queue, workflows=WORKFLOWS, activities=activities)
+    model = await temporal.start_workflow(  # the fakes' model, left running by the test above
+        "ModelWorkflow",
+        ModelWorkflowInput(spec=SPEC),
+        id="model/wf-model",
+        task_queue=queue,
+        id_conflict_policy=WorkflowIDConflictPolicy.TERMINATE_EXISTING,
+    )
+    name = SPEC.name
+    address = temporal.service_client.config.target_host
+
+    async def shadow(*args: str) -> subprocess.CompletedProcess[str]:
+        return await cli(address, *args, command="shadow")
+
+    bad = await shadow("start", name, "--set", f"{name}@2", "--percent", "0")
+    assert bad.returncode == 2 and "treatment_percent" in bad.stderr, bad.stderr  # before connecting
+    async with worker:
+        await model.execute_update("publish", request("v1"), result_type=PublishResult)
+        await until(model, lambda s: s.serving_set == f"{name}@1")
+        held = request("v2").model_copy(update={"hold": True})
+        await model.execute_update("publish", held, result_type=PublishResult)
+        started = await shadow("start", name, "--set", f"{name}@2", "--percent", "50", "--check", "0.2s")
+        assert started.returncode == 0, started.stderr
+        assert f"shadow shadow-2 of {name}: 50% of {name}@1's requests copied to {name}@2" in started.stdout
+        await until(model, lambda s: s.experiment is not None and s.experiment.started)
+        await asyncio.sleep(2)  # a few windows compared
+        live = await shadow("status", name)
+        stopped = await shadow("stop", name, "--reason", "enough evidence")
+        assert stopped.returncode == 0, stopped.stderr
+        state = await until(model, lambda s: s.experiments != [])
+        as_json = await shadow("status", name, "--json")
+    assert live.returncode == 0 and f"shadow shadow-2 of {name}: running" in live.stdout, live.stderr
+    assert "compared" in live.stdout and "max |diff| mean 0.25" in live.stdout, live.stdout
+    assert "window:" in live.stdout
+    ended = json.loads(as_json.stdout)
+    assert ended["mode"] == "shadow" and ended["outcome"] == "stopped" and ended["shadow"]["compared"] > 0
+    candidate = next(s for s in state.sets if s.id == f"{name}@2")
+    assert candidate.status == "held" and candidate.detail.startswith("shadow shadow-2: "), candidate.detail

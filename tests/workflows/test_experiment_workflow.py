@@ -243,3 +243,43 @@ async def test_the_model_continues_as_new_while_its_experiment_runs_and_learns_i
     else:
         assert ended.outcome == "failed" and "ended without its report: terminated" in ended.end
     assert state.serving_set == "wf-model@1" and state.state == "serving"
+
+
+async def test_a_shadow_copies_requests_to_the_candidate_and_keeps_each_windows_comparison(
+    temporal: Client,
+) -> None:
+    """Shadow mode: control keeps all the traffic, the routers get the shadow route, every window's
+    comparison is kept, and a candidate that fails every copy ends nothing (its gates are evidence)."""
+    fake = FakeServing()
+    fake.weights = {"us-east": {"app-1": 100.0}}
+    fake.shadow_diff = 0.125
+    fake.bad_apps = set()
+    spec = with_rollout(gates=[{"metric": "error_rate", "max": 0.05}], min_requests=5)
+    worker, handle = await start(temporal, fake, spec=spec, mode="shadow", shadow_max_in_flight=3)
+    async with worker:
+        result: ExperimentStatus = await handle.result()
+    assert (result.mode, result.outcome) == ("shadow", "completed") and result.report is None
+    listed = (await handle.describe()).typed_search_attributes
+    assert listed.get(ARMS_KEY) == ["control=wf-model@1", "shadow=wf-model@2"]
+    assert fake.scales[0] == ("wf-model@2", 1, 0.5)  # the candidate at the copied share of the plan
+    assert all(route == {"us-east": {"app-1": 100.0}} for route in fake.routes)  # control answers all
+    on = fake.shadows[0]["us-east"]
+    assert (on.app, on.percent, on.max_in_flight, on.shadow) == ("app-2", 50.0, 3, "exp-1")
+    assert fake.shadows[-1] == {} and fake.experiments[0] == {} and fake.removed == ["app-2"]
+    whole = result.shadow
+    assert whole is not None and whole.compared == whole.mirrored == whole.candidate_requests > 0
+    assert whole.max_abs_diff_mean == pytest.approx(0.125) and whole.differing == 1.0
+    assert whole.rank_correlation_mean == 1.0 and whole.dropped == 0
+    assert result.shadow_windows and sum(w.compared for w in result.shadow_windows) == whole.compared
+    assert all(w.compared == 50 for w in result.shadow_windows)  # 100 requests a read, half copied
+
+    failing = FakeServing()
+    failing.weights = {"us-east": {"app-1": 100.0}}
+    failing.bad_apps = {"app-2"}
+    worker, handle = await start(temporal, failing, spec=spec, mode="shadow")
+    async with worker:
+        result = await handle.result()
+    assert result.outcome == "completed"  # a shadow's breach harms no caller: it runs its time
+    assert any(g.breached for g in result.guardrails) and result.shadow is not None
+    assert result.shadow.candidate_errors == result.shadow.candidate_requests > 0
+    assert result.shadow.compared == 0
