@@ -1,7 +1,9 @@
 """The prediction clients (sync and async) against an in-process fake of the serving layer
 (httpx.MockTransport): typed answers, HTTP status -> error type, the routing document's TTL, the
-one refetch after a 404, the source -> region choice, streams, and `Client.predict` without
-Temporal."""
+one refetch after a 404, an expired document kept while its refresh fails, the source -> region
+choice, streams, and `Client.predict` without Temporal.
+
+One file over 600 lines on purpose: one fake of the serving layer, every client behaviour on it."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import httpx
 import pytest
 
 from ipnext.config import Settings
+from ipnext.entry.prediction import STALE_IF_ERROR_S
 from ipnext.errors import (
     IpnextError,
     PredictionBadRequestError,
@@ -59,6 +62,7 @@ class FakeServing:
     down: bool = False
     lost: set[str] = field(default_factory=set)  # regions whose connections fail (a lost node's proxy)
     unreachable: set[str] = field(default_factory=set)  # regions Serve's proxy cannot reach: its 500
+    routing_outage: str = ""  # the routing app's: "404", "500" or "down" (no connection)
 
     def route(self, routes: dict[str, dict[str, float]], generation: int = 1) -> None:
         self.documents[MODEL] = RoutingDocument(
@@ -72,6 +76,10 @@ class FakeServing:
         model = routing_model_of(path)
         if model is not None:
             self.fetches += 1
+            if self.routing_outage == "down":
+                raise httpx.ConnectError("connection refused", request=request)
+            if self.routing_outage:
+                return httpx.Response(int(self.routing_outage), json={"message": "the routing app's outage"})
             doc = self.documents.get(model)
             if doc is None:
                 return httpx.Response(404, json={"message": f"model {model!r} has no routing document"})
@@ -581,3 +589,21 @@ async def test_client_predict_goes_through_the_prediction_client_without_tempora
         assert [p.outputs async for p in client.predict_stream(MODEL, {}, source="us-east")] == [
             {"text": "x"}
         ]
+
+
+@pytest.mark.parametrize("outage", ["404", "500", "down"])
+async def test_an_expired_document_serves_on_while_its_refresh_fails(
+    serving: FakeServing, outage: str
+) -> None:
+    """The routing app answers 404 or 500 or nothing when the TTL runs out: the expired document
+    still routes (its regions answer for themselves), until STALE_IF_ERROR_S past its TTL."""
+    clock = Clock()
+    async with async_client(serving, clock) as aclient:
+        assert (await aclient.predict(MODEL, 1, source="us-east")).region == "us-east"
+        clock.now += TTL + 1
+        serving.routing_outage = outage
+        reply = await aclient.predict(MODEL, 1, source="us-east")
+        assert reply.region == "us-east" and serving.fetches >= 2  # it did try to refresh
+        clock.now += STALE_IF_ERROR_S
+        with pytest.raises(PredictionError):
+            await aclient.predict(MODEL, 1, source="us-east")
