@@ -380,16 +380,16 @@ class Client:
         return started
 
     async def start_shadow(
-        self, name: str, candidate: str, percent: float, **options: Any
+        self, name: str, candidate: str, percent: float, shadow: str | None = None, **options: Any
     ) -> ExperimentStarted:
         """Copy `percent` of model `name`'s requests to `candidate` (a held set) after answering
-        them and compare the answers: an experiment in shadow mode (`StartExperimentInput`'s fields
-        in `options`, duration_seconds required; the name defaults to shadow-<the set's number>)."""
-        options.setdefault("name", f"shadow-{candidate.rpartition('@')[2]}")
-        shadow = StartExperimentInput(
-            treatment=candidate, treatment_percent=percent, mode="shadow", **options
+        them and compare the answers: an experiment in shadow mode named `shadow` (default
+        shadow-<the set's number>); `options`: StartExperimentInput's, duration_seconds required."""
+        called = shadow or f"shadow-{candidate.rpartition('@')[2]}"
+        shadow_input = StartExperimentInput(
+            name=called, treatment=candidate, treatment_percent=percent, mode="shadow", **options
         )
-        return await self.start_experiment(name, shadow)
+        return await self.start_experiment(name, shadow_input)
 
     async def experiment_status(self, name: str, experiment: str | None = None) -> ExperimentStatus:
         """The model's running experiment, live (with its report so far), or an ended one from
