@@ -14,8 +14,9 @@ over for the next region of `routing.fallback_order`, while the request's deadli
 answer wins). No Temporal connection.
 Failures are `PredictionError`s carrying the HTTP status: 400 `PredictionBadRequestError`,
 404 `PredictionNotFoundError`, 5xx `PredictionServerError`, none `PredictionTransportError`.
-A document whose refresh fails is kept a while (`STALE_IF_ERROR_S`): a drill saw 193 requests
-fail on "no routing document" while every region still answered.
+A model's document is refreshed by one request at a time (the others route on the expired one
+meanwhile), and one whose refresh fails is kept a while (`STALE_IF_ERROR_S`): a drill saw 193
+requests fail on "no routing document" while every region still answered.
 
 One file over 600 lines on purpose: the async client's failover and its sync twin read together.
 """
@@ -120,6 +121,7 @@ class AsyncPredictionClient:
         self._region_down_s = region_down_s
         self._down: dict[str, float] = {}  # region -> until when it is tried last
         self._documents: dict[str, tuple[RoutingDocument, float]] = {}  # model -> (document, fetched at)
+        self._refreshing: dict[str, asyncio.Future[RoutingDocument]] = {}  # model -> its fetch in flight
         self._http = httpx.AsyncClient(
             base_url=self.url, timeout=timeout_s, transport=transport, headers=bearer(api_key)
         )
@@ -146,9 +148,28 @@ class AsyncPredictionClient:
         fetch that fails when the TTL ran out keeps the expired one for up to `STALE_IF_ERROR_S`
         (the regions it names still answer for themselves, and a router that no longer serves
         the model says 404, which fetches again with `refresh`, where a failure is raised)."""
-        cached = None if refresh else self._cached(model)
+        if refresh:
+            return await self._fetch(model, refresh=True)
+        cached = self._cached(model)
         if cached is not None:
             return cached
+        # One refresh of a model at a time: while it runs, the other requests route on the
+        # expired document (when there is one) instead of each fetching it again. The task is
+        # shielded: a request whose deadline passes does not cancel the refresh others wait on.
+        running = self._refreshing.get(model)
+        if running is None or running.done():
+            running = asyncio.ensure_future(self._fetch(model, refresh=False))
+            running.add_done_callback(_retrieved)  # its failure is raised to whoever awaits it
+            self._refreshing[model] = running
+        else:
+            stale = self._stale(model)
+            if stale is not None:
+                return stale
+        return await asyncio.shield(running)
+
+    async def _fetch(self, model: str, refresh: bool) -> RoutingDocument:
+        """GET the model's document (twice on a broken connection); on failure, unless this is
+        a `refresh` after a router's 404, the expired document while it is not too old."""
         try:
             try:
                 response = await self._http.get(routing_path(model))
@@ -598,6 +619,12 @@ def _event(line: str, model: str, region: str) -> Prediction | None:
             error_id=error_id,
         )
     return Prediction(**event, region=region)
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    """Mark a shared fetch's failure as seen: the request that awaited it may have gone."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _document(response: httpx.Response, model: str, url: str) -> RoutingDocument:

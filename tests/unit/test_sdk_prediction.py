@@ -607,3 +607,23 @@ async def test_an_expired_document_serves_on_while_its_refresh_fails(
         clock.now += STALE_IF_ERROR_S
         with pytest.raises(PredictionError):
             await aclient.predict(MODEL, 1, source="us-east")
+
+
+async def test_one_refresh_at_a_time_the_others_route_on_the_expired_document(serving: FakeServing) -> None:
+    clock = Clock()
+
+    async def slow_routing(request: httpx.Request) -> httpx.Response:
+        if routing_model_of(request.url.path) is not None:
+            await asyncio.sleep(0.05)
+        return serving.handle(request)
+
+    transport = httpx.MockTransport(slow_routing)
+    async with AsyncPredictionClient(URL, transport=transport, clock=clock) as aclient:
+        assert (await aclient.predict(MODEL, 1, source="us-east")).region == "us-east"
+        clock.now += TTL + 1
+        replies = await asyncio.gather(*(aclient.predict(MODEL, 1, source="us-east") for _ in range(5)))
+        assert [r.region for r in replies] == ["us-east"] * 5
+        assert serving.fetches == 2  # the first and one refresh, not one per request
+        clock.now += 1  # the refreshed document is fresh: no fetch
+        await aclient.predict(MODEL, 1, source="us-east")
+    assert serving.fetches == 2
