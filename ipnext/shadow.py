@@ -144,6 +144,8 @@ class ShadowSummary(Frozen):
     """A window (or the whole shadow) of comparisons, from the candidate's counters: what was
     mirrored, compared, dropped and failed, and how the answers agreed (None: nothing measured)."""
 
+    # Each counted when it happens: a copy sent before a window began and compared in it counts
+    # in that window's `compared`, not its `mirrored`.
     mirrored: int = 0  # requests picked for the shadow (sent or dropped)
     dropped: int = 0  # of those, dropped: the candidate had max_in_flight shadow calls
     compared: int = 0  # candidate answers compared with the served one

@@ -26,6 +26,9 @@ logger = logging.getLogger("ray.serve")
 # What the mirror tells its router: count(app, latency_ms or None for a failure) for the
 # candidate's request counters, note(app, outcomes) for the comparison's outcomes.
 Count = Callable[[str, float | None], None]
+# How long a copy waits before it starts: past the moment its own caller's answer leaves this
+# replica (the copy started at once shared the router's event loop with that answer's way out).
+COPY_AFTER_S = 0.05
 Note = Callable[[str, dict[str, float]], None]
 
 
@@ -58,6 +61,7 @@ class ShadowMirror:
     async def _mirror(
         self, route: ShadowRoute, served: Any, run: Callable[[], Awaitable[Any]], deadline_s: float
     ) -> None:
+        await asyncio.sleep(COPY_AFTER_S)
         started = time.perf_counter()
         try:
             async with asyncio.timeout(deadline_s):

@@ -56,7 +56,6 @@ SECOND_STACK_MODULES = (
     "test_ranking.py",
     "test_model_update.py",
     "test_experiments.py",
-    "test_shadow.py",
 )
 # The units that run on a shared dev stack (tests/integration/conftest.py `stack`): a worker
 # stops its stack as soon as the unit is done.

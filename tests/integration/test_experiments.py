@@ -3,31 +3,50 @@
 click when an answer ranks their favourite item (the trainer's hidden world) in the top 3 and
 say so through the feedback route; the report finds the better arm on its own merits, every
 user saw one arm throughout; then a treatment that fails every even user's request breaches the
-guardrail, and the experiment ends with all traffic on control and no failed request after."""
+guardrail, and the experiment ends with all traffic on control and no failed request after.
+
+Then shadows on the same model (drills share rollouts): callers' latency with and without 50% of
+their requests copied to a candidate (the dense part sleeps rather than computes, so the copies
+compete for the router, not for the cores: printed, never asserted); a candidate equal to the
+serving set compares as equal; the better-trained treatment reports the true difference,
+computed here from the two snapshots' weight files; no caller ever gets a candidate's answer."""
 
 from __future__ import annotations
 
 import asyncio
 import random
+import statistics
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from safetensors.torch import load_file
 
 from ipnext.config import Settings
 from ipnext.contracts import poll_until
+from ipnext.examples.click_ranker.parts import DensePart, EmbeddingPart
 from ipnext.examples.click_ranker.train import favourite, poisoned_copy, train
+from ipnext.model import ModelSpec
 from ipnext.registry import ExperimentStatus, StartExperimentInput
 from ipnext.sdk import Client
+from ipnext.shadow import compare_answers
+from ipnext.snapshots import write_snapshot
 
 from .conftest import keyed, one_region_spec, train_version
+from .load import Load
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 CANDIDATES, TOP = 10, 3
+# The shadows' latency phases (a setting: bench/shadow.py runs them at full length), and the
+# dense part's sleep: latency without CPU.
+PHASE_S = 8.0
+DELAY_MS = 20
+USER, ITEMS = 3, [5, 17, 42, 99, 123, 256, 300, 411]  # the shadows' request: one true difference
 # Requests/s of all the users together: enough for a clear verdict in a 10 s experiment (about
 # 100 answers an arm), and far below what the box can serve, so the load does not hold the
 # control plane back (four unpaced users kept both cores busy on their own).
@@ -102,7 +121,9 @@ async def ended(client: Client, model: str, name: str, timeout_s: float = 180) -
 async def test_the_better_arm_wins_and_a_failing_arm_ends_on_its_guardrail(
     stack: Settings, client: Client, model_name: str
 ) -> None:
-    await client.publish_model(one_region_spec(model_name))
+    data = one_region_spec(model_name).model_dump(mode="json")
+    data["parts"]["dense"]["config"]["delay_ms"] = DELAY_MS
+    await client.publish_model(ModelSpec.model_validate(data))
     weak, _ = train_version(stack, model_name, "v1")  # 60 steps: ranks hardly better than chance
     first = await client.publish_snapshot(model_name, weak)
     await client.wait_until_serving(model_name, first.set_id)
@@ -155,3 +176,119 @@ async def test_the_better_arm_wins_and_a_failing_arm_ends_on_its_guardrail(
     assert any(a["status"] != 200 for a in users.answers)  # the treatment did fail
     after = [a for a in users.answers if a["at"] > ended_at[0] + 1]
     assert after and all(a["status"] == 200 and a["set"] == first.set_id and a["arm"] is None for a in after)
+
+    await shadows(
+        stack, client, model_name, first.set_id, weak, held.set_id, strong, data["parts"]["dense"]["config"]
+    )
+    await client.delete_model(model_name, who="test")
+
+
+def the_request(user: int) -> dict[str, Any]:
+    return {"user": USER, "items": ITEMS}
+
+
+async def expected_outputs(folder: Path, config: dict[str, Any]) -> list[float]:
+    """What a set's parts answer the shadows' request, computed here from its weight files."""
+    embed = EmbeddingPart(load_file(str(folder / "embed.safetensors")), config)
+    dense = DensePart(load_file(str(folder / "dense.safetensors")), config)
+    vectors = await embed({"input": {"user": USER, "items": ITEMS}})
+    return await dense({"embed": vectors})
+
+
+async def shadow_until(client: Client, model: str, compared: int) -> ExperimentStatus:
+    return await poll_until(
+        lambda: client.experiment_status(model),
+        lambda s: s.phase == "running" and s.shadow is not None and s.shadow.compared >= compared,
+        timeout_s=120,
+        interval_s=0.5,
+        what=f"{model}'s shadow with {compared} comparisons",
+    )
+
+
+async def no_experiment(client: Client, model: str) -> None:
+    await poll_until(
+        lambda: client.get_model(model),
+        lambda s: s.experiment is None,
+        timeout_s=120,
+        interval_s=0.5,
+        what=f"{model}'s shadow ended",
+    )
+
+
+async def shadows(
+    stack: Settings,
+    client: Client,
+    model_name: str,
+    serving: str,
+    serving_folder: Path,
+    different: str,
+    different_folder: Path,
+    config: dict[str, Any],
+) -> None:
+    """The shadow drill (module docstring) on the experiments' model: `serving` answers, the
+    equal candidate is its weights under another version, `different` is a held set."""
+    weights = {part: load_file(str(serving_folder / f"{part}.safetensors")) for part in ("embed", "dense")}
+    copy = stack.snapshot_roots[0] / model_name / "v1-copy"
+    write_snapshot(copy, model_name, "v1-copy", weights)
+    equal = await client.publish_snapshot(model_name, copy, hold=True)
+    path = f"/us-east/models/{model_name}/predict"
+
+    # 1. Callers' latency without a shadow, then with 50% copied to the equal candidate.
+    async with Load(stack.serve_url, path, headers=keyed(stack), inputs=the_request) as alone:
+        await asyncio.sleep(PHASE_S)
+    await client.start_shadow(
+        model_name, equal.set_id, 50, duration_seconds=600, check_seconds=1, shadow="equal"
+    )
+    async with Load(stack.serve_url, path, headers=keyed(stack), inputs=the_request) as shadowed:
+        await shadow_until(client, model_name, 1)  # the routers copy: the measured phase starts
+        copying_from = shadowed.elapsed()
+        await asyncio.sleep(PHASE_S)
+        status = await shadow_until(client, model_name, 20)
+    await client.stop_experiment(model_name, "measured", who="test")
+    same = status.shadow
+    assert same is not None
+    print(f"equal candidate: {same}")
+    assert same.max_abs_diff_mean == 0.0 and same.differing == 0.0 and same.mismatched == 0
+    assert same.rank_correlation_mean == 1.0 and same.top_k_overlap_mean == 1.0
+    assert same.candidate_errors == 0 and status.shadow_windows
+
+    # 2. The different candidate: every comparison finds the difference the weight files give.
+    truth = compare_answers(
+        await expected_outputs(serving_folder, config),
+        await expected_outputs(different_folder, config),
+        top_k=3,
+    )
+    assert truth["shadow.max_abs_diff"] > 1e-3  # it does answer otherwise
+    await no_experiment(client, model_name)
+    await client.start_shadow(
+        model_name, different, 50, duration_seconds=600, check_seconds=1, shadow="different"
+    )
+    async with Load(stack.serve_url, path, headers=keyed(stack), inputs=the_request) as third:
+        status = await shadow_until(client, model_name, 20)
+    await client.stop_experiment(model_name, "measured", who="test")
+    found = status.shadow
+    assert found is not None
+    print(f"different candidate: {found}; the weight files give {truth}")
+    # The parts round scores to 6 decimals: equal up to that.
+    assert found.max_abs_diff_mean == pytest.approx(truth["shadow.max_abs_diff"], abs=2e-6)
+    assert found.differing == 1.0 and found.mismatched == 0
+    assert found.rank_correlation_mean == pytest.approx(truth["shadow.rank_correlation"])
+    assert found.top_k_overlap_mean == pytest.approx(truth["shadow.top_k_overlap"])
+
+    # No caller ever got a candidate's answer; none failed.
+    answers = [*alone.answers, *shadowed.answers, *third.answers]
+    assert answers and all(a.status == 200 and a.set == serving for a in answers), [
+        a for a in answers if a.status != 200 or a.set != serving
+    ][:3]
+    assert all(a.parts == {p: f"{model_name}/{p}@v1" for p in ("embed", "dense")} for a in answers)
+    measured = [a for a in shadowed.answers if a.at >= copying_from]
+    p50_alone = statistics.median(a.latency_s for a in alone.answers) * 1000
+    p50_shadowed = statistics.median(a.latency_s for a in measured) * 1000
+    print(
+        f"callers' p50 without a shadow {p50_alone:.1f} ms ({len(alone.answers)} requests), with 50% "
+        f"copied {p50_shadowed:.1f} ms ({len(measured)}): ratio {p50_shadowed / p50_alone:.3f} "
+        f"(goal: within 5%); {same.compared} comparisons, {same.dropped} dropped"
+    )
+    await no_experiment(client, model_name)
+    kept = {s.id: s for s in (await client.get_model(model_name)).sets}
+    assert kept[different].status == "held" and "shadow different:" in kept[different].detail
