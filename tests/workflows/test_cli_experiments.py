@@ -18,7 +18,8 @@ from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.worker import Worker
 
 from ipnext.activities.rollouts import RolloutActivities
-from ipnext.registry import ModelWorkflowInput, PublishResult
+from ipnext.contracts import experiment_workflow_id, poll_until
+from ipnext.registry import ExperimentStatus, ModelWorkflowInput, PublishResult
 from ipnext.worker import WORKFLOWS
 
 from .fakes import SPEC, FakeServing, request, until
@@ -131,7 +132,14 @@ async def test_shadow_verbs(temporal: Client) -> None:
         assert started.returncode == 0, started.stderr
         assert f"shadow shadow-2 of {name}: 50% of {name}@1's requests copied to {name}@2" in started.stdout
         await until(model, lambda s: s.experiment is not None and s.experiment.started)
-        await asyncio.sleep(2)  # a few windows compared
+        shadow_id = experiment_workflow_id(name, "shadow-2")
+        await poll_until(  # a window compared (a loaded box may take more than a few checks)
+            lambda: temporal.get_workflow_handle(shadow_id).query("status", result_type=ExperimentStatus),
+            lambda status: len(status.shadow_windows) >= 2,
+            timeout_s=60,
+            interval_s=0.2,
+            what="two shadow windows",
+        )
         live = await shadow("status", name)
         stopped = await shadow("stop", name, "--reason", "enough evidence")
         assert stopped.returncode == 0, stopped.stderr
