@@ -147,6 +147,12 @@ def scratch_config(base: Path, config_dir: Path) -> Path:
     return path
 
 
+# Ray's own words when its raylet did not register with the GCS within its fixed 30 s (a busy
+# machine, not a fault): the head is started again, up to RAY_START_ATTEMPTS times in all.
+RAY_STARTUP_TIMED_OUT = "timed out during startup"
+RAY_START_ATTEMPTS = 3
+
+
 def stack_processes(stack_id: str, node: str | None = None) -> list[int]:
     """Every process carrying this stack's id in its environment (Ray workers inherit it); with
     `node`, only those of that region's node (its `ray start`, raylet, agents and workers)."""
@@ -559,8 +565,21 @@ class DevStack:
                 "RAY_health_check_timeout_ms": str(period),
                 "RAY_health_check_failure_threshold": str(self.settings.ray.health_check_failure_threshold),
             }
-        proc = self._spawn("ray", [sys.executable, "-m", "ipnext.devstack", "ray-head"], head_env, record)
-        self._wait("ray", proc, self.settings.ray_address_file.exists, record)
+        for attempt in range(1, RAY_START_ATTEMPTS + 1):
+            proc = self._spawn("ray", [sys.executable, "-m", "ipnext.devstack", "ray-head"], head_env, record)
+            try:
+                self._wait("ray", proc, self.settings.ray_address_file.exists, record)
+                break
+            except StackError as err:
+                # Ray gives its raylet a fixed 30 s to register with the GCS; on a saturated
+                # machine it can take longer, and ray.init then gives up though nothing is
+                # wrong. Whatever that attempt started is killed, and the head starts again.
+                if attempt == RAY_START_ATTEMPTS or RAY_STARTUP_TIMED_OUT not in str(err):
+                    raise
+                self._kill_ray_leftovers(record)
+                self.log(
+                    f"  ray's head timed out in Ray's own startup (a busy machine): starting it again ({attempt + 1}/{RAY_START_ATTEMPTS})"
+                )
         self.log(f"  ray cluster up at {self.settings.ray_address()} (pid {proc.pid})")
         if per_region:
             self._start_nodes(list(self.settings.fleet().regions), env, record)

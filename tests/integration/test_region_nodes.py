@@ -188,17 +188,15 @@ async def test_a_lost_region_is_routed_around_replanned_without_and_returns(
                 emergency = await _serving_on(client, model_name, {survivor}, revision, killed)
                 moved_s = time.monotonic() - killed
                 after_kill = load.failed()
-                # Only requests in flight in the lost region at the kill may fail.
-                in_flight = [
-                    c
-                    for c in load.calls
-                    if c.first == lost and c.started < killed and (c.ended or 1e12) > killed
-                ]
-                assert len(after_kill) <= len(in_flight), [c.error for c in after_kill[:5]]
+                # Only requests in flight at the kill may fail: those held by the lost region, and
+                # those whose connection the lost node's proxy held (on one machine every node's
+                # proxy listens on the serving port, and the kernel spreads connections over them).
+                in_flight = [c for c in load.calls if c.started < killed and (c.ended or 1e12) > killed]
+                assert all(c in in_flight for c in after_kill), [c.error for c in after_kill[:5]]
                 print(
                     f"found down and replanned {detected_s:.1f}s after the kill (plan revision {replan.revision}, "
                     f"relaxed {replan.relaxed}); serving only from {survivor} {moved_s:.1f}s after it; "
-                    f"{len(after_kill)} failed of {len(in_flight)} in flight in {lost} at the kill"
+                    f"{len(after_kill)} failed of {len(in_flight)} in flight at the kill"
                 )
 
                 # The node comes back: the region comes up, the return replan moves capacity back.

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from ipnext.config import load_settings
-from ipnext.devstack import DevStack, process_alive
+from ipnext.devstack import RAY_START_ATTEMPTS, DevStack, process_alive
 from ipnext.errors import StackError
 
 
@@ -100,3 +100,36 @@ def test_free_port_never_hands_the_same_port_twice_in_a_process() -> None:
     ports = [free_port() for _ in range(400)]
     assert len(set(ports)) == len(ports)
     assert all(20000 <= p < 32000 for p in ports)
+
+
+@pytest.mark.parametrize("failure", ["startup timed out", "another failure"])
+def test_rays_head_starts_again_only_when_rays_own_startup_timed_out(
+    elsewhere: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failure: str
+) -> None:
+    """Ray's raylet gets a fixed 30 s to register; on a busy machine ray.init gives up: the head
+    is started again (what the attempt left killed first), up to RAY_START_ATTEMPTS in all. Any
+    other failure is raised at once."""
+    stack = DevStack(config_path=_config(tmp_path / "conf"))
+    spawned, cleaned = [], []
+    head = type("Head", (), {"pid": 4242})()
+    monkeypatch.setattr(stack, "_spawn", lambda name, argv, env, record: spawned.append(name) or head)
+    monkeypatch.setattr(stack, "_kill_ray_leftovers", lambda record: cleaned.append(True))
+    said = (
+        "Exception: The current node timed out during startup." if failure == "startup timed out" else "boom"
+    )
+
+    def wait(name: str, proc: object, ready: object, record: object) -> None:
+        if len(spawned) < RAY_START_ATTEMPTS:
+            raise StackError(f"ray exited with code 1 while starting. Log tail:\n{said}")
+        stack.settings.ray_address_file.parent.mkdir(parents=True, exist_ok=True)
+        stack.settings.ray_address_file.write_text("127.0.0.1:1")  # what a head that came up writes
+
+    monkeypatch.setattr(stack, "_wait", wait)
+    record = {"stack_id": "id", "processes": {}}
+    if failure == "startup timed out":
+        stack._start_ray({}, record)
+        assert spawned == ["ray"] * RAY_START_ATTEMPTS and len(cleaned) == RAY_START_ATTEMPTS - 1
+    else:
+        with pytest.raises(StackError, match="boom"):
+            stack._start_ray({}, record)
+        assert spawned == ["ray"] and cleaned == []
