@@ -109,7 +109,7 @@ from ipnext.rollout import (
 )
 from ipnext.routing import RoutingDocument
 from ipnext.snapshots import request_from_folder
-from ipnext.temporal import connect_client
+from ipnext.temporal import connect_client, stuck_reason
 
 __all__ = [
     "AsyncPredictionClient",
@@ -568,23 +568,9 @@ class Client:
         return live
 
     async def freshness(self, workflow_id: str, as_of: datetime | None) -> Freshness:
-        """How old an answer of `workflow_id` stamped `as_of` is, and whether its workflow is stuck:
-        a workflow task failing again and again (a pending task past its first attempt) leaves
-        every query answering the last good state."""
-        stale = ""
-        try:
-            raw = (await self.temporal.get_workflow_handle(workflow_id).describe()).raw_description
-        except RPCError as err:
-            if err.status != RPCStatusCode.NOT_FOUND:  # past retention: nothing runs, nothing stuck
-                stale = f"Temporal could not describe it ({err.status.name}: {err.message})"
-        else:
-            pending = raw.pending_workflow_task if raw.HasField("pending_workflow_task") else None
-            if pending is not None and pending.attempt > 1:
-                stale = (
-                    f"its workflow task has failed {pending.attempt - 1} time(s) in a row, so it "
-                    "acts on nothing and answers from its last good state (its history in the "
-                    "Temporal UI shows the failure)"
-                )
+        """How old an answer of `workflow_id` stamped `as_of` is, and whether its workflow is
+        stuck (`temporal.stuck_reason`): then every query answers its last good state."""
+        stale = await stuck_reason(self.temporal, workflow_id)
         age = None if as_of is None else max(0.0, (datetime.now(UTC) - as_of).total_seconds())
         return Freshness(workflow_id=workflow_id, as_of=as_of, age_seconds=age, stale=stale)
 

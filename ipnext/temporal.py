@@ -10,15 +10,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from temporalio.api.common.v1 import WorkflowExecution
+from temporalio.api.enums.v1 import EventType, WorkflowExecutionStatus
+from temporalio.api.workflowservice.v1 import GetWorkflowExecutionHistoryReverseRequest
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.service import RPCError, TLSConfig
+from temporalio.service import RPCError, RPCStatusCode, TLSConfig
 
 from ipnext.config import Settings
 from ipnext.errors import SpecError, TemporalConnectionError
 from ipnext.identity import SendIdentity
 
-__all__ = ["API_KEY_ENV", "TemporalConnection", "connect_client", "temporal_connection"]
+__all__ = ["API_KEY_ENV", "TemporalConnection", "connect_client", "stuck_reason", "temporal_connection"]
 
 API_KEY_ENV = "IPNEXT_TEMPORAL_API_KEY"
 
@@ -151,4 +154,39 @@ def _connect_fix(settings: Settings, connection: TemporalConnection) -> str:
         "check that Temporal listens there, that temporal.tls.ca_file is the CA of its certificate, "
         "that temporal.tls.server_name is a name the certificate carries, and that the server "
         "accepts temporal.tls.cert_file (and the API key, if it asks for one)"
+    )
+
+
+RUNNING = WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_RUNNING
+
+
+async def stuck_reason(client: Client, workflow_id: str) -> str:
+    """Why `workflow_id` acts on nothing now, or "": its workflow task failing again and again.
+    Temporal shows that as a pending task past its first attempt, and between attempts (their
+    backoff) only as the task failure last in its history, which is read too."""
+    try:
+        raw = (await client.get_workflow_handle(workflow_id).describe()).raw_description
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:  # past retention: nothing runs, nothing stuck
+            return ""
+        return f"Temporal could not describe it ({err.status.name}: {err.message})"
+    pending = raw.pending_workflow_task if raw.HasField("pending_workflow_task") else None
+    failed = pending.attempt - 1 if pending is not None else 0
+    if pending is None and raw.workflow_execution_info.status == RUNNING:  # no task pending
+        last = await client.workflow_service.get_workflow_execution_history_reverse(
+            GetWorkflowExecutionHistoryReverseRequest(
+                namespace=client.namespace,
+                execution=WorkflowExecution(workflow_id=workflow_id),
+                maximum_page_size=1,
+            )
+        )
+        events = last.history.events
+        if events and events[0].event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
+            failed = 1
+    if failed < 1:
+        return ""
+    return (
+        f"its workflow task has failed {failed}{'+' if pending is None else ''} time(s) in a row, "
+        "so it acts on nothing and answers from its last good state (its history in the Temporal "
+        "UI shows the failure)"
     )
