@@ -428,9 +428,12 @@ class Client:
         self, name: str, experiment: str | None = None, who: str = "sdk"
     ) -> PublishResult:
         """Roll an ended experiment's winning treatment out through the normal gradual rollout;
-        refused when its report names no winner over control (nothing to roll out)."""
+        refused when its report names no winner over control (nothing to roll out). A shadow has
+        no winner: its candidate is promoted on its evidence once it ended (the gates judge it)."""
         ended = await self.experiment_status(name, experiment)
         winner = ended.report.winner if ended.report is not None else None
+        if ended.mode == "shadow":
+            winner = "treatment"
         if ended.phase != "ended" or winner != "treatment":
             said = (
                 "it has not ended" if ended.phase != "ended" else f"its report's winner is {winner or 'none'}"
@@ -440,7 +443,8 @@ class Client:
                 fix="promote a set by hand when you know better: publish it again without --hold",
             )
         handle = await self._running_model(name)
-        ask = PromoteInput(set_id=ended.arms["treatment"], who=who, reason=f"won experiment {ended.name}")
+        why = f"{'after shadow' if ended.mode == 'shadow' else 'won experiment'} {ended.name}"
+        ask = PromoteInput(set_id=ended.arms["treatment"], who=who, reason=why)
         try:
             result: PublishResult = await handle.execute_update(
                 ModelWorkflowNames.PROMOTE, ask, result_type=PublishResult

@@ -5,7 +5,7 @@ MODEL`: run an experiment or a shadow on a model and read what it found.
     ipnext experiment status feed-ranker            # live: phase, arms, guardrails, the report so far
     ipnext experiment stop feed-ranker --reason "saw enough"
     ipnext experiment report feed-ranker [--name N] [--json]
-    ipnext experiment promote feed-ranker [--name N]  # the winner rolls out through the normal steps
+    ipnext experiment promote feed-ranker [--name N]  # the winner (or a shadow's candidate) rolls out
 
     ipnext shadow start feed-ranker --set feed-ranker@5 --percent 10 [--duration 1d] [--name N]
     ipnext shadow status feed-ranker [--json]     # mirrored, dropped, compared; how the answers agree
@@ -64,7 +64,9 @@ def add_experiment_parser(commands: Any) -> None:
         reader.add_argument("model")
         reader.add_argument("--name", help="an ended experiment's name (default: the running or latest one)")
         reader.add_argument("--json", action="store_true", help="as JSON")
-    promote = verbs.add_parser("promote", help="roll an ended experiment's winner out (the normal rollout)")
+    promote = verbs.add_parser(
+        "promote", help="roll an ended experiment's winner (or shadow's candidate) out (the normal rollout)"
+    )
     promote.add_argument("model")
     promote.add_argument("--name", help="the experiment (default: the latest)")
     promote.add_argument("--who", help="default: $USER")

@@ -1,7 +1,8 @@
 """`ipnext experiment start|status|stop|report|promote` and `ipnext shadow start|status|stop`
 against a real Temporal dev server (the activities faked): a refused start exits 2 with its
 reason, a started one is followed live, stopped by on-call, its report printed with the winner,
-and the winner promoted: it rolls out; a shadow's comparisons are shown and kept on its set."""
+and the winner promoted: it rolls out; a shadow's comparisons are shown and kept on its set,
+and its candidate promoted on that evidence."""
 
 from __future__ import annotations
 
@@ -145,6 +146,10 @@ async def test_shadow_verbs(temporal: Client) -> None:
         assert stopped.returncode == 0, stopped.stderr
         state = await until(model, lambda s: s.experiments != [])
         as_json = await shadow("status", name, "--json")
+        promoted = await cli(address, "promote", name, "--name", "shadow-2")  # no winner: its evidence
+        assert promoted.returncode == 0, promoted.stderr
+        served = await until(model, lambda s: s.serving_set == f"{name}@2" and s.state == "serving")
+    assert served.sets[-1].detail == "promoted by ann: after shadow shadow-2", served.sets[-1].detail
     assert live.returncode == 0 and f"shadow shadow-2 of {name}: running" in live.stdout, live.stderr
     assert "compared" in live.stdout and "max |diff| mean 0.25" in live.stdout, live.stdout
     assert "window:" in live.stdout
