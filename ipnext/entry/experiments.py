@@ -109,7 +109,6 @@ def _add_shadow_parser(commands: Any) -> None:
 
 def run_shadow_command(args: argparse.Namespace, settings: Settings) -> None:
     from ipnext.registry import StartExperimentInput
-    from ipnext.sdk import Client
     from ipnext.shadow import render_shadow
 
     who = getattr(args, "who", None) or os.environ.get("USER", "cli")
@@ -130,15 +129,7 @@ def run_shadow_command(args: argparse.Namespace, settings: Settings) -> None:
         except ValidationError as err:
             raise IpnextError(f"shadow start: {format_validation_error(err)}") from None
 
-    async def act() -> Any:
-        async with await Client.connect(settings) as ipn:
-            if ask is not None:
-                return await ipn.start_experiment(args.model, ask)
-            if args.verb == "stop":
-                return await ipn.stop_experiment(args.model, args.reason, who=who)
-            return await ipn.experiment_status(args.model, args.name)
-
-    result = asyncio.run(act())
+    result = asyncio.run(_act(settings, args, ask, who))
     if args.verb == "start":
         print(
             f"shadow {ask.name if ask else ''} of {args.model}: {args.percent:g}% of {result.control}'s requests copied to {result.treatment}"
@@ -171,7 +162,6 @@ def run_shadow_command(args: argparse.Namespace, settings: Settings) -> None:
 def run_experiment_command(args: argparse.Namespace, settings: Settings) -> None:
     from ipnext.experiments import render_report
     from ipnext.registry import StartExperimentInput
-    from ipnext.sdk import Client
 
     who = getattr(args, "who", None) or os.environ.get("USER", "cli")
     ask = None
@@ -189,17 +179,7 @@ def run_experiment_command(args: argparse.Namespace, settings: Settings) -> None
         except ValidationError as err:
             raise IpnextError(f"experiment start: {format_validation_error(err)}") from None
 
-    async def act() -> Any:
-        async with await Client.connect(settings) as ipn:
-            if ask is not None:
-                return await ipn.start_experiment(args.model, ask)
-            if args.verb == "stop":
-                return await ipn.stop_experiment(args.model, args.reason, who=who)
-            if args.verb == "promote":
-                return await ipn.promote_experiment(args.model, args.name, who=who)
-            return await ipn.experiment_status(args.model, args.name)
-
-    result = asyncio.run(act())
+    result = asyncio.run(_act(settings, args, ask, who))
     if args.verb == "promote":
         print(f"{result.set_id} queued for its rollout; `ipnext rollout watch {args.model}` follows it")
         return
@@ -222,3 +202,17 @@ def run_experiment_command(args: argparse.Namespace, settings: Settings) -> None
     if result.report is not None:
         print()
         print(render_report(result.report))
+
+
+async def _act(settings: Settings, args: argparse.Namespace, ask: Any, who: str) -> Any:
+    """One verb of `experiment` or `shadow` through the SDK: start (`ask`), stop, promote or status."""
+    from ipnext.sdk import Client
+
+    async with await Client.connect(settings) as ipn:
+        if ask is not None:
+            return await ipn.start_experiment(args.model, ask)
+        if args.verb == "stop":
+            return await ipn.stop_experiment(args.model, args.reason, who=who)
+        if args.verb == "promote":
+            return await ipn.promote_experiment(args.model, args.name, who=who)
+        return await ipn.experiment_status(args.model, args.name)
