@@ -220,9 +220,12 @@ class AsyncPredictionClient:
         deadline = self._clock() + self._timeout_s
 
         async def attempt(target: str, limit: float) -> httpx.Response:
-            return await _within(
-                self._http.post(predict_path(model, target), json=body, headers=_source_header(source)),
+            return await _once_more_if_broken(
+                lambda: self._http.post(
+                    predict_path(model, target), json=body, headers=_source_header(source)
+                ),
                 limit,
+                self._clock,
             )
 
         response, target = await self._failover(model, source, key, region, deadline, attempt)
@@ -369,7 +372,9 @@ class AsyncPredictionClient:
             request = self._http.build_request(
                 "POST", predict_path(model, target), json=body, headers=_source_header(source)
             )
-            return await _within(self._http.send(request, stream=True), limit)
+            return await _once_more_if_broken(
+                lambda: self._http.send(request, stream=True), limit, self._clock
+            )
 
         response, target = await self._failover(model, source, key, region, deadline, attempt)
         try:
@@ -505,6 +510,30 @@ async def _within(call: Awaitable[T], limit: float) -> T:
     """`call`, given `limit` seconds (TimeoutError after them; the request is cancelled)."""
     async with asyncio.timeout(limit):
         return await call
+
+
+# A connection that broke before any answer came: most often a pooled keep-alive connection to
+# a proxy that is gone (every node's proxy listens on the serving port, so a lost node leaves its
+# connections in the pool while a new one reaches a live proxy).
+_BROKEN = (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
+
+
+async def _once_more_if_broken(
+    send: Callable[[], Awaitable[T]], limit: float, clock: Callable[[], float]
+) -> T:
+    """`send()` within `limit` seconds, sent once more on a new connection (httpx drops a broken
+    one from its pool) if the connection broke before an answer, while the limit lasts: a
+    region drill saw requests after a node's loss fail in both regions on pooled connections to
+    its dead proxy. Predictions are reads, so a second send is safe; a second break is the
+    region's failure (the caller fails over)."""
+    started = clock()
+    try:
+        return await _within(send(), limit)
+    except _BROKEN:
+        left = limit - (clock() - started)
+        if left <= 0:
+            raise
+        return await _within(send(), left)
 
 
 def _proxy_failure(response: httpx.Response) -> bool:

@@ -430,9 +430,10 @@ def test_a_lost_region_is_passed_over_for_the_next_in_fallback_order_and_tried_l
     )
     with client:
         assert client.predict(MODEL, 1, source="us-east").region == "eu-west"
-        assert [r for r, _ in serving.posts] == ["us-east", "eu-west"]
+        # A broken connection is sent once more (a pooled one may be to a gone proxy), then given up.
+        assert [r for r, _ in serving.posts] == ["us-east", "us-east", "eu-west"]
         assert client.predict(MODEL, 1, source="us-east").region == "eu-west"
-        assert [r for r, _ in serving.posts][2:] == ["eu-west"]  # not tried again while it is down
+        assert [r for r, _ in serving.posts][3:] == ["eu-west"]  # not tried again while it is down
         serving.lost.clear()
         clock.now += 31
         assert client.predict(MODEL, 1, source="us-east").region == "us-east"  # back first
@@ -523,9 +524,9 @@ async def test_a_slow_live_region_is_not_given_up_for_one_known_down(serving: Fa
         assert (await aclient.predict(MODEL, 1, source="eu-west")).region == "us-east"
         serving.posts.clear()
         assert (await aclient.predict(MODEL, 1, source="us-east")).region == "us-east"
-    # us-east first; past region_timeout_s eu-west was asked beside it (and failed): us-east's
-    # request was never dropped for it.
-    assert sorted(r for r, _ in serving.posts) == ["eu-west", "us-east"]
+    # us-east first; past region_timeout_s eu-west was asked beside it (and failed, twice: a broken
+    # connection is sent once more): us-east's request was never dropped for it.
+    assert sorted(r for r, _ in serving.posts) == ["eu-west", "eu-west", "us-east"]
 
 
 async def test_a_region_that_holds_requests_costs_region_timeout_even_with_every_region_marked(
@@ -566,7 +567,35 @@ async def test_a_stream_fails_over_before_its_first_piece(serving: FakeServing) 
     async with async_client(serving) as aclient:
         replies = [p async for p in aclient.predict_stream(MODEL, {}, source="us-east")]
     assert {p.region for p in replies} == {"eu-west"}
-    assert [r for r, _ in serving.posts] == ["us-east", "eu-west"]
+    assert [r for r, _ in serving.posts] == ["us-east", "us-east", "eu-west"]
+
+
+@pytest.mark.parametrize("broken", [httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError])
+async def test_a_connection_that_breaks_once_is_sent_again_in_the_same_region(
+    serving: FakeServing, broken: type[httpx.TransportError]
+) -> None:
+    """A pooled keep-alive connection to a lost node's proxy breaks on use, while a new connection
+    reaches a live proxy of the same region (a region drill's requests failed in both regions
+    so): the request is sent once more there, and the region is not marked down."""
+    serving.streams[("us-east", MODEL)] = pieces("again")
+    breaks = {"left": 1}
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        if not request.url.path.endswith("/routing") and breaks["left"]:
+            breaks["left"] -= 1
+            serving.posts.append(("broken", {}))
+            raise broken("connection reset by peer", request=request)
+        return serving.handle(request)
+
+    async with AsyncPredictionClient(URL, transport=httpx.MockTransport(handle)) as aclient:
+        assert (await aclient.predict(MODEL, 1, source="us-east")).region == "us-east"
+        assert [r for r, _ in serving.posts] == ["broken", "us-east"]
+        breaks["left"] = 1
+        replies = [p async for p in aclient.predict_stream(MODEL, {}, source="us-east")]
+        assert {p.region for p in replies} == {"us-east"}
+        serving.posts.clear()  # no region was given up: us-east is still asked first
+        assert (await aclient.predict(MODEL, 1, source="us-east")).region == "us-east"
+        assert [r for r, _ in serving.posts] == ["us-east"]
 
 
 # ---- the control client delegates, with no Temporal call ----------------------------------------
