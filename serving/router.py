@@ -50,8 +50,11 @@ __all__ = ["NonFiniteOutputsError", "Router", "router_app"]
 logger = logging.getLogger("ray.serve")
 
 # How often a router asks each set's ingress for its capacity, which follows the replicas Serve
-# runs: a part on two hardware classes is split by what each deployment runs now.
-CAPACITY_REFRESH_S = 2.0
+# runs: a part on two hardware classes is split by what each deployment runs now. Each ask costs
+# the ingress a read of Serve's whole status from the controller: at 2 s the set ingresses and
+# the controller's status calls took about a tenth of the test suite's CPU (sampled per process).
+# Serve's autoscaler moves replicas on a scale of seconds to minutes, so 5 s follows it.
+CAPACITY_REFRESH_S = 5.0
 # How long a set app's ingress has to describe itself to a router (it answers in milliseconds
 # when it runs; a call to an app that does not exist waits for good).
 DESCRIBE_TIMEOUT_S = 10.0

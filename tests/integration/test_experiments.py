@@ -44,7 +44,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 CANDIDATES, TOP = 10, 3
 # The shadows' latency phases (a setting: bench/shadow.py runs them at full length), and the
 # dense part's sleep: latency without CPU.
-PHASE_S = 8.0
+PHASE_S = 4.0
 DELAY_MS = 20
 USER, ITEMS = 3, [5, 17, 42, 99, 123, 256, 300, 411]  # the shadows' request: one true difference
 # Requests/s of all the users together: enough for a clear verdict in a 10 s experiment (about

@@ -164,6 +164,11 @@ def poison_in_place(path: Path) -> None:
     assert path.stat().st_ino == inode
 
 
+# The on-call drill's bake: long enough that the CLI's pause (a new process, about 2 s on a
+# loaded box) lands inside the first one; each of its five baked steps costs it (10 s before).
+BAKE_S = 7.0
+
+
 # Four rollouts (v1, the paused v2, the cancelled v3, the terminated v4): 417 s in the last CI
 # run, 3 s under the module's limit. A hang still ends it: every wait inside has its own timeout.
 @pytest.mark.timeout(600)
@@ -174,7 +179,7 @@ async def test_on_call_pauses_and_resumes_with_the_cli(
     # A bake long enough that the CLI's pause (a new process) lands inside the first one; a middle
     # step, so the cancel below comes with the previous set scaled down (50%: its replicas must
     # come back up for the rollback).
-    rollout = spec.rollout.model_copy(update={"steps": [30, 50, 100], "bake_seconds": 10})
+    rollout = spec.rollout.model_copy(update={"steps": [30, 50, 100], "bake_seconds": BAKE_S})
     spec = spec.model_copy(update={"rollout": rollout})
     await client.publish_model(spec)
     v1, _ = train_version(stack, model_name, "v1")
@@ -193,7 +198,7 @@ async def test_on_call_pauses_and_resumes_with_the_cli(
             stack_config, "rollout", "pause", model_name, "--reason", "looking at a dashboard", "--who", "ann"
         )
         assert out.returncode == 0, out.stderr
-        await asyncio.sleep(12.0)  # more than a bake: the split holds
+        await asyncio.sleep(BAKE_S + 2)  # more than a bake: the split holds
         held = await client.rollout_status(model_name)
         assert held is not None and held.state == RolloutState.PAUSED
         assert held.traffic_percent == {published.set_id: 30.0, f"{model_name}@1": 70.0}

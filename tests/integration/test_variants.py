@@ -29,7 +29,8 @@ from ipnext.snapshots import write_snapshot
 from .conftest import DRILL_MIN_REQUESTS, REPO, keyed, tolerant_latency_gate, until_rolled_back
 from .load import Load
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+# 85-98 s on a quiet 2-core box; a loaded CI box ran past 300 s once (a hang still ends here).
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 VARIANTS_MODEL = REPO / "examples" / "click_ranker" / "model-variants.yaml"
 LARGE_DELAY_MS = 100  # the large part sleeps this long per call: a few callers saturate it
