@@ -23,9 +23,11 @@ import hashlib
 import hmac
 import math
 import secrets
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from pydantic import Field
 
 from ipnext.contracts import Frozen
 from ipnext.routing import weighted_draw
@@ -287,7 +289,10 @@ class ExperimentReport(Frozen):
     # The arm whose every outcome that differs significantly from control is higher (None: no
     # arm differs from control, or the evidence points both ways). Outcomes are "more is
     # better" (a click, a purchase); a guardrail's error rate is judged by the gates, not here.
+    # With `metrics` named, only those outcomes decide (the others are reported all the same).
     winner: str | None
+    unit: str = "user"  # what a request's `unit` names: each one kept its arm throughout
+    metrics: list[str] = Field(default_factory=list)  # the outcomes the winner is decided on (none: all)
 
 
 def summarize(
@@ -297,8 +302,12 @@ def summarize(
     arms: Mapping[str, SetCounters],
     sets: Mapping[str, str],
     alpha: float = 0.01,
+    *,
+    unit: str = "user",
+    metrics: Sequence[str] = (),
 ) -> ExperimentReport:
-    """The report of an experiment from each arm's counters (summed over its run so far)."""
+    """The report of an experiment from each arm's counters (summed over its run so far); the
+    winner is decided on `metrics` (every outcome when none is named)."""
     summaries = [
         ArmSummary(
             arm=arm,
@@ -345,14 +354,16 @@ def summarize(
         alpha=alpha,
         arms=summaries,
         comparisons=comparisons,
-        winner=_winner(control, comparisons),
+        winner=_winner(control, comparisons, metrics),
+        unit=unit,
+        metrics=list(metrics),
     )
 
 
-def _winner(control: str, comparisons: list[OutcomeComparison]) -> str | None:
+def _winner(control: str, comparisons: list[OutcomeComparison], metrics: Sequence[str] = ()) -> str | None:
     verdicts: dict[str, set[bool]] = {}
     for c in comparisons:
-        if c.significant and c.outcome != "error_rate":
+        if c.significant and c.outcome != "error_rate" and (not metrics or c.outcome in metrics):
             verdicts.setdefault(c.arm, set()).add(c.difference > 0)
     better = [arm for arm, signs in verdicts.items() if signs == {True}]
     worse = [arm for arm, signs in verdicts.items() if signs == {False}]
@@ -369,7 +380,12 @@ def render_report(report: ExperimentReport) -> str:
     def number(value: float | None, digits: int = 4) -> str:
         return "-" if value is None else f"{value:.{digits}g}"
 
-    lines = [f"experiment {report.experiment} of {report.model} (control: {report.control})", ""]
+    decided = f"; the winner decided on {', '.join(report.metrics)}" if report.metrics else ""
+    lines = [
+        f"experiment {report.experiment} of {report.model} (control: {report.control}; "
+        f"arms assigned per {report.unit}{decided})",
+        "",
+    ]
     names = sorted({n for a in report.arms for n in a.outcomes})
     header = ["arm", "set", "requests", "error rate", "p50 ms", "p99 ms", *(f"{n} (n, mean)" for n in names)]
     rows = [

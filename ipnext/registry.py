@@ -8,10 +8,11 @@ input carries whole when it continues as new.
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ipnext.contracts import Frozen, ModelStatus, RolloutOutcome
 from ipnext.counters import SetCounters
@@ -402,6 +403,8 @@ class ExperimentInput(Frozen):
     state: ExperimentState | None = None
     mode: Literal["split", "shadow"] = "split"  # shadow: the treatment is sent copies, never answers
     shadow_max_in_flight: int = Field(default=8, ge=1, le=1000)
+    unit: str = "user"  # StartExperimentInput's
+    metrics: list[str] = Field(default_factory=list)  # StartExperimentInput's
 
 
 class StopExperimentInput(Frozen):
@@ -429,6 +432,7 @@ class ExperimentStatus(Frozen):
     # A shadow's comparisons: over its whole run, and its latest windows (one per check).
     shadow: ShadowSummary | None = None
     shadow_windows: list[ShadowSummary] = Field(default_factory=list)
+    unit: str = "user"
 
 
 class StartExperimentInput(Frozen):
@@ -445,6 +449,22 @@ class StartExperimentInput(Frozen):
     who: str = "unknown"
     mode: Literal["split", "shadow"] = "split"
     shadow_max_in_flight: int = Field(default=8, ge=1, le=1000)  # per router replica
+    # What a request's `unit` field names (a user id, a session id): the arms are assigned per
+    # unit, and the report says so. The unit itself is always the request's `unit` field.
+    unit: str = Field(default="user", pattern=r"^[a-z][a-z0-9_]{0,30}$")
+    # The outcomes the report decides the winner on (every outcome when none is named; all are
+    # reported). Names as the feedback sends them, e.g. click.
+    metrics: list[str] = Field(default_factory=list, max_length=20)
+
+    @field_validator("metrics")
+    @classmethod
+    def _metric_names(cls, metrics: list[str]) -> list[str]:
+        for name in metrics:
+            if not re.fullmatch(r"[a-z][a-z0-9_]{0,62}", name):  # as the feedback route reads them
+                raise ValueError(
+                    f"{name!r} is not an outcome name: lowercase letters, digits and _, as the feedback names it (click)"
+                )
+        return metrics
 
     @model_validator(mode="after")
     def _a_split_leaves_control_some(self) -> StartExperimentInput:

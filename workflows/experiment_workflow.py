@@ -83,6 +83,8 @@ class ExperimentWorkflow:
                 {arm: s.totals.get(arm, SetCounters()) for arm in (CONTROL, TREATMENT)},
                 {CONTROL: input.control_set.id, TREATMENT: input.treatment_set.id},
                 input.alpha,
+                unit=input.unit,
+                metrics=input.metrics,
             )
         return ExperimentStatus(
             model=input.spec.name,
@@ -100,6 +102,7 @@ class ExperimentWorkflow:
             mode=input.mode,
             shadow=shadow,
             shadow_windows=list(s.shadow_windows),
+            unit=input.unit,
         )
 
     @workflow.signal(name=ExperimentWorkflowNames.STOP)

@@ -126,6 +126,8 @@ class ModelExperiments(ModelUpdates):
                     history_limit=max(50, self._input.history_limit),
                     mode=start.mode,
                     shadow_max_in_flight=start.shadow_max_in_flight,
+                    unit=start.unit,
+                    metrics=list(start.metrics),
                 ),
                 id=active.workflow_id,
                 static_summary=(

@@ -1,7 +1,8 @@
 """`ipnext experiment start|status|stop|report|promote MODEL` and `ipnext shadow start|status|stop
 MODEL`: run an experiment or a shadow on a model and read what it found.
 
-    ipnext experiment start feed-ranker --name ranker-v2 --treatment feed-ranker@4 --split 50 --duration 3d
+    ipnext experiment start feed-ranker --name ranker-v2 --arms control=@current,treatment=v4 \
+        --split 50/50 --duration 3d --unit user --metric click
     ipnext experiment status feed-ranker            # live: phase, arms, guardrails, the report so far
     ipnext experiment stop feed-ranker --reason "saw enough"
     ipnext experiment report feed-ranker [--name N] [--json]
@@ -11,8 +12,11 @@ MODEL`: run an experiment or a shadow on a model and read what it found.
     ipnext shadow status feed-ranker [--json]     # mirrored, dropped, compared; how the answers agree
     ipnext shadow stop feed-ranker --reason "enough evidence"
 
-The treatment (a shadow's candidate) is a set published with `ipnext snapshot publish --hold`;
-the control is the set that serves. A shadow is an experiment in shadow mode: the control answers
+The treatment (a shadow's candidate) is a set published with `ipnext snapshot publish --hold`,
+named by its set id (MODEL@4) or its version (v4); the control is the set that serves
+(`@current`). `--treatment MODEL@4 --split 50` says the same as `--arms` and `--split 50/50`.
+`--unit` names what a request's `unit` field holds (arms are assigned per unit); `--metric`
+(repeatable) names the outcomes the winner is decided on (default: every outcome fed back). A shadow is an experiment in shadow mode: the control answers
 every caller, and the routers send a copy of `--percent` of the requests to the candidate after
 answering, comparing the two answers. Errors are one line (what failed, the fix), exit 2, as for every verb.
 """
@@ -32,7 +36,14 @@ from ipnext.config import Settings
 from ipnext.errors import IpnextError
 from ipnext.specio import format_validation_error
 
-__all__ = ["add_experiment_parser", "parse_duration", "run_experiment_command", "run_shadow_command"]
+__all__ = [
+    "add_experiment_parser",
+    "parse_arms",
+    "parse_duration",
+    "parse_split",
+    "run_experiment_command",
+    "run_shadow_command",
+]
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -46,6 +57,46 @@ def parse_duration(text: str) -> float:
     return float(match[1]) * _UNITS[match[2]]
 
 
+def parse_arms(text: str) -> str:
+    """`control=@current,treatment=<set or version>` -> the treatment's reference. The control is
+    always the serving set; one treatment arm (A/B: no A/B/n yet)."""
+    arms: dict[str, str] = {}
+    for item in text.split(","):
+        arm, sep, ref = (part.strip() for part in item.partition("="))
+        if not sep or not arm or not ref:
+            raise IpnextError(f"--arms {text!r}: write arm=set pairs, like control=@current,treatment=v4.")
+        if arm in arms:
+            raise IpnextError(f"--arms {text!r}: {arm} is named twice.")
+        arms[arm] = ref
+    if set(arms) != {"control", "treatment"}:
+        raise IpnextError(
+            f"--arms {text!r}: name two arms, control and treatment (an experiment has one treatment arm)."
+        )
+    if arms["control"] not in ("@current", "current"):
+        raise IpnextError(
+            f"--arms control={arms['control']}: the control is the set that serves, @current; publish the "
+            "other set with --hold and make it the treatment."
+        )
+    return arms["treatment"]
+
+
+def parse_split(text: str) -> float:
+    """`50/50`, `90/10` (control/treatment, summing to 100) or `10` (the treatment's) -> the
+    treatment's percent."""
+    parts = text.split("/")
+    try:
+        numbers = [float(p) for p in parts]
+    except ValueError:
+        numbers = []
+    if len(numbers) == 1:
+        return numbers[0]
+    if len(numbers) == 2 and abs(sum(numbers) - 100) < 1e-9:
+        return numbers[1]
+    raise IpnextError(
+        f"--split {text!r}: write control/treatment percent summing to 100, like 50/50 or 90/10."
+    )
+
+
 def add_experiment_parser(commands: Any) -> None:
     """The `experiment` command and its verbs."""
     experiment = commands.add_parser("experiment", help="A/B experiments: a held set against the serving set")
@@ -53,8 +104,21 @@ def add_experiment_parser(commands: Any) -> None:
     start = verbs.add_parser("start", help="start one (the model holds its rollouts until it ends)")
     start.add_argument("model")
     start.add_argument("--name", required=True, help="the experiment's name (lowercase, digits, -)")
-    start.add_argument("--treatment", required=True, help="a set published with --hold, e.g. MODEL@4")
-    start.add_argument("--split", type=float, default=50.0, help="percent of units on the treatment (50)")
+    arms = start.add_mutually_exclusive_group(required=True)
+    arms.add_argument("--arms", help="control=@current,treatment=<held set or version>, e.g. treatment=v4")
+    arms.add_argument("--treatment", help="the held set (or its version): --arms' treatment alone")
+    start.add_argument(
+        "--split", default="50", help="control/treatment percent, 90/10; or the treatment's (50)"
+    )
+    start.add_argument(
+        "--unit", default="user", help="what the requests' unit field names: user, session (user)"
+    )
+    start.add_argument(
+        "--metric",
+        action="append",
+        default=[],
+        help="an outcome the winner is decided on (repeat; default: all)",
+    )
     start.add_argument("--duration", required=True, help="how long: 90s, 30m, 6h, 3d")
     start.add_argument("--check", default="10s", help="how often the arms are read and the guardrails judged")
     start.add_argument("--alpha", type=float, default=0.01, help="significance level of the report (0.01)")
@@ -166,11 +230,14 @@ def run_experiment_command(args: argparse.Namespace, settings: Settings) -> None
     who = getattr(args, "who", None) or os.environ.get("USER", "cli")
     ask = None
     if args.verb == "start":  # checked before anything connects
+        treatment = parse_arms(args.arms) if args.arms else args.treatment
         try:
             ask = StartExperimentInput(
                 name=args.name,
-                treatment=args.treatment,
-                treatment_percent=args.split,
+                treatment=treatment,
+                treatment_percent=parse_split(args.split),
+                unit=args.unit,
+                metrics=args.metric,
                 duration_seconds=parse_duration(args.duration),
                 check_seconds=parse_duration(args.check),
                 alpha=args.alpha,
@@ -210,9 +277,25 @@ async def _act(settings: Settings, args: argparse.Namespace, ask: Any, who: str)
 
     async with await Client.connect(settings) as ipn:
         if ask is not None:
+            if "@" not in ask.treatment:  # a version: the set of the model that holds it
+                ask = ask.model_copy(
+                    update={"treatment": await _set_of_version(ipn, args.model, ask.treatment)}
+                )
             return await ipn.start_experiment(args.model, ask)
         if args.verb == "stop":
             return await ipn.stop_experiment(args.model, args.reason, who=who)
         if args.verb == "promote":
             return await ipn.promote_experiment(args.model, args.name, who=who)
         return await ipn.experiment_status(args.model, args.name)
+
+
+async def _set_of_version(ipn: Any, model: str, version: str) -> str:
+    """The id of the model's set of `version` (a held one first: what experiments compare)."""
+    sets = [s for s in (await ipn.get_model(model)).sets if s.version == version]
+    if not sets:
+        raise IpnextError(
+            f"{model} has no set of version {version!r}: publish it with `ipnext snapshot publish {model} "
+            "FOLDER --hold`, or name a set id (MODEL@N)."
+        )
+    held = [s for s in sets if s.status == "held"]
+    return str((held or sets)[-1].id)

@@ -173,7 +173,7 @@ def test_the_report_names_the_better_arm_and_prints_a_table() -> None:
     assert errors.value == pytest.approx(3 / 3000) and errors.control == 0
     assert report.winner == "treatment"
     text = render_report(report)
-    assert "experiment exp-1 of feed-ranker (control: control)" in text
+    assert "experiment exp-1 of feed-ranker (control: control; arms assigned per user)" in text
     assert "winner: treatment" in text and "two-proportion z" in text and "95% interval" in text
     row = next(line for line in text.splitlines() if line.startswith("treatment  m@2"))
     assert "3000" in row and "0.001" in row  # requests and error rate
@@ -186,3 +186,29 @@ def test_no_winner_without_evidence_and_control_when_every_arm_is_worse() -> Non
     assert report.winner is None and "winner: none yet" in render_report(report)
     worse = {"control": arm_counters(0.3, 3000, 1), "b": arm_counters(0.2, 3000, 2)}
     assert summarize("exp-3", "m", "control", worse, {"control": "m@1", "b": "m@2"}).winner == "control"
+
+
+def test_named_metrics_alone_decide_the_winner_and_the_report_says_so() -> None:
+    """Treatment: more clicks, fewer purchases. On every outcome the evidence points both ways (no
+    winner); decided on clicks it wins, on purchases control does; the table shows all outcomes."""
+    rng = random.Random(5)
+
+    def counters(click: float, buy: float, seed: int) -> SetCounters:
+        rng.seed(seed)
+        return SetCounters(
+            requests=3000,
+            outcomes={
+                "click": totals([float(rng.random() < click) for _ in range(3000)]),
+                "purchase": totals([float(rng.random() < buy) for _ in range(3000)]),
+            },
+        )
+
+    arms = {"control": counters(0.20, 0.10, 1), "treatment": counters(0.26, 0.05, 2)}
+    sets = {"control": "m@1", "treatment": "m@2"}
+    assert summarize("e", "m", "control", arms, sets).winner is None
+    on_clicks = summarize("e", "m", "control", arms, sets, unit="session", metrics=["click"])
+    assert on_clicks.winner == "treatment" and on_clicks.metrics == ["click"]
+    assert summarize("e", "m", "control", arms, sets, metrics=["purchase"]).winner == "control"
+    text = render_report(on_clicks)
+    assert "arms assigned per session; the winner decided on click" in text, text
+    assert "purchase (n, mean)" in text  # still reported

@@ -61,14 +61,20 @@ async def test_experiment_verbs(temporal: Client) -> None:
         await model.execute_update(
             "publish", request("v2").model_copy(update={"hold": True}), result_type=PublishResult
         )
-        started = await cli(
+        started = await cli(  # the treatment by its version, the split as control/treatment
             address,
             "start",
             "wf-model",
             "--name",
             "e1",
-            "--treatment",
-            "wf-model@2",
+            "--arms",
+            "control=@current,treatment=v2",
+            "--split",
+            "50/50",
+            "--unit",
+            "user",
+            "--metric",
+            "click",
             "--duration",
             "1h",
             "--check",
@@ -98,8 +104,10 @@ async def test_experiment_verbs(temporal: Client) -> None:
         and "stopped by ann: saw enough" in report.stdout
     )
     assert "winner: treatment" in report.stdout and "two-proportion z" in report.stdout, report.stdout
+    assert "arms assigned per user; the winner decided on click" in report.stdout, report.stdout
     ended = json.loads(as_json.stdout)
     assert ended["outcome"] == "stopped" and ended["report"]["winner"] == "treatment"
+    assert ended["treatment_percent"] == 50 and ended["report"]["metrics"] == ["click"]
     print(report.stdout)
 
 
