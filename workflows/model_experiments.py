@@ -1,7 +1,13 @@
 """A model's experiments: ModelWorkflow's `start_experiment` Update, the ExperimentWorkflow child it
 starts, and its end recorded. While one runs, the model holds everything else that would change
-its serving: queued sets wait without rolling out, a replanned placement waits, and the serving
-checks pause (the experiment's routes would be "repaired" away); they all resume when it ends.
+its serving: queued sets wait without rolling out, a replanned placement that needs new apps
+waits, and the serving checks pause (the experiment's routes would be "repaired" away); they all
+resume when it ends.
+
+A replanned placement that both arms can take in place (the same placement revision: replica
+counts and routing change, no deployment gains or loses a region or hardware; no region down)
+is not held: the control's apps take it at full size and the treatment's at its share, and the
+model's plan is the new one. Any other replan waits for the end (new apps would split the arms).
 
 One experiment at a time, against the serving set (control) and a set published with hold
 (treatment), split by unit or (a shadow) sent copies of the control's requests; it ends on its own (duration, guardrail, on-call stop) and reports to the model with
@@ -16,15 +22,17 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.exceptions import ApplicationError, ChildWorkflowError
+from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
 from temporalio.workflow import ChildWorkflowHandle, ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
-    from ipnext.activities import QUICK_TIMEOUT, RETRY
+    from ipnext.activities import DEPLOY_TIMEOUT, HEARTBEAT_TIMEOUT, QUICK_TIMEOUT, RETRY
     from ipnext.activities.rollouts import RolloutActivities, RolloutOutcomeInput
+    from ipnext.activities.serving import DeploySetInput, deploy_set_apps
     from ipnext.contracts import ExperimentWorkflowNames, SetStatus, experiment_workflow_id
     from ipnext.registry import (
         ActiveExperiment,
+        ApplyPlanInput,
         ExperimentInput,
         ExperimentStarted,
         ExperimentStatus,
@@ -43,6 +51,8 @@ START_EXPERIMENT_EXAMPLE = (
     '{"name": "...", "treatment": "<model>@<n>", "duration_seconds": ..., "who": "..."}'
 )
 EXPERIMENTS_KEPT = 20  # ended experiments' results kept in the record
+# Runs that started waiting on an experiment before in-place replans reached its arms.
+ARMS_REPLAN_PATCH = "experiment-arms-take-in-place-replans"
 
 
 class ModelExperiments(ModelUpdates):
@@ -51,6 +61,57 @@ class ModelExperiments(ModelUpdates):
     _experiment_child: ChildWorkflowHandle[Any, ExperimentStatus] | None
     _experiment_ended: ExperimentStatus | None
     _experiment_stopping: bool  # a delete asked the running experiment to stop
+    _arms_refused: ApplyPlanInput | None  # an in-place replan the arms could not take: it waits
+
+    def _arms_replan(self) -> ApplyPlanInput | None:
+        """The pending replan the running experiment's arms can take in place, if there is one."""
+        r = self._record
+        pending = r.pending_plan
+        if (
+            pending is None
+            or pending is self._arms_refused
+            or r.plan is None
+            or pending.down_regions
+            or pending.plan.revision != r.plan.revision
+        ):
+            return None
+        return pending
+
+    async def _replan_arms(self, active: ActiveExperiment, pending: ApplyPlanInput) -> None:
+        """Both arms on the replanned placement, in place (same app names): the control's apps at
+        full size (which publishes the model's routing for the plan), the treatment's at its share.
+        A deploy that fails for good leaves the replan waiting for the experiment's end."""
+        r = self._record
+        control, treatment = self._find(active.control), self._find(active.treatment)
+        if control is None or treatment is None:
+            return
+        why = pending.cause or f"fleet plan {pending.fleet_revision}"
+        try:
+            for snapshot_set, scale in ((control, 1.0), (treatment, active.start.treatment_percent / 100)):
+                await workflow.execute_activity(
+                    deploy_set_apps,
+                    DeploySetInput(
+                        spec=self._spec, snapshot_set=snapshot_set, plan=pending.plan, scale=scale
+                    ),
+                    start_to_close_timeout=DEPLOY_TIMEOUT,
+                    heartbeat_timeout=HEARTBEAT_TIMEOUT,
+                    retry_policy=RETRY,
+                    summary=f"{snapshot_set.id} at {scale:.0%} of the replanned placement ({why})",
+                )
+        except ActivityError as err:
+            self._arms_refused = pending
+            workflow.logger.warning(
+                "%s: the experiment's arms could not take %s in place (%s): it waits for the end",
+                self._spec.name,
+                why,
+                err.cause or err,
+            )
+            return
+        r.plan = pending.plan
+        if r.pending_plan is pending:  # a newer replan that came meanwhile stays pending
+            r.pending_plan = None
+        workflow.logger.info("%s: both arms of %s moved in place to %s", self._spec.name, active.name, why)
+        self._upsert_state()
 
     def _refuse_experiment(self, input: StartExperimentInput) -> None:
         """Raise ApplicationError for an experiment that cannot start now (no I/O)."""
@@ -145,6 +206,8 @@ class ModelExperiments(ModelUpdates):
             else timedelta(seconds=self._input.rollout_check_seconds)
         )
         self._experiment_stopping = False
+        self._arms_refused = None
+        arms_follow = workflow.patched(ARMS_REPLAN_PATCH)
         while self._experiment_ended is None:
             if self._delete_by is not None and not self._experiment_stopping:  # a delete ends it first
                 self._experiment_stopping = True
@@ -159,6 +222,7 @@ class ModelExperiments(ModelUpdates):
                         or self._experiment_done()
                         or self._may_continue()
                         or (self._delete_by is not None and not self._experiment_stopping)
+                        or (arms_follow and self._arms_replan() is not None)
                     ),
                     timeout=every,
                 )
@@ -172,6 +236,10 @@ class ModelExperiments(ModelUpdates):
                 )
                 if not outcome.running and self._experiment_ended is None:
                     self._experiment_ended = outcome.result or self._experiment_lost(active, outcome.how)
+                continue
+            replanned = self._arms_replan() if arms_follow else None
+            if replanned is not None and self._experiment_ended is None and self._delete_by is None:
+                await self._replan_arms(active, replanned)
                 continue
             if (
                 self._experiment_ended is None

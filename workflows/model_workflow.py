@@ -117,6 +117,7 @@ class ModelWorkflow(ModelExperiments):
         self._experiment_child = None  # started by this run
         self._experiment_ended: ExperimentStatus | None = None
         self._experiment_stopping = False
+        self._arms_refused = None  # an in-place replan the experiment's arms could not take
         # A serving model checks Serve against its record at the start of each run and after
         # each rollout, then every `reconcile.interval_seconds` while idle.
         self._reconcile_due = self._record.serving_set is not None

@@ -283,3 +283,58 @@ async def test_a_shadow_copies_requests_to_the_candidate_and_keeps_each_windows_
     assert any(g.breached for g in result.guardrails) and result.shadow is not None
     assert result.shadow.candidate_errors == result.shadow.candidate_requests > 0
     assert result.shadow.compared == 0
+
+
+async def test_a_replan_in_place_reaches_both_arms_and_one_needing_new_apps_waits_for_the_end(
+    temporal: Client,
+) -> None:
+    """During an experiment a fleet replan that only changes replica counts (same placement
+    revision) moves both arms at once: control at full size, the treatment at its share, and the
+    model's plan is the new one. A replan to another region (new apps) waits for the end."""
+    from ipnext.registry import ApplyPlanInput, ExperimentStarted, PublishResult, StartExperimentInput
+
+    from .fakes import plan_in, request, until
+    from .fakes import start as start_model
+
+    fake = FakeServing()
+    worker, handle = await start_model(temporal, fake)
+    async with worker:
+        await handle.execute_update("publish", request("v1"), result_type=PublishResult)
+        await until(handle, lambda s: s.serving_set == "wf-model@1" and s.state == "serving")
+        await handle.execute_update(
+            "publish", request("v2").model_copy(update={"hold": True}), result_type=PublishResult
+        )
+        ask = StartExperimentInput(
+            name="exp-1", treatment="wf-model@2", treatment_percent=25, duration_seconds=6, check_seconds=0.2
+        )
+        await handle.execute_update("start_experiment", ask, result_type=ExperimentStarted)
+        await until(handle, lambda s: s.experiment is not None and s.experiment.started)
+        deploys = len(fake.scales)
+        bigger = Plan(  # the model's placement (us-east, cpu-std) with 6 replicas: in place
+            deployments={
+                "wf-model/embed": DeploymentPlacement(
+                    replicas={"us-east": {"cpu-std": 6}}, fractions={"us-east": {"us-east": 1.0}}
+                )
+            },
+            cost=6.0,
+            solver="fake",
+        )
+        await handle.signal("apply_plan", ApplyPlanInput(plan=bigger, fleet_revision=3))
+        moved = await until(
+            handle,
+            lambda s: (
+                s.plan is not None
+                and s.plan.deployments["wf-model/embed"].replicas["us-east"]["cpu-std"] == 6
+            ),
+        )
+        assert moved.experiment is not None and moved.pending_plan is None  # while it runs
+        assert fake.scales[deploys:] == [("wf-model@1", 1, 1.0), ("wf-model@2", 1, 0.25)]
+        await handle.signal("apply_plan", ApplyPlanInput(plan=plan_in("eu-west", 2), fleet_revision=4))
+        await asyncio.sleep(1.0)
+        during = await until(handle, lambda s: s.pending_plan == 2)
+        assert during.experiment is not None and during.plan is not None and during.plan.revision == 1
+        assert len(fake.scales) == deploys + 2  # nothing deployed for it yet
+        state = await until(
+            handle, lambda s: s.experiments != [] and s.plan is not None and s.plan.revision == 2, timeout=60
+        )
+    assert state.serving_apps == {"eu-west": "app-1-r2"}  # moved once the experiment ended
