@@ -30,7 +30,18 @@ try:
 except BaseException as err:
     print(json.dumps({"ok": False, "error": f"{type(err).__name__}: {err}"[-1500:]}))
     sys.exit(0)
-node = next(n for n in ray.nodes() if n["Alive"])
+import time
+# A node's agent port is known once its agent registered: a fresh run once read it too early
+# (no valid port: "Servname not supported").
+for _ in range(120):
+    nodes = [n for n in ray.nodes() if n["Alive"] and (n.get("DashboardAgentListenPort") or 0) > 0]
+    if nodes:
+        break
+    time.sleep(0.5)
+if not nodes:
+    print(json.dumps({"ok": True, "agent": None, "nodes": repr(ray.nodes())[-1500:]}))
+    sys.exit(0)
+node = nodes[0]
 print(json.dumps({"ok": True, "agent": [node["NodeManagerAddress"], node["DashboardAgentListenPort"]]}))
 """
 
@@ -71,6 +82,7 @@ def test_ray_refuses_clients_without_the_stacks_token(stack: Settings, tmp_path:
         assert "no token found" not in said and "token_auth_enabled_but_no_token" not in said, (name, said)
     assert not (tmp_path / ".ray" / "auth_token").exists()  # Ray made no token of its own
 
+    assert right["agent"] is not None, f"no node's dashboard agent registered its port: {right}"
     host, port = right["agent"]
     job = {"entrypoint": "echo pwned", "submission_id": "ipnext-auth-drill"}
     refused = httpx.post(f"http://{host}:{port}/api/job_agent/jobs/", json=job, timeout=30)
