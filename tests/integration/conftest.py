@@ -224,15 +224,21 @@ def keyed(settings: Settings) -> dict[str, str]:
 # little traffic in the middle of a drill about something else. 5 leaves a 10% step about 3x
 # margin at 15/s. Drills that judge gates on their requests set their own.
 DRILL_MIN_REQUESTS = 5
+# A drill's rollout steps: a middle step (the old and the new set serving side by side, the old
+# one scaled down) and the end. The example's three (10/50/100) cost every rollout of every drill
+# one more deploy and bake; the lifecycle drill keeps them, and drills about steps set their own.
+DRILL_STEPS = [50, 100]
 
 
 def one_region_spec(name: str, **updates: object) -> ModelSpec:
     """The demo ranker with traffic from one region only, so a set is one app (fewer replicas),
-    and a request floor per step (`DRILL_MIN_REQUESTS`) that a loaded box's drill load meets."""
+    a request floor per step (`DRILL_MIN_REQUESTS`) that a loaded box's drill load meets, and
+    two rollout steps (`DRILL_STEPS`)."""
     spec = load_model_spec(EXAMPLE_MODEL)
     data = spec.model_dump(mode="json")
     data.update(name=name, traffic={"peak_qps": {"us-east": 50}})
     data["rollout"]["min_requests"] = DRILL_MIN_REQUESTS
+    data["rollout"]["steps"] = DRILL_STEPS
     data.update(updates)
     return ModelSpec.model_validate(tolerant_latency_gate(data))
 

@@ -139,6 +139,7 @@ async def test_doors_poison_inputs_overload_a_hung_canary_and_a_killed_router(
         "max_json_depth": 8,
     }
     data["parts"]["dense"]["config"]["hang_on_non_finite"] = True  # only a poisoned set hangs
+    data["rollout"]["steps"] = [10, 100]  # a canary at 10%: hung calls hold few of the callers
     spec = ModelSpec.model_validate(data)
     await client.publish_model(spec)
     good, _ = train_version(stack, model_name, "v1")

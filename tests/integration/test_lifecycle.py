@@ -41,6 +41,8 @@ async def test_publish_serve_predict_then_second_set(
     stack: Settings, client: Client, model_name: str
 ) -> None:
     spec = one_region_spec(model_name)
+    # The example's three steps: this drill shows a rollout step by step.
+    spec = spec.model_copy(update={"rollout": spec.rollout.model_copy(update={"steps": [10, 50, 100]})})
     state = await client.publish_model(spec)
     assert state.state == "empty" and state.sets == []
 

@@ -108,7 +108,7 @@ async def test_bad_snapshot_is_rolled_back_by_the_gates_with_the_writer_and_metr
     after = [a for a in load.answers if a.at >= rolled_back_at]
     assert len(after) > 30 and all(a.set == first.set_id for a in after)
     old_failed = [a for a in load.failed() if a.set != published.set_id and a.at >= replicas_killed_at]
-    assert status.generations and len(status.generations) == 2  # the 10% step, then all back at once
+    assert status.generations and len(status.generations) == 2  # the first step, then all back at once
     async with httpx.AsyncClient(base_url=stack.serve_url, headers=keyed(stack), timeout=30) as http:
         router = (await http.get(f"/us-east/models/{model_name}")).json()
     assert router["weights"] == {f"{model_name}.us-east.s1.r1": 100.0}

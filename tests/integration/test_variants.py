@@ -26,7 +26,7 @@ from ipnext.serving.control import connect
 from ipnext.serving.layout import metrics_actor_name
 from ipnext.snapshots import write_snapshot
 
-from .conftest import DRILL_MIN_REQUESTS, REPO, keyed, tolerant_latency_gate, until_rolled_back
+from .conftest import DRILL_MIN_REQUESTS, DRILL_STEPS, REPO, keyed, tolerant_latency_gate, until_rolled_back
 from .load import Load
 
 # 85-98 s on a quiet 2-core box; a loaded CI box ran past 300 s once (a hang still ends here).
@@ -48,6 +48,7 @@ def variants_spec(name: str) -> ModelSpec:
     # The slow large part holds the drill's load to about 10 requests/s on a loaded box: at the
     # example's 20, a 10% step paused for too little traffic (CI: 13 in 13 s) and the wait failed.
     data["rollout"]["min_requests"] = DRILL_MIN_REQUESTS
+    data["rollout"]["steps"] = DRILL_STEPS
     return ModelSpec.model_validate(tolerant_latency_gate(data))
 
 
