@@ -710,6 +710,27 @@ class DevStack:
         self.log(f"  stopped {name} (pid {pid})")
 
 
+def _agent_port_of_its_own() -> None:
+    """Give this head's dashboard agent a free port, as `_start_nodes` gives every region node's.
+    `ray.init` starts it on Ray's fixed 52365, which `ray.init` does not let a caller change: a
+    second stack on the machine (the other test worker's, a unit test's local Ray) then leaves
+    this agent without its HTTP server (its job API, which the token guards, gone: port -1)."""
+    from ray._private import parameter
+
+    if getattr(parameter.RayParams, "_ipnext_agent_port", False):
+        return
+    base = parameter.RayParams
+
+    class RayParams(base):  # type: ignore[misc, valid-type]
+        _ipnext_agent_port = True
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs.setdefault("dashboard_agent_listen_port", free_port())
+            super().__init__(*args, **kwargs)
+
+    parameter.RayParams = RayParams  # type: ignore[misc]
+
+
 def _ray_head() -> None:
     """The dev stack's Ray head: a local cluster with the fleet as custom resources, and Serve."""
     import ray
@@ -728,6 +749,7 @@ def _ray_head() -> None:
             resources[key] = resources.get(key, 0.0) + pool.units
     ray_dir = settings.state_dir / "ray"
     ray_dir.mkdir(parents=True, exist_ok=True)
+    _agent_port_of_its_own()
     ray.init(
         # Always a new cluster: with no address, Ray joins the one named in its folder's
         # `ray_current_cluster`, which a region node's `ray start` wrote for the head now gone.

@@ -84,6 +84,9 @@ def test_ray_refuses_clients_without_the_stacks_token(stack: Settings, tmp_path:
 
     assert right["agent"] is not None, f"no node's dashboard agent registered its port: {right}"
     host, port = right["agent"]
+    # Its own port (dev stack), not Ray's fixed 52365: a second Ray on the machine held that once,
+    # and this agent came up without its HTTP server.
+    assert port != 52365, right
     job = {"entrypoint": "echo pwned", "submission_id": "ipnext-auth-drill"}
     refused = httpx.post(f"http://{host}:{port}/api/job_agent/jobs/", json=job, timeout=30)
     token = token_file.read_text().strip()
