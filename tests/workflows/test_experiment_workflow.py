@@ -291,6 +291,7 @@ async def test_a_replan_in_place_reaches_both_arms_and_one_needing_new_apps_wait
     """During an experiment a fleet replan that only changes replica counts (same placement
     revision) moves both arms at once: control at full size, the treatment at its share, and the
     model's plan is the new one. A replan to another region (new apps) waits for the end."""
+    from ipnext.contracts import poll_until
     from ipnext.registry import ApplyPlanInput, ExperimentStarted, PublishResult, StartExperimentInput
 
     from .fakes import plan_in, request, until
@@ -309,6 +310,14 @@ async def test_a_replan_in_place_reaches_both_arms_and_one_needing_new_apps_wait
         )
         await handle.execute_update("start_experiment", ask, result_type=ExperimentStarted)
         await until(handle, lambda s: s.experiment is not None and s.experiment.started)
+        # The experiment's own deploy of its treatment first (a fresh run once counted it as the replan's).
+        await poll_until(
+            lambda: asyncio.sleep(0, list(fake.scales)),
+            lambda scales: ("wf-model@2", 1, 0.25) in scales,
+            timeout_s=30,
+            interval_s=0.05,
+            what="the treatment deployed at its share",
+        )
         deploys = len(fake.scales)
         bigger = Plan(  # the model's placement (us-east, cpu-std) with 6 replicas: in place
             deployments={
