@@ -254,6 +254,7 @@ class AsyncPredictionClient:
             order = self._order(await self.routing(model), source, key)
         refreshed = region is not None
         failure: PredictionError | None = None
+        unrouted: PredictionError | None = None  # a refresh after a 404 that found no document
         tried: list[str] = []
         index = 0
         running: dict[asyncio.Task[httpx.Response], str] = {}
@@ -292,10 +293,23 @@ class AsyncPredictionClient:
                             region=target,
                         )
                     else:
-                        if response.status_code == 404 and not refreshed:
+                        if response.status_code == 404 and (not refreshed or unrouted is not None):
                             await response.aclose()
-                            refreshed = True
-                            fresh = self._order(await self.routing(model, refresh=True), source, key)
+                            if unrouted is None:
+                                refreshed = True
+                                try:
+                                    fresh = self._order(await self.routing(model, refresh=True), source, key)
+                                except PredictionError as err:
+                                    unrouted = err
+                            if unrouted is not None:
+                                # No fresh document (the routing app putting its documents back
+                                # while a region's router comes up: a region drill's return): the
+                                # other regions of the one in hand, this one known down; if none
+                                # answers, the routing's own failure says why.
+                                failure = unrouted
+                                self._down[target] = self._clock() + self._region_down_s
+                                ask_next = True
+                                continue
                             order, index = [r for r in fresh if r not in running.values()], 0
                             ask_next = True
                             continue

@@ -139,7 +139,11 @@ async def test_doors_poison_inputs_overload_a_hung_canary_and_a_killed_router(
         "max_json_depth": 8,
     }
     data["parts"]["dense"]["config"]["hang_on_non_finite"] = True  # only a poisoned set hangs
-    data["rollout"]["steps"] = [10, 100]  # a canary at 10%: hung calls hold few of the callers
+    # The example's steps and a floor of 10: the hung canary's calls count as errors only at their
+    # deadline, so a gate judged on its first 5 answers (two steps, the drills' floor) passed it
+    # (a fresh run: error_rate 0 on 44 requests, rolled out).
+    data["rollout"]["steps"] = [10, 50, 100]
+    data["rollout"]["min_requests"] = 10
     spec = ModelSpec.model_validate(data)
     await client.publish_model(spec)
     good, _ = train_version(stack, model_name, "v1")

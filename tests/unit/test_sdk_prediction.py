@@ -656,3 +656,16 @@ async def test_one_refresh_at_a_time_the_others_route_on_the_expired_document(se
         clock.now += 1  # the refreshed document is fresh: no fetch
         await aclient.predict(MODEL, 1, source="us-east")
     assert serving.fetches == 2
+
+
+async def test_a_404_with_no_fresh_document_goes_on_to_the_other_regions(serving: FakeServing) -> None:
+    """A region drill's return: us-east's router was not up yet (404) while the routing app put
+    its documents back (404 too). The request is not lost: the document in hand has eu-west."""
+    async with async_client(serving) as aclient:
+        assert (await aclient.predict(MODEL, 1, source="us-east")).region == "us-east"
+        router = serving.routers.pop(("us-east", MODEL))
+        document = serving.documents.pop(MODEL)
+        reply = await aclient.predict(MODEL, 1, source="us-east")
+        assert reply.region == "eu-west"
+        assert [r for r, _ in serving.posts][1:] == ["us-east", "eu-west"]
+        serving.routers[("us-east", MODEL)], serving.documents[MODEL] = router, document
