@@ -6,7 +6,9 @@
 
 The serving region for a caller's source comes from the model's routing document
 (`GET /models/<name>/routing`, see ipnext.routing), cached for the document's TTL; a 404 from
-the chosen region fetches the document once more and tries again. A region that fails (no
+the chosen region fetches the document once more and tries again (with no document to fetch,
+the other regions of the one in hand). A connection that breaks before an answer is sent once
+more on a new one. A region that fails (no
 connection, a broken one, or Serve's proxy answering for a router it cannot reach) is passed
 over for the next region of `routing.fallback_order`, while the request's deadline
 (`timeout_s`) lasts, and tried last for `region_down_s` after; one with no answer within
