@@ -8,7 +8,8 @@ The serving region for a caller's source comes from the model's routing document
 (`GET /models/<name>/routing`, see ipnext.routing), cached for the document's TTL; a 404 from
 the chosen region fetches the document once more and tries again (with no document to fetch,
 the other regions of the one in hand). A connection that breaks before an answer is sent once
-more on a new one. A region that fails (no
+more on a new one, and Serve's proxy answering that it knows no route for the path (a proxy
+that just started) is asked again for up to `PROXY_ROUTES_WAIT_S`. A region that fails (no
 connection, a broken one, or Serve's proxy answering for a router it cannot reach) is passed
 over for the next region of `routing.fallback_order`, while the request's deadline
 (`timeout_s`) lasts, and tried last for `region_down_s` after; one with no answer within
@@ -71,6 +72,9 @@ DEFAULT_REGION_DOWN_S = 30.0
 # How long past its TTL a routing document is still used while fetching it again fails (the
 # routing app restarting, or answering 404 while the writer puts its documents back).
 STALE_IF_ERROR_S = 300.0
+# How long a request is sent again while Serve's proxy answers that it knows no route for it (a
+# proxy that just started, before its route table came: see `_until_routed`).
+PROXY_ROUTES_WAIT_S = 5.0
 # Serve's proxy speaks for a router it could not reach (its replica died: 500; none to send to:
 # 503); a router's own error answers carry an `error_id`, and shedding carries `Retry-After`.
 _PROXY_FAILURES = (500, 502, 503)
@@ -174,12 +178,12 @@ class AsyncPredictionClient:
         a `refresh` after a router's 404, the expired document while it is not too old."""
         try:
             try:
-                response = await self._http.get(routing_path(model))
+                response = await _until_routed(lambda: self._http.get(routing_path(model)), self._clock)
             except httpx.TransportError:
                 # Once more, on a new connection: a kept-alive one may lead to a lost node's proxy
                 # (every node's proxy shares the serving port).
                 try:
-                    response = await self._http.get(routing_path(model))
+                    response = await _until_routed(lambda: self._http.get(routing_path(model)), self._clock)
                 except httpx.TransportError as err:
                     raise _transport_error(err, model, None, self.url) from None
             return self._store(model, response)
@@ -295,7 +299,11 @@ class AsyncPredictionClient:
                             region=target,
                         )
                     else:
-                        if response.status_code == 404 and (not refreshed or unrouted is not None):
+                        if (
+                            response.status_code == 404
+                            and not _unrouted_by_proxy(response)
+                            and (not refreshed or unrouted is not None)
+                        ):
                             await response.aclose()
                             if unrouted is None:
                                 refreshed = True
@@ -535,27 +543,58 @@ _BROKEN = (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
 
 
 async def _once_more_if_broken(
-    send: Callable[[], Awaitable[T]], limit: float, clock: Callable[[], float]
-) -> T:
-    """`send()` within `limit` seconds, sent once more on a new connection (httpx drops a broken
-    one from its pool) if the connection broke before an answer, while the limit lasts: a
-    region drill saw requests after a node's loss fail in both regions on pooled connections to
-    its dead proxy. Predictions are reads, so a second send is safe; a second break is the
-    region's failure (the caller fails over)."""
+    send: Callable[[], Awaitable[httpx.Response]], limit: float, clock: Callable[[], float]
+) -> httpx.Response:
+    """`send()` (through `_until_routed`) within `limit` seconds, sent once more on a new
+    connection (httpx drops a broken one from its pool) if the connection broke before an
+    answer, while the limit lasts: a region drill saw requests after a node's loss fail in both
+    regions on pooled connections to its dead proxy. Predictions are reads, so a second send is
+    safe; a second break is the region's failure (the caller fails over)."""
     started = clock()
     try:
-        return await _within(send(), limit)
+        return await _within(_until_routed(send, clock), limit)
     except _BROKEN:
         left = limit - (clock() - started)
         if left <= 0:
             raise
-        return await _within(send(), left)
+        return await _within(_until_routed(send, clock), left)
+
+
+async def _until_routed(
+    send: Callable[[], Awaitable[httpx.Response]], clock: Callable[[], float]
+) -> httpx.Response:
+    """`send()`, and again after a pause (0.1 s, doubling) while Serve's proxy answers that it
+    knows no route for the path (`_unrouted_by_proxy`), for up to `PROXY_ROUTES_WAIT_S`; then
+    that answer, which the caller takes as the region's failure. A proxy that just started
+    listens before its route table arrives, and on one machine every node's proxy shares the
+    serving port: a region drill's node coming back answered 404 for a live region's router and
+    for the routing document at once (CI, stop 29)."""
+    started = clock()
+    pause = 0.1
+    while True:
+        response = await send()
+        if not _unrouted_by_proxy(response) or clock() - started + pause > PROXY_ROUTES_WAIT_S:
+            return response
+        await response.aclose()
+        await asyncio.sleep(pause)
+        pause *= 2
+
+
+def _unrouted_by_proxy(response: httpx.Response) -> bool:
+    """A 404 in plain text: Serve's proxy found no app for the path. Every 404 of ipnext's own
+    (a router's, the routing app's) is JSON."""
+    return response.status_code == 404 and not response.headers.get("content-type", "").startswith(
+        "application/json"
+    )
 
 
 def _proxy_failure(response: httpx.Response) -> bool:
     """Serve's proxy answered for a router it could not reach (the region's node is lost, or its
     router replica died): a 5xx that is neither a router's answer (those carry an `error_id`)
-    nor shedding (`Retry-After`: the region is up and says when to come back)."""
+    nor shedding (`Retry-After`: the region is up and says when to come back); or it still
+    knew no route for the path after `PROXY_ROUTES_WAIT_S` (`_unrouted_by_proxy`)."""
+    if _unrouted_by_proxy(response):
+        return True
     if response.status_code not in _PROXY_FAILURES or "retry-after" in response.headers:
         return False
     if response.headers.get("content-type", "").startswith("application/json"):
@@ -673,6 +712,14 @@ def _retrieved(future: asyncio.Future[Any]) -> None:
 
 
 def _document(response: httpx.Response, model: str, url: str) -> RoutingDocument:
+    if _unrouted_by_proxy(response):
+        raise PredictionNotFoundError(
+            f"routing of {model}: Serve's proxy at {url} found no app for the path "
+            f"(within {PROXY_ROUTES_WAIT_S:.0f}s): {response.text[:200]}",
+            status_code=404,
+            model=model,
+            fix="check that the URL is ipnext's serving port, and that the routing app is up (`ipnext dev status`)",
+        )
     if response.status_code == 404:
         raise PredictionNotFoundError(
             f"model {model!r} has no routing document at {url}: it is not registered, or serves nowhere yet.",

@@ -63,6 +63,7 @@ class FakeServing:
     lost: set[str] = field(default_factory=set)  # regions whose connections fail (a lost node's proxy)
     unreachable: set[str] = field(default_factory=set)  # regions Serve's proxy cannot reach: its 500
     routing_outage: str = ""  # the routing app's: "404", "500" or "down" (no connection)
+    unrouted: int = 0  # the next requests Serve's proxy has no route table for (it just started)
 
     def route(self, routes: dict[str, dict[str, float]], generation: int = 1) -> None:
         self.documents[MODEL] = RoutingDocument(
@@ -73,6 +74,9 @@ class FakeServing:
         if self.down:
             raise httpx.ConnectError("connection refused", request=request)
         path = request.url.path
+        if self.unrouted:  # Serve's proxy's own words: plain text
+            self.unrouted -= 1
+            return httpx.Response(404, text=f"Path '{path}' not found. Ping http://.../-/routes")
         model = routing_model_of(path)
         if model is not None:
             self.fetches += 1
@@ -97,16 +101,21 @@ class FakeServing:
         if body.get("stream"):
             pieces = self.streams.get((region, model))
             if pieces is None:
-                return httpx.Response(404, text=f"Path '{path}' not found.")
+                return no_router()
             text = "".join(f"data: {json.dumps(p)}\n\n" for p in pieces)
             return httpx.Response(200, text=text, headers={"content-type": "text/event-stream"})
         router = self.routers.get((region, model))
         if router is None:
-            return httpx.Response(404, text=f"Path '{path}' not found. Ping http://.../-/routes")
+            return no_router()
         status, answer = router(body)
         if isinstance(answer, str):  # a plain-text answer, as Serve's proxy gives when it sheds
             return httpx.Response(status, text=answer, headers={"retry-after": "2"})
         return httpx.Response(status, json=answer)
+
+
+def no_router() -> httpx.Response:
+    """A path no router claims: the routing app (route prefix `/`) answers it, in JSON."""
+    return httpx.Response(404, json={"message": "use GET /models/<name>/routing, /<region>/models/..."})
 
 
 class Clock:
@@ -669,3 +678,35 @@ async def test_a_404_with_no_fresh_document_goes_on_to_the_other_regions(serving
         assert reply.region == "eu-west"
         assert [r for r, _ in serving.posts][1:] == ["us-east", "eu-west"]
         serving.routers[("us-east", MODEL)], serving.documents[MODEL] = router, document
+
+
+async def test_a_proxy_without_its_routes_yet_is_asked_again_after_a_pause(serving: FakeServing) -> None:
+    """A region drill's node coming back: its new proxy took connections on the shared serving
+    port before its route table came, and answered 404 in plain text for a live region's router
+    and for the routing document alike (CI, stop 29). Both are sent again, not taken as the
+    model's absence."""
+    async with async_client(serving) as aclient:
+        serving.unrouted = 2  # the document's fetch, then its retry, meet the new proxy
+        assert (await aclient.predict(MODEL, 1, source="us-east")).region == "us-east"
+        assert serving.fetches == 1
+        serving.unrouted = 2  # and the prediction twice
+        assert (await aclient.predict(MODEL, 1, source="us-east")).region == "us-east"
+        assert [r for r, _ in serving.posts] == ["us-east", "us-east"]  # answered posts only
+
+
+async def test_a_proxy_that_keeps_no_route_fails_the_region_over_and_names_itself(
+    serving: FakeServing, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After PROXY_ROUTES_WAIT_S the proxy's 404 is the region's failure (the next region is
+    asked), and for the document a clear error: the URL may not be ipnext's serving port."""
+    monkeypatch.setattr("ipnext.entry.prediction.PROXY_ROUTES_WAIT_S", 0.25)
+    async with AsyncPredictionClient(URL, transport=httpx.MockTransport(serving.handle)) as aclient:
+        await aclient.routing(MODEL)
+        serving.unrouted = 3  # 0.1 + 0.2 s of pauses: given up before a third pause
+        assert (await aclient.predict(MODEL, 1, source="us-east")).region == "eu-west"
+        assert serving.unrouted == 0 and serving.fetches == 1  # no refresh: not the router's 404
+    serving.unrouted = 1000
+    async with AsyncPredictionClient(URL, transport=httpx.MockTransport(serving.handle)) as aclient:
+        with pytest.raises(PredictionNotFoundError, match="found no app for the path") as err:
+            await aclient.predict(MODEL, 1, source="us-east")
+        assert "serving port" in str(err.value)
