@@ -114,9 +114,18 @@ def line(name: str, r: dict[str, Any], base: float | None = None) -> str:
 class IpnextStepper:
     """ipnext's engine in this process, stepped by `llm_drive.drive`."""
 
-    def __init__(self, folder: Path, *, prefix_cache: bool, max_num_seqs: int, threads: int | str) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        *,
+        prefix_cache: bool,
+        max_num_seqs: int,
+        threads: int | str,
+        schedule: str = "decode_first",
+    ) -> None:
         checkpoint = load_checkpoint(folder)
         config = EngineConfig(
+            schedule=schedule,
             threads=threads,
             block_size=16,
             kv_cache_bytes=512 << 20,
@@ -153,8 +162,11 @@ def run_ipnext(
     max_num_seqs: int = BATCH,
     turns: int = 1,
     seed: int = 0,
+    schedule: str = "decode_first",
 ) -> dict[str, Any]:
-    engine = IpnextStepper(folder, prefix_cache=prefix_cache, max_num_seqs=max_num_seqs, threads=threads)
+    engine = IpnextStepper(
+        folder, prefix_cache=prefix_cache, max_num_seqs=max_num_seqs, threads=threads, schedule=schedule
+    )
     done, wall = drive(engine, requests, turns=turns, seed=seed)
     got = checked(done, wall, later_turns=turns > 1)
     tuner = engine.engine.threads
@@ -449,8 +461,8 @@ def main() -> None:
             print(f"workload C: {chats} conversations of 6 turns, {CHAT_SEQS} sequences per step")
             engines = [
                 (
-                    "ipnext",
-                    lambda cached: run_ipnext(
+                    name,
+                    lambda cached, schedule=schedule: run_ipnext(
                         folder,
                         c,
                         threads=args.threads,
@@ -458,8 +470,10 @@ def main() -> None:
                         max_num_seqs=CHAT_SEQS,
                         turns=6,
                         seed=args.seed,
+                        schedule=schedule,
                     ),
                 )
+                for name, schedule in (("ipnext", "decode_first"), ("ipnext prefill first", "prefill_first"))
             ]
             if vllm:
                 engines.append(

@@ -4,7 +4,11 @@ synchronous `step()` at a time (the async service drives it; tests and benchmark
 Each step, the scheduler builds one batch under a token budget: first every running sequence
 (a decode token, or the next chunk of a prompt still being prefilled), then waiting ones in
 arrival order while there is room. A long prompt is prefilled in chunks of at most the budget,
-so it never stalls the running decodes for more than one step. Blocks come from the paged
+so it never stalls the running decodes for more than one step. With `schedule: prefill_first`
+a step that has prompt work runs it alone instead, ahead of the decode rows (they wait while
+prompts are admitted, bounded by `max_num_seqs`): a chat turn whose history is cached gets its
+first token after one short step instead of one carrying every other sequence's decode row
+(bench/llm.py, workload C). Blocks come from the paged
 cache; a new waiting sequence first takes the cached blocks of its prompt's prefix. When a
 running sequence needs a block and none is free, the newest running sequence is preempted: its
 blocks go back to the pool and it waits at the front of the queue, to be recomputed (its
@@ -85,6 +89,12 @@ class EngineConfig(Frozen):
     max_batched_tokens: int = Field(default=256, ge=1)  # tokens in one step (prefill chunks included)
     prefix_cache: bool = True
     batching: Literal["continuous", "static"] = "continuous"
+    # "decode_first": every step runs the running sequences' decode rows, then admits prompts in
+    # the budget left. "prefill_first": a step with prompt work (a waiting sequence with a free
+    # slot, or a prompt still in chunks) runs that alone, so a new request's first token does not
+    # wait for a step of every other sequence's decode rows; those wait a step instead (see
+    # `_schedule`). For chat, where a turn's prompt is mostly cached and short to prefill.
+    schedule: Literal["decode_first", "prefill_first"] = "decode_first"
     dtype: Literal["float32", "float16", "bfloat16"] = "float32"
     backend: Literal["triton", "torch"] | None = None  # ipnext.kernels backend; None: by device
     # torch threads for the steps (one setting for the whole process): None leaves the process's
@@ -392,6 +402,21 @@ class LLMEngine:
     # ---- scheduling -------------------------------------------------------------------------
 
     def _schedule(self) -> tuple[list[tuple[Sequence, int]], int]:
+        """The step's batch of (sequence, tokens to compute) and how many sequences were
+        preempted. Prefill first (`EngineConfig.schedule`): a batch of prompt work alone when
+        there is some that can run, else the usual one. Decode rows wait only while prompts are
+        admitted, so at most until `max_num_seqs` run (or the cache is full): a bound, not
+        starvation."""
+        if self.config.schedule == "prefill_first" and self.config.batching == "continuous":
+            prompts_waiting = bool(self.waiting) and len(self.running) < self.config.max_num_seqs
+            if prompts_waiting or any(_prefilling(seq) for seq in self.running):
+                batch, preempted = self._batch(decodes=False)
+                if batch or preempted:
+                    return batch, preempted
+                # None could run (no blocks for the waiting prompt): the decode rows go on.
+        return self._batch(decodes=True)
+
+    def _batch(self, *, decodes: bool) -> tuple[list[tuple[Sequence, int]], int]:
         budget = self.config.max_batched_tokens
         batch: list[tuple[Sequence, int]] = []
         preempted = 0
@@ -399,7 +424,7 @@ class LLMEngine:
         while index < len(self.running):
             seq = self.running[index]
             count = min(len(seq.tokens) - seq.computed, budget)
-            if count <= 0:
+            if count <= 0 or (not decodes and not _prefilling(seq)):
                 index += 1
                 continue
             if self._grow(seq, seq.computed + count):
@@ -520,3 +545,9 @@ class LLMEngine:
         seq.blocks = []
         seq.hashes = []
         seq.computed = 0
+
+
+def _prefilling(seq: Sequence) -> bool:
+    """More than its next decode token still to compute: a prompt (or, after a preemption, a
+    prompt and output) going through in chunks."""
+    return len(seq.tokens) - seq.computed > 1

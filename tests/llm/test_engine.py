@@ -54,8 +54,12 @@ def mixed_requests(lm: TrainedLM, seed: int) -> list[tuple[int, list[int], Sampl
     return requests
 
 
-def test_greedy_tokens_equal_the_one_at_a_time_loop_with_every_feature_on(lm: TrainedLM) -> None:
+@pytest.mark.parametrize("schedule", ["decode_first", "prefill_first"])
+def test_greedy_tokens_equal_the_one_at_a_time_loop_with_every_feature_on(
+    lm: TrainedLM, schedule: str
+) -> None:
     config = EngineConfig(
+        schedule=schedule,
         block_size=4,
         kv_cache_bytes=28 * 2048,  # 28 blocks of 4 tokens: too few for the batch, so it preempts
         max_num_seqs=8,
@@ -78,6 +82,36 @@ def test_greedy_tokens_equal_the_one_at_a_time_loop_with_every_feature_on(lm: Tr
     assert max(stats.batch_sizes) > 4  # requests really ran together
     assert any(len(s.prompt) > config.max_batched_tokens for s in done)  # so some prefill was chunked
     assert engine.cache.pool.used_count() == 0
+
+
+@pytest.mark.parametrize("schedule", ["decode_first", "prefill_first"])
+def test_prefill_first_runs_a_new_prompt_in_steps_of_its_own_and_decode_first_beside_the_decodes(
+    lm: TrainedLM, schedule: str
+) -> None:
+    """Three sequences decoding, then a 2-chunk prompt arrives. Prefill first: its two chunks
+    run alone (its first token after two short steps), then all four decode together. Decode
+    first: each of those steps also carries the three decode rows."""
+    config = EngineConfig(
+        block_size=4, kv_cache_bytes=400 * 2048, max_num_seqs=8, max_batched_tokens=24, schedule=schedule
+    )
+    engine = LLMEngine(lm.weights, lm.config, config)
+    decoding = [engine.add(lm.codec.prompt(q), SamplingParams(max_tokens=30)) for q in QUESTIONS[:3]]
+    while any(not s.output for s in decoding):
+        engine.step()
+    prompt = lm.codec.prompt(SYSTEM + QUESTIONS[3])
+    assert config.max_batched_tokens < len(prompt) <= 2 * config.max_batched_tokens
+    new = engine.add(prompt, SamplingParams(max_tokens=30))
+    steps = []
+    while not new.output:
+        result = engine.step()
+        steps.append((result.batch_size, sorted(result.new_tokens)))
+    others = sorted(s.id for s in decoding)
+    if schedule == "prefill_first":
+        assert steps == [(1, []), (1, [new.id])], steps  # the decode rows waited two steps
+    else:
+        assert steps == [(4, others), (4, sorted([*others, new.id]))], steps
+    result = engine.step()  # and then everyone decodes in one step again
+    assert result.batch_size == 4 and sorted(result.new_tokens) == sorted([*others, new.id])
 
 
 def test_static_batching_gives_the_same_tokens_one_batch_at_a_time(lm: TrainedLM) -> None:
