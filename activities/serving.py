@@ -57,6 +57,9 @@ class DeploySetInput(Frozen):
     plan: Plan
     scale: float = Field(default=1.0, gt=0, le=1)  # share of the plan's replicas (a rollout step)
     part_scales: dict[str, float] = Field(default_factory=dict)  # part -> its own share (independent)
+    # A set at full size publishes the model's routing for `plan`, unless False: an experiment's
+    # arms moving to new apps switch their routers first, then publish (a second call).
+    publish_routing: bool = True
 
     @model_validator(mode="after")
     def _known_parts(self) -> DeploySetInput:
@@ -157,7 +160,8 @@ def deploy_set_apps(input: DeploySetInput) -> DeploySetResult:
         # A set brought to its plan's full size carries the model on that plan (a first rollout,
         # a rollout's last step, a capacity move, the old set after a rollback): its routing is
         # the model's from now on. Partial sizes are steps on the way and publish nothing.
-        if input.scale == 1 and all(share == 1 for share in input.part_scales.values()):
+        full = input.scale == 1 and all(share == 1 for share in input.part_scales.values())
+        if full and input.publish_routing:
             publish_routing(
                 writer,
                 input.spec.name,

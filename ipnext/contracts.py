@@ -81,6 +81,7 @@ class ModelWorkflowNames:
     APPLY_PLAN = "apply_plan"  # signal ApplyPlanInput
     ROLLOUT_ENDED = "rollout_ended"  # signal RolloutEnded, from the rollout child at its end
     RECONCILE = "reconcile"  # signal, no input: check Serve against the record now (worker start)
+    ARMS_MOVED = "arms_moved"  # signal ArmsMoved, from the experiment: a capacity move of its arms done
 
 
 class RolloutWorkflowNames:
@@ -98,6 +99,7 @@ class ExperimentWorkflowNames:
 
     STATUS = "status"  # query -> ExperimentStatus
     STOP = "stop"  # signal StopExperimentInput: end it now, all traffic to control
+    MOVE_ARMS = "move_arms"  # signal MoveArmsInput, from the model: both arms onto a new placement
 
 
 class FleetWorkflowNames:

@@ -34,6 +34,7 @@ __all__ = [
     "ActiveExperiment",
     "ActiveRollout",
     "ApplyPlanInput",
+    "ArmsMoved",
     "DeleteInput",
     "DeleteResult",
     "ExperimentInput",
@@ -44,6 +45,7 @@ __all__ = [
     "ModelState",
     "ModelWorkflowInput",
     "ModelWorkflowResult",
+    "MoveArmsInput",
     "OlderSets",
     "PromoteInput",
     "PublishInput",
@@ -363,6 +365,26 @@ class WatchResult(Frozen):
 # ---- experiments -------------------------------------------------------------------------------
 
 
+class MoveArmsInput(Frozen):
+    """A replanned placement both arms of a running experiment move to (signal `move_arms`,
+    from the model): new apps for each arm where the placement changed, the routers switched
+    to them, the old apps removed. `move` names it in the answer (`ArmsMoved`)."""
+
+    move: str = Field(min_length=1)
+    plan: Plan
+    down_regions: list[str] = Field(default_factory=list)  # their apps are removed unwaited
+    cause: str = ""
+
+
+class ArmsMoved(Frozen):
+    """The experiment's answer to a `MoveArmsInput` (signal `arms_moved` to the model): the
+    control's apps on the new placement, or why the arms stay where they were."""
+
+    move: str
+    control_apps: dict[str, str] = Field(default_factory=dict)
+    error: str = ""  # empty: moved
+
+
 class ExperimentState(BaseModel):
     """An ExperimentWorkflow's state, and whole its continue-as-new payload: nothing counted so far
     (each arm's totals, the last metrics read the next window starts from) is lost across it."""
@@ -381,6 +403,12 @@ class ExperimentState(BaseModel):
     outcome: str = ""  # completed, stopped, guardrail, failed
     checks: int = 0
     shadow_windows: list[ShadowSummary] = Field(default_factory=list)  # a shadow's latest windows
+    # A capacity move of both arms the model asked for, not done yet (a signal that came in).
+    move: MoveArmsInput | None = None
+    # arm -> region -> the apps it served from before a move: the next window counts them too
+    # (requests they answered between the last read and the switch), then they are forgotten.
+    moved_from: dict[str, dict[str, list[str]]] = Field(default_factory=dict)
+    moves: int = 0  # capacity moves done
 
 
 class ExperimentInput(Frozen):

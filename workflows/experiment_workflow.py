@@ -20,6 +20,10 @@ and the gates' readings are recorded as evidence without ending it (the treatmen
 
 ModelWorkflow starts it (`start_experiment`, workflows/model_experiments.py) and holds its own
 rollouts and serving checks while it runs; at its end it tells the model by `experiment_ended`.
+A replan that needs new apps comes as `move_arms` (`_move`): both arms come up on the new
+placement beside the old apps, every router switches both at once (same salt and split), the
+routing follows, the old apps go, and the next window counts the old apps and the new, so no
+request answered across the switch is lost from the totals; the model is answered `arms_moved`.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.exceptions import FailureError
+from temporalio.exceptions import ActivityError, FailureError
 
 with workflow.unsafe.imports_passed_through():
     # The report's tests (ipnext.experiments) import scipy when first called: numpy, under it,
@@ -51,7 +55,14 @@ with workflow.unsafe.imports_passed_through():
     from ipnext.contracts import ARMS_KEY, MODEL_KEY, STATE_KEY, ExperimentWorkflowNames, ModelWorkflowNames
     from ipnext.counters import SetCounters
     from ipnext.experiments import summarize
-    from ipnext.registry import ExperimentInput, ExperimentState, ExperimentStatus, StopExperimentInput
+    from ipnext.registry import (
+        ArmsMoved,
+        ExperimentInput,
+        ExperimentState,
+        ExperimentStatus,
+        MoveArmsInput,
+        StopExperimentInput,
+    )
     from ipnext.rollout import ExperimentRoute, ShadowRoute, evaluate_gates, window_counters
     from ipnext.shadow import render_shadow, summarize_shadow
     from ipnext.workflows.signals import NO_PAYLOAD, signal_input
@@ -113,6 +124,14 @@ class ExperimentWorkflow:
             self._state.end = f"stopped by {input.who}: {input.reason}"
             self._state.outcome = "stopped"
 
+    @workflow.signal(name=ExperimentWorkflowNames.MOVE_ARMS)
+    def move_arms(self, raw: Any = NO_PAYLOAD, _extra: Any = None) -> None:
+        """The model's replan needs new apps: both arms move to it between two checks (`_move`).
+        The newest placement wins; one that comes after the end is answered as refused."""
+        input = signal_input(raw, MoveArmsInput, ExperimentWorkflowNames.MOVE_ARMS)
+        if input is not None:
+            self._state.move = input
+
     @workflow.run
     async def run(self, input: ExperimentInput) -> ExperimentStatus:
         s = self._state
@@ -129,14 +148,19 @@ class ExperimentWorkflow:
                 s.end, s.outcome = f"its duration of {input.duration_seconds:g} s ended", "completed"
                 break
             try:
-                await workflow.wait_condition(lambda: bool(s.end), timeout=min(input.check_seconds, left))
+                await workflow.wait_condition(
+                    lambda: bool(s.end) or s.move is not None, timeout=min(input.check_seconds, left)
+                )
             except TimeoutError:
                 pass
             if s.end:
                 break
+            if s.move is not None:
+                await self._move(s.move)
+                continue
             await self._check()
             if self._history_full() and not s.end:
-                workflow.continue_as_new(input.model_copy(update={"state": s}))
+                workflow.continue_as_new(self._input.model_copy(update={"state": s}))
         self._enter("ending")
         await self._check()  # the last window: what came in since the previous read counts too
         await self._route(experiment=False)
@@ -148,6 +172,8 @@ class ExperimentWorkflow:
             summary="remove the treatment's apps",
         )
         self._enter("ended")
+        if s.move is not None:  # asked too late: the model moves the control alone after the end
+            await self._answer_move(ArmsMoved(move=s.move.move, error=f"the experiment ended first: {s.end}"))
         workflow.logger.info("experiment %s of %s ended: %s", input.name, input.spec.name, s.end)
         result = self.status()
         await self._report(result)
@@ -168,6 +194,103 @@ class ExperimentWorkflow:
             )
 
     # ---- steps -----------------------------------------------------------------------------------
+
+    async def _move(self, move: MoveArmsInput) -> None:
+        """Both arms onto `move.plan`: the control's apps at full size and the treatment's at its
+        share come up beside the old ones; every region's router then switches each arm to its
+        new app at once (units keep their arms: the salt and split are unchanged); the model's
+        routing follows the new plan; the old apps go (a down region's unwaited). A deploy that
+        fails for good removes what it brought up and leaves the arms where they were: the model
+        is told, and its replan waits for the end. The model is answered either way."""
+        input, s = self._input, self._state
+        old_control, old_treatment = dict(input.control_apps), dict(s.treatment_apps)
+        moved = input.model_copy(update={"plan": move.plan})
+        brought: set[str] = set()
+        try:
+            control = await self._deploy_set(moved, CONTROL, publish_routing=False)
+            brought |= set(control.values())
+            treatment = await self._deploy_set(moved, TREATMENT)
+            brought |= set(treatment.values())
+        except ActivityError as err:
+            await self._remove_apps(sorted(brought - set(old_control.values()) - set(old_treatment.values())))
+            s.move = None if s.move is move else s.move
+            await self._answer_move(ArmsMoved(move=move.move, error=f"a deploy failed: {err.cause or err}"))
+            return
+        for arm, before in ((CONTROL, old_control), (TREATMENT, old_treatment)):
+            for region, app in before.items():
+                kept = s.moved_from.setdefault(arm, {}).setdefault(region, [])
+                if app not in kept:
+                    kept.append(app)
+        self._input = moved.model_copy(update={"control_apps": control})
+        s.treatment_apps = treatment
+        await self._route(experiment=True)
+        await self._deploy_set(self._input, CONTROL)  # nothing new to apply: publishes the routing
+        stale = (set(old_control.values()) | set(old_treatment.values())) - brought
+        down = {
+            app
+            for before in (old_control, old_treatment)
+            for region, app in before.items()
+            if region in move.down_regions
+        }
+        await self._remove_apps(sorted(stale - down))
+        await self._remove_apps(sorted(stale & down), wait=False)
+        s.moves += 1
+        s.move = None if s.move is move else s.move  # a newer placement that came meanwhile is next
+        workflow.logger.info(
+            "experiment %s of %s: both arms moved to plan revision %d (%s)",
+            input.name,
+            input.spec.name,
+            move.plan.revision,
+            move.cause or "a replan",
+        )
+        self._details()
+        await self._answer_move(ArmsMoved(move=move.move, control_apps=control))
+
+    async def _answer_move(self, answer: ArmsMoved) -> None:
+        parent = workflow.info().parent
+        if parent is None:
+            return
+        try:
+            await workflow.get_external_workflow_handle(parent.workflow_id).signal(
+                ModelWorkflowNames.ARMS_MOVED, answer
+            )
+        except FailureError as err:
+            workflow.logger.warning("could not answer the move to %s: %s", parent.workflow_id, err)
+
+    async def _deploy_set(
+        self, input: ExperimentInput, arm: str, *, publish_routing: bool = True
+    ) -> dict[str, str]:
+        """An arm's set on `input.plan`: the control at full size, the treatment at its share."""
+        snapshot_set, scale = (
+            (input.control_set, 1.0)
+            if arm == CONTROL
+            else (input.treatment_set, input.treatment_percent / 100)
+        )
+        deployed = await workflow.execute_activity(
+            deploy_set_apps,
+            DeploySetInput(
+                spec=input.spec,
+                snapshot_set=snapshot_set,
+                plan=input.plan,
+                scale=scale,
+                publish_routing=publish_routing,
+            ),
+            start_to_close_timeout=DEPLOY_TIMEOUT,
+            heartbeat_timeout=HEARTBEAT_TIMEOUT,
+            retry_policy=RETRY,
+            summary=f"{arm} {snapshot_set.id} at {scale:.0%} of plan revision {input.plan.revision}",
+        )
+        return dict(deployed.apps)
+
+    async def _remove_apps(self, names: list[str], *, wait: bool = True) -> None:
+        if names:
+            await workflow.execute_activity(
+                remove_apps,
+                RemoveAppsInput(names=names, wait=wait),
+                start_to_close_timeout=DEPLOY_TIMEOUT,
+                retry_policy=RETRY,
+                summary=f"remove {', '.join(names)}",
+            )
 
     async def _deploy(self) -> dict[str, str]:
         input = self._input
@@ -232,7 +355,8 @@ class ExperimentWorkflow:
         """One window: each arm's counters since the last read added to its totals, and the gates
         on the treatment's window against the control's (a breach ends the experiment)."""
         input, s = self._input, self._state
-        regions = sorted(input.control_apps)
+        moved = {region for apps in s.moved_from.values() for region in apps}
+        regions = sorted(set(input.control_apps) | moved)
         read: ReadMetricsResult = await workflow.execute_activity(
             read_metrics,
             ReadMetricsInput(model=input.spec.name, regions=regions),
@@ -245,8 +369,15 @@ class ExperimentWorkflow:
         if before is None:  # the first read is where the experiment's windows start
             return
         readings, shadowed = [], SetCounters()
+        before_move, s.moved_from = s.moved_from, {}
         for region in regions:
-            arms = {CONTROL: {input.control_apps[region]}, TREATMENT: {s.treatment_apps.get(region, "")}}
+            arms = {
+                CONTROL: {input.control_apps.get(region, ""), *before_move.get(CONTROL, {}).get(region, [])},
+                TREATMENT: {
+                    s.treatment_apps.get(region, ""),
+                    *before_move.get(TREATMENT, {}).get(region, []),
+                },
+            }
             window = {
                 arm: window_counters(before.get(region), read.snapshots.get(region, {}), apps)
                 for arm, apps in arms.items()
@@ -312,6 +443,10 @@ class ExperimentWorkflow:
             f"**{s.phase}**: {input.control_set.id} (control) {against}",
             f"ends at {s.ends_at:%Y-%m-%d %H:%M:%S} UTC" if s.ends_at else "starting",
         ]
+        if s.moves:
+            lines.append(
+                f"both arms moved with the model's capacity {s.moves}x (plan revision {input.plan.revision})"
+            )
         for arm, counted in sorted(s.totals.items()):
             outcomes = ", ".join(
                 f"{n} {t.count}: mean {t.mean() or 0:.4g}" for n, t in sorted(counted.outcomes.items())

@@ -1,13 +1,17 @@
 """A model's experiments: ModelWorkflow's `start_experiment` Update, the ExperimentWorkflow child it
-starts, and its end recorded. While one runs, the model holds everything else that would change
-its serving: queued sets wait without rolling out, a replanned placement that needs new apps
-waits, and the serving checks pause (the experiment's routes would be "repaired" away); they all
-resume when it ends.
+starts, and its end recorded. While one runs, the model holds what would change its sets: queued
+sets wait without rolling out, and the serving checks pause (the experiment's routes would be
+"repaired" away); they resume when it ends.
 
-A replanned placement that both arms can take in place (the same placement revision: replica
-counts and routing change, no deployment gains or loses a region or hardware; no region down)
-is not held: the control's apps take it at full size and the treatment's at its share, and the
-model's plan is the new one. Any other replan waits for the end (new apps would split the arms).
+Capacity moves reach both arms while it runs. A replanned placement both can take in place (the
+same placement revision: replica counts and routing change, no deployment gains or loses a
+region or hardware; no region down): the control's apps take it at full size and the
+treatment's at its share, here. Any other (new apps, or regions down): the model signals the
+experiment `move_arms`, which brings both arms up on the new placement, switches every router
+to them with the same salt and split (each unit keeps its arm), publishes the routing and
+removes the old apps, then answers `arms_moved` with the control's new apps. Either way the
+model's plan is the new one. A move that fails, or that the experiment's end overtakes, leaves
+the replan pending until the end, when the control moves alone as any capacity move.
 
 One experiment at a time, against the serving set (control) and a set published with hold
 (treatment), split by unit or (a shadow) sent copies of the control's requests; it ends on its own (duration, guardrail, on-call stop) and reports to the model with
@@ -33,9 +37,11 @@ with workflow.unsafe.imports_passed_through():
     from ipnext.registry import (
         ActiveExperiment,
         ApplyPlanInput,
+        ArmsMoved,
         ExperimentInput,
         ExperimentStarted,
         ExperimentStatus,
+        MoveArmsInput,
         PromoteInput,
         PublishResult,
         StartExperimentInput,
@@ -53,6 +59,11 @@ START_EXPERIMENT_EXAMPLE = (
 EXPERIMENTS_KEPT = 20  # ended experiments' results kept in the record
 # Runs that started waiting on an experiment before in-place replans reached its arms.
 ARMS_REPLAN_PATCH = "experiment-arms-take-in-place-replans"
+# Runs from before replans needing new apps moved the arms too (those waited for the end).
+ARMS_MOVE_PATCH = "experiment-arms-take-capacity-moves"
+# How long the model waits for the experiment's answer to a move of its arms: two deploys, the
+# routers and a removal, each an activity with its own retries; past it the replan waits.
+ARMS_MOVE_TIMEOUT = timedelta(minutes=30)
 
 
 class ModelExperiments(ModelUpdates):
@@ -61,27 +72,27 @@ class ModelExperiments(ModelUpdates):
     _experiment_child: ChildWorkflowHandle[Any, ExperimentStatus] | None
     _experiment_ended: ExperimentStatus | None
     _experiment_stopping: bool  # a delete asked the running experiment to stop
-    _arms_refused: ApplyPlanInput | None  # an in-place replan the arms could not take: it waits
+    _arms_refused: ApplyPlanInput | None  # a replan the arms could not take: it waits for the end
+    _arms_moved: ArmsMoved | None  # the experiment's answer to the latest move of its arms
 
-    def _arms_replan(self) -> ApplyPlanInput | None:
-        """The pending replan the running experiment's arms can take in place, if there is one."""
+    def _arms_replan(self, moves: bool) -> ApplyPlanInput | None:
+        """The pending replan the running experiment's arms take now, if there is one: any (with
+        `moves`), or one they can take in place (runs from before moves of the arms)."""
         r = self._record
         pending = r.pending_plan
-        if (
-            pending is None
-            or pending is self._arms_refused
-            or r.plan is None
-            or pending.down_regions
-            or pending.plan.revision != r.plan.revision
-        ):
+        if pending is None or pending is self._arms_refused or r.plan is None:
+            return None
+        if not moves and not _in_place(pending, r.plan.revision):
             return None
         return pending
 
     async def _replan_arms(self, active: ActiveExperiment, pending: ApplyPlanInput) -> None:
-        """Both arms on the replanned placement, in place (same app names): the control's apps at
-        full size (which publishes the model's routing for the plan), the treatment's at its share.
-        A deploy that fails for good leaves the replan waiting for the experiment's end."""
+        """Both arms on the replanned placement: in place where it keeps the apps, else moved to
+        new apps by the experiment (`_move_arms`)."""
         r = self._record
+        if r.plan is not None and not _in_place(pending, r.plan.revision):
+            await self._move_arms(active, pending)
+            return
         control, treatment = self._find(active.control), self._find(active.treatment)
         if control is None or treatment is None:
             return
@@ -107,10 +118,57 @@ class ModelExperiments(ModelUpdates):
                 err.cause or err,
             )
             return
+        self._arms_took(active, pending, None)
+
+    async def _move_arms(self, active: ActiveExperiment, pending: ApplyPlanInput) -> None:
+        """A replan that needs new apps (another placement revision, or regions down): the
+        experiment moves both arms (it holds the treatment and the routes that split units
+        between them; `ExperimentWorkflow._move`) and answers with the control's new apps. Until
+        the answer the model waits; an experiment that refuses, or ends first, leaves the replan
+        pending: after the end it moves the control alone, as any capacity move."""
+        why = pending.cause or f"fleet plan {pending.fleet_revision}"
+        move = str(workflow.uuid4())
+        self._arms_moved = None
+        await workflow.get_external_workflow_handle(active.workflow_id).signal(
+            ExperimentWorkflowNames.MOVE_ARMS,
+            MoveArmsInput(move=move, plan=pending.plan, down_regions=pending.down_regions, cause=why),
+        )
+        try:
+            await workflow.wait_condition(
+                lambda: (
+                    (self._arms_moved is not None and self._arms_moved.move == move)
+                    or self._experiment_ended is not None
+                    or self._experiment_done()
+                ),
+                timeout=ARMS_MOVE_TIMEOUT,
+            )
+        except TimeoutError:
+            pass
+        answer = self._arms_moved
+        if answer is None or answer.move != move or answer.error:
+            self._arms_refused = pending
+            reason = answer.error if answer is not None and answer.move == move else "no answer"
+            workflow.logger.warning(
+                "%s: the experiment's arms did not move to %s (%s): it waits for the end",
+                self._spec.name,
+                why,
+                reason,
+            )
+            return
+        self._arms_took(active, pending, answer.control_apps)
+
+    def _arms_took(
+        self, active: ActiveExperiment, pending: ApplyPlanInput, apps: dict[str, str] | None
+    ) -> None:
+        """The model's plan is the replanned one (and its serving apps `apps`, when they moved)."""
+        r = self._record
         r.plan = pending.plan
+        if apps is not None:
+            r.serving_apps = dict(apps)
         if r.pending_plan is pending:  # a newer replan that came meanwhile stays pending
             r.pending_plan = None
-        workflow.logger.info("%s: both arms of %s moved in place to %s", self._spec.name, active.name, why)
+        why = pending.cause or f"fleet plan {pending.fleet_revision}"
+        workflow.logger.info("%s: both arms of %s moved to %s", self._spec.name, active.name, why)
         self._upsert_state()
 
     def _refuse_experiment(self, input: StartExperimentInput) -> None:
@@ -208,6 +266,7 @@ class ModelExperiments(ModelUpdates):
         self._experiment_stopping = False
         self._arms_refused = None
         arms_follow = workflow.patched(ARMS_REPLAN_PATCH)
+        arms_move = arms_follow and workflow.patched(ARMS_MOVE_PATCH)
         while self._experiment_ended is None:
             if self._delete_by is not None and not self._experiment_stopping:  # a delete ends it first
                 self._experiment_stopping = True
@@ -222,7 +281,7 @@ class ModelExperiments(ModelUpdates):
                         or self._experiment_done()
                         or self._may_continue()
                         or (self._delete_by is not None and not self._experiment_stopping)
-                        or (arms_follow and self._arms_replan() is not None)
+                        or (arms_follow and self._arms_replan(arms_move) is not None)
                     ),
                     timeout=every,
                 )
@@ -237,7 +296,7 @@ class ModelExperiments(ModelUpdates):
                 if not outcome.running and self._experiment_ended is None:
                     self._experiment_ended = outcome.result or self._experiment_lost(active, outcome.how)
                 continue
-            replanned = self._arms_replan() if arms_follow else None
+            replanned = self._arms_replan(arms_move) if arms_follow else None
             if replanned is not None and self._experiment_ended is None and self._delete_by is None:
                 await self._replan_arms(active, replanned)
                 continue
@@ -308,3 +367,9 @@ class ModelExperiments(ModelUpdates):
         """An experiment that ended without its report (terminated, failed): what the model knows."""
         end = f"ended without its report: {how}; the model's serving check puts its routers back"
         return active.status(self._spec.name, "ended", "failed", end)
+
+
+def _in_place(pending: ApplyPlanInput, revision: int) -> bool:
+    """A replan both arms take in place: the same placement revision (replica counts and routing
+    change, no deployment gains or loses a region or hardware), no region down."""
+    return not pending.down_regions and pending.plan.revision == revision

@@ -56,6 +56,7 @@ with workflow.unsafe.imports_passed_through():
     from ipnext.registry import (
         ActiveRollout,
         ApplyPlanInput,
+        ArmsMoved,
         DeleteInput,
         DeleteResult,
         ExperimentStarted,
@@ -117,7 +118,8 @@ class ModelWorkflow(ModelExperiments):
         self._experiment_child = None  # started by this run
         self._experiment_ended: ExperimentStatus | None = None
         self._experiment_stopping = False
-        self._arms_refused = None  # an in-place replan the experiment's arms could not take
+        self._arms_refused = None  # a replan the experiment's arms could not take: it waits
+        self._arms_moved = None  # the experiment's answer to the latest move of its arms
         # A serving model checks Serve against its record at the start of each run and after
         # each rollout, then every `reconcile.interval_seconds` while idle.
         self._reconcile_due = self._record.serving_set is not None
@@ -303,6 +305,11 @@ class ModelWorkflow(ModelExperiments):
     @promote.validator
     def _validate_promote(self, raw: Any = NO_PAYLOAD, _extra: Any = None) -> None:
         self._refuse_promote(update_input(raw, PromoteInput, ModelWorkflowNames.PROMOTE, PROMOTE_EXAMPLE))
+
+    @workflow.signal(name=ModelWorkflowNames.ARMS_MOVED)
+    def arms_moved(self, raw: Any = NO_PAYLOAD, _extra: Any = None) -> None:
+        """The running experiment's answer to a capacity move of its arms (`_move_arms`)."""
+        self._arms_moved = signal_input(raw, ArmsMoved, ModelWorkflowNames.ARMS_MOVED) or self._arms_moved
 
     @workflow.signal(name=ModelWorkflowNames.EXPERIMENT_ENDED)
     def experiment_ended(self, raw: Any = NO_PAYLOAD, _extra: Any = None) -> None:

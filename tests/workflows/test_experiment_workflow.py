@@ -285,12 +285,14 @@ async def test_a_shadow_copies_requests_to_the_candidate_and_keeps_each_windows_
     assert result.shadow.compared == 0
 
 
-async def test_a_replan_in_place_reaches_both_arms_and_one_needing_new_apps_waits_for_the_end(
+async def test_replans_reach_both_arms_in_place_or_on_new_apps_while_the_experiment_runs(
     temporal: Client,
 ) -> None:
     """During an experiment a fleet replan that only changes replica counts (same placement
     revision) moves both arms at once: control at full size, the treatment at its share, and the
-    model's plan is the new one. A replan to another region (new apps) waits for the end."""
+    model's plan is the new one. A replan to another region (new apps) is moved by the
+    experiment: both arms' new apps, the routers switched with the same salt, then the routing,
+    the old apps removed; the report counts both."""
     from ipnext.contracts import poll_until
     from ipnext.registry import ApplyPlanInput, ExperimentStarted, PublishResult, StartExperimentInput
 
@@ -338,11 +340,65 @@ async def test_a_replan_in_place_reaches_both_arms_and_one_needing_new_apps_wait
         )
         assert moved.experiment is not None and moved.pending_plan is None  # while it runs
         assert fake.scales[deploys:] == [("wf-model@1", 1, 1.0), ("wf-model@2", 1, 0.25)]
+        # Another region: new apps for both arms, moved by the experiment while it runs.
+        routes = len(fake.experiments)
         await handle.signal("apply_plan", ApplyPlanInput(plan=plan_in("eu-west", 2), fleet_revision=4))
-        await asyncio.sleep(1.0)
+        during = await until(handle, lambda s: s.plan is not None and s.plan.revision == 2)
+        assert during.experiment is not None and during.pending_plan is None  # while it runs
+        assert during.serving_apps == {"eu-west": "app-1-r2"}
+        assert fake.scales[deploys + 2 :] == [
+            ("wf-model@1", 2, 1.0),  # the control's new apps, routing not published yet
+            ("wf-model@2", 2, 0.25),
+            ("wf-model@1", 2, 1.0),  # the routers switched: the routing follows the new plan
+        ]
+        switched = fake.experiments[routes:]
+        assert [sorted(e) for e in switched] == [["eu-west"]], switched
+        route = switched[0]["eu-west"]
+        assert (
+            route.arms == {"control": "app-1-r2", "treatment": "app-2-r2"} and route.split["treatment"] == 25
+        )
+        assert route.salt == fake.experiments[routes - 1]["us-east"].salt  # units keep their arms
+        assert {"app-1", "app-2"} <= set(fake.removed)  # the old apps of both arms
+        state = await until(handle, lambda s: s.experiments != [], timeout=60)
+    assert state.plan is not None and state.plan.revision == 2 and state.pending_plan is None
+    assert state.serving_apps == {"eu-west": "app-1-r2"}
+    report = state.experiments[-1].report
+    assert report is not None and all(a.requests > 0 for a in report.arms), report
+    assert fake.routes[-1] == {"eu-west": {"app-1-r2": 100.0}}  # at the end: all on the new control
+    assert "app-2-r2" in fake.removed
+
+
+async def test_a_move_of_the_arms_that_fails_leaves_them_and_the_replan_waits_for_the_end(
+    temporal: Client,
+) -> None:
+    """The treatment cannot come up on the new placement: what came up goes, the arms stay on
+    their apps, and the model moves its capacity after the experiment ended."""
+    from ipnext.registry import ApplyPlanInput, ExperimentStarted, PublishResult, StartExperimentInput
+
+    from .fakes import plan_in, request, until
+    from .fakes import start as start_model
+
+    fake = FakeServing()
+    worker, handle = await start_model(temporal, fake)
+    async with worker:
+        await handle.execute_update("publish", request("v1"), result_type=PublishResult)
+        await until(handle, lambda s: s.serving_set == "wf-model@1" and s.state == "serving")
+        await handle.execute_update(
+            "publish", request("v2").model_copy(update={"hold": True}), result_type=PublishResult
+        )
+        ask = StartExperimentInput(
+            name="exp-1", treatment="wf-model@2", treatment_percent=25, duration_seconds=4, check_seconds=0.2
+        )
+        await handle.execute_update("start_experiment", ask, result_type=ExperimentStarted)
+        await until(handle, lambda s: s.experiment is not None and s.experiment.started)
+        await until(handle, lambda s: "wf-model@2" in fake.deployed)
+        fake.fail.add("wf-model@2")
+        await handle.signal("apply_plan", ApplyPlanInput(plan=plan_in("eu-west", 2), fleet_revision=4))
+        await until(handle, lambda s: "app-1-r2" in fake.removed)  # the control's new apps went
         during = await until(handle, lambda s: s.pending_plan == 2)
         assert during.experiment is not None and during.plan is not None and during.plan.revision == 1
-        assert len(fake.scales) == deploys + 2  # nothing deployed for it yet
+        assert during.serving_apps == {"us-east": "app-1"}
+        fake.fail.clear()
         state = await until(
             handle, lambda s: s.experiments != [] and s.plan is not None and s.plan.revision == 2, timeout=60
         )
