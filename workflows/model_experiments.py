@@ -133,17 +133,24 @@ class ModelExperiments(ModelUpdates):
             ExperimentWorkflowNames.MOVE_ARMS,
             MoveArmsInput(move=move, plan=pending.plan, down_regions=pending.down_regions, cause=why),
         )
-        try:
-            await workflow.wait_condition(
-                lambda: (
-                    (self._arms_moved is not None and self._arms_moved.move == move)
-                    or self._experiment_ended is not None
-                    or self._experiment_done()
-                ),
-                timeout=ARMS_MOVE_TIMEOUT,
-            )
-        except TimeoutError:
-            pass
+        every = timedelta(seconds=self._input.rollout_check_seconds)
+        waited = workflow.now()
+        while workflow.now() - waited < ARMS_MOVE_TIMEOUT:
+            try:
+                await workflow.wait_condition(
+                    lambda: (
+                        (self._arms_moved is not None and self._arms_moved.move == move)
+                        or self._experiment_ended is not None
+                        or self._experiment_done()
+                        or self._delete_by is not None
+                    ),
+                    timeout=every if self._experiment_child is None else ARMS_MOVE_TIMEOUT,
+                )
+                break
+            except TimeoutError:  # after a continue-as-new no handle says it ended: ask Temporal
+                await self._poll_experiment(active)
+                if self._experiment_ended is not None:
+                    break
         answer = self._arms_moved
         if answer is None or answer.move != move or answer.error:
             self._arms_refused = pending
@@ -286,15 +293,7 @@ class ModelExperiments(ModelUpdates):
                     timeout=every,
                 )
             except TimeoutError:
-                outcome = await workflow.execute_activity_method(
-                    RolloutActivities.experiment_outcome,
-                    RolloutOutcomeInput(workflow_id=active.workflow_id),
-                    start_to_close_timeout=QUICK_TIMEOUT,
-                    retry_policy=RETRY,
-                    summary=f"is {active.workflow_id} still running?",
-                )
-                if not outcome.running and self._experiment_ended is None:
-                    self._experiment_ended = outcome.result or self._experiment_lost(active, outcome.how)
+                await self._poll_experiment(active)
                 continue
             replanned = self._arms_replan(arms_move) if arms_follow else None
             if replanned is not None and self._experiment_ended is None and self._delete_by is None:
@@ -328,6 +327,18 @@ class ModelExperiments(ModelUpdates):
         self._reconcile_due = True  # a lost experiment may have left routes behind: put them right
         workflow.logger.info("model %s: experiment %s ended: %s", self._spec.name, ended.name, ended.end)
         self._upsert_state()
+
+    async def _poll_experiment(self, active: ActiveExperiment) -> None:
+        """Ask Temporal whether the experiment still runs (its end, when it has no handle here)."""
+        outcome = await workflow.execute_activity_method(
+            RolloutActivities.experiment_outcome,
+            RolloutOutcomeInput(workflow_id=active.workflow_id),
+            start_to_close_timeout=QUICK_TIMEOUT,
+            retry_policy=RETRY,
+            summary=f"is {active.workflow_id} still running?",
+        )
+        if not outcome.running and self._experiment_ended is None:
+            self._experiment_ended = outcome.result or self._experiment_lost(active, outcome.how)
 
     def _promote(self, input: PromoteInput) -> PublishResult:
         """Queue a held set for its rollout, which runs through the normal steps and gates."""

@@ -5,7 +5,9 @@ Every linear layer runs once over all the step's tokens together (that is where 
 its weights laid out for that at load: each stored transposed and contiguous, (in, out), and the
 layers that read the same input fused into one matrix (q, k and v; the gate and up projections).
 On one CPU thread a 16-row step's matmuls took 30% less time so than against the checkpoint's
-(out, in) tensors one by one. Attention is per kind: all one-token (decode) rows in one `ipnext.kernels.paged_attention`
+(out, in) tensors one by one. Where torch has oneDNN, each matrix is also prepacked for it at load
+(`_Linear`): on an AMD EPYC, where torch's default GEMM (MKL) runs a slow path, a 16-row
+product took 2.5x less time so (bench/llm.py's 16-sequence decode step: 16.3 -> see README). Attention is per kind: all one-token (decode) rows in one `ipnext.kernels.paged_attention`
 call over the block tables, each prefill chunk through `ipnext.kernels.attention` over its
 cached prefix plus the chunk (causal, aligned to the end).
 """
@@ -59,6 +61,45 @@ def _stacked(weights: dict[str, torch.Tensor], names: list[str], dtype: torch.dt
     return torch.cat([weights[name].to(dtype) for name in names]).T.contiguous()
 
 
+# The batch size oneDNN packs for (a hint: any row count multiplies correctly): a decode step's.
+PACK_ROWS = 16
+
+
+class _Linear:
+    """`x @ w` for the runner's (in, out) weights, by oneDNN's prepacked float32 product where
+    torch has it, else by `torch.mm`. The packed form is decided once, at load, by a probe: a
+    torch without the op, or one whose answer differs from `mm`, keeps plain matrices (the
+    ops are the ones torch's own compiler uses for frozen CPU models, not a public API)."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        self.packed = dtype == torch.float32 and _onednn_agrees()
+
+    def pack(self, w: torch.Tensor) -> torch.Tensor:
+        """`w` (in, out) as this product multiplies it: prepacked (out, in), or as it is."""
+        if not self.packed:
+            return w
+        return torch.ops.mkldnn._reorder_linear_weight(w.T.contiguous(), PACK_ROWS)
+
+    def __call__(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        if not self.packed:
+            return x @ w
+        return torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
+
+
+def _onednn_agrees() -> bool:
+    """Whether oneDNN's prepacked product runs here and matches `mm` on a probe."""
+    if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
+        return False
+    probe = torch.Generator().manual_seed(0)
+    x, w = torch.randn(5, 64, generator=probe), torch.randn(64, 48, generator=probe)
+    try:
+        packed = torch.ops.mkldnn._reorder_linear_weight(w.T.contiguous(), PACK_ROWS)
+        got = torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+    except (RuntimeError, AttributeError, TypeError):
+        return False
+    return bool(torch.allclose(got, x @ w, rtol=1e-5, atol=1e-5))
+
+
 class ModelRunner:
     def __init__(
         self,
@@ -79,7 +120,8 @@ class ModelRunner:
         self.backend = backend
         self._embeddings = weights["tok_embeddings.weight"].to(dtype)
         self._norm = weights["norm.weight"].to(dtype)
-        self._output = output_weight(config, weights).to(dtype).T.contiguous()  # (dim, vocab)
+        self._mm = mm = _Linear(dtype)
+        self._output = mm.pack(output_weight(config, weights).to(dtype).T.contiguous())  # (dim, vocab)
         self._layers = []
         for layer in range(config.n_layers):
             n = layer_names(layer)
@@ -87,19 +129,19 @@ class ModelRunner:
             self._layers.append(
                 _Layer(
                     attention_norm=weights[n["attention_norm"]].to(dtype),
-                    qkv=_stacked(weights, [n["wq"], n["wk"], n["wv"]], dtype),
+                    qkv=mm.pack(_stacked(weights, [n["wq"], n["wk"], n["wv"]], dtype)),
                     qkv_bias=torch.cat([weights[b].to(dtype) for b in bias]) if bias else None,
-                    wo=_stacked(weights, [n["wo"]], dtype),
+                    wo=mm.pack(_stacked(weights, [n["wo"]], dtype)),
                     ffn_norm=weights[n["ffn_norm"]].to(dtype),
-                    gate_up=_stacked(weights, [n["w1"], n["w3"]], dtype),
-                    down=_stacked(weights, [n["w2"]], dtype),
+                    gate_up=mm.pack(_stacked(weights, [n["w1"], n["w3"]], dtype)),
+                    down=mm.pack(_stacked(weights, [n["w2"]], dtype)),
                 )
             )
 
     @torch.no_grad()
     def step(self, chunks: list[Chunk]) -> torch.Tensor:
         """Run the chunks; return the logits (one row per chunk with `sample`, in order)."""
-        c, cache = self.config, self.cache
+        c, cache, mm = self.config, self.cache, self._mm
         bs = cache.block_size
         q_width, kv_width = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
         tokens = torch.tensor([t for ch in chunks for t in ch.tokens], dtype=torch.long)
@@ -128,7 +170,7 @@ class ModelRunner:
         x = self._embeddings[tokens]
         for layer, w in enumerate(self._layers):
             h = rms_norm(x, w.attention_norm, c.norm_eps)
-            qkv = h @ w.qkv
+            qkv = mm(h, w.qkv)
             if w.qkv_bias is not None:
                 qkv = qkv + w.qkv_bias
             q = qkv[:, :q_width].view(-1, c.n_heads, c.head_dim)
@@ -159,10 +201,10 @@ class ModelRunner:
                     window=window,
                     backend=self.backend,
                 )[0].transpose(0, 1)
-            x = x + out.flatten(1) @ w.wo
+            x = x + mm(out.flatten(1), w.wo)
             h = rms_norm(x, w.ffn_norm, c.norm_eps)
-            gate, up = (h @ w.gate_up).chunk(2, dim=-1)
-            x = x + (torch.nn.functional.silu(gate) * up) @ w.down
+            gate, up = mm(h, w.gate_up).chunk(2, dim=-1)
+            x = x + mm(torch.nn.functional.silu(gate) * up, w.down)
         last = torch.tensor([spans[i][1] - 1 for i, ch in enumerate(chunks) if ch.sample], dtype=torch.long)
         final = rms_norm(x[last], self._norm, c.norm_eps)
-        return final @ self._output
+        return mm(final, self._output)

@@ -118,18 +118,25 @@ async def ended(client: Client, model: str, name: str, timeout_s: float = 180) -
     return next(e for e in state.experiments if e.name == name)
 
 
+def lap(began: float, what: str) -> None:
+    print(f"[{time.monotonic() - began:6.1f}s] {what}")
+
+
 async def test_the_better_arm_wins_and_a_failing_arm_ends_on_its_guardrail(
     stack: Settings, client: Client, model_name: str
 ) -> None:
+    began = time.monotonic()
     data = one_region_spec(model_name).model_dump(mode="json")
     data["parts"]["dense"]["config"]["delay_ms"] = DELAY_MS
     await client.publish_model(ModelSpec.model_validate(data))
     weak, _ = train_version(stack, model_name, "v1")  # 60 steps: ranks hardly better than chance
     first = await client.publish_snapshot(model_name, weak)
     await client.wait_until_serving(model_name, first.set_id)
+    lap(began, "the weak arm serves")
     strong = train(stack.snapshot_roots[0], model_name, "v2", seed=2, steps=1000).folder
     held = await client.publish_snapshot(model_name, strong, hold=True)
     assert held.status == "held"
+    lap(began, "the strong arm trained and held")
 
     start = StartExperimentInput(
         name="ranker", treatment=held.set_id, duration_seconds=10, check_seconds=2, who="test"
@@ -140,6 +147,7 @@ async def test_the_better_arm_wins_and_a_failing_arm_ends_on_its_guardrail(
         await ended(client, model_name, "ranker")
 
     users = await under_load(stack, model_name, through_the_experiment)
+    lap(began, "the experiment ended")
     result = await ended(client, model_name, "ranker")
     assert result.outcome == "completed", result.end
     report = result.report
@@ -169,6 +177,7 @@ async def test_the_better_arm_wins_and_a_failing_arm_ends_on_its_guardrail(
         await asyncio.sleep(4)  # and on, with every request on control
 
     users = await under_load(stack, model_name, through_the_breach)
+    lap(began, "the poisoned experiment ended, and 4 s on control")
     result = await ended(client, model_name, "poisoned")
     assert result.outcome == "guardrail" and result.end.startswith("guardrail error_rate breached"), (
         result.end
@@ -180,7 +189,9 @@ async def test_the_better_arm_wins_and_a_failing_arm_ends_on_its_guardrail(
     await shadows(
         stack, client, model_name, first.set_id, weak, held.set_id, strong, data["parts"]["dense"]["config"]
     )
+    lap(began, "the shadows done")
     await client.delete_model(model_name, who="test")
+    lap(began, "deleted")
 
 
 def the_request(user: int) -> dict[str, Any]:
@@ -230,8 +241,10 @@ async def shadows(
     weights = {part: load_file(str(serving_folder / f"{part}.safetensors")) for part in ("embed", "dense")}
     copy = stack.snapshot_roots[0] / model_name / "v1-copy"
     write_snapshot(copy, model_name, "v1-copy", weights)
+    began = time.monotonic()
     equal = await client.publish_snapshot(model_name, copy, hold=True)
     path = f"/us-east/models/{model_name}/predict"
+    lap(began, "shadows: the equal candidate held")
 
     # 1. Callers' latency without a shadow, then with 50% copied to the equal candidate.
     async with Load(stack.serve_url, path, headers=keyed(stack), inputs=the_request) as alone:
@@ -245,6 +258,7 @@ async def shadows(
         await asyncio.sleep(PHASE_S)
         status = await shadow_until(client, model_name, 20)
     await client.stop_experiment(model_name, "measured", who="test")
+    lap(began, "shadows: the equal candidate measured")
     same = status.shadow
     assert same is not None
     print(f"equal candidate: {same}")
@@ -260,12 +274,14 @@ async def shadows(
     )
     assert truth["shadow.max_abs_diff"] > 1e-3  # it does answer otherwise
     await no_experiment(client, model_name)
+    lap(began, "shadows: the equal candidate's shadow ended")
     await client.start_shadow(
         model_name, different, 50, duration_seconds=600, check_seconds=1, shadow="different"
     )
     async with Load(stack.serve_url, path, headers=keyed(stack), inputs=the_request) as third:
         status = await shadow_until(client, model_name, 20)
     await client.stop_experiment(model_name, "measured", who="test")
+    lap(began, "shadows: the different candidate measured")
     found = status.shadow
     assert found is not None
     print(f"different candidate: {found}; the weight files give {truth}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 
 import pytest
+import torch
 
 from ipnext.serving.llm.engine import EngineConfig, LLMEngine, SamplingParams, Sequence
 
@@ -191,3 +192,20 @@ def test_requests_that_could_never_run_are_refused(lm: TrainedLM) -> None:
     with pytest.raises(ValueError, match="exceeds the model's max_seq_len"):
         engine.add([1] * 1000, SamplingParams(max_tokens=100))
     assert not engine.has_work()
+
+
+def test_the_runner_multiplies_by_onednn_prepacked_weights_where_torch_has_them() -> None:
+    """The float32 products go through oneDNN's prepacked weights wherever torch has oneDNN
+    (2.5x faster than `mm` on an AMD EPYC: bench/llm.py), with `mm`'s answers; other dtypes
+    keep plain matrices."""
+    from ipnext.serving.llm.runner import _Linear
+
+    mm = _Linear(torch.float32)
+    assert mm.packed == torch.backends.mkldnn.is_available()
+    generator = torch.Generator().manual_seed(3)
+    w = torch.randn(96, 40, generator=generator)
+    packed = mm.pack(w)
+    for rows in (1, 7, 16, 33):
+        x = torch.randn(rows, 96, generator=generator)
+        assert torch.allclose(mm(x, packed), x @ w, rtol=1e-5, atol=1e-4)
+    assert not _Linear(torch.bfloat16).packed
