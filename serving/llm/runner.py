@@ -7,7 +7,8 @@ layers that read the same input fused into one matrix (q, k and v; the gate and 
 On one CPU thread a 16-row step's matmuls took 30% less time so than against the checkpoint's
 (out, in) tensors one by one. Where torch has oneDNN, each matrix is also prepacked for it at load
 (`_Linear`): on an AMD EPYC, where torch's default GEMM (MKL) runs a slow path, a 16-row
-product took 2.5x less time so (bench/llm.py's 16-sequence decode step: 16.3 -> see README). Attention is per kind: all one-token (decode) rows in one `ipnext.kernels.paged_attention`
+product took 2.5x less time so, and a 16-sequence decode step of bench/llm.py's model 9.8 ms
+instead of 16.3 (one thread). Attention is per kind: all one-token (decode) rows in one `ipnext.kernels.paged_attention`
 call over the block tables, each prefill chunk through `ipnext.kernels.attention` over its
 cached prefix plus the chunk (causal, aligned to the end).
 """
