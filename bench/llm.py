@@ -121,11 +121,11 @@ class IpnextStepper:
         prefix_cache: bool,
         max_num_seqs: int,
         threads: int | str,
-        schedule: str = "decode_first",
+        schedule: str | None = None,
     ) -> None:
         checkpoint = load_checkpoint(folder)
         config = EngineConfig(
-            schedule=schedule,
+            **({"schedule": schedule} if schedule else {}),  # None: the engine's default
             threads=threads,
             block_size=16,
             kv_cache_bytes=512 << 20,
@@ -162,7 +162,7 @@ def run_ipnext(
     max_num_seqs: int = BATCH,
     turns: int = 1,
     seed: int = 0,
-    schedule: str = "decode_first",
+    schedule: str | None = None,
 ) -> dict[str, Any]:
     engine = IpnextStepper(
         folder, prefix_cache=prefix_cache, max_num_seqs=max_num_seqs, threads=threads, schedule=schedule
@@ -473,7 +473,11 @@ def main() -> None:
                         schedule=schedule,
                     ),
                 )
-                for name, schedule in (("ipnext", "decode_first"), ("ipnext prefill first", "prefill_first"))
+                for name, schedule in (
+                    ("ipnext", None),  # the engine's default: short prompts first
+                    ("ipnext decode first", "decode_first"),
+                    ("ipnext prefill first", "prefill_first"),
+                )
             ]
             if vllm:
                 engines.append(

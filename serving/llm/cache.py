@@ -88,6 +88,10 @@ class BlockPool:
         self.hits += 1
         return block
 
+    def holds(self, block_hash: bytes) -> bool:
+        """Whether a block holds this prefix block (nothing taken, nothing counted)."""
+        return block_hash in self._by_hash
+
     def register(self, block: int, block_hash: bytes) -> None:
         """`block` now holds the full prefix block `block_hash` (first writer wins)."""
         if block_hash in self._by_hash or block in self._hash_of:

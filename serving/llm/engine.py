@@ -4,11 +4,14 @@ synchronous `step()` at a time (the async service drives it; tests and benchmark
 Each step, the scheduler builds one batch under a token budget: first every running sequence
 (a decode token, or the next chunk of a prompt still being prefilled), then waiting ones in
 arrival order while there is room. A long prompt is prefilled in chunks of at most the budget,
-so it never stalls the running decodes for more than one step. With `schedule: prefill_first`
-a step that has prompt work runs it alone instead, ahead of the decode rows (they wait while
-prompts are admitted, bounded by `max_num_seqs`): a chat turn whose history is cached gets its
-first token after one short step instead of one carrying every other sequence's decode row
-(bench/llm.py, workload C). Blocks come from the paged
+so it never stalls the running decodes for more than one step. That is `schedule:
+decode_first`. With `prefill_first` a step that has prompt work runs it alone instead, ahead of
+the decode rows (they wait while prompts are admitted, bounded by `max_num_seqs`): a chat turn
+whose history is cached gets its first token after one short step instead of one carrying every
+other sequence's decode row (bench/llm.py, workload C), but a long prompt holds every decode row
+back a whole step. `short_prompts_first`, the default, runs prompt work first only when it is
+short (`short_prompt_tokens`): the cached chat turn's gain without the long prompt's cost.
+Blocks come from the paged
 cache; a new waiting sequence first takes the cached blocks of its prompt's prefix. When a
 running sequence needs a block and none is free, the newest running sequence is preempted: its
 blocks go back to the pool and it waits at the front of the queue, to be recomputed (its
@@ -94,7 +97,11 @@ class EngineConfig(Frozen):
     # slot, or a prompt still in chunks) runs that alone, so a new request's first token does not
     # wait for a step of every other sequence's decode rows; those wait a step instead (see
     # `_schedule`). For chat, where a turn's prompt is mostly cached and short to prefill.
-    schedule: Literal["decode_first", "prefill_first"] = "decode_first"
+    # "short_prompts_first" (the default): prefill first when the step's prompt work is at most
+    # `short_prompt_tokens` (a chat turn whose history is cached), else decode first, so a long
+    # prompt never holds every decode row back a whole step.
+    schedule: Literal["decode_first", "prefill_first", "short_prompts_first"] = "short_prompts_first"
+    short_prompt_tokens: int = Field(default=128, ge=1)
     dtype: Literal["float32", "float16", "bfloat16"] = "float32"
     backend: Literal["triton", "torch"] | None = None  # ipnext.kernels backend; None: by device
     # torch threads for the steps (one setting for the whole process): None leaves the process's
@@ -407,14 +414,38 @@ class LLMEngine:
         there is some that can run, else the usual one. Decode rows wait only while prompts are
         admitted, so at most until `max_num_seqs` run (or the cache is full): a bound, not
         starvation."""
-        if self.config.schedule == "prefill_first" and self.config.batching == "continuous":
-            prompts_waiting = bool(self.waiting) and len(self.running) < self.config.max_num_seqs
-            if prompts_waiting or any(_prefilling(seq) for seq in self.running):
+        schedule = self.config.schedule
+        if schedule != "decode_first" and self.config.batching == "continuous":
+            work = self._prompt_work(self.config.short_prompt_tokens)
+            if work and (schedule == "prefill_first" or work <= self.config.short_prompt_tokens):
                 batch, preempted = self._batch(decodes=False)
                 if batch or preempted:
                     return batch, preempted
                 # None could run (no blocks for the waiting prompt): the decode rows go on.
         return self._batch(decodes=True)
+
+    def _prompt_work(self, enough: int) -> int:
+        """Prompt tokens the next step could compute: the running prompts' chunks left, then the
+        uncached tokens of the waiting ones a free slot would admit, up to the token budget
+        (counted until past `enough`; the cache is only looked at, nothing taken)."""
+        budget = self.config.max_batched_tokens
+        work = sum(min(len(s.tokens) - s.computed, budget) for s in self.running if _prefilling(s))
+        slots = self.config.max_num_seqs - len(self.running)
+        for seq in self.waiting:
+            if slots <= 0 or work > enough or work >= budget:
+                break
+            slots -= 1
+            if seq.handed_kv is not None:
+                work += 1  # prefilled elsewhere: its first decode row
+                continue
+            cached = 0
+            if self.config.prefix_cache and not seq.blocks:
+                for block_hash in block_hashes(seq.tokens[: len(seq.tokens) - 1], self.config.block_size):
+                    if not self.cache.pool.holds(block_hash):
+                        break
+                    cached += self.config.block_size
+            work += len(seq.tokens) - max(cached, seq.computed)
+        return min(work, budget)
 
     def _batch(self, *, decodes: bool) -> tuple[list[tuple[Sequence, int]], int]:
         budget = self.config.max_batched_tokens

@@ -55,7 +55,7 @@ def mixed_requests(lm: TrainedLM, seed: int) -> list[tuple[int, list[int], Sampl
     return requests
 
 
-@pytest.mark.parametrize("schedule", ["decode_first", "prefill_first"])
+@pytest.mark.parametrize("schedule", ["decode_first", "prefill_first", "short_prompts_first"])
 def test_greedy_tokens_equal_the_one_at_a_time_loop_with_every_feature_on(
     lm: TrainedLM, schedule: str
 ) -> None:
@@ -85,15 +85,29 @@ def test_greedy_tokens_equal_the_one_at_a_time_loop_with_every_feature_on(
     assert engine.cache.pool.used_count() == 0
 
 
-@pytest.mark.parametrize("schedule", ["decode_first", "prefill_first"])
+@pytest.mark.parametrize(
+    ("schedule", "short", "alone"),
+    [
+        ("decode_first", 128, False),
+        ("prefill_first", 128, True),
+        ("short_prompts_first", 128, True),  # 24 tokens of prompt work a step: short
+        ("short_prompts_first", 2, False),  # over 2: long, beside the decodes
+    ],
+)
 def test_prefill_first_runs_a_new_prompt_in_steps_of_its_own_and_decode_first_beside_the_decodes(
-    lm: TrainedLM, schedule: str
+    lm: TrainedLM, schedule: str, short: int, alone: bool
 ) -> None:
-    """Three sequences decoding, then a 2-chunk prompt arrives. Prefill first: its two chunks
-    run alone (its first token after two short steps), then all four decode together. Decode
-    first: each of those steps also carries the three decode rows."""
+    """Three sequences decoding, then a 2-chunk prompt arrives. Prefill first (or short prompts
+    first, for a prompt that is short): its two chunks run alone (its first token after two
+    short steps), then all four decode together. Decode first: each of those steps also carries
+    the three decode rows."""
     config = EngineConfig(
-        block_size=4, kv_cache_bytes=400 * 2048, max_num_seqs=8, max_batched_tokens=24, schedule=schedule
+        block_size=4,
+        kv_cache_bytes=400 * 2048,
+        max_num_seqs=8,
+        max_batched_tokens=24,
+        schedule=schedule,
+        short_prompt_tokens=short,
     )
     engine = LLMEngine(lm.weights, lm.config, config)
     decoding = [engine.add(lm.codec.prompt(q), SamplingParams(max_tokens=30)) for q in QUESTIONS[:3]]
@@ -107,7 +121,7 @@ def test_prefill_first_runs_a_new_prompt_in_steps_of_its_own_and_decode_first_be
         result = engine.step()
         steps.append((result.batch_size, sorted(result.new_tokens)))
     others = sorted(s.id for s in decoding)
-    if schedule == "prefill_first":
+    if alone:
         assert steps == [(1, []), (1, [new.id])], steps  # the decode rows waited two steps
     else:
         assert steps == [(4, others), (4, sorted([*others, new.id]))], steps
