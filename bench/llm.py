@@ -10,7 +10,8 @@ exactly its length (ignore eos); greedy; float32.
 
 Engines:
 - ipnext's engine (`LLMEngine`, in this process, `--threads` torch threads: 1 is what a served
-  replica uses), continuous batching, paged cache, prefix cache where the workload says;
+  replica uses), continuous batching, paged cache, prefix cache where the workload says, its
+  default schedule (workload C also under `decode_first` and `prefill_first`);
 - `transformers`' `generate` in static batches of 16 with left padding (what a team without a
   serving engine runs): a batch starts when the previous one finished, and runs until its
   longest request is done; a token's time is the decoding step that made it (a logits
