@@ -4,6 +4,8 @@ there are enough blocks, else in this process, always within a deadline."""
 from __future__ import annotations
 
 import math
+import os
+import threading
 import time
 from concurrent.futures import Future, ProcessPoolExecutor, wait
 from multiprocessing import get_context
@@ -23,9 +25,23 @@ PARALLEL_MIN_BLOCKS = 64
 _WORKER_INST: Instance | None = None
 
 
-def _init_worker(inst: Instance) -> None:
+# How often a worker looks whether the planner process that started it is still there.
+PARENT_CHECK_S = 1.0
+
+
+def _init_worker(inst: Instance, parent: int) -> None:
     global _WORKER_INST
     _WORKER_INST = inst
+    threading.Thread(target=_exit_without, args=(parent,), name="parent-watch", daemon=True).start()
+
+
+def _exit_without(parent: int) -> None:
+    """End this worker once the planner process that started it is gone: killed mid-solve, it
+    never ran the pool's exit, and its workers lived on, waiting on a queue no one writes to
+    (two still alive 11 minutes after a SIGTERM)."""
+    while os.getppid() == parent:
+        time.sleep(PARENT_CHECK_S)
+    os._exit(1)
 
 
 def _solve_blocks_in_worker(
@@ -57,7 +73,10 @@ class Pool:
     def __enter__(self) -> Pool:
         if self.workers > 1 and len(self.inst.blocks) >= PARALLEL_MIN_BLOCKS:
             self.executor = ProcessPoolExecutor(
-                self.workers, mp_context=get_context("spawn"), initializer=_init_worker, initargs=(self.inst,)
+                self.workers,
+                mp_context=get_context("spawn"),
+                initializer=_init_worker,
+                initargs=(self.inst, os.getpid()),
             )
         return self
 

@@ -4,7 +4,10 @@ of a block no solver answered, and the greedy plan out of the columns."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -205,3 +208,46 @@ def test_improving_two_neighbourhoods_at_once_keeps_the_plan_within_the_pools() 
     assert (usage_of(inst, better) <= inst.pool_units + 1e-9).all()
     assert sum(c.cost for c in better.values()) < sum(c.cost for c in start.values())
     assert check_plan(inst.problem, _plan(inst, better, 0.0, 0.0, "test", time.monotonic())) == []
+
+
+HOLDER = """
+import sys, time
+from ipnext.planner.generator import generate
+from ipnext.planner.instance import compile_problem
+from ipnext.planner.pool import Pool
+
+if __name__ == "__main__":
+    inst = compile_problem(generate(7, 200, 4, 2, utilization=0.6))
+    with Pool(inst, workers=2) as pool:
+        assert pool.executor is not None
+        list(pool.executor.map(abs, [1, 2, 3, 4]))  # both workers started
+        print(" ".join(str(p) for p in pool.executor._processes), flush=True)
+        time.sleep(600)  # killed here, mid-solve: the pool's exit never runs
+"""
+
+
+def test_a_killed_planner_leaves_no_worker_behind(tmp_path: Path) -> None:
+    """Issue 22: worker processes are stopped and cleaned, also when the planner's own process
+    is killed (SIGKILL: nothing of it runs). Each worker sees its parent gone and ends."""
+    script = tmp_path / "holder.py"
+    script.write_text(HOLDER)
+    holder = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None
+        workers = [int(p) for p in holder.stdout.readline().split()]
+        assert len(workers) == 2, workers
+    finally:
+        holder.kill()
+        holder.wait()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(_alive(p) for p in workers):
+        time.sleep(0.2)
+    assert not [p for p in workers if _alive(p)], "workers outlived their killed planner"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(") ", 1)[1][0] != "Z"  # a zombie has ended
+    except FileNotFoundError:
+        return False
