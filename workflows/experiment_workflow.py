@@ -293,21 +293,7 @@ class ExperimentWorkflow:
             )
 
     async def _deploy(self) -> dict[str, str]:
-        input = self._input
-        deployed = await workflow.execute_activity(
-            deploy_set_apps,
-            DeploySetInput(
-                spec=input.spec,
-                snapshot_set=input.treatment_set,
-                plan=input.plan,
-                scale=input.treatment_percent / 100,
-            ),
-            start_to_close_timeout=DEPLOY_TIMEOUT,
-            heartbeat_timeout=HEARTBEAT_TIMEOUT,
-            retry_policy=RETRY,
-            summary=f"{input.treatment_set.id} at {input.treatment_percent:g}% of the plan",
-        )
-        return dict(deployed.apps)
+        return await self._deploy_set(self._input, TREATMENT)
 
     async def _route(self, experiment: bool) -> None:
         """Every region's router: all of it on the control's app, and with `experiment` the

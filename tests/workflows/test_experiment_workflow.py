@@ -285,6 +285,28 @@ async def test_a_shadow_copies_requests_to_the_candidate_and_keeps_each_windows_
     assert result.shadow.compared == 0
 
 
+async def experiment_started(handle: WorkflowHandle[Any, Any], duration_seconds: float) -> None:
+    """v1 serving, v2 held, and experiment exp-1 (25% to v2) started on the model."""
+    from ipnext.registry import ExperimentStarted, PublishResult, StartExperimentInput
+
+    from .fakes import request, until
+
+    await handle.execute_update("publish", request("v1"), result_type=PublishResult)
+    await until(handle, lambda s: s.serving_set == "wf-model@1" and s.state == "serving")
+    await handle.execute_update(
+        "publish", request("v2").model_copy(update={"hold": True}), result_type=PublishResult
+    )
+    ask = StartExperimentInput(
+        name="exp-1",
+        treatment="wf-model@2",
+        treatment_percent=25,
+        duration_seconds=duration_seconds,
+        check_seconds=0.2,
+    )
+    await handle.execute_update("start_experiment", ask, result_type=ExperimentStarted)
+    await until(handle, lambda s: s.experiment is not None and s.experiment.started)
+
+
 async def test_replans_reach_both_arms_in_place_or_on_new_apps_while_the_experiment_runs(
     temporal: Client,
 ) -> None:
@@ -294,24 +316,15 @@ async def test_replans_reach_both_arms_in_place_or_on_new_apps_while_the_experim
     experiment: both arms' new apps, the routers switched with the same salt, then the routing,
     the old apps removed; the report counts both."""
     from ipnext.contracts import poll_until
-    from ipnext.registry import ApplyPlanInput, ExperimentStarted, PublishResult, StartExperimentInput
+    from ipnext.registry import ApplyPlanInput
 
-    from .fakes import plan_in, request, until
+    from .fakes import plan_in, until
     from .fakes import start as start_model
 
     fake = FakeServing()
     worker, handle = await start_model(temporal, fake)
     async with worker:
-        await handle.execute_update("publish", request("v1"), result_type=PublishResult)
-        await until(handle, lambda s: s.serving_set == "wf-model@1" and s.state == "serving")
-        await handle.execute_update(
-            "publish", request("v2").model_copy(update={"hold": True}), result_type=PublishResult
-        )
-        ask = StartExperimentInput(
-            name="exp-1", treatment="wf-model@2", treatment_percent=25, duration_seconds=6, check_seconds=0.2
-        )
-        await handle.execute_update("start_experiment", ask, result_type=ExperimentStarted)
-        await until(handle, lambda s: s.experiment is not None and s.experiment.started)
+        await experiment_started(handle, duration_seconds=6)
         # The experiment's own deploy of its treatment first (a fresh run once counted it as the replan's).
         await poll_until(
             lambda: asyncio.sleep(0, list(fake.scales)),
@@ -373,24 +386,15 @@ async def test_a_move_of_the_arms_that_fails_leaves_them_and_the_replan_waits_fo
 ) -> None:
     """The treatment cannot come up on the new placement: what came up goes, the arms stay on
     their apps, and the model moves its capacity after the experiment ended."""
-    from ipnext.registry import ApplyPlanInput, ExperimentStarted, PublishResult, StartExperimentInput
+    from ipnext.registry import ApplyPlanInput
 
-    from .fakes import plan_in, request, until
+    from .fakes import plan_in, until
     from .fakes import start as start_model
 
     fake = FakeServing()
     worker, handle = await start_model(temporal, fake)
     async with worker:
-        await handle.execute_update("publish", request("v1"), result_type=PublishResult)
-        await until(handle, lambda s: s.serving_set == "wf-model@1" and s.state == "serving")
-        await handle.execute_update(
-            "publish", request("v2").model_copy(update={"hold": True}), result_type=PublishResult
-        )
-        ask = StartExperimentInput(
-            name="exp-1", treatment="wf-model@2", treatment_percent=25, duration_seconds=4, check_seconds=0.2
-        )
-        await handle.execute_update("start_experiment", ask, result_type=ExperimentStarted)
-        await until(handle, lambda s: s.experiment is not None and s.experiment.started)
+        await experiment_started(handle, duration_seconds=4)
         await until(handle, lambda s: "wf-model@2" in fake.deployed)
         fake.fail.add("wf-model@2")
         await handle.signal("apply_plan", ApplyPlanInput(plan=plan_in("eu-west", 2), fleet_revision=4))
