@@ -39,7 +39,7 @@ from temporalio import activity
 from ipnext.activities import _context
 from ipnext.activities.serving import APPS_RUNNING_TIMEOUT_S, pool_envelope, publish_routing
 from ipnext.activities.validate import as_application_error
-from ipnext.config import AutoscalingSettings, PartHealthCheckSettings
+from ipnext.config import ServeSettings
 from ipnext.contracts import Frozen
 from ipnext.errors import ServingError
 from ipnext.model import ModelSpec, SnapshotSet
@@ -103,15 +103,11 @@ def reconcile_serving(input: ReconcileInput) -> ReconcileResult:
     upserts: list[dict[str, Any]] = []
 
     # The serving set's apps at the plan's full size (a rollout's: both sets at their sizes).
-    cpus, checks, scaling = (
-        current.ray.replica_num_cpus,
-        current.serve.part_health_check,
-        current.serve.autoscaling,
-    )
+    cpus = current.ray.replica_num_cpus
     wanted_sets = (
-        _rollout_sets(input, store, cpus, checks, scaling)
+        _rollout_sets(input, store, cpus, current.serve)
         if input.sets
-        else _serving_sets(input, store, cpus, checks, scaling)
+        else _serving_sets(input, store, cpus, current.serve)
     )
     held = _ray_get(writer.app_configs.remote(sorted(wanted_sets)))
     for name, app in wanted_sets.items():
@@ -133,7 +129,7 @@ def reconcile_serving(input: ReconcileInput) -> ReconcileResult:
             max_ongoing_requests=input.spec.router.max_ongoing_requests,
             max_queued_requests=input.spec.router.max_queued_requests,
             router=input.spec.router,
-            max_replicas=router_max_replicas(input.spec.router, scaling),
+            max_replicas=router_max_replicas(input.spec.router, current.serve.autoscaling),
         )
         floor = max(input.generation_floor, config.generation)
         generation = max(had.config.generation if had else 0, floor)
@@ -156,7 +152,7 @@ def reconcile_serving(input: ReconcileInput) -> ReconcileResult:
         else:
             why = f"{name}: router missing in Serve"
         config = wanted.config.model_copy(update={"generation": generation})
-        upserts.append(render_router_app(model, region, config, input.spec.router, scaling))
+        upserts.append(render_router_app(model, region, config, input.spec.router, current.serve.autoscaling))
         generations[region] = generation
         repaired.append(why)
 
@@ -195,14 +191,15 @@ def _serving_sets(
     input: ReconcileInput,
     store: str,
     replica_num_cpus: float,
-    health_check: PartHealthCheckSettings,
-    autoscaling: AutoscalingSettings,
+    serve: ServeSettings,
 ) -> dict[str, dict[str, Any]]:
     """An idle model's serving set: its apps at the plan's full size, named as the record says."""
     apps: dict[str, dict[str, Any]] = {}
     for region, name in sorted(input.apps.items()):
         plan = set_app_plan(input.spec, input.serving_set, input.plan, region, store)
-        app = render_set_app(plan, replica_num_cpus, health_check, autoscaling)
+        app = render_set_app(
+            plan, replica_num_cpus, serve.part_health_check, serve.autoscaling, serve.shutdown_wait_s
+        )
         if app["name"] != name:
             raise as_application_error(
                 ServingError(
@@ -218,8 +215,7 @@ def _rollout_sets(
     input: ReconcileInput,
     store: str,
     replica_num_cpus: float,
-    health_check: PartHealthCheckSettings,
-    autoscaling: AutoscalingSettings,
+    serve: ServeSettings,
 ) -> dict[str, dict[str, Any]]:
     """A rollout's sets: each set's apps, in every region of its plan, at its step's size."""
     apps: dict[str, dict[str, Any]] = {}
@@ -230,7 +226,9 @@ def _rollout_sets(
         regions = sorted({r for p in target.plan.deployments.values() for r in p.regions()})
         for region in regions:
             plan = set_app_plan(spec, target.snapshot_set, target.plan, region, store, scale, shares)
-            app = render_set_app(plan, replica_num_cpus, health_check, autoscaling)
+            app = render_set_app(
+                plan, replica_num_cpus, serve.part_health_check, serve.autoscaling, serve.shutdown_wait_s
+            )
             apps[app["name"]] = app
     return apps
 

@@ -150,7 +150,11 @@ def deploy_set_apps(input: DeploySetInput) -> DeploySetResult:
     writer: Any = _context.writer()
     upserts = [
         render_set_app(
-            p, current.ray.replica_num_cpus, current.serve.part_health_check, current.serve.autoscaling
+            p,
+            current.ray.replica_num_cpus,
+            current.serve.part_health_check,
+            current.serve.autoscaling,
+            current.serve.shutdown_wait_s,
         )
         for p in plans.values()
     ]

@@ -122,6 +122,12 @@ class ServeSettings(_Section):
     reconcile_seconds: float = Field(default=30.0, ge=1)
     part_health_check: PartHealthCheckSettings = Field(default_factory=PartHealthCheckSettings)
     autoscaling: AutoscalingSettings = Field(default_factory=AutoscalingSettings)
+    # How long a serving set's replica, told to stop, waits for requests already on their way
+    # before it counts the ones it holds (and then stops once none are left, or after Serve's
+    # 20 s). ipnext moves a set's traffic away before it removes the set, so the wait covers only
+    # requests sent just before that; None keeps Serve's own (2 s), which every removal of a set,
+    # and every scale-down, waits through.
+    shutdown_wait_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
 
 
 class RaySettings(_Section):

@@ -140,7 +140,8 @@ def scratch_config(base: Path, config_dir: Path) -> Path:
         "state_dir": "state",
         "temporal_dev_file": "temporal-dev.yaml",
         "temporal": {"task_queue": f"ipnext-{uuid.uuid4().hex[:8]}"},
-        "serve": {"host": "127.0.0.1", "port": free_port()},
+        # As the dev config: a removed set's replicas wait 0.5 s for requests on their way.
+        "serve": {"host": "127.0.0.1", "port": free_port(), "shutdown_wait_s": 0.5},
     }
     path = base / "ipnext.yaml"
     path.write_text(yaml.safe_dump(config))

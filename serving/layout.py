@@ -1,6 +1,8 @@
 """Names and desired state of Serve apps, and the declarative config rendered from them.
 
 Pure code (no Ray imports): the Serve config writer, the activities and the tests share it.
+One file over 600 lines on purpose: every name and every Serve config ipnext writes comes from
+here, so the writer, the deploys and the serving check can never render an app two ways.
 """
 
 from __future__ import annotations
@@ -295,13 +297,15 @@ def render_set_app(
     replica_num_cpus: float,
     health_check: PartHealthCheckSettings | None = None,
     autoscaling: AutoscalingSettings | None = None,
+    shutdown_wait_s: float | None = None,
 ) -> dict[str, Any]:
     """The set app's Serve config. Its part deployments carry the health check of the settings
     (`serve.part_health_check`; its defaults when None): Serve calls `PartHost.check_health`
     every period and replaces a replica after 3 failures in a row. Each scales on its own load
     (`serve.autoscaling`) from the app's replicas up: rendered here with `max_replicas` equal
     to them, the plan's bounds; the writer raises each to its share of the pool's unallocated
-    units when it renders the whole config (`burst_bounds`)."""
+    units when it renders the whole config (`burst_bounds`). A replica told to stop waits
+    `shutdown_wait_s` (`serve.shutdown_wait_s`; None: Serve's own) for requests on their way."""
     health_check = health_check or PartHealthCheckSettings()
     autoscaling = autoscaling or AutoscalingSettings()
     deployments: list[dict[str, Any]] = [
@@ -347,6 +351,8 @@ def render_set_app(
                 # a batch could never fill past it: room for one batch running and one filling.
                 deployment["max_ongoing_requests"] = max(5, 2 * batching.max_batch_size)
             deployments.append(deployment)
+    for deployment in deployments if shutdown_wait_s is not None else []:
+        deployment["graceful_shutdown_wait_loop_s"] = shutdown_wait_s
     return {
         "name": app.name,
         "route_prefix": None,

@@ -54,7 +54,6 @@ SECOND_STACK_MODULES = (
     "test_llm.py",
     "test_load_step.py",
     "test_ranking.py",
-    "test_model_update.py",
     "test_experiments.py",
 )
 # The units that run on a shared dev stack (tests/integration/conftest.py `stack`): a worker

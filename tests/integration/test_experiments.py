@@ -9,7 +9,12 @@ Then shadows on the same model (drills share rollouts): callers' latency with an
 their requests copied to a candidate (the dense part sleeps rather than computes, so the copies
 compete for the router, not for the cores: printed, never asserted); a candidate equal to the
 serving set compares as equal; the better-trained treatment reports the true difference,
-computed here from the two snapshots' weight files; no caller ever gets a candidate's answer."""
+computed here from the two snapshots' weight files; no caller ever gets a candidate's answer.
+
+Last, model updates on the same model (its first rollout paid once for all three drills):
+refused updates change nothing, a gate change applies in place (the same replica processes) and
+to the next rollout, a traffic change moves capacity, and a hardware change becomes a new set of
+the same snapshots, rolled out under load with no failed request."""
 
 from __future__ import annotations
 
@@ -24,17 +29,21 @@ from typing import Any
 
 import httpx
 import pytest
+import ray
 from safetensors.torch import load_file
 
 from ipnext.config import Settings
 from ipnext.contracts import poll_until
+from ipnext.errors import IpnextError
 from ipnext.examples.click_ranker.parts import DensePart, EmbeddingPart
 from ipnext.examples.click_ranker.train import favourite, poisoned_copy, train
 from ipnext.model import ModelSpec
-from ipnext.registry import ExperimentStatus, StartExperimentInput
+from ipnext.registry import ExperimentStatus, ModelState, StartExperimentInput
 from ipnext.sdk import Client
+from ipnext.serving.control import connect
 from ipnext.shadow import compare_answers
 from ipnext.snapshots import write_snapshot
+from ipnext.spec_update import UpdateKind
 
 from .conftest import keyed, one_region_spec, train_version
 from .load import Load
@@ -44,12 +53,13 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 CANDIDATES, TOP = 10, 3
 # The shadows' latency phases (a setting: bench/shadow.py runs them at full length), and the
 # dense part's sleep: latency without CPU.
-PHASE_S = 4.0
+PHASE_S = 3.0
 DELAY_MS = 20
 USER, ITEMS = 3, [5, 17, 42, 99, 123, 256, 300, 411]  # the shadows' request: one true difference
-# Requests/s of all the users together: enough for a clear verdict in a 10 s experiment (about
-# 100 answers an arm), and far below what the box can serve, so the load does not hold the
-# control plane back (four unpaced users kept both cores busy on their own).
+# Requests/s of all the users together: enough for a clear verdict in a 6 s experiment (about
+# 60 answers an arm; the arms click about 0.3 and 0.95 of the time, p near 1e-10), and far below
+# what the box can serve, so the load does not hold the control plane back (four unpaced users
+# kept both cores busy on their own).
 RATE = 20.0
 
 
@@ -122,13 +132,14 @@ def lap(began: float, what: str) -> None:
     print(f"[{time.monotonic() - began:6.1f}s] {what}")
 
 
-async def test_the_better_arm_wins_and_a_failing_arm_ends_on_its_guardrail(
+async def test_the_better_arm_wins_a_failing_arm_ends_shadows_compare_and_updates_apply(
     stack: Settings, client: Client, model_name: str
 ) -> None:
     began = time.monotonic()
     data = one_region_spec(model_name).model_dump(mode="json")
     data["parts"]["dense"]["config"]["delay_ms"] = DELAY_MS
-    await client.publish_model(ModelSpec.model_validate(data))
+    spec = ModelSpec.model_validate(data)
+    await client.publish_model(spec)
     weak, _ = train_version(stack, model_name, "v1")  # 60 steps: ranks hardly better than chance
     first = await client.publish_snapshot(model_name, weak)
     await client.wait_until_serving(model_name, first.set_id)
@@ -139,7 +150,7 @@ async def test_the_better_arm_wins_and_a_failing_arm_ends_on_its_guardrail(
     lap(began, "the strong arm trained and held")
 
     start = StartExperimentInput(
-        name="ranker", treatment=held.set_id, duration_seconds=10, check_seconds=2, who="test"
+        name="ranker", treatment=held.set_id, duration_seconds=6, check_seconds=2, who="test"
     )
     await client.start_experiment(model_name, start)
 
@@ -174,10 +185,10 @@ async def test_the_better_arm_wins_and_a_failing_arm_ends_on_its_guardrail(
     async def through_the_breach(users: Users) -> None:
         await ended(client, model_name, "poisoned")
         ended_at.append(time.monotonic() - users.started)
-        await asyncio.sleep(4)  # and on, with every request on control
+        await asyncio.sleep(3)  # and on, with every request on control
 
     users = await under_load(stack, model_name, through_the_breach)
-    lap(began, "the poisoned experiment ended, and 4 s on control")
+    lap(began, "the poisoned experiment ended, and 3 s on control")
     result = await ended(client, model_name, "poisoned")
     assert result.outcome == "guardrail" and result.end.startswith("guardrail error_rate breached"), (
         result.end
@@ -190,6 +201,8 @@ async def test_the_better_arm_wins_and_a_failing_arm_ends_on_its_guardrail(
         stack, client, model_name, first.set_id, weak, held.set_id, strong, data["parts"]["dense"]["config"]
     )
     lap(began, "the shadows done")
+    await updates(stack, client, model_name, spec, first.set_id)
+    lap(began, "the updates done")
     await client.delete_model(model_name, who="test")
     lap(began, "deleted")
 
@@ -308,3 +321,122 @@ async def shadows(
     await no_experiment(client, model_name)
     kept = {s.id: s for s in (await client.get_model(model_name)).sets}
     assert kept[different].status == "held" and "shadow different:" in kept[different].detail
+
+
+def changed(spec: ModelSpec, change: Any) -> ModelSpec:
+    data = spec.model_dump(mode="json")
+    change(data)
+    return ModelSpec.model_validate(data)
+
+
+def replica_pids(settings: Settings, app: str) -> set[int]:
+    """The processes of every replica of a Serve app (its actors are `ServeReplica:<app>:<deployment>`)."""
+    connect(settings.ray_address())
+    # The GCS's actor table: Ray's state API would need the dashboard, which the stack does not start.
+    actors = ray._private.state.actors().values()
+    return {
+        a["Pid"]
+        for a in actors
+        if a["State"] == "ALIVE" and a["ActorClassName"].startswith(f"ServeReplica:{app}:")
+    }
+
+
+def replicas(state: ModelState) -> int:
+    assert state.plan is not None
+    return sum(
+        n for p in state.plan.deployments.values() for by_hw in p.replicas.values() for n in by_hw.values()
+    )
+
+
+async def settled(client: Client, model: str, what: str, test: Any, timeout_s: float = 180) -> ModelState:
+    return await poll_until(
+        lambda: client.get_model(model),
+        lambda s: s.active_rollout is None and s.pending_plan is None and not s.queued and test(s),
+        timeout_s=timeout_s,
+        interval_s=0.3,
+        what=what,
+    )
+
+
+async def updates(stack: Settings, client: Client, model_name: str, spec: ModelSpec, serving: str) -> None:
+    """The update drill (module docstring) on the experiments' model: `spec` is what it was
+    published with, `serving` the set that serves."""
+    before = await client.get_model(model_name)
+    assert before.serving_set == serving and before.spec == spec
+    app = before.serving_apps["us-east"]
+    pids = replica_pids(stack, app)
+    assert pids
+
+    # Refused by the worker (a factory it cannot import): nothing changes, nothing is recorded.
+    broken = changed(
+        spec, lambda d: d["parts"]["dense"].update(factory="ipnext.examples.click_ranker.parts:NoSuch")
+    )
+    with pytest.raises(IpnextError, match="NoSuch"):
+        await client.update_model(broken, who="test")
+    after_refusal = await client.get_model(model_name)
+    assert (
+        after_refusal.spec == spec and after_refusal.sets == before.sets and after_refusal.spec_changes == []
+    )
+
+    # The same spec: no change.
+    same = await client.update_model(spec, who="test")
+    assert same.kind == UpdateKind.NONE and same.outcome == "no change"
+
+    # A gate: in place, the replicas keep running.
+    gated = changed(spec, lambda d: d["rollout"]["gates"][0].update(max=0.02))
+    result = await client.update_model(gated, who="test-gate")
+    assert (result.kind, result.outcome) == (UpdateKind.IN_PLACE, "applied in place")
+    assert result.changes == ["rollout.gates: " + result.changes[0].split(": ", 1)[1]]
+    state = await client.get_model(model_name)
+    assert state.spec == gated and state.serving_set == serving
+    change = state.spec_changes[-1]
+    assert (change.number, change.who, change.kind) == (1, "test-gate", "in_place")
+    await asyncio.sleep(3)  # the serving check it asked for has run: nothing in Serve changed
+    assert replica_pids(stack, app) == pids
+
+    # Traffic: a new placement for the same set, moved to by a capacity move.
+    busier = changed(gated, lambda d: d["traffic"]["peak_qps"].update({"us-east": 600}))
+    result = await client.update_model(busier, who="test-traffic")
+    assert result.kind == UpdateKind.CAPACITY and result.plan_revision is not None
+    assert result.outcome.startswith("capacity move to placement revision"), result.outcome
+    grown = await settled(
+        client,
+        model_name,
+        "the capacity move done",
+        lambda s: s.plan is not None and s.plan.deployments != before.plan.deployments,  # type: ignore[union-attr]
+    )
+    assert grown.serving_set == serving and grown.spec == busier
+    assert replicas(grown) > replicas(before), (before.plan, grown.plan)
+
+    # Hardware: a new set of the same snapshots under the new spec, rolled out under load.
+    rehosted = changed(busier, lambda d: d["parts"]["dense"]["hardware"]["cpu-std"].update(qps=250))
+    async with Load(stack.serve_url, f"/us-east/models/{model_name}/predict", headers=keyed(stack)) as load:
+        result = await client.update_model(rehosted, who="test-hardware")
+        assert result.kind == UpdateKind.NEW_SET and result.set_id is not None
+        assert result.outcome == f"rolling out as {result.set_id}"
+        assert result.changes == ["parts.dense.hardware.cpu-std.qps: 300.0 -> 250.0"]
+        pending = await client.get_model(model_name)
+        assert pending.spec == busier and pending.spec_pending is not None  # not before it serves
+        with pytest.raises(IpnextError, match="is rolling out with set"):  # one update at a time
+            await client.update_model(busier, who="test")
+        done = await client.wait_until_serving(model_name, result.set_id, timeout_s=240)
+    assert done.spec == rehosted and done.spec_pending is None
+    new = next(s for s in done.sets if s.id == result.set_id)
+    old = next(s for s in done.sets if s.id == serving)
+    assert {p: r.snapshot_id for p, r in new.parts.items()} == {
+        p: r.snapshot_id for p, r in old.parts.items()
+    }
+    assert [c.outcome for c in done.spec_changes] == [
+        "applied in place",
+        grown.spec_changes[-1].outcome,
+        f"applied: {result.set_id} serves",
+    ]
+    assert [c.who for c in done.spec_changes] == ["test-gate", "test-traffic", "test-hardware"]
+    # The gate changed in place is the one this rollout judged.
+    assert done.rollout is not None
+    limits = {g.limit for g in done.rollout.gates if g.metric == "error_rate"}
+    assert limits == {0.02}, done.rollout.gates
+    assert load.failed() == [], load.failed()[:3]
+    assert {a.set for a in load.answers} <= {serving, result.set_id}
+    served = await client.predict(model_name, {"user": 1, "items": [4]})
+    assert served.set == result.set_id

@@ -155,6 +155,14 @@ def test_render_set_app(example_spec: ModelSpec, snapshot_set: SnapshotSet, plan
     defaults = render_set_app(app, 0)["deployments"][1]
     assert (defaults["health_check_period_s"], defaults["health_check_timeout_s"]) == (5, 20)
 
+    # A replica told to stop waits the settings' time for requests on their way (every deployment
+    # of the set: Serve takes it as its drain loop); unset, Serve's own default.
+    short = render_set_app(app, 0, shutdown_wait_s=0.5)
+    assert {d["graceful_shutdown_wait_loop_s"] for d in short["deployments"]} == {0.5}
+    assert all("graceful_shutdown_wait_loop_s" not in d for d in render_set_app(app, 0)["deployments"])
+    checked = ServeDeploySchema.model_validate(render_serve_config({short["name"]: short}, "127.0.0.1", 8000))
+    assert {d.graceful_shutdown_wait_loop_s for d in checked.applications[0].deployments} == {0.5}
+
     ingress = by_name["set"]
     assert ingress["num_replicas"] == 1
     assert set(ingress["ray_actor_options"]["resources"]) == {"region:us-east"}
