@@ -127,8 +127,9 @@ class Master:
         )
         return model, nb
 
-    def solve_lp(self) -> MasterLP:
-        cols = list(range(len(self.columns)))
+    def solve_lp(self, cols: list[int] | None = None) -> MasterLP:
+        """The master LP over every column, or over `cols` (their weights, in that order)."""
+        cols = list(range(len(self.columns))) if cols is None else cols
         model, _ = self._model(cols, self.capacity, with_slack=True, integral=False)
         # GLOP for its duals: through model_builder, HiGHS's LP duals came back wrong (a 2-row
         # check gave 4 and 1 where the true duals are 3 and -2; GLOP gave 3 and -2).

@@ -3,6 +3,8 @@ exact MIP (tests/unit/exact_mip.py) on small random instances."""
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import json
 
 import pytest
@@ -195,3 +197,64 @@ def test_report_round_trip() -> None:
     back = Plan.from_report(report)
     assert check_plan(problem, back) == []
     assert back.deployments == plan.deployments
+
+
+@pytest.mark.parametrize("replan", [False, True])
+def test_an_exact_mip_that_does_not_close_gets_its_share_and_its_plan_and_bound_are_kept(
+    replan: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The whole-instance MIP runs in its share of the limit (less from scratch than in a
+    replan); when it stops unclosed, its plan and bound still count beside the decomposition's.
+    The MIP is made to stop: the real one's optimum, reported as an unclosed answer whose bound
+    is that optimum (as a MIP stopped with its incumbent optimal but not yet proven would be),
+    beside a decomposition whose bound is made 10% looser."""
+    solve_module = importlib.import_module("ipnext.planner.solve")  # the package's `solve` is the function
+    problem = generate(7, 12, 3, 2)
+    if replan:
+        problem = problem.model_copy(
+            update={"current": solve(problem, SolveOptions(time_limit_s=20, workers=1))}
+        )
+    real, limits = solve_module.solve_model, []
+
+    def stopped(model: object, **kw: object) -> object:
+        sol = real(model, **kw)  # type: ignore[arg-type]
+        if not limits and not kw.get("relax"):  # the first MIP is the whole instance's
+            limits.append(kw["time_limit_s"])
+            sol.status = "feasible"
+        return sol
+
+    def looser(*args: object, **kw: object) -> object:  # its bound alone could not prove the plan
+        found = real_decompose(*args, **kw)
+        return dataclasses.replace(found, lower_bound=0.9 * found.lower_bound)
+
+    real_decompose = solve_module.decompose
+    monkeypatch.setattr(solve_module, "solve_model", stopped)
+    monkeypatch.setattr(solve_module, "decompose", looser)
+    plan = solve(problem, SolveOptions(time_limit_s=10, workers=1, churn_cost=0.05 if replan else 0.0))
+    assert limits == [10 * solve_module.EXACT_SHARE["replan" if replan else "scratch"]]
+    assert check_plan(problem, plan) == []
+    optimum = exact_optimum(problem)
+    assert optimum is not None
+    if not replan:  # the kept plan is the optimum and its bound proves it
+        assert plan.cost == pytest.approx(optimum, rel=TOL)
+        assert plan.gap == pytest.approx(0, abs=1e-6), plan.lower_bound_method
+
+
+def test_a_branch_on_a_mixed_block_proves_more_than_the_master_lp_and_never_too_much(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Nearly full pools where the master LP mixes a block: one branch on its units in a pool
+    (planner/branch.py) lifts the proven bound above column generation's, and never above the
+    optimum (the separate SCIP oracle)."""
+    decompose_module = importlib.import_module("ipnext.planner.decompose")
+    problem = generate(5, 16, 3, 2, utilization=0.9)
+    optimum = exact_optimum(problem)
+    assert optimum is not None
+    branched = solve(problem, SCALABLE_ONLY)
+    monkeypatch.setattr(decompose_module, "BRANCH_MAX_BLOCKS", 0)
+    unbranched = solve(problem, SCALABLE_ONLY)
+    assert check_plan(problem, branched) == []
+    assert branched.lower_bound is not None and unbranched.lower_bound is not None
+    assert "when branched on" in branched.lower_bound_method, branched.lower_bound_method
+    assert "branched" not in unbranched.lower_bound_method
+    assert unbranched.lower_bound < branched.lower_bound <= optimum + TOL * optimum
