@@ -37,9 +37,9 @@ from pydantic import Field
 from temporalio import activity
 
 from ipnext.activities import _context
-from ipnext.activities.serving import APPS_RUNNING_TIMEOUT_S, pool_envelope, publish_routing
+from ipnext.activities.serving import APPS_RUNNING_TIMEOUT_S, pool_envelope, publish_routing, render_set
 from ipnext.activities.validate import as_application_error
-from ipnext.config import ServeSettings
+from ipnext.config import Settings
 from ipnext.contracts import Frozen
 from ipnext.errors import ServingError
 from ipnext.model import ModelSpec, SnapshotSet
@@ -51,7 +51,6 @@ from ipnext.serving.layout import (
     DeployedRouter,
     deployed_router,
     render_router_app,
-    render_set_app,
     router_app_name,
     router_max_replicas,
     set_app_plan,
@@ -103,12 +102,7 @@ def reconcile_serving(input: ReconcileInput) -> ReconcileResult:
     upserts: list[dict[str, Any]] = []
 
     # The serving set's apps at the plan's full size (a rollout's: both sets at their sizes).
-    cpus = current.ray.replica_num_cpus
-    wanted_sets = (
-        _rollout_sets(input, store, cpus, current.serve)
-        if input.sets
-        else _serving_sets(input, store, cpus, current.serve)
-    )
+    wanted_sets = _rollout_sets(input, store, current) if input.sets else _serving_sets(input, store, current)
     held = _ray_get(writer.app_configs.remote(sorted(wanted_sets)))
     for name, app in wanted_sets.items():
         why = _drift(name, app, held[name], listed)
@@ -190,16 +184,13 @@ def reconcile_serving(input: ReconcileInput) -> ReconcileResult:
 def _serving_sets(
     input: ReconcileInput,
     store: str,
-    replica_num_cpus: float,
-    serve: ServeSettings,
+    settings: Settings,
 ) -> dict[str, dict[str, Any]]:
     """An idle model's serving set: its apps at the plan's full size, named as the record says."""
     apps: dict[str, dict[str, Any]] = {}
     for region, name in sorted(input.apps.items()):
         plan = set_app_plan(input.spec, input.serving_set, input.plan, region, store)
-        app = render_set_app(
-            plan, replica_num_cpus, serve.part_health_check, serve.autoscaling, serve.shutdown_wait_s
-        )
+        app = render_set(plan, settings)
         if app["name"] != name:
             raise as_application_error(
                 ServingError(
@@ -214,8 +205,7 @@ def _serving_sets(
 def _rollout_sets(
     input: ReconcileInput,
     store: str,
-    replica_num_cpus: float,
-    serve: ServeSettings,
+    settings: Settings,
 ) -> dict[str, dict[str, Any]]:
     """A rollout's sets: each set's apps, in every region of its plan, at its step's size."""
     apps: dict[str, dict[str, Any]] = {}
@@ -226,9 +216,7 @@ def _rollout_sets(
         regions = sorted({r for p in target.plan.deployments.values() for r in p.regions()})
         for region in regions:
             plan = set_app_plan(spec, target.snapshot_set, target.plan, region, store, scale, shares)
-            app = render_set_app(
-                plan, replica_num_cpus, serve.part_health_check, serve.autoscaling, serve.shutdown_wait_s
-            )
+            app = render_set(plan, settings)
             apps[app["name"]] = app
     return apps
 

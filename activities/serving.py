@@ -22,6 +22,7 @@ from ipnext.serving.layout import (
     ROUTING_APP,
     DeployedRouter,
     PoolEnvelope,
+    SetAppPlan,
     metrics_actor_name,
     render_router_app,
     render_set_app,
@@ -136,6 +137,15 @@ def pool_envelope(settings: Settings) -> dict[str, Any]:
     return PoolEnvelope(pools=pools, burst=settings.serve.autoscaling.burst).model_dump(mode="json")
 
 
+def render_set(plan: SetAppPlan, settings: Settings) -> dict[str, Any]:
+    """A set app's Serve config under the settings: replica CPUs, health check, autoscaling and
+    shutdown wait. Deploys and the serving check render through it, so both render alike."""
+    serve = settings.serve
+    return render_set_app(
+        plan, settings.ray.replica_num_cpus, serve.part_health_check, serve.autoscaling, serve.shutdown_wait_s
+    )
+
+
 @activity.defn
 def deploy_set_apps(input: DeploySetInput) -> DeploySetResult:
     from ipnext.serving.control import wait_apps_running
@@ -148,16 +158,7 @@ def deploy_set_apps(input: DeploySetInput) -> DeploySetResult:
         for r in regions
     }
     writer: Any = _context.writer()
-    upserts = [
-        render_set_app(
-            p,
-            current.ray.replica_num_cpus,
-            current.serve.part_health_check,
-            current.serve.autoscaling,
-            current.serve.shutdown_wait_s,
-        )
-        for p in plans.values()
-    ]
+    upserts = [render_set(p, current) for p in plans.values()]
     _ray_get(writer.apply.remote(upserts, [], pool_envelope(current)))
     try:
         wait_apps_running([p.name for p in plans.values()], APPS_RUNNING_TIMEOUT_S, _heartbeat)

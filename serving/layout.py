@@ -351,8 +351,9 @@ def render_set_app(
                 # a batch could never fill past it: room for one batch running and one filling.
                 deployment["max_ongoing_requests"] = max(5, 2 * batching.max_batch_size)
             deployments.append(deployment)
-    for deployment in deployments if shutdown_wait_s is not None else []:
-        deployment["graceful_shutdown_wait_loop_s"] = shutdown_wait_s
+    if shutdown_wait_s is not None:
+        for deployment in deployments:
+            deployment["graceful_shutdown_wait_loop_s"] = shutdown_wait_s
     return {
         "name": app.name,
         "route_prefix": None,
