@@ -26,7 +26,7 @@ deployments in 30 s. So:
    an exact MIP against the capacity the others leave. Repair (below) only runs when
    nothing else fits.
 
-4. The bound, on instances of at most BRANCH_MAX_BLOCKS blocks whose column generation settled
+4. The bound, on instances of at most FLEET_BLOCKS blocks whose column generation settled
    (its bound is the master LP's): one branch on a block the LP mixes, each side with its own
    column generation, proves the smaller of the two sides' bounds (branch.py says why that holds
    and why it can exceed the master LP's), in at most BRANCH_SHARE of the time left; the plan is
@@ -61,10 +61,10 @@ from ipnext.planner.backend import solve_model
 from ipnext.planner.branch import branched_bound
 from ipnext.planner.columns import enrich, from_columns
 from ipnext.planner.formulation import build
-from ipnext.planner.improve import TIGHTEN_TIME_LIMIT_S, improve, loose, plan_cost, tighten, tightened
-from ipnext.planner.instance import Instance
+from ipnext.planner.improve import TIGHTEN_FLEET_LIMIT_S, improve, loose, plan_cost, tighten, tightened
+from ipnext.planner.instance import FLEET_BLOCKS, Instance
 from ipnext.planner.master import Master
-from ipnext.planner.pool import Pool, gather
+from ipnext.planner.pool import Jobs, Pool, gather
 from ipnext.planner.pricing import (
     JOINT_REPAIR_SECONDS,
     BlockChoice,
@@ -85,9 +85,8 @@ ENRICH_SHARE = 0.25  # of the time left after pricing, for more columns near the
 # Of the time limit, the most the first plan (LP rounding, repaired) may take before pricing starts.
 FIRST_PLAN_SHARE = 0.3
 MAX_SLACK_RAISES = 6  # then the columns are taken not to fit: repair decides, or names the shortfall
-# A branch for a better bound (branch.py): on instances of at most this many blocks whose
+# A branch for a better bound (branch.py): on instances of at most FLEET_BLOCKS blocks whose
 # master LP fits the pools, in this share of the time left after the plan is built.
-BRANCH_MAX_BLOCKS = 300
 BRANCH_SHARE = 0.35
 # Larger LPs take most of the time limit (1,000 deployments: GLOP unfinished in 9 s).
 LP_PRICES_MAX_OPTIONS = 20_000
@@ -111,6 +110,7 @@ def decompose(
     churn: float,
     deadline: float,
     hard_deadline: float | None = None,
+    fitting_deadline: float | None = None,
     workers: int | None = None,
     max_iterations: int = 200,
 ) -> Decomposition:
@@ -120,6 +120,9 @@ def decompose(
     block is solved at those prices (its optimum is a new column, and the sum of the block
     bounds minus prices . capacity a lower bound). Then the bound is tightened at the best
     prices, and the plan chosen from the columns (`columns.from_columns`), by `hard_deadline`.
+    Once the master's columns fit the pools, rounds may go on until `fitting_deadline` (when
+    later than `deadline`): a plan from columns that fit is quick to choose, where one from
+    columns that do not places most blocks one at a time.
     Progress is logged at debug level."""
     hard_deadline = hard_deadline if hard_deadline is not None else deadline + JOINT_REPAIR_SECONDS
     workers = workers or os.cpu_count() or 1
@@ -140,7 +143,9 @@ def decompose(
         log.debug("first plan: %s (%.1fs)", first_how, time.monotonic() - started)
         # The first round must answer every block (each needs a column and a bound); later
         # rounds stop at `deadline` and carry the blocks they did not reach.
+        round_started = time.monotonic()
         choices = pool.solve(blocks, prices, churn, refine=False, deadline=hard_deadline)
+        per_block = (time.monotonic() - round_started) / max(1, len(choices))  # a round's pace
         missing = [b for b in blocks if b not in choices]
         if missing:
             if first is not None and start.bound is not None:
@@ -166,13 +171,25 @@ def decompose(
         for iteration in range(1, max_iterations + 1):
             if lp.slack <= 1e-9 and lp.objective - best <= 1e-7 * max(1.0, abs(best)):
                 break  # the master LP meets the bound: nothing left for prices to find
-            if time.monotonic() > deadline:
+            until = deadline if lp.slack > 1e-9 else max(deadline, fitting_deadline or deadline)
+            if time.monotonic() > until:
                 break
             # Smoothed prices (Wentges): part way from the best prices so far to the LP's duals,
             # which jump about while few columns exist.
             prices = smoothing * best_prices + (1 - smoothing) * lp.prices if best > 0 else lp.prices
             stale = reuse.stale(prices)
-            fresh = pool.solve(stale, prices, churn, refine=False, deadline=deadline)
+            if lp.slack <= 1e-9 and time.monotonic() + per_block * len(stale) > until:
+                # A round cut short proves little (the blocks it misses keep bounds from lower
+                # prices): its time goes to the plan and the tightening instead. While the
+                # columns do not fit, a part round still brings columns that help them fit.
+                log.debug(
+                    "iteration %d: %d blocks would not be priced by the deadline", iteration, len(stale)
+                )
+                break
+            round_started = time.monotonic()
+            fresh = pool.solve(stale, prices, churn, refine=False, deadline=until)
+            if fresh:
+                per_block = (time.monotonic() - round_started) / len(fresh)
             reuse.update(fresh, prices)
             solved = {**reuse.unchanged(stale), **fresh}
             choices = rounds.complete(solved, prices, best_blocks)
@@ -209,8 +226,9 @@ def decompose(
                     break  # every block's optimum at the LP's prices is in the master already
             else:
                 smoothing = SMOOTHING
-        # A plan first (at fleet scale building it can take most of what is left), then the
-        # bound is tightened in half of the time that remains, then the plan improved.
+        # More columns near the best prices, then a plan. Small instances then tighten the bound
+        # (and branch) before improving the plan; at fleet scale the workers tighten it while
+        # this process builds the plan (when the columns fit the pools) and improves it.
         if lp.slack <= 1e-9:  # else the duals are the slack's, no guide to placements
             until = time.monotonic() + ENRICH_SHARE * (hard_deadline - time.monotonic())
             around = best_prices if best_prices.any() else lp.prices
@@ -222,6 +240,19 @@ def decompose(
                 lp.objective,
                 time.monotonic() - started,
             )
+        loosest = loose(best_blocks)
+        branching = lp.slack <= 1e-9 and len(blocks) <= FLEET_BLOCKS
+        jobs = None
+
+        def submit() -> Jobs | None:
+            """The workers tighten the bound (HiGHS on the loosest blocks) while this process
+            builds or improves the plan: neither waits for the other."""
+            if branching or pool.executor is None or not loosest:
+                return None
+            return pool.submit(loosest, best_prices, churn, TIGHTEN_FLEET_LIMIT_S, refine=True, size=1)
+
+        if lp.slack <= 1e-9:  # else the plan places blocks one at a time, and needs the cores
+            jobs = submit()
         how: str | None = None
         try:
             plan = from_columns(inst, master, lp, churn, prices, hard_deadline)
@@ -232,8 +263,8 @@ def decompose(
         if first is not None and plan_cost(first) < plan_cost(plan):
             plan, how = first, first_how
         log.debug("plan cost %.3f (%.1fs)", plan_cost(plan), time.monotonic() - started)
-        loosest = loose(best_blocks)
-        if lp.slack <= 1e-9 and len(blocks) <= BRANCH_MAX_BLOCKS:
+        jobs = jobs or submit()
+        if branching:
             # Small enough to branch (branch.py): the bound first (tightened, then branched on in
             # at most BRANCH_SHARE of the time left), then the plan improved in the rest.
             until = time.monotonic() + BRANCH_SHARE * (hard_deadline - time.monotonic())
@@ -244,10 +275,7 @@ def decompose(
                 if branched is not None and branched[0] > best:
                     best, branch = branched
             plan = improve(inst, plan, best_prices, best_blocks, churn, hard_deadline, pool=pool).plan
-        elif pool.executor is not None and loosest:
-            # The workers tighten the bound (HiGHS on the loosest blocks) while this process
-            # improves the plan: neither waits for the other.
-            jobs = pool.submit(loosest, best_prices, churn, TIGHTEN_TIME_LIMIT_S, refine=True, size=1)
+        elif jobs is not None:
             plan = improve(inst, plan, best_prices, best_blocks, churn, hard_deadline).plan
             solved = {b: c for b, c in gather(jobs, hard_deadline).items() if c is not None}
             best = tightened(inst, best_prices, best_blocks, solved) or best

@@ -17,7 +17,11 @@ import numpy as np
 from ipnext.errors import InfeasiblePlanError
 from ipnext.plan import DeploymentDemand, PlanningProblem
 
-__all__ = ["Instance", "compile_problem", "regions_needed"]
+__all__ = ["FLEET_BLOCKS", "Instance", "compile_problem", "regions_needed"]
+
+# Past this many blocks an instance is planned as a fleet: no branch for the bound, the plan
+# chosen from the columns without the IP over all of them, more of the time for pricing.
+FLEET_BLOCKS = 300
 
 
 @dataclass

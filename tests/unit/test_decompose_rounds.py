@@ -4,6 +4,7 @@ of a block no solver answered, and the greedy plan out of the columns."""
 
 from __future__ import annotations
 
+import importlib
 import subprocess
 import sys
 import time
@@ -12,13 +13,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ipnext.planner import check_plan
+from ipnext.plan import SolveOptions
+from ipnext.planner import check_plan, pricing, solve
 from ipnext.planner.columns import enrich, greedy_columns
 from ipnext.planner.generator import generate
 from ipnext.planner.improve import improve
 from ipnext.planner.instance import Instance, compile_problem
 from ipnext.planner.master import Master
-from ipnext.planner.pool import Pool
+from ipnext.planner.pool import PARALLEL_MIN_BLOCKS, Pool
 from ipnext.planner.pricing import BlockChoice, _rounded_relaxation, solve_block, usage_of
 from ipnext.planner.rounds import Reuse, Rounds
 from ipnext.planner.solve import _plan
@@ -251,3 +253,49 @@ def _alive(pid: int) -> bool:
             return stat.read().split(") ", 1)[1][0] != "Z"  # a zombie has ended
     except FileNotFoundError:
         return False
+
+
+def test_an_unproven_block_in_a_round_keeps_the_better_of_the_fast_bound_and_its_lp(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A pricing round (refine=False) takes the fast solver's answer where it runs out of work;
+    its bound is raised to the block's LP relaxation, and stays at or below the optimum."""
+    inst = compile_problem(generate(1, 40, 6, 3, utilization=0.5))
+    block, zero = 21, np.zeros_like(inst.pool_units)
+    real = pricing.solve_block_fast
+    monkeypatch.setattr(pricing, "solve_block_fast", lambda *a: real(*a, budget=200))
+    fast = real(inst, block, zero, 0.0, budget=200)
+    assert fast is not None and not fast.optimal  # the seam: an unproven fast answer
+    lp = pricing.relaxation_bound(inst, block, zero, 0.0)
+    assert lp > fast.bound + 1.0  # the instance is one where the LP is the better bound
+    choice = solve_block(inst, block, zero, 0.0, 30.0, refine=False)
+    assert choice is not None and choice.x == fast.x
+    assert choice.bound == pytest.approx(lp)
+    monkeypatch.undo()
+    assert choice.bound <= _exact(inst, block, zero).priced + 1e-6
+
+
+def test_at_fleet_scale_the_workers_tighten_bounds_while_the_plan_is_built(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Past FLEET_BLOCKS blocks (made 0 here) the loosest blocks go to HiGHS in the workers as
+    soon as pricing ends, and their bounds are taken in after the plan is built and improved.
+    Every block is made to count as loose, so that there is work for them."""
+    for name in ("decompose", "columns", "solve"):
+        monkeypatch.setattr(importlib.import_module(f"ipnext.planner.{name}"), "FLEET_BLOCKS", 0)
+    decompose_module = importlib.import_module("ipnext.planner.decompose")
+    monkeypatch.setattr(decompose_module, "loose", lambda choices: sorted(choices))
+    taken: list[int] = []
+    real_tightened = decompose_module.tightened
+
+    def spy(inst: Instance, prices: np.ndarray, choices: dict, solved: dict) -> float | None:
+        taken.append(len(solved))
+        return real_tightened(inst, prices, choices, solved)
+
+    monkeypatch.setattr(decompose_module, "tightened", spy)
+    problem = generate(2, 100, 4, 2, utilization=0.6)
+    assert len(compile_problem(problem).blocks) >= PARALLEL_MIN_BLOCKS  # the workers run
+    plan = solve(problem, SolveOptions(time_limit_s=10, exact_fallback=False, workers=2))
+    assert check_plan(problem, plan) == []
+    assert taken and taken[0] > 0, taken  # the workers' answers were taken in
+    assert plan.lower_bound is not None and plan.lower_bound <= plan.objective + 1e-6

@@ -251,7 +251,7 @@ def test_a_branch_on_a_mixed_block_proves_more_than_the_master_lp_and_never_too_
     optimum = exact_optimum(problem)
     assert optimum is not None
     branched = solve(problem, SCALABLE_ONLY)
-    monkeypatch.setattr(decompose_module, "BRANCH_MAX_BLOCKS", 0)
+    monkeypatch.setattr(decompose_module, "FLEET_BLOCKS", 0)
     unbranched = solve(problem, SCALABLE_ONLY)
     assert check_plan(problem, branched) == []
     assert branched.lower_bound is not None and unbranched.lower_bound is not None
