@@ -15,9 +15,9 @@ import pytest
 
 from ipnext.plan import SolveOptions
 from ipnext.planner import check_plan, pricing, solve
-from ipnext.planner.columns import enrich, greedy_columns
+from ipnext.planner.columns import cheaper_from_columns, enrich, greedy_columns
 from ipnext.planner.generator import generate
-from ipnext.planner.improve import improve
+from ipnext.planner.improve import improve, plan_cost
 from ipnext.planner.instance import Instance, compile_problem
 from ipnext.planner.master import Master
 from ipnext.planner.pool import PARALLEL_MIN_BLOCKS, Pool
@@ -149,6 +149,43 @@ def test_greedy_columns_fit_the_pools() -> None:
     assert (usage_of(inst, plan) <= inst.pool_units + 1e-9).all()
     report = _plan(inst, plan, 0.0, 0.0, "test", time.monotonic())
     assert check_plan(inst.problem, report) == []
+
+
+def test_choosing_again_from_every_column_keeps_the_cheaper_plan_and_fits_the_pools() -> None:
+    """After a branch the plan is chosen again by the IP over every column: a plan of dearer
+    columns is replaced by the cheapest choice, and the cheapest is kept."""
+    inst = compile_problem(generate(5, 40, 4, 2, utilization=0.6))
+    zero = np.zeros_like(inst.pool_units)
+    master = Master(inst)
+    rng = np.random.default_rng(0)
+    for prices in [zero] + [rng.uniform(0.0, 2.0, zero.shape) * inst.pool_cost for _ in range(4)]:
+        for b in range(len(inst.blocks)):
+            c = solve_block(inst, b, prices, 0.0, 5.0, refine=False)
+            assert c is not None
+            master.add(c, c.cost)
+    blocks = list(range(len(inst.blocks)))
+    greedy = greedy_columns(inst, master, blocks, {}, 0.0, zero, time.monotonic() + 60)
+    assert greedy is not None
+    for c in greedy.values():  # some choice of the columns then fits the pools
+        master.add(c, c.cost)
+    chosen = master.solve_ip(blocks, inst.pool_units.ravel(), 30.0)
+    assert chosen is not None
+    cheapest = {b: master.columns[c].choice for b, c in chosen.items()}
+    # Dearer columns where they still fit the others.
+    dear = dict(cheapest)
+    for b in blocks:
+        for c in sorted(master.of_block[b], key=lambda c: -master.columns[c].cost):
+            trial = {**dear, b: master.columns[c].choice}
+            if (usage_of(inst, trial) <= inst.pool_units + 1e-9).all():
+                dear = trial
+                break
+    assert plan_cost(dear) > plan_cost(cheapest) + 1e-6  # the instance leaves room to do better
+    again = cheaper_from_columns(inst, master, dear, time.monotonic() + 60)
+    assert plan_cost(again) == pytest.approx(plan_cost(cheapest))
+    assert (usage_of(inst, again) <= inst.pool_units + 1e-9).all()
+    assert check_plan(inst.problem, _plan(inst, again, 0.0, 0.0, "test", time.monotonic())) == []
+    assert plan_cost(cheapest) <= plan_cost(greedy) + 1e-6
+    assert cheaper_from_columns(inst, master, cheapest, time.monotonic() + 60) is cheapest  # kept
 
 
 def test_a_block_reused_across_rounds_is_still_optimal_at_the_new_prices() -> None:
