@@ -9,7 +9,8 @@ import time
 
 import numpy as np
 
-from ipnext.planner.instance import FLEET_BLOCKS, Instance
+from ipnext.planner.improve import plan_cost
+from ipnext.planner.instance import Instance
 from ipnext.planner.master import Master, MasterLP
 from ipnext.planner.pool import Pool
 from ipnext.planner.pricing import BlockChoice, prohibitive, usage_of
@@ -82,7 +83,7 @@ def from_columns(
             return {**whole, **{b: master.columns[c].choice for b, c in chosen.items()}}
         # The mixed blocks' columns do not fit what the others leave: choose every block's
         # column together (the IP's freedom to move a whole block is what the rounding lacks).
-        whole_limit = limit if len(inst.blocks) <= FLEET_BLOCKS else min(limit, WHOLE_IP_FLEET_S)
+        whole_limit = min(limit, WHOLE_IP_FLEET_S) if inst.fleet else limit
         chosen = master.solve_ip(list(range(len(inst.blocks))), inst.pool_units.ravel(), whole_limit)
         if chosen is not None:
             log.debug("plan: every block by IP over the columns")
@@ -112,9 +113,8 @@ def cheaper_from_columns(
     if chosen is None:
         return plan
     again = {b: master.columns[c].choice for b, c in chosen.items()}
-    cost, before = sum(c.cost for c in again.values()), sum(c.cost for c in plan.values())
-    log.debug("every column again: %.3f against the plan's %.3f", cost, before)
-    return again if cost < before - 1e-9 else plan
+    log.debug("every column again: %.3f against the plan's %.3f", plan_cost(again), plan_cost(plan))
+    return again if plan_cost(again) < plan_cost(plan) - 1e-9 else plan
 
 
 def greedy_columns(

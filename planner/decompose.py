@@ -63,7 +63,7 @@ from ipnext.planner.branch import branched_bound
 from ipnext.planner.columns import cheaper_from_columns, enrich, from_columns
 from ipnext.planner.formulation import build
 from ipnext.planner.improve import TIGHTEN_FLEET_LIMIT_S, improve, loose, plan_cost, tighten, tightened
-from ipnext.planner.instance import FLEET_BLOCKS, Instance
+from ipnext.planner.instance import Instance
 from ipnext.planner.master import Master
 from ipnext.planner.pool import Jobs, Pool, gather
 from ipnext.planner.pricing import (
@@ -129,7 +129,6 @@ def decompose(
     workers = workers or os.cpu_count() or 1
     capacity = inst.pool_units
     blocks = list(range(len(inst.blocks)))
-    fleet = len(blocks) > FLEET_BLOCKS
     master = Master(inst)
     iteration = 0
     started = time.monotonic()
@@ -170,17 +169,18 @@ def decompose(
         lp = master.solve_lp()
         smoothing = SMOOTHING
         raises = 0
+        fitting = max(deadline, fitting_deadline or deadline)
         for iteration in range(1, max_iterations + 1):
             if lp.slack <= 1e-9 and lp.objective - best <= 1e-7 * max(1.0, abs(best)):
                 break  # the master LP meets the bound: nothing left for prices to find
-            until = deadline if lp.slack > 1e-9 else max(deadline, fitting_deadline or deadline)
+            until = fitting if lp.slack <= 1e-9 else deadline
             if time.monotonic() > until:
                 break
             # Smoothed prices (Wentges): part way from the best prices so far to the LP's duals,
             # which jump about while few columns exist.
             prices = smoothing * best_prices + (1 - smoothing) * lp.prices if best > 0 else lp.prices
             stale = reuse.stale(prices)
-            if fleet and lp.slack <= 1e-9 and time.monotonic() + per_block * len(stale) > until:
+            if inst.fleet and lp.slack <= 1e-9 and time.monotonic() + per_block * len(stale) > until:
                 # A round cut short proves little (the blocks it misses keep bounds from lower
                 # prices): at fleet scale its time goes to the plan and the tightening instead.
                 # While the columns do not fit, a part round still brings columns that help
@@ -245,8 +245,7 @@ def decompose(
                 time.monotonic() - started,
             )
         loosest = loose(best_blocks)
-        branching = lp.slack <= 1e-9 and not fleet
-        jobs = None
+        branching = lp.slack <= 1e-9 and not inst.fleet
 
         def submit() -> Jobs | None:
             """The workers tighten the bound (HiGHS on the loosest blocks) while this process
@@ -255,8 +254,8 @@ def decompose(
                 return None
             return pool.submit(loosest, best_prices, churn, TIGHTEN_FLEET_LIMIT_S, refine=True, size=1)
 
-        if lp.slack <= 1e-9:  # else the plan places blocks one at a time, and needs the cores
-            jobs = submit()
+        # Columns that do not fit leave the plan to place blocks one at a time: it needs the cores.
+        jobs = submit() if lp.slack <= 1e-9 else None
         how: str | None = None
         try:
             plan = from_columns(inst, master, lp, churn, prices, hard_deadline)
@@ -267,7 +266,8 @@ def decompose(
         if first is not None and plan_cost(first) < plan_cost(plan):
             plan, how = first, first_how
         log.debug("plan cost %.3f (%.1fs)", plan_cost(plan), time.monotonic() - started)
-        jobs = jobs or submit()
+        if jobs is None:
+            jobs = submit()
         if branching:
             # Small enough to branch (branch.py): the bound first (tightened, then branched on in
             # at most BRANCH_SHARE of the time left), then the plan improved in the rest.

@@ -57,6 +57,11 @@ class Instance:
     def total_demand(self) -> np.ndarray:
         return self.demand.sum(axis=1)
 
+    @property
+    def fleet(self) -> bool:
+        """Planned as a fleet: more than FLEET_BLOCKS blocks."""
+        return len(self.blocks) > FLEET_BLOCKS
+
 
 def compile_problem(problem: PlanningProblem) -> Instance:
     fleet = problem.fleet

@@ -18,7 +18,7 @@ from ipnext.plan import DeploymentPlacement, Plan, PlanningProblem, SolveOptions
 from ipnext.planner.backend import solve_model
 from ipnext.planner.decompose import decompose
 from ipnext.planner.formulation import build
-from ipnext.planner.instance import FLEET_BLOCKS, Instance, compile_problem
+from ipnext.planner.instance import Instance, compile_problem
 from ipnext.planner.moves import fewer_moves, fewest_moves, moved_units_of
 from ipnext.planner.pricing import BlockChoice, choices_from_values, usage_of
 
@@ -51,10 +51,6 @@ REPLAN_SCRATCH_SHARE = {"whole": 0.6, "neighbourhoods": 1.0}
 # most blocks to be placed one at a time, which at 10,000 deployments took more than 108 s.
 PRICING_SHARE = 0.55
 PRICING_SHARE_FLEET = 0.7
-
-
-def _pricing_share(inst: Instance) -> float:
-    return PRICING_SHARE_FLEET if len(inst.blocks) > FLEET_BLOCKS else PRICING_SHARE
 
 
 def solve(problem: PlanningProblem, options: SolveOptions | None = None) -> Plan:
@@ -96,7 +92,7 @@ def solve(problem: PlanningProblem, options: SolveOptions | None = None) -> Plan
             inst,
             churn=churn if fleet_scale else 0.0 if replan else churn,
             deadline=time.monotonic() + PRICING_SHARE * left,
-            fitting_deadline=time.monotonic() + _pricing_share(inst) * left,
+            fitting_deadline=time.monotonic() + (PRICING_SHARE_FLEET if inst.fleet else PRICING_SHARE) * left,
             hard_deadline=time.monotonic() + left - 0.05 * options.time_limit_s,
             workers=options.workers,
         )

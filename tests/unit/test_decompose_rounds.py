@@ -318,8 +318,7 @@ def test_at_fleet_scale_the_workers_tighten_bounds_while_the_plan_is_built(
     """Past FLEET_BLOCKS blocks (made 0 here) the loosest blocks go to HiGHS in the workers as
     soon as pricing ends, and their bounds are taken in after the plan is built and improved.
     Every block is made to count as loose, so that there is work for them."""
-    for name in ("decompose", "columns", "solve"):
-        monkeypatch.setattr(importlib.import_module(f"ipnext.planner.{name}"), "FLEET_BLOCKS", 0)
+    monkeypatch.setattr(importlib.import_module("ipnext.planner.instance"), "FLEET_BLOCKS", 0)
     decompose_module = importlib.import_module("ipnext.planner.decompose")
     monkeypatch.setattr(decompose_module, "loose", lambda choices: sorted(choices))
     taken: list[int] = []

@@ -246,12 +246,11 @@ def test_a_branch_on_a_mixed_block_proves_more_than_the_master_lp_and_never_too_
     """Nearly full pools where the master LP mixes a block: one branch on its units in a pool
     (planner/branch.py) lifts the proven bound above column generation's, and never above the
     optimum (the separate SCIP oracle)."""
-    decompose_module = importlib.import_module("ipnext.planner.decompose")
     problem = generate(5, 16, 3, 2, utilization=0.9)
     optimum = exact_optimum(problem)
     assert optimum is not None
     branched = solve(problem, SCALABLE_ONLY)
-    monkeypatch.setattr(decompose_module, "FLEET_BLOCKS", 0)
+    monkeypatch.setattr(importlib.import_module("ipnext.planner.instance"), "FLEET_BLOCKS", 0)
     unbranched = solve(problem, SCALABLE_ONLY)
     assert check_plan(problem, branched) == []
     assert branched.lower_bound is not None and unbranched.lower_bound is not None
