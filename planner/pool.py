@@ -13,6 +13,7 @@ from multiprocessing import get_context
 import numpy as np
 
 from ipnext.errors import PlanningTimeoutError
+from ipnext.planner.block.common import WORK_BUDGET
 from ipnext.planner.instance import Instance
 from ipnext.planner.pricing import BlockChoice, block_names, place_jointly, solve_block
 
@@ -45,11 +46,11 @@ def _exit_without(parent: int) -> None:
 
 
 def _solve_blocks_in_worker(
-    args: tuple[list[int], np.ndarray, float, float, bool],
+    args: tuple[list[int], np.ndarray, float, float, bool, int],
 ) -> list[BlockChoice | None]:
     assert _WORKER_INST is not None  # set by the pool initializer
-    blocks, prices, churn, limit, refine = args
-    return [solve_block(_WORKER_INST, b, prices, churn, limit, refine=refine) for b in blocks]
+    blocks, prices, churn, limit, refine, work = args
+    return [solve_block(_WORKER_INST, b, prices, churn, limit, refine=refine, work=work) for b in blocks]
 
 
 def place_jointly_in_worker(
@@ -99,13 +100,20 @@ class Pool:
             self.executor = None
 
     def submit(
-        self, blocks: list[int], prices: np.ndarray, churn: float, limit_s: float, refine: bool, size: int
+        self,
+        blocks: list[int],
+        prices: np.ndarray,
+        churn: float,
+        limit_s: float,
+        refine: bool,
+        size: int,
+        work: int = WORK_BUDGET,
     ) -> Jobs:
         """Send `blocks` to the workers, `size` to a chunk, without waiting (see gather)."""
         assert self.executor is not None
         return {
             self.executor.submit(
-                _solve_blocks_in_worker, (blocks[i : i + size], prices, churn, limit_s, refine)
+                _solve_blocks_in_worker, (blocks[i : i + size], prices, churn, limit_s, refine, work)
             ): blocks[i : i + size]
             for i in range(0, len(blocks), size)
         }
@@ -119,21 +127,23 @@ class Pool:
         *,
         refine: bool = True,
         deadline: float = math.inf,
+        work: int = WORK_BUDGET,
     ) -> dict[int, BlockChoice]:
         """Every block of `blocks` priced at `prices`; past `deadline` the blocks not yet
         answered are left out of the result (the caller keeps their earlier columns and
-        bounds), so a round at fleet scale never runs over the planner's time limit."""
+        bounds), so a round at fleet scale never runs over the planner's time limit. `work`
+        is the fast block solver's budget per block."""
         results: dict[int, BlockChoice | None] = {}
         if self.executor is None or len(blocks) < 2 * self.workers:
             for b in blocks:
                 if time.monotonic() > deadline:
                     break
-                results[b] = solve_block(self.inst, b, prices, churn, limit_s, refine=refine)
+                results[b] = solve_block(self.inst, b, prices, churn, limit_s, refine=refine, work=work)
         else:
             # Small chunks: a deadline drops only what is unfinished, and HiGHS solves (seconds
             # each) go one block to a chunk.
             size = 1 if refine and limit_s >= 1.0 else max(4, math.ceil(len(blocks) / (self.workers * 32)))
-            results = gather(self.submit(blocks, prices, churn, limit_s, refine, size), deadline)
+            results = gather(self.submit(blocks, prices, churn, limit_s, refine, size, work), deadline)
         out = {}
         for b, choice in results.items():
             if choice is None and time.monotonic() < deadline:

@@ -13,6 +13,7 @@ import numpy as np
 from ipnext.errors import InfeasiblePlanError
 from ipnext.planner.backend import solve_model
 from ipnext.planner.block import solve_block_fast
+from ipnext.planner.block.common import WORK_BUDGET
 from ipnext.planner.formulation import BlockModel, build
 from ipnext.planner.instance import Instance
 
@@ -55,6 +56,7 @@ def solve_block(
     residual: np.ndarray | None = None,
     *,
     refine: bool = True,
+    work: int = WORK_BUDGET,
 ) -> BlockChoice | None:
     """The block's optimal placement at these pool prices (None if it cannot fit `residual`).
 
@@ -67,7 +69,7 @@ def solve_block(
     round at fleet scale to the fast solver's milliseconds."""
     fast = None
     if residual is None and USE_FAST_BLOCKS:
-        fast = solve_block_fast(inst, block, prices, churn)
+        fast = solve_block_fast(inst, block, prices, churn, budget=work)
         if fast is not None and fast.optimal:
             return priced_choice(inst, block, fast.x, fast.f, fast.objective, fast.bound, churn)
         if fast is not None and not refine:

@@ -15,7 +15,7 @@ import pytest
 
 from ipnext.plan import SolveOptions
 from ipnext.planner import check_plan, pricing, solve
-from ipnext.planner.columns import cheaper_from_columns, enrich, greedy_columns
+from ipnext.planner.columns import cheaper_from_columns, enrich, greedy_columns, swap_columns
 from ipnext.planner.generator import generate
 from ipnext.planner.improve import improve, plan_cost
 from ipnext.planner.instance import Instance, compile_problem
@@ -300,7 +300,7 @@ def test_an_unproven_block_in_a_round_keeps_the_better_of_the_fast_bound_and_its
     inst = compile_problem(generate(1, 40, 6, 3, utilization=0.5))
     block, zero = 21, np.zeros_like(inst.pool_units)
     real = pricing.solve_block_fast
-    monkeypatch.setattr(pricing, "solve_block_fast", lambda *a: real(*a, budget=200))
+    monkeypatch.setattr(pricing, "solve_block_fast", lambda *a, **_: real(*a, budget=200))
     fast = real(inst, block, zero, 0.0, budget=200)
     assert fast is not None and not fast.optimal  # the seam: an unproven fast answer
     lp = pricing.relaxation_bound(inst, block, zero, 0.0)
@@ -335,3 +335,102 @@ def test_at_fleet_scale_the_workers_tighten_bounds_while_the_plan_is_built(
     assert check_plan(problem, plan) == []
     assert taken and taken[0] > 0, taken  # the workers' answers were taken in
     assert plan.lower_bound is not None and plan.lower_bound <= plan.objective + 1e-6
+
+
+def test_the_loosest_blocks_of_a_round_by_the_mip_are_cheaper_and_tighter(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """At fleet scale the first round that fits solves its loosest blocks again by the MIP: with
+    the fast solver's work cut, its answers there are dearer and looser than the MIP's, and
+    what comes back is never dearer nor looser, and on some block strictly better."""
+    decompose_module = importlib.import_module("ipnext.planner.decompose")
+    inst = compile_problem(generate(1, 40, 6, 3, utilization=0.5))
+    zero = np.zeros_like(inst.pool_units)
+    real = pricing.solve_block_fast
+    monkeypatch.setattr(pricing, "solve_block_fast", lambda *a, **k: real(*a, **{**k, "budget": 200}))
+    fresh = {b: solve_block(inst, b, zero, 0.0, 30.0, refine=False) for b in range(len(inst.blocks))}
+    round_answers = {b: c for b, c in fresh.items() if c is not None}
+    with Pool(inst, 1) as pool:
+        exact = decompose_module._loosest_by_mip(pool, round_answers, zero, 0.0, time.monotonic() + 60)
+    assert exact, "no loose block was solved again"
+    assert len(exact) <= decompose_module.MIP_BLOCKS_IN_ROUND
+    for b, c in exact.items():
+        assert c.priced <= round_answers[b].priced + 1e-6
+        assert c.bound >= round_answers[b].bound - 1e-6
+        assert c.bound <= c.priced + 1e-6
+    assert any(
+        c.priced < round_answers[b].priced - 1e-6 or c.bound > round_answers[b].bound + 1e-6
+        for b, c in exact.items()
+    )
+
+
+def test_at_fleet_scale_the_plan_is_chosen_again_with_the_workers_placements(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Past FLEET_BLOCKS blocks (made 0 here) the first round that fits sends its loosest blocks
+    to the MIP, and the workers' tightened blocks join the columns before the plan is chosen
+    again; the plan kept is never dearer than the one first built, and fits the pools."""
+    monkeypatch.setattr(importlib.import_module("ipnext.planner.instance"), "FLEET_BLOCKS", 0)
+    decompose_module = importlib.import_module("ipnext.planner.decompose")
+    monkeypatch.setattr(decompose_module, "loose", lambda choices: sorted(choices))
+    mipped: list[int] = []
+    again: list[tuple[int, float, float]] = []
+    real_mip, real_again = decompose_module._loosest_by_mip, decompose_module._chosen_again
+
+    def mip_spy(*args: object) -> dict[int, BlockChoice]:
+        out = real_mip(*args)  # type: ignore[arg-type]
+        mipped.append(len(out))
+        return out
+
+    def again_spy(inst: Instance, master: Master, solved: dict, plan: dict, *rest: object) -> dict:
+        out = real_again(inst, master, solved, plan, *rest)  # type: ignore[arg-type]
+        again.append((len(solved), plan_cost(plan), plan_cost(out)))
+        return out
+
+    monkeypatch.setattr(decompose_module, "_loosest_by_mip", mip_spy)
+    monkeypatch.setattr(decompose_module, "_chosen_again", again_spy)
+    problem = generate(2, 100, 4, 2, utilization=0.6)
+    plan = solve(problem, SolveOptions(time_limit_s=10, exact_fallback=False, workers=2))
+    assert check_plan(problem, plan) == []
+    assert mipped == [mipped[0]] and mipped[0] > 0, mipped  # once, in the first round that fits
+    assert len(again) == 1 and again[0][0] > 0, again
+    assert again[0][2] <= again[0][1] + 1e-9
+    assert plan.lower_bound is not None and plan.lower_bound <= plan.objective + 1e-6
+
+
+def test_swapping_columns_makes_an_overfull_choice_fit() -> None:
+    """Blocks left on their cheapest columns overfill the pools; swapping blocks' columns (the
+    least extra cost per unit of overflow cut) ends with every block on one of its own columns
+    and the pools holding them all; with no time left it gives nothing rather than a part."""
+    inst = compile_problem(generate(5, 40, 4, 2, utilization=0.6))
+    zero = np.zeros_like(inst.pool_units)
+    master = Master(inst)
+    rng = np.random.default_rng(0)
+    for prices in [zero] + [rng.uniform(0.0, 2.0, zero.shape) * inst.pool_cost for _ in range(4)]:
+        for b in range(len(inst.blocks)):
+            c = solve_block(inst, b, prices, 0.0, 5.0, refine=False)
+            assert c is not None
+            master.add(c, c.cost)
+    blocks = list(range(len(inst.blocks)))
+    fitting = greedy_columns(inst, master, blocks, {}, 0.0, zero, time.monotonic() + 60)
+    assert fitting is not None
+    for c in fitting.values():  # some choice of the columns fits the pools
+        master.add(c, c.cost)
+    # The blocks that take most units come off and go back on their cheapest columns.
+    left = sorted(blocks, key=lambda b: -sum(c.units.sum() for c in master.columns if c.block == b))[:8]
+    kept = {
+        b: next(
+            master.columns[c].choice for c in master.of_block[b] if master.columns[c].choice.x == fitting[b].x
+        )
+        for b in blocks
+        if b not in left
+    }
+    cheapest = {b: min(master.of_block[b], key=lambda c: master.columns[c].cost) for b in left}
+    usage = usage_of(inst, {**kept, **{b: master.columns[c].choice for b, c in cheapest.items()}})
+    assert (usage > inst.pool_units + 1e-9).any()  # they do not fit on their cheapest columns
+    plan = swap_columns(inst, master, kept, left, time.monotonic() + 60)
+    assert plan is not None and sorted(plan) == blocks
+    assert all(any(master.columns[c].choice is plan[b] for c in master.of_block[b]) for b in blocks)
+    assert (usage_of(inst, plan) <= inst.pool_units + 1e-9).all()
+    assert check_plan(inst.problem, _plan(inst, plan, 0.0, 0.0, "test", time.monotonic())) == []
+    assert swap_columns(inst, master, kept, left, time.monotonic() - 1.0) is None
