@@ -229,10 +229,11 @@ def greedy_columns(
     log.debug("greedy: %d of %d blocks by a column", len(mixed) - len(left), len(mixed))
     if not left:
         return plan
-    swap_until = time.monotonic() + SWAP_SHARE * (hard_deadline - time.monotonic())
-    swapped = swap_columns(inst, master, plan, left, swap_until)
-    if swapped is not None:
-        return swapped
+    if inst.fleet:  # smaller instances place them one at a time in the time they have
+        swap_until = time.monotonic() + SWAP_SHARE * (hard_deadline - time.monotonic())
+        swapped = swap_columns(inst, master, plan, left, swap_until)
+        if swapped is not None:
+            return swapped
     placed, why = place_one_by_one(inst, left, np.maximum(residual, 0.0), churn, prices, plan, hard_deadline)
     log.debug("one by one: %d blocks, %s", len(left), why or "placed")
     if placed is None:
