@@ -111,6 +111,10 @@ MIP_BLOCKS_IN_ROUND = 8
 # of 37-41 s, the fourth fits the pools, and the plan comes from fitting columns in 10 s instead
 # of placing 981 blocks one at a time in 58 s (21.3% -> 8.0%).
 SLACK_WORK = 5_000
+# ... past this many blocks. At 1,000 deployments (701 blocks) the columns fit by the fourth
+# round either way, and with the smaller budget the plan out of them did not fit in time in 5
+# runs of 10 (with the full budget, 1 of 13), so there the rounds keep WORK_BUDGET.
+SLACK_WORK_BLOCKS = 3_000
 
 
 @dataclass
@@ -216,7 +220,7 @@ def decompose(
             # While the columns do not fit, a round's bound is of no use (the prices are the
             # slack's, and the bound far below zero): at fleet scale its blocks need placements
             # that move them off the overfull pools, not proofs, so a smaller work budget.
-            work = SLACK_WORK if inst.fleet and not fitted else WORK_BUDGET
+            work = SLACK_WORK if len(inst.blocks) > SLACK_WORK_BLOCKS and not fitted else WORK_BUDGET
             fresh = pool.solve(stale, prices, churn, refine=False, deadline=until, work=work)
             if fresh:
                 per_block = (time.monotonic() - round_started) / len(fresh)

@@ -417,7 +417,7 @@ def test_swapping_columns_makes_an_overfull_choice_fit() -> None:
     for c in fitting.values():  # some choice of the columns fits the pools
         master.add(c, c.cost)
     # The blocks that take most units come off and go back on their cheapest columns.
-    left = sorted(blocks, key=lambda b: -sum(c.units.sum() for c in master.columns if c.block == b))[:8]
+    left = sorted(blocks, key=lambda b: -sum(c.units.sum() for c in master.columns if c.block == b))[:32]
     kept = {
         b: next(
             master.columns[c].choice for c in master.of_block[b] if master.columns[c].choice.x == fitting[b].x
