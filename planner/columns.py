@@ -127,8 +127,10 @@ def swap_columns(
     """`plan` with the blocks of `left` on the columns that overfill least, made to fit by swapping
     blocks' columns: while a pool is overfull, the swap of one block's column (any block on an
     overfull pool, for another of its columns) that cuts the total overflow at the least extra
-    cost per unit cut. No MIP: each step is arithmetic over those blocks' columns. None when no
-    swap cuts the overflow, or `deadline` passes; else a plan that fits.
+    cost per unit cut. No MIP: each step is arithmetic over those blocks' columns. When no
+    single swap helps, the blocks on the overfull pools choose their columns together by an IP
+    (at most NEAR_IP_S). None when that finds nothing either, or `deadline` passes; else a plan
+    that fits.
 
     Placing what the greedy choice left one block at a time (a MIP per block, evicting others
     when it does not fit) can take longer than the time left at fleet scale (the 1,000 row: no
@@ -238,7 +240,8 @@ def greedy_columns(
 ) -> dict[int, BlockChoice] | None:
     """When no IP over the mixed blocks' columns was found in time: each mixed block, least
     flexible first, takes its cheapest column that fits what is left; the blocks no column
-    fits are placed one by one against the capacity left (evicting others if they must)."""
+    fits are, at fleet scale, first fitted by swapping columns (`swap_columns`), else placed one
+    by one against the capacity left (evicting others if they must)."""
     plan = dict(whole)
     residual = inst.pool_units - usage_of(inst, plan)
     flat = residual.ravel()  # a view: updates reach `residual`
