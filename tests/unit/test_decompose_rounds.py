@@ -37,6 +37,21 @@ def _exact(inst: Instance, block: int, prices: np.ndarray) -> BlockChoice:
     return choice
 
 
+def _columns_at_several_prices() -> tuple[Instance, Master, np.ndarray]:
+    """A 40-deployment instance and a master holding every block's answer at zero prices and
+    at four random ones (so the blocks have several columns each), with the zero prices."""
+    inst = compile_problem(generate(5, 40, 4, 2, utilization=0.6))
+    zero = np.zeros_like(inst.pool_units)
+    master = Master(inst)
+    rng = np.random.default_rng(0)
+    for prices in [zero] + [rng.uniform(0.0, 2.0, zero.shape) * inst.pool_cost for _ in range(4)]:
+        for b in range(len(inst.blocks)):
+            c = solve_block(inst, b, prices, 0.0, 5.0, refine=False)
+            assert c is not None
+            master.add(c, c.cost)
+    return inst, master, zero
+
+
 def test_a_carried_bound_stays_below_the_optimum_at_higher_prices() -> None:
     inst = _instance()
     zero = np.zeros_like(inst.pool_units)
@@ -154,15 +169,7 @@ def test_greedy_columns_fit_the_pools() -> None:
 def test_choosing_again_from_every_column_keeps_the_cheaper_plan_and_fits_the_pools() -> None:
     """After a branch the plan is chosen again by the IP over every column: a plan of dearer
     columns is replaced by the cheapest choice, and the cheapest is kept."""
-    inst = compile_problem(generate(5, 40, 4, 2, utilization=0.6))
-    zero = np.zeros_like(inst.pool_units)
-    master = Master(inst)
-    rng = np.random.default_rng(0)
-    for prices in [zero] + [rng.uniform(0.0, 2.0, zero.shape) * inst.pool_cost for _ in range(4)]:
-        for b in range(len(inst.blocks)):
-            c = solve_block(inst, b, prices, 0.0, 5.0, refine=False)
-            assert c is not None
-            master.add(c, c.cost)
+    inst, master, zero = _columns_at_several_prices()
     blocks = list(range(len(inst.blocks)))
     greedy = greedy_columns(inst, master, blocks, {}, 0.0, zero, time.monotonic() + 60)
     assert greedy is not None
@@ -402,15 +409,7 @@ def test_swapping_columns_makes_an_overfull_choice_fit() -> None:
     """Blocks left on their cheapest columns overfill the pools; swapping blocks' columns (the
     least extra cost per unit of overflow cut) ends with every block on one of its own columns
     and the pools holding them all; with no time left it gives nothing rather than a part."""
-    inst = compile_problem(generate(5, 40, 4, 2, utilization=0.6))
-    zero = np.zeros_like(inst.pool_units)
-    master = Master(inst)
-    rng = np.random.default_rng(0)
-    for prices in [zero] + [rng.uniform(0.0, 2.0, zero.shape) * inst.pool_cost for _ in range(4)]:
-        for b in range(len(inst.blocks)):
-            c = solve_block(inst, b, prices, 0.0, 5.0, refine=False)
-            assert c is not None
-            master.add(c, c.cost)
+    inst, master, zero = _columns_at_several_prices()
     blocks = list(range(len(inst.blocks)))
     fitting = greedy_columns(inst, master, blocks, {}, 0.0, zero, time.monotonic() + 60)
     assert fitting is not None
