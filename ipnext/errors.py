@@ -66,6 +66,7 @@ class IpnextError(Exception):
     def __init__(
         self, message: str, *, field: str | None = None, value: Any = None, fix: str | None = None
     ) -> None:
+        self.message = message  # without the fix
         self.field = field
         self.value = value
         self.fix = fix
@@ -246,5 +247,6 @@ def error_from_type(type_name: str | None, message: str) -> IpnextError:
     cls = _BY_NAME.get(type_name or "", IpnextError)
     err = cls.__new__(cls)
     Exception.__init__(err, message)
+    err.message = message
     err.field = err.value = err.fix = None
     return err

@@ -115,6 +115,11 @@ SLACK_WORK = 5_000
 # round either way, and with the smaller budget the plan out of them did not fit in time in 5
 # runs of 10 (with the full budget, 1 of 13), so there the rounds keep WORK_BUDGET.
 SLACK_WORK_BLOCKS = 3_000
+# At fleet scale up to this many blocks the first round's answers, repaired, are the first plan
+# (`_fitted_first_round`). On the 1,000-deployment row (701 blocks) the repair places the 196
+# blocks off the overfull pools in about 10 s; on the 10,000 row it evicts blocks by the
+# thousand and after 300 s still had 478 of 1,540 to place, and the plan comes from the columns.
+FIRST_REPAIR_BLOCKS = 3_000
 
 
 @dataclass
@@ -170,7 +175,8 @@ def decompose(
         # rounds stop at `deadline` and carry the blocks they did not reach.
         round_started = time.monotonic()
         choices = pool.solve(blocks, prices, churn, refine=False, deadline=hard_deadline)
-        per_block = (time.monotonic() - round_started) / max(1, len(choices))  # a round's pace
+        first_round_s = time.monotonic() - round_started
+        per_block = first_round_s / max(1, len(choices))  # a round's pace
         missing = [b for b in blocks if b not in choices]
         if missing:
             if first is not None and start.bound is not None:
@@ -181,6 +187,13 @@ def decompose(
                 f"and no first plan was made ({first_how}).",
                 fix="give the planner more time (--time-limit)",
             )
+        if first is None and inst.fleet and not start.rounded and len(blocks) <= FIRST_REPAIR_BLOCKS:
+            # No LP rounding at fleet scale: the first round's answers, made to fit.
+            # It may take what time is left: without it there is no plan until the columns fit.
+            first, first_how = _fitted_first_round(inst, choices, churn, prices, hard_deadline)
+            log.debug("first plan: %s (%.1fs)", first_how, time.monotonic() - started)
+            for c in (first or {}).values():
+                master.add(c, c.cost)
         branch: str | None = None
         rounds = Rounds(inst)
         rounds.add(prices, choices)
@@ -297,9 +310,13 @@ def decompose(
         built = time.monotonic()
         try:
             plan = from_columns(inst, master, lp, churn, prices, hard_deadline)
-        except PlanningTimeoutError:
+        except PlanningTimeoutError as err:
             if first is None:
-                raise
+                raise PlanningTimeoutError(
+                    f"{err.message} No first plan either: the first pricing round took "
+                    f"{first_round_s:.1f}s, then {first_how}.",
+                    fix="give the planner more time (--time-limit)",
+                ) from None
             plan, how = first, first_how
         if first is not None and plan_cost(first) < plan_cost(plan):
             plan, how = first, first_how
@@ -485,3 +502,21 @@ def _first_plan(
     except (PlanningTimeoutError, InfeasiblePlanError) as err:
         return None, f"the LP rounding's repair found nothing in {time.monotonic() - started:.1f}s: {err}"
     return plan, f"the LP relaxation rounded up and repaired in {time.monotonic() - started:.1f}s"
+
+
+def _fitted_first_round(
+    inst: Instance, choices: dict[int, BlockChoice], churn: float, prices: np.ndarray, deadline: float
+) -> tuple[dict[int, BlockChoice] | None, str]:
+    """A fleet's first plan: the first pricing round's answers (every block at its cheapest at
+    the first prices, which overfill the cheap pools), repaired one block at a time (the
+    joint MIP over hundreds of blocks finds nothing in time at this size: 34 s for nothing on
+    the 1,000-deployment row). Its columns fit the pools, so the master LP has prices, not the
+    slack's, from the first round on. None, with why, when the repair does not finish by
+    `deadline`."""
+    started = time.monotonic()
+    try:
+        plan = repair(inst, choices, churn, deadline, prices, joint=False)
+    except (PlanningTimeoutError, InfeasiblePlanError) as err:
+        why = err.message.removeprefix(f"{OUT_OF_TIME}: ").rstrip(".")
+        return None, f"the first round's answers were not repaired in time ({why})"
+    return plan, f"the first round's answers, repaired in {time.monotonic() - started:.1f}s"

@@ -10,14 +10,14 @@ import time
 import numpy as np
 
 from ipnext.errors import InfeasiblePlanError, PlanningTimeoutError
-from ipnext.planner.block import solve_block_fast
+from ipnext.planner.block import search_block
+from ipnext.planner.block.common import WORK_BUDGET
 from ipnext.planner.instance import Instance
 from ipnext.planner.pricing import (
     BlockChoice,
     block_names,
     place_jointly,
     priced_choice,
-    prohibitive,
     repriced,
     solve_block,
     usage_of,
@@ -26,19 +26,27 @@ from ipnext.planner.pricing import (
 __all__ = ["OUT_OF_TIME", "place_one_by_one", "repair"]
 
 OUT_OF_TIME = "no plan that fits the pools within the time limit"
-FAST_INTO_TRIES = 3
 REPAIR_BLOCK_LIMIT_S = 2.0
 JOINT_SHARE = 0.5  # of the repair's time, the most its joint MIPs take
+# The fast solver's budget for a block it could not answer in the room left, before the MIP:
+# on the 1,000-deployment row's repair it cut the MIP's turns from 57 to 18 (16.9 s -> 1.4 s).
+RETRY_WORK = 5 * WORK_BUDGET
 
 
 def repair(
-    inst: Instance, choices: dict[int, BlockChoice], churn: float, deadline: float, prices: np.ndarray
+    inst: Instance,
+    choices: dict[int, BlockChoice],
+    churn: float,
+    deadline: float,
+    prices: np.ndarray,
+    *,
+    joint: bool = True,
 ) -> dict[int, BlockChoice]:
     """Make the choices fit the pools. Blocks are taken off the overfull pools and re-placed
     into the capacity the others leave, together by one MIP (hard pool rows, in at most
-    `JOINT_SHARE` of the time) or, if that cannot finish in time, one by one, least flexible
-    first. When they cannot fit, the circle widens: every block on the congested hardware
-    classes, then every block."""
+    `JOINT_SHARE` of the time; not with `joint=False`) or, if that cannot finish in time, one
+    by one, largest first. When they cannot fit, the circle widens: every block on the
+    congested hardware classes, then every block."""
     used = usage_of(inst, choices)
     if (used <= inst.pool_units + 1e-9).all():
         return dict(choices)
@@ -55,7 +63,7 @@ def repair(
     # (300-tight in 60 s: "repair still had 208 of 208 blocks to place", none tried).
     started = time.monotonic()
     joint_until = started + JOINT_SHARE * max(0.0, deadline - started)
-    for jointly in (True, False):
+    for jointly in (True, False) if joint else (False,):
         for movers in circles:
             kept = {b: c for b, c in choices.items() if b not in set(movers)}
             residual = np.maximum(inst.pool_units - usage_of(inst, kept), 0.0)
@@ -65,11 +73,15 @@ def repair(
                 placed = place_jointly(inst, movers, residual, churn, joint_until)
             else:
                 placed, last_error = place_one_by_one(inst, movers, residual, churn, prices, kept, deadline)
+                if placed is None and last_error.startswith(OUT_OF_TIME):
+                    # A wider circle needs more time still; the message says how far this one got.
+                    raise PlanningTimeoutError(
+                        f"{last_error[:-1]} after {time.monotonic() - started:.1f}s of repair.",
+                        fix="give the planner more time (--time-limit)",
+                    )
             if placed is not None:
                 kept.update(placed)
                 return kept
-    if last_error.startswith(OUT_OF_TIME):
-        raise PlanningTimeoutError(last_error, fix="give the planner more time (--time-limit)")
     raise InfeasiblePlanError(last_error or "pools: the blocks cannot be placed within the pools' capacity.")
 
 
@@ -104,9 +116,13 @@ def place_one_by_one(
     kept: dict[int, BlockChoice] | None = None,
     deadline: float = float("inf"),
 ) -> tuple[dict[int, BlockChoice] | None, str]:
-    """Place blocks one at a time into `residual`. A block that does not fit evicts the most
-    flexible blocks from the pools it could use (kept ones included) and they queue again:
-    a bounded ejection chain. Returns the placements, or None and why."""
+    """Place blocks one at a time into `residual`, largest first (the fewest units a block
+    could need: placed while there is most room, the large ones leave the small the gaps, as in
+    first-fit decreasing; least flexible first, which this replaced, evicted 189 blocks and
+    asked the MIP 57 times for the 196 blocks off the 1,000-deployment row's overfull pools, in
+    15-26 s, where this evicts 126 and asks 7 times, in 10 s). A block that does not fit
+    evicts the most flexible blocks from the pools it could use (kept ones included) and they
+    queue again: a bounded ejection chain. Returns the placements, or None and why."""
     residual = residual.copy()
     placed: dict[int, BlockChoice] = {}
     kept = kept if kept is not None else {}
@@ -114,7 +130,18 @@ def place_one_by_one(
     def flexibility(b: int) -> int:
         return sum(len(inst.options_of[i]) for i in inst.blocks[b])
 
-    queue = sorted(movers, key=flexibility)
+    def need(b: int) -> float:  # the fewest units the block's demand takes
+        return float(
+            sum(
+                min(
+                    inst.total_demand[i] * inst.opt_units[o] / (inst.usable[i] * inst.opt_qps[o])
+                    for o in inst.options_of[i]
+                )
+                for i in inst.blocks[b]
+            )
+        )
+
+    queue = sorted(movers, key=lambda b: -need(b))
     evictions = 0
     limit = 5 * len(movers) + 20
     while queue:
@@ -122,8 +149,8 @@ def place_one_by_one(
             return None, f"{OUT_OF_TIME}: repair still had {len(queue)} of {len(movers)} blocks to place."
         b = queue.pop(0)
         seconds = max(0.25, min(REPAIR_BLOCK_LIMIT_S, deadline - time.monotonic()))
-        choice = _fast_into(inst, b, prices, churn, residual)
-        if choice is None:
+        choice, none_fits = _fast_into(inst, b, prices, churn, residual)
+        if choice is None and not none_fits:
             choice = solve_block(inst, b, prices, churn, seconds, residual=np.maximum(residual, 0))
         if choice is None:
             pools = {
@@ -154,34 +181,43 @@ def place_one_by_one(
 
 def _fast_into(
     inst: Instance, block: int, prices: np.ndarray, churn: float, residual: np.ndarray
-) -> BlockChoice | None:
-    """The fast solver's placement of the block in `residual`, if a cheap one exists: pools
-    too full for even one more replica are priced out, then those its answer overfills, a
-    few times. None when that does not fit (the caller then asks the MIP with hard rows)."""
-    smallest: dict[int, float] = {}  # per pool, the fewest units one replica of the block takes
-    for i in inst.blocks[block]:
-        for o in inst.options_of[i]:
-            p = int(inst.opt_r[o]) * residual.shape[1] + int(inst.opt_h[o])
-            smallest[p] = min(smallest.get(p, math.inf), float(inst.opt_units[o]))
-    banned = residual <= 0
-    for p, units in smallest.items():  # not even one replica fits there
-        if residual.flat[p] < units:
-            banned.flat[p] = True
-    price_out = prohibitive(inst)
-    for _ in range(FAST_INTO_TRIES):
-        fast = solve_block_fast(inst, block, prices + price_out * banned, churn)
+) -> tuple[BlockChoice | None, bool]:
+    """The fast solver's placement of the block in `residual`: each option capped at the
+    replicas its pool has room for, so a block of one deployment always fits (a group's
+    members share pools: where their placement overfills one, every pool's room is shared out
+    among the members by their demand and the block solved once more). None when there is no
+    such placement or the fast solver cannot answer the block (the caller then asks the MIP
+    with hard rows); with True when the search proved that nothing fits (every option at its
+    pool's whole room relaxes the pool rows, so no placement there is none at all)."""
+    members = [int(i) for i in inst.blocks[block]]
+    demand = inst.total_demand[members]
+    total = float(demand.sum())
+    by_demand = {
+        i: float(d) / total if total > 0 else 1.0 / len(members) for i, d in zip(members, demand, strict=True)
+    }
+
+    def room(o: int) -> float:
+        return max(0.0, float(residual[inst.opt_r[o], inst.opt_h[o]]))
+
+    for k, share in enumerate(({i: 1.0 for i in members}, by_demand)):
+        caps = {
+            int(o): math.floor(share[i] * room(o) / float(inst.opt_units[o]) + 1e-9)
+            for i in members
+            for o in inst.options_of[i]
+        }
+        fast, none_fits = search_block(inst, block, prices, churn, caps=caps)
+        if fast is None and not none_fits:  # the budget ran out: more of it is still cheaper than the MIP
+            fast, none_fits = search_block(inst, block, prices, churn, caps=caps, budget=RETRY_WORK)
         if fast is None:
-            return None
+            return None, none_fits and k == 0
         used = np.zeros_like(residual)
         for o, n in fast.x.items():
             used[inst.opt_r[o], inst.opt_h[o]] += n * inst.opt_units[o]
-        over = used > residual + 1e-9
-        if not over.any():
+        if not (used > residual + 1e-9).any():
             return repriced(
                 inst, priced_choice(inst, block, fast.x, fast.f, math.inf, -math.inf, churn), prices
-            )
-        banned |= over
-    return None
+            ), False
+    return None, False
 
 
 def _units_in(inst: Instance, choice: BlockChoice, r: int, h: int) -> float:

@@ -54,6 +54,6 @@ of a block within its work budget).
 """
 
 from ipnext.planner.block.common import FastResult
-from ipnext.planner.block.search import solve_block_fast
+from ipnext.planner.block.search import search_block, solve_block_fast
 
-__all__ = ["FastResult", "solve_block_fast"]
+__all__ = ["FastResult", "search_block", "solve_block_fast"]

@@ -33,14 +33,40 @@ from ipnext.planner.instance import Instance
 
 
 def solve_block_fast(
-    inst: Instance, block: int, prices: np.ndarray, churn: float, *, budget: int = WORK_BUDGET
+    inst: Instance,
+    block: int,
+    prices: np.ndarray,
+    churn: float,
+    *,
+    budget: int = WORK_BUDGET,
+    caps: dict[int, int] | None = None,
 ) -> FastResult | None:
     """The block's optimal placement at these pool prices (see the package's docstring), or
-    None for a block the search does not handle, has no placement, or found none in `budget`."""
-    blk = build_block(inst, block, prices, churn)
-    if blk is None or not blk.regions:
-        return None
-    return _Search(blk).solve(budget)
+    None for a block the search does not handle, has no placement, or found none in `budget`.
+    `caps` (per option) bounds each option's replicas below what its pool holds."""
+    return search_block(inst, block, prices, churn, budget=budget, caps=caps)[0]
+
+
+def search_block(
+    inst: Instance,
+    block: int,
+    prices: np.ndarray,
+    churn: float,
+    *,
+    budget: int = WORK_BUDGET,
+    caps: dict[int, int] | None = None,
+) -> tuple[FastResult | None, bool]:
+    """`solve_block_fast`'s answer, and whether a None is a proof that the block has no
+    placement (under `caps`): no candidate region, or every run searched to its end without
+    one. Repair uses the proof to skip the MIP, which takes seconds to say the same."""
+    blk = build_block(inst, block, prices, churn, caps)
+    if blk is None:
+        return None, False
+    if not blk.regions:
+        return None, True
+    search = _Search(blk)
+    result = search.solve(budget)
+    return result, result is None and search.exhausted
 
 
 class _Search:
@@ -52,6 +78,7 @@ class _Search:
         self.best_chosen: Chosen | None = None
         self.work = self.peak = self.n_runs = 0
         self.mults: list[list[float]] = []  # multipliers found so far: valid in every run
+        self.exhausted = False  # every run was searched to its end (or bounded out)
 
     def solve(self, budget: int) -> FastResult | None:
         """One run per declared vector of the survive members' largest region capacities, for
@@ -63,6 +90,7 @@ class _Search:
             unresolved = self.exact_run((), root, budget)
         else:
             unresolved = self.declared_runs(root, budget)
+        self.exhausted = unresolved == math.inf and self.best_chosen is None
         if self.best_chosen is None:
             return None
         sol = placement(blk, self.best_chosen)

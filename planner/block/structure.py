@@ -71,10 +71,14 @@ class _HallRows:
     con_n: list[int]  # per row: the regions its sources reach (bitmask)
 
 
-def build_block(inst: Instance, block: int, prices: np.ndarray, churn: float) -> Block | None:
+def build_block(
+    inst: Instance, block: int, prices: np.ndarray, churn: float, caps: dict[int, int] | None = None
+) -> Block | None:
     """The block's data at these pool prices, or None for a block the search does not handle
     (members whose demand is not proportional, more than MAX_SOURCES traffic sources, an
-    option with no capacity or a negative price)."""
+    option with no capacity or a negative price). `caps` (per option, optional) bounds the
+    replicas of each option below what its pool holds: an option capped at 0 is left out, and
+    a region where a member has no option left is no candidate."""
     members = [int(i) for i in inst.blocks[block]]
     n_mem = len(members)
     dem = inst.demand[members]
@@ -113,7 +117,8 @@ def build_block(inst: Instance, block: int, prices: np.ndarray, churn: float) ->
     for i in members:
         by_r: dict[int, list[int]] = {}
         for o in inst.options_of[i]:
-            by_r.setdefault(int(inst.opt_r[o]), []).append(int(o))
+            if caps is None or caps[o] >= 1:
+                by_r.setdefault(int(inst.opt_r[o]), []).append(int(o))
         opts_at.append(by_r)
     cand_regions = [r for r in range(n_regions) if all(r in by_r for by_r in opts_at)]
 
@@ -145,7 +150,8 @@ def build_block(inst: Instance, block: int, prices: np.ndarray, churn: float) ->
                     return None
                 qn = q / float(k[a]) if k[a] > 0 else 1.0
                 enough = math.ceil(float(tot[a]) / q - 1e-9)
-                ub = int(min(inst.opt_cap[o], max(enough, 1)))
+                cap = inst.opt_cap[o] if caps is None else min(inst.opt_cap[o], caps[o])
+                ub = int(min(cap, max(enough, 1)))
                 cur = float(inst.opt_current[o]) if use_churn else 0.0
                 cu = churn * float(inst.opt_units[o]) if use_churn else 0.0
                 data.append((qn, [p * n + cu * max(0.0, n - cur) for n in range(ub + 1)]))

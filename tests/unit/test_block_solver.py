@@ -15,7 +15,7 @@ import pytest
 
 from ipnext.plan import DeploymentPlacement, Plan, PlanningProblem
 from ipnext.planner.backend import solve_model
-from ipnext.planner.block import FastResult, solve_block_fast
+from ipnext.planner.block import FastResult, search_block, solve_block_fast
 from ipnext.planner.formulation import build
 from ipnext.planner.generator import generate
 from ipnext.planner.instance import Instance, compile_problem
@@ -193,3 +193,39 @@ def test_every_block_of_a_small_fleet() -> None:
         else:
             assert res.bound <= optimum * (1 + REL) + REL <= res.objective * (1 + REL) + 2 * REL, f"block {b}"
     assert proven >= 0.9 * len(inst.blocks)
+
+
+def test_caps_give_the_optimum_within_a_residual_and_prove_when_nothing_fits() -> None:
+    """Capped options (repair's room in each pool): for a block of one deployment the caps are
+    the pool rows, so the capped optimum is the MIP's with those rows, and the search's proof
+    that nothing fits agrees with the MIP's infeasibility."""
+    inst = compile_problem(generate(7, 40, 4, 2, utilization=0.7))
+    rng = np.random.default_rng(7)
+    prices = np.zeros_like(inst.pool_units)
+    singles = [b for b in range(len(inst.blocks)) if len(inst.blocks[b]) == 1]
+    compared = proofs = 0
+    for k, b in enumerate(singles[:24]):
+        # Room for a random share of each pool; a third of the blocks get little room.
+        room = inst.pool_units * rng.uniform(0.0, 0.05 if k % 3 == 0 else 0.4, inst.pool_units.shape)
+        caps = {
+            int(o): math.floor(room[inst.opt_r[o], inst.opt_h[o]] / inst.opt_units[o] + 1e-9)
+            for o in inst.options_of[inst.blocks[b][0]]
+        }
+        res, none_fits = search_block(inst, b, prices, 0.0, caps=caps)
+        model = build(inst, [b], prices=prices, pool_capacity=room)
+        sol = solve_model(model, time_limit_s=20, relative_gap=1e-9)
+        if res is None:
+            if none_fits:
+                proofs += 1
+                assert sol.status == "infeasible", f"block {b}: proof of no placement, MIP {sol.status}"
+            continue
+        assert not none_fits
+        assert _violations(inst, b, prices, 0.0, res) == [], f"block {b}"
+        assert all(n <= caps[o] for o, n in res.x.items()), f"block {b} over its caps"
+        assert sol.status == "optimal", f"block {b}: a capped placement, MIP {sol.status}"
+        compared += 1
+        if res.optimal:
+            assert res.objective == pytest.approx(sol.objective, rel=REL, abs=REL), f"block {b}"
+        else:
+            assert res.bound <= sol.objective * (1 + REL) + REL, f"block {b}"
+    assert compared >= 8 and proofs >= 2, (compared, proofs)

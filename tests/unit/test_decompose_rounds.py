@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ipnext.errors import PlanningTimeoutError
 from ipnext.plan import SolveOptions
 from ipnext.planner import check_plan, pricing, solve
 from ipnext.planner.columns import cheaper_from_columns, enrich, greedy_columns, swap_columns
@@ -433,3 +434,37 @@ def test_swapping_columns_makes_an_overfull_choice_fit() -> None:
     assert (usage_of(inst, plan) <= inst.pool_units + 1e-9).all()
     assert check_plan(inst.problem, _plan(inst, plan, 0.0, 0.0, "test", time.monotonic())) == []
     assert swap_columns(inst, master, kept, left, time.monotonic() - 1.0) is None
+
+
+def test_at_fleet_scale_the_first_round_made_to_fit_is_the_plan_when_the_columns_give_none(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without an LP rounding (the LP relaxation is too large at fleet scale: made so here) the
+    first round's answers, repaired, are the first plan: they fit the pools, and when choosing
+    from the columns then runs out of time the solve returns that plan, never nothing."""
+    monkeypatch.setattr(importlib.import_module("ipnext.planner.instance"), "FLEET_BLOCKS", 0)
+    decompose_module = importlib.import_module("ipnext.planner.decompose")
+    monkeypatch.setattr(decompose_module, "LP_PRICES_MAX_OPTIONS", 0)
+    firsts: list[tuple[Instance, dict[int, BlockChoice] | None, str]] = []
+    real_first = decompose_module._fitted_first_round
+
+    def first_spy(inst: Instance, *args: object) -> tuple[dict[int, BlockChoice] | None, str]:
+        plan, how = real_first(inst, *args)  # type: ignore[arg-type]
+        firsts.append((inst, plan, how))
+        return plan, how
+
+    def out_of_time(*args: object) -> None:
+        raise PlanningTimeoutError("no plan that fits the pools within the time limit: test")
+
+    monkeypatch.setattr(decompose_module, "_fitted_first_round", first_spy)
+    monkeypatch.setattr(decompose_module, "from_columns", out_of_time)
+    problem = generate(2, 100, 4, 2, utilization=0.6)
+    plan = solve(problem, SolveOptions(time_limit_s=10, exact_fallback=False, workers=2))
+    assert len(firsts) == 1, firsts
+    inst, first, how = firsts[0]
+    assert first is not None, how
+    assert sorted(first) == list(range(len(inst.blocks)))
+    assert (usage_of(inst, first) <= inst.pool_units + 1e-9).all()
+    assert check_plan(problem, plan) == []
+    assert "the first round's answers, repaired" in plan.lower_bound_method, plan.lower_bound_method
+    assert plan.objective <= plan_cost(first) + 1e-6  # that plan, or a better one from improvement
