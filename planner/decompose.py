@@ -44,13 +44,17 @@ time left, when the bound is tightened: in the worker processes, while this proc
 the plan. A round re-solves only the blocks whose last answer a price change can affect (see
 rounds.Reuse).
 
-At fleet scale (past FLEET_BLOCKS), two more things. A round priced while the master's columns
-do not fit the pools gives the fast solver only SLACK_WORK per block: its prices are the slack's,
-its bound far below zero whatever it proves, and what it must find is placements that fit. And
-the fast solver's unproven placements can cost far more than the optimum, so HiGHS runs twice
-more: on the loosest blocks of the first round whose prices the columns fit (`_loosest_by_mip`),
-and, once the workers' tightened blocks are in, their placements join the columns and the plan
-is chosen again (`_chosen_again`).
+At fleet scale (past FLEET_BLOCKS) the LP relaxation is too large to round into a first plan,
+so up to FIRST_REPAIR_BLOCKS blocks the first round's answers, made to fit by repair, are it
+(`_fitted_first_round`); its columns also give the master LP a way to fit the pools, so its
+prices are real duals from the first round rather than the slack's. Two more things there. A
+round priced while the master's columns do not fit the pools (past FIRST_REPAIR_BLOCKS, until
+the rounds find columns that fit) gives the fast solver only SLACK_WORK per block: its prices
+are the slack's, its bound far below zero whatever it proves, and what it must find is
+placements that fit. And the fast solver's unproven placements can cost far more than the
+optimum, so HiGHS runs twice more: on the loosest blocks of the first round whose prices the
+columns fit (`_loosest_by_mip`), and, once the workers' tightened blocks are in, their
+placements join the columns and the plan is chosen again (`_chosen_again`).
 
 `lower_bound_method` in the result says which bound won: the Lagrangian bound (and the branch,
 when it raised it), or the optimum of the exact MIP for instances small enough to solve whole.
