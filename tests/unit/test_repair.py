@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from ipnext.errors import PlanningTimeoutError
 from ipnext.planner import repair as repair_module
 from ipnext.planner.generator import generate
 from ipnext.planner.instance import compile_problem
@@ -41,3 +42,30 @@ def test_a_joint_mip_that_runs_to_its_deadline_leaves_the_one_by_one_placement_t
     assert joint_deadlines and max(joint_deadlines) <= deadline - 4.0, joint_deadlines
     assert (usage_of(inst, repaired) <= inst.pool_units + 1e-9).all()
     assert sorted(repaired) == sorted(start)
+
+
+def test_without_the_joint_mip_repair_places_one_by_one_and_stops_at_the_first_circle_out_of_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`joint=False` (a fleet's first plan) never asks the joint MIP and still fits; out of
+    time, repair stops at the blocks off the overfull pools (a wider circle would need more
+    time still) and says how many of those were left and how long it ran."""
+    inst = compile_problem(generate(3, 30, 4, 2, utilization=0.7))
+    prices = np.zeros_like(inst.pool_units)
+    choices = {b: solve_block(inst, b, prices, 0.0, 5.0) for b in range(len(inst.blocks))}
+    start = {b: c for b, c in choices.items() if c is not None}
+    assert len(start) == len(inst.blocks)
+    joint_calls: list[int] = []
+    monkeypatch.setattr(repair_module, "place_jointly", lambda *a, **_: joint_calls.append(1))
+    repaired = repair_module.repair(inst, start, 0.0, time.monotonic() + 30.0, prices, joint=False)
+    assert joint_calls == []
+    assert (usage_of(inst, repaired) <= inst.pool_units + 1e-9).all()
+    assert sorted(repaired) == sorted(start)
+
+    movers = repair_module._minimal_movers(inst, start, usage_of(inst, start))
+    assert 0 < len(movers) < len(start)  # the first circle is not every block
+    with pytest.raises(PlanningTimeoutError) as caught:
+        repair_module.repair(inst, start, 0.0, time.monotonic() - 1.0, prices, joint=False)
+    message = caught.value.message
+    assert f"repair still had {len(movers)} of {len(movers)} blocks to place after" in message, message
+    assert "s of repair" in message
