@@ -115,9 +115,11 @@ MIP_BLOCKS_IN_ROUND = 8
 # of 37-41 s, the fourth fits the pools, and the plan comes from fitting columns in 10 s instead
 # of placing 981 blocks one at a time in 58 s (21.3% -> 8.0%).
 SLACK_WORK = 5_000
-# ... past this many blocks. At 1,000 deployments (701 blocks) the columns fit by the fourth
-# round either way, and with the smaller budget the plan out of them did not fit in time in 5
-# runs of 10 (with the full budget, 1 of 13), so there the rounds keep WORK_BUDGET.
+# ... past this many blocks. At 1,000 deployments (701 blocks), before their first plan came
+# from the first round, the columns fit by the fourth round either way, and with the smaller
+# budget the plan out of them did not fit in time in 5 runs of 10 (with the full budget, 1 of
+# 13), so there the rounds keep WORK_BUDGET. Now the first plan's columns fit from the first
+# round there, and no round is priced at the slack's prices.
 SLACK_WORK_BLOCKS = 3_000
 # At fleet scale up to this many blocks the first round's answers, repaired, are the first plan
 # (`_fitted_first_round`). On the 1,000-deployment row (701 blocks) the repair places the 196
