@@ -522,7 +522,9 @@ def _fitted_first_round(
     started = time.monotonic()
     try:
         plan = repair(inst, choices, churn, deadline, prices, joint=False)
-    except (PlanningTimeoutError, InfeasiblePlanError) as err:
+    except PlanningTimeoutError as err:
         why = err.message.removeprefix(f"{OUT_OF_TIME}: ").rstrip(".")
         return None, f"the first round's answers were not repaired in time ({why})"
+    except InfeasiblePlanError as err:
+        return None, f"the first round's answers could not be repaired ({err.message.rstrip('.')})"
     return plan, f"the first round's answers, repaired in {time.monotonic() - started:.1f}s"
