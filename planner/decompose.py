@@ -45,11 +45,11 @@ the plan. A round re-solves only the blocks whose last answer a price change can
 rounds.Reuse).
 
 At fleet scale (past FLEET_BLOCKS) the LP relaxation is too large to round into a first plan,
-so up to FIRST_REPAIR_BLOCKS blocks the first round's answers, made to fit by repair, are it
+so the first round's answers, made to fit by repair at congestion prices, are it
 (`_fitted_first_round`); its columns also give the master LP a way to fit the pools, so its
 prices are real duals from the first round rather than the slack's. Two more things there. A
-round priced while the master's columns do not fit the pools (past FIRST_REPAIR_BLOCKS, until
-the rounds find columns that fit) gives the fast solver only SLACK_WORK per block: its prices
+round priced while the master's columns do not fit the pools (past SLACK_WORK_BLOCKS, when
+that repair failed, until the rounds find columns that fit) gives the fast solver only SLACK_WORK per block: its prices
 are the slack's, its bound far below zero whatever it proves, and what it must find is
 placements that fit. And the fast solver's unproven placements can cost far more than the
 optimum, so HiGHS runs twice more: on the loosest blocks of the first round whose prices the
@@ -86,7 +86,7 @@ from ipnext.planner.pricing import (
     choices_from_values,
     usage_of,
 )
-from ipnext.planner.repair import OUT_OF_TIME, repair
+from ipnext.planner.repair import OUT_OF_TIME, first_plan_repair
 from ipnext.planner.rounds import Reuse, Rounds
 
 __all__ = ["BlockChoice", "Decomposition", "decompose"]
@@ -119,13 +119,9 @@ SLACK_WORK = 5_000
 # from the first round, the columns fit by the fourth round either way, and with the smaller
 # budget the plan out of them did not fit in time in 5 runs of 10 (with the full budget, 1 of
 # 13), so there the rounds keep WORK_BUDGET. Now the first plan's columns fit from the first
-# round there, and no round is priced at the slack's prices.
+# round on both rows, and only a fleet whose first plan's repair failed has rounds priced at
+# the slack's prices.
 SLACK_WORK_BLOCKS = 3_000
-# At fleet scale up to this many blocks the first round's answers, repaired, are the first plan
-# (`_fitted_first_round`). On the 1,000-deployment row (701 blocks) the repair places the 196
-# blocks off the overfull pools in about 10 s; on the 10,000 row it evicts blocks by the
-# thousand and after 300 s still had 478 of 1,540 to place, and the plan comes from the columns.
-FIRST_REPAIR_BLOCKS = 3_000
 
 
 @dataclass
@@ -193,7 +189,7 @@ def decompose(
                 f"and no first plan was made ({first_how}).",
                 fix="give the planner more time (--time-limit)",
             )
-        if first is None and inst.fleet and not start.rounded and len(blocks) <= FIRST_REPAIR_BLOCKS:
+        if first is None and inst.fleet and not start.rounded:
             # No LP rounding at fleet scale: the first round's answers, made to fit.
             # It may take what time is left: without it there is no plan until the columns fit.
             first, first_how = _fitted_first_round(inst, choices, churn, prices, hard_deadline)
@@ -490,9 +486,10 @@ def _first_plan(
 ) -> tuple[dict[int, BlockChoice] | None, str]:
     """A plan that fits the pools, made in the first seconds so that a time limit never leaves
     the planner with nothing: the LP rounding that overflows the pools least, repaired (blocks
-    taken off the overfull pools and placed again in the capacity the others leave: together
-    by an exact MIP, else one at a time, least flexible first). None, with why, when there is
-    no rounding (an LP too large to solve) or the repair does not finish by `deadline`."""
+    taken off the overfull pools and placed again in the capacity the others leave: one at a
+    time at congestion prices, else as `repair` does, see `repair.first_plan_repair`). None,
+    with why, when there is no rounding (an LP too large to solve) or the repair does not
+    finish by `deadline`."""
     if not start.rounded:
         return None, "no LP rounding (the LP relaxation is too large or unsolved)"
     started = time.monotonic()
@@ -504,7 +501,7 @@ def _first_plan(
     if overflow(least) == 0.0:
         return least, "the LP relaxation rounded up"
     try:
-        plan = repair(inst, least, churn, deadline, start.prices)
+        plan = first_plan_repair(inst, least, churn, deadline, start.prices)
     except (PlanningTimeoutError, InfeasiblePlanError) as err:
         return None, f"the LP rounding's repair found nothing in {time.monotonic() - started:.1f}s: {err}"
     return plan, f"the LP relaxation rounded up and repaired in {time.monotonic() - started:.1f}s"
@@ -514,14 +511,16 @@ def _fitted_first_round(
     inst: Instance, choices: dict[int, BlockChoice], churn: float, prices: np.ndarray, deadline: float
 ) -> tuple[dict[int, BlockChoice] | None, str]:
     """A fleet's first plan: the first pricing round's answers (every block at its cheapest at
-    the first prices, which overfill the cheap pools), repaired one block at a time (the
-    joint MIP over hundreds of blocks finds nothing in time at this size: 34 s for nothing on
-    the 1,000-deployment row). Its columns fit the pools, so the master LP has prices, not the
-    slack's, from the first round on. None, with why, when the repair does not finish by
+    the first prices, which overfill the cheap pools), repaired one block at a time at
+    congestion prices (the joint MIP over hundreds of blocks finds nothing in time at this
+    size: 34 s for nothing on the 1,000-deployment row). Its columns fit the pools, so the
+    master LP has prices, not the slack's, from the first round on. On the bench's fleet rows
+    (zero first prices) the repair takes 4 s at 1,000 deployments (196 blocks to place) and
+    55 s at 10,000 (1,540), where the first plan used to wait for the columns to fit (213 s). None, with why, when the repair does not finish by
     `deadline`."""
     started = time.monotonic()
     try:
-        plan = repair(inst, choices, churn, deadline, prices, joint=False)
+        plan = first_plan_repair(inst, choices, churn, deadline, prices, joint=False)
     except PlanningTimeoutError as err:
         why = err.message.removeprefix(f"{OUT_OF_TIME}: ").rstrip(".")
         return None, f"the first round's answers were not repaired in time ({why})"

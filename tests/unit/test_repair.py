@@ -3,6 +3,7 @@ one-at-a-time placement (the fast solver, milliseconds a block) always gets its 
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -14,6 +15,8 @@ from ipnext.planner import repair as repair_module
 from ipnext.planner.generator import generate
 from ipnext.planner.instance import compile_problem
 from ipnext.planner.pricing import solve_block, usage_of
+
+SCARCE_SEED = 2  # an instance whose zero-price placement evicts (24 placements for 15 blocks)
 
 
 def test_a_joint_mip_that_runs_to_its_deadline_leaves_the_one_by_one_placement_time(
@@ -69,3 +72,59 @@ def test_without_the_joint_mip_repair_places_one_by_one_and_stops_at_the_first_c
     message = caught.value.message
     assert f"repair still had {len(movers)} of {len(movers)} blocks to place after" in message, message
     assert "s of repair" in message
+
+
+def test_congestion_prices_place_each_block_once_where_zero_prices_evict(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A fleet's first plan places the blocks off the overfull pools at zero prices, where every
+    one of them wants the same cheap pools: placed as they come, the early ones take the room
+    the later ones need, which then evict them. With congestion prices (`scarcity`) the early
+    ones go where there is room and each block is placed once; the placements still fit, and
+    are priced at the prices given, with no bound claimed."""
+    inst = compile_problem(generate(SCARCE_SEED, 60, 6, 2, utilization=0.8))
+    prices = np.zeros_like(inst.pool_units)
+    choices = {b: solve_block(inst, b, prices, 0.0, 5.0) for b in range(len(inst.blocks))}
+    start = {b: c for b, c in choices.items() if c is not None}
+    assert len(start) == len(inst.blocks)
+    movers = repair_module._minimal_movers(inst, start, usage_of(inst, start))
+    kept = {b: c for b, c in start.items() if b not in set(movers)}
+    residual = np.maximum(inst.pool_units - usage_of(inst, kept), 0.0)
+    asked: list[int] = []
+    fast_into = repair_module._fast_into
+
+    def counted(inst: Any, block: int, *args: Any) -> Any:
+        asked.append(block)
+        return fast_into(inst, block, *args)
+
+    monkeypatch.setattr(repair_module, "_fast_into", counted)
+    placements = {}
+    for scarcity in (0.0, repair_module.FIRST_PLAN_SCARCITY):
+        asked.clear()
+        placed, why = repair_module.place_one_by_one(
+            inst, movers, residual, 0.0, prices, dict(kept), scarcity=scarcity
+        )
+        assert placed is not None, why
+        placements[scarcity] = (len(asked), placed)
+    evicting, _ = placements[0.0]
+    once, placed = placements[repair_module.FIRST_PLAN_SCARCITY]
+    assert evicting > len(movers), "no eviction at zero prices: pick another seed"
+    assert once == len(movers)
+    plan = {**kept, **placed}
+    assert (usage_of(inst, plan) <= inst.pool_units + 1e-9).all()
+    for c in placed.values():
+        assert c.bound == -math.inf
+        assert c.priced == pytest.approx(c.cost)  # at zero prices, no congestion price kept
+
+
+def test_a_congestion_price_rises_as_its_pool_fills() -> None:
+    inst = compile_problem(generate(3, 30, 4, 2, utilization=0.7))
+    units = inst.pool_units
+    price = {
+        share: repair_module._congestion(inst, units * (1.0 - share), 0.2) for share in (0.0, 0.5, 0.9, 1.0)
+    }
+    held = units > 0
+    assert (price[0.0] == 0.0).all()
+    assert np.allclose(price[0.5][held], 0.2 * inst.pool_cost[held])  # u / (1 - u) = 1
+    assert np.allclose(price[0.9][held], 0.2 * 9.0 * inst.pool_cost[held])
+    assert (price[1.0][held] > price[0.9][held]).all() and np.isfinite(price[1.0]).all()
