@@ -45,7 +45,8 @@ the plan. A round re-solves only the blocks whose last answer a price change can
 rounds.Reuse).
 
 At fleet scale (past FLEET_BLOCKS) the LP relaxation is too large to round into a first plan,
-so the first round's answers, made to fit by repair at congestion prices, are it
+so the first round's answers, made to fit by repair (at congestion prices past
+CONGESTION_FIRST_BLOCKS), are it
 (`_fitted_first_round`); its columns also give the master LP a way to fit the pools, so its
 prices are real duals from the first round rather than the slack's. Two more things there. A
 round priced while the master's columns do not fit the pools (past SLACK_WORK_BLOCKS, when
@@ -122,6 +123,14 @@ SLACK_WORK = 5_000
 # round on both rows, and only a fleet whose first plan's repair failed has rounds priced at
 # the slack's prices.
 SLACK_WORK_BLOCKS = 3_000
+# A fleet's first round's answers are repaired at congestion prices first past this many blocks
+# (`repair.first_plan_repair`); up to it, at the first prices first. On the 10,000 row (6,885
+# blocks) only the congestion prices place them (55 s; at zero prices the evictions went on past
+# 300 s). On the 1,000 row (701 blocks) both do (4 s and 10 s); the plans the rounds then made
+# from the zero-price one were 3.27-3.87% over their bounds in five runs, from the congestion
+# one 3.84-3.98% in three. The runs vary that much from timing alone, but until more runs
+# tell them apart that row keeps the repair it was measured with.
+CONGESTION_FIRST_BLOCKS = 3_000
 
 
 @dataclass
@@ -511,16 +520,25 @@ def _fitted_first_round(
     inst: Instance, choices: dict[int, BlockChoice], churn: float, prices: np.ndarray, deadline: float
 ) -> tuple[dict[int, BlockChoice] | None, str]:
     """A fleet's first plan: the first pricing round's answers (every block at its cheapest at
-    the first prices, which overfill the cheap pools), repaired one block at a time at
-    congestion prices (the joint MIP over hundreds of blocks finds nothing in time at this
-    size: 34 s for nothing on the 1,000-deployment row). Its columns fit the pools, so the
+    the first prices, which overfill the cheap pools), repaired one block at a time, at
+    congestion prices or at the first prices (`CONGESTION_FIRST_BLOCKS` says which is tried
+    first; the joint MIP over hundreds of blocks finds nothing in time at this size: 34 s for
+    nothing on the 1,000-deployment row). Its columns fit the pools, so the
     master LP has prices, not the slack's, from the first round on. On the bench's fleet rows
     (zero first prices) the repair takes 4 s at 1,000 deployments (196 blocks to place) and
     55 s at 10,000 (1,540), where the first plan used to wait for the columns to fit (213 s). None, with why, when the repair does not finish by
     `deadline`."""
     started = time.monotonic()
     try:
-        plan = first_plan_repair(inst, choices, churn, deadline, prices, joint=False)
+        plan = first_plan_repair(
+            inst,
+            choices,
+            churn,
+            deadline,
+            prices,
+            joint=False,
+            congestion_first=len(inst.blocks) > CONGESTION_FIRST_BLOCKS,
+        )
     except PlanningTimeoutError as err:
         why = err.message.removeprefix(f"{OUT_OF_TIME}: ").rstrip(".")
         return None, f"the first round's answers were not repaired in time ({why})"

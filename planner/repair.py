@@ -107,20 +107,26 @@ def first_plan_repair(
     prices: np.ndarray,
     *,
     joint: bool = True,
+    congestion_first: bool = True,
 ) -> dict[int, BlockChoice]:
-    """The repair of a first plan: one block at a time at congestion prices
-    (`FIRST_PLAN_SCARCITY`), and when that cannot place them (the ejection chain gives up),
-    `repair` as before: the joint MIP (not with `joint=False`), then one at a time at `prices`.
-    Placed at congestion prices, 300-tight's LP rounding is repaired in 9.5 s, where the joint
-    MIP and the placement at the LP's prices after it found nothing in 16 s. On small instances
-    they are not always better: on 22 instances of 40-60 deployments, 4-6 regions, pools
-    70-80% full, they evicted fewer blocks in 6 (two placed only with them), more in 2 (one
-    placed only without them); the fallback covers those. Out of time, it raises as `repair`
-    does."""
+    """The repair of a first plan, two ways: one block at a time at congestion prices
+    (`FIRST_PLAN_SCARCITY`), and `repair` as before (the joint MIP, not with `joint=False`,
+    then one at a time at `prices`). The second runs when the first cannot place the blocks
+    (its ejection chain gives up); `congestion_first` says which goes first. Placed at
+    congestion prices, 300-tight's LP rounding is repaired in 9.5 s, where the joint MIP and
+    the placement at the LP's prices after it found nothing in 16 s. On small instances they
+    are not always better: on 22 instances of 40-60 deployments, 4-6 regions, pools 70-80%
+    full, they evicted fewer blocks in 6 (two placed only with them), more in 2 (one placed
+    only without them). Out of time, it raises as `repair` does."""
+    ways = [
+        lambda: repair(inst, choices, churn, deadline, prices, joint=False, scarcity=FIRST_PLAN_SCARCITY),
+        lambda: repair(inst, choices, churn, deadline, prices, joint=joint),
+    ]
+    first, second = ways if congestion_first else ways[::-1]
     try:
-        return repair(inst, choices, churn, deadline, prices, joint=False, scarcity=FIRST_PLAN_SCARCITY)
+        return first()
     except InfeasiblePlanError:
-        return repair(inst, choices, churn, deadline, prices, joint=joint)
+        return second()
 
 
 def _minimal_movers(inst: Instance, choices: dict[int, BlockChoice], used: np.ndarray) -> list[int]:
@@ -189,7 +195,9 @@ def place_one_by_one(
     limit = 5 * len(movers) + 20
     while queue:
         if time.monotonic() > deadline:
-            return None, f"{OUT_OF_TIME}: repair still had {len(queue)} of {len(movers)} blocks to place."
+            # Evicted blocks queue again, so more may be left than were given ("7 of 5").
+            given = f"{len(movers)} given" + (f", {evictions} evictions" if evictions else "")
+            return None, f"{OUT_OF_TIME}: repair still had {len(queue)} blocks to place ({given})."
         b = queue.pop(0)
         seconds = max(0.25, min(REPAIR_BLOCK_LIMIT_S, deadline - time.monotonic()))
         at = prices + _congestion(inst, residual, scarcity) if scarcity > 0 else prices

@@ -441,10 +441,22 @@ def test_at_fleet_scale_the_first_round_made_to_fit_is_the_plan_when_the_columns
 ) -> None:
     """Without an LP rounding (the LP relaxation is too large at fleet scale: made so here) the
     first round's answers, repaired, are the first plan: they fit the pools, and when choosing
-    from the columns then runs out of time the solve returns that plan, never nothing."""
+    from the columns then runs out of time the solve returns that plan, never nothing. The
+    repair runs at congestion prices first, as on a fleet past CONGESTION_FIRST_BLOCKS (the
+    repair at the first prices has its own tests in test_repair.py)."""
     monkeypatch.setattr(importlib.import_module("ipnext.planner.instance"), "FLEET_BLOCKS", 0)
     decompose_module = importlib.import_module("ipnext.planner.decompose")
     monkeypatch.setattr(decompose_module, "LP_PRICES_MAX_OPTIONS", 0)
+    monkeypatch.setattr(decompose_module, "CONGESTION_FIRST_BLOCKS", 0)
+    repair_module = importlib.import_module("ipnext.planner.repair")
+    scarcities: list[float] = []
+    real_repair = repair_module.repair
+
+    def repair_spy(*args: object, **kwargs: object) -> object:
+        scarcities.append(float(kwargs.get("scarcity", 0.0)))  # type: ignore[arg-type]
+        return real_repair(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(repair_module, "repair", repair_spy)
     firsts: list[tuple[Instance, dict[int, BlockChoice] | None, str]] = []
     real_first = decompose_module._fitted_first_round
 
@@ -468,3 +480,4 @@ def test_at_fleet_scale_the_first_round_made_to_fit_is_the_plan_when_the_columns
     assert check_plan(problem, plan) == []
     assert "the first round's answers, repaired" in plan.lower_bound_method, plan.lower_bound_method
     assert plan.objective <= plan_cost(first) + 1e-6  # that plan, or a better one from improvement
+    assert scarcities[:1] == [repair_module.FIRST_PLAN_SCARCITY], scarcities

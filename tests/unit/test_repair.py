@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ipnext.errors import PlanningTimeoutError
+from ipnext.errors import InfeasiblePlanError, PlanningTimeoutError
 from ipnext.planner import repair as repair_module
 from ipnext.planner.generator import generate
 from ipnext.planner.instance import compile_problem
@@ -70,7 +70,7 @@ def test_without_the_joint_mip_repair_places_one_by_one_and_stops_at_the_first_c
     with pytest.raises(PlanningTimeoutError) as caught:
         repair_module.repair(inst, start, 0.0, time.monotonic() - 1.0, prices, joint=False)
     message = caught.value.message
-    assert f"repair still had {len(movers)} of {len(movers)} blocks to place after" in message, message
+    assert f"repair still had {len(movers)} blocks to place ({len(movers)} given) after" in message, message
     assert "s of repair" in message
 
 
@@ -128,3 +128,33 @@ def test_a_congestion_price_rises_as_its_pool_fills() -> None:
     assert np.allclose(price[0.5][held], 0.2 * inst.pool_cost[held])  # u / (1 - u) = 1
     assert np.allclose(price[0.9][held], 0.2 * 9.0 * inst.pool_cost[held])
     assert (price[1.0][held] > price[0.9][held]).all() and np.isfinite(price[1.0]).all()
+
+
+@pytest.mark.parametrize("congestion_first", [True, False])
+def test_a_first_plan_is_repaired_the_other_way_when_the_first_way_cannot_place_it(
+    monkeypatch: pytest.MonkeyPatch, congestion_first: bool
+) -> None:
+    """`first_plan_repair` tries the congestion prices and the old repair in the order asked,
+    the second only when the first finds no placement; out of time it stops at once."""
+    calls: list[tuple[float, bool]] = []
+
+    def first_way_fails(*args: Any, joint: bool = True, scarcity: float = 0.0) -> dict[int, Any]:
+        calls.append((scarcity, joint))
+        if len(calls) == 1:
+            raise InfeasiblePlanError("pools: no room (test)")
+        return {}
+
+    monkeypatch.setattr(repair_module, "repair", first_way_fails)
+    repair_module.first_plan_repair(None, {}, 0.0, 0.0, None, congestion_first=congestion_first)  # type: ignore[arg-type]
+    congestion, old = (repair_module.FIRST_PLAN_SCARCITY, False), (0.0, True)
+    assert calls == ([congestion, old] if congestion_first else [old, congestion])
+
+    def out_of_time(*args: Any, **kwargs: Any) -> dict[int, Any]:
+        calls.append((-1.0, False))
+        raise PlanningTimeoutError("no plan that fits the pools within the time limit: test")
+
+    calls.clear()
+    monkeypatch.setattr(repair_module, "repair", out_of_time)
+    with pytest.raises(PlanningTimeoutError):
+        repair_module.first_plan_repair(None, {}, 0.0, 0.0, None, congestion_first=congestion_first)  # type: ignore[arg-type]
+    assert len(calls) == 1
