@@ -128,7 +128,7 @@ SLACK_WORK_BLOCKS = 3_000
 # blocks) only the congestion prices place them (55 s; at zero prices the evictions went on past
 # 300 s). On the 1,000 row (701 blocks) both do (4 s and 10 s); the plans the rounds then made
 # from the zero-price one were 3.27-3.87% over their bounds in five runs, from the congestion
-# one 3.84-3.98% in three. The runs vary that much from timing alone, but until more runs
+# one 3.84-3.98% in four. The runs vary that much from timing alone, but until more runs
 # tell them apart that row keeps the repair it was measured with.
 CONGESTION_FIRST_BLOCKS = 3_000
 
