@@ -45,14 +45,13 @@ the plan. A round re-solves only the blocks whose last answer a price change can
 rounds.Reuse).
 
 At fleet scale (past FLEET_BLOCKS) the LP relaxation is too large to round into a first plan,
-so the first round's answers, made to fit by repair (at congestion prices past
-CONGESTION_FIRST_BLOCKS), are it
-(`_fitted_first_round`); its columns also give the master LP a way to fit the pools, so its
-prices are real duals from the first round rather than the slack's. Two more things there. A
-round priced while the master's columns do not fit the pools (past SLACK_WORK_BLOCKS, when
-that repair failed, until the rounds find columns that fit) gives the fast solver only SLACK_WORK per block: its prices
-are the slack's, its bound far below zero whatever it proves, and what it must find is
-placements that fit. And the fast solver's unproven placements can cost far more than the
+so the first round's answers, made to fit by repair (at congestion prices first past
+CONGESTION_FIRST_BLOCKS), are it (`_fitted_first_round`); its columns also give the master LP
+a way to fit the pools, so its prices are real duals from the first round rather than the
+slack's. Two more things there. A round priced while the master's columns do not fit the
+pools (past SLACK_WORK_BLOCKS, when that repair failed, until the rounds find columns that
+fit) gives the fast solver only SLACK_WORK per block: its prices are the slack's, its bound
+far below zero whatever it proves, and what it must find is placements that fit. And the fast solver's unproven placements can cost far more than the
 optimum, so HiGHS runs twice more: on the loosest blocks of the first round whose prices the
 columns fit (`_loosest_by_mip`), and, once the workers' tightened blocks are in, their
 placements join the columns and the plan is chosen again (`_chosen_again`).
@@ -523,11 +522,12 @@ def _fitted_first_round(
     the first prices, which overfill the cheap pools), repaired one block at a time, at
     congestion prices or at the first prices (`CONGESTION_FIRST_BLOCKS` says which is tried
     first; the joint MIP over hundreds of blocks finds nothing in time at this size: 34 s for
-    nothing on the 1,000-deployment row). Its columns fit the pools, so the
-    master LP has prices, not the slack's, from the first round on. On the bench's fleet rows
-    (zero first prices) the repair takes 4 s at 1,000 deployments (196 blocks to place) and
-    55 s at 10,000 (1,540), where the first plan used to wait for the columns to fit (213 s). None, with why, when the repair does not finish by
-    `deadline`."""
+    nothing on the 1,000-deployment row). Its columns fit the pools, so the master LP has
+    prices, not the slack's, from the first round on. On the bench's fleet rows (zero first
+    prices) the repair takes 7.5 s at 1,000 deployments (196 blocks to place, at the first
+    prices; 3.9 s at congestion prices) and 55 s at 10,000 (1,540, at congestion prices),
+    where the first plan used to wait for the columns to fit (213 s). None, with why, when the
+    repair does not finish by `deadline`."""
     started = time.monotonic()
     try:
         plan = first_plan_repair(

@@ -32,9 +32,9 @@ JOINT_SHARE = 0.5  # of the repair's time, the most its joint MIPs take
 # on the 1,000-deployment row's repair it cut the MIP's turns from 57 to 18 (16.9 s -> 1.4 s).
 RETRY_WORK = 5 * WORK_BUDGET
 # A first plan's repair places blocks at the first prices (zero on a fleet), where every block
-# wants the same cheap pools. A price that rises as a pool fills (`scarcity` x its unit cost x u / (1 - u),
-# u the share of the pool in use) sends the blocks placed first to where there is room, and
-# leaves the full pools to the blocks that have nowhere else to go. On the first round's
+# wants the same cheap pools. A price that rises as a pool fills (`scarcity` x its unit cost
+# x u / (1 - u), u the share of the pool in use) sends the blocks placed first to where there
+# is room, and leaves the full pools to the blocks that have nowhere else to go. On the first round's
 # answers of the bench's fleet rows (zero prices): 1,000 deployments, 196 blocks to place: 3.9 s
 # and no eviction with 0.2, 9.9 s and 84 evictions without; 10,000 deployments, 1,540 blocks:
 # 54 s and no eviction with 0.2, and without, still 478 to place after 300 s of evictions.
