@@ -398,7 +398,7 @@ def test_at_fleet_scale_the_plan_is_chosen_again_with_the_workers_placements(
     monkeypatch.setattr(decompose_module, "_loosest_by_mip", mip_spy)
     monkeypatch.setattr(decompose_module, "_chosen_again", again_spy)
     problem = generate(2, 100, 4, 2, utilization=0.6)
-    plan = solve(problem, SolveOptions(time_limit_s=10, exact_fallback=False, workers=2))
+    plan = solve(problem, SolveOptions(time_limit_s=20, exact_fallback=False, workers=2))
     assert check_plan(problem, plan) == []
     assert mipped == [mipped[0]] and mipped[0] > 0, mipped  # once, in the first round that fits
     assert len(again) == 1 and again[0][0] > 0, again
