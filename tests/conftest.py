@@ -36,6 +36,8 @@ import pytest
 from ipnext.config import Settings
 from ipnext.raytoken import ensure_ray_token, use_ray_auth
 
+from .suite_load import LoadSampler
+
 # Ray's token authentication for every stack of the run (each makes its own cluster): one token
 # file, because Ray reads the token once per process and a test process reaches several stacks.
 # Set here, before any test module imports Ray; every process the tests start inherits it, and
@@ -115,3 +117,21 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
     config.option.loadscopereorder = False
     return GroupScheduling(config, log)
+
+
+_SAMPLER_KEY = pytest.StashKey[LoadSampler]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Only the process that runs the session samples: xdist's workers carry `workerinput`.
+    if not hasattr(config, "workerinput"):
+        config.stash[_SAMPLER_KEY] = LoadSampler().start()
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    sampler = config.stash.get(_SAMPLER_KEY, None)
+    if sampler is None:
+        return
+    terminalreporter.section("machine load during the run")
+    for line in sampler.stop().lines():
+        terminalreporter.write_line(line)

@@ -31,6 +31,8 @@ from ipnext.sdk import Client
 from ipnext.snapshots import Manifest
 from tests.conftest import STACK_UNITS, work_unit
 
+from .stack_state import describe, stack_config_of
+
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE_MODEL = REPO / "examples" / "click_ranker" / "model.yaml"
 # A serving model checks Serve against its record this often (30 s by default): the restart
@@ -115,6 +117,26 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
     if _LIVE_STACK and unit in STACK_UNITS and (nextitem is None or work_unit(nextitem.nodeid) != unit):
         print(f"\nstack of {unit} stopped: its unit is done")
         _stop_live_stack()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A drill that fails says what its stack looked like then (tests/integration/stack_state.py),
+    in a section of its own under the failure."""
+    outcome = yield
+    report: pytest.TestReport = outcome.get_result()  # type: ignore[attr-defined]
+    if not report.failed or report.when == "teardown":
+        return
+    funcargs: dict[str, Any] = getattr(item, "funcargs", {})
+    config = stack_config_of(funcargs)
+    if config is None:
+        return
+    model = funcargs.get("model_name")
+    try:
+        state = describe(config, model if isinstance(model, str) else None)
+    except Exception as err:  # the report must never hide the failure it explains
+        state = f"(the stack's state could not be read: {type(err).__name__}: {err})"
+    report.sections.append(("stack state at the failure", state))
 
 
 @pytest_asyncio.fixture(loop_scope="session")

@@ -1,0 +1,199 @@
+"""What a failed drill prints of its stack: each model's state, rollout and reconcile record,
+every Serve app and deployment with its status and message, the dev stack's components, and
+the last lines of the worker's and the supervisor's logs. So the next reader can tell a loaded
+machine from a defect without running the drill again.
+
+The live parts (Temporal, Ray) are read by one process of its own (`python -m` this module),
+which may attach to the stack's Ray whatever Ray the test process holds, and prints each
+section as soon as it has it; cut at `LOOK_TIMEOUT_S`, it still gives what it printed, and a
+section that fails says why in its place. The log tails are read here."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from ipnext.config import Settings, load_settings
+
+LOOK_TIMEOUT_S = 120.0  # one child process; on a machine at load 40 its imports alone take 20 s
+LOG_LINES = 40
+MODELS_SHOWN = 4  # the test's own model first, then the others the stack holds
+# The fields of a model's state that say where it stands.
+_MODEL_FIELDS = ("state", "serving_set", "serving_apps", "queued", "pending_plan", "active_rollout")
+_ROLLOUT_FIELDS = ("state", "step", "traffic_percent", "steps_done", "detail")
+
+
+def stack_config_of(funcargs: dict[str, Any]) -> Path | None:
+    """The config file of the stack a test ran on, from its fixtures: the shared stack's
+    settings (their source) or `stack_config`, or an own stack's object with a `config`."""
+    for value in funcargs.values():
+        if isinstance(value, Settings) and value.source is not None:
+            return value.source
+        config = getattr(value, "config", None)
+        if isinstance(config, Path) and config.suffix == ".yaml":
+            return config
+    config = funcargs.get("stack_config")
+    return config if isinstance(config, Path) else None
+
+
+def describe(config: Path, model: str | None = None) -> str:
+    """The report for the stack of `config`, as text."""
+    settings = load_settings(config)
+    env = {k: v for k, v in os.environ.items() if k not in ("TEMPORAL_ADDRESS", "RAY_ADDRESS")}
+    env["IPNEXT_CONFIG"] = str(config)
+    command = [
+        sys.executable,
+        "-m",
+        "tests.integration.stack_state",
+        str(config),
+        *([model] if model else []),
+    ]
+    try:
+        done = subprocess.run(
+            command, env=env, capture_output=True, text=True, timeout=LOOK_TIMEOUT_S, cwd=_REPO
+        )
+        live = done.stdout + (
+            f"\n-- the look failed (exit {done.returncode}):\n{done.stderr[-2000:]}"
+            if done.returncode
+            else ""
+        )
+    except subprocess.TimeoutExpired as cut:
+        printed = cut.stdout.decode(errors="replace") if isinstance(cut.stdout, bytes) else cut.stdout or ""
+        live = f"{printed}\n-- cut after {LOOK_TIMEOUT_S:g} s: what is above is all that answered"
+    lines = [f"-- stack of {config}", live.rstrip()]
+    for log in ("worker.log", "supervisor.log"):
+        lines.extend(_tail(settings.state_dir / "logs" / log))
+    return "\n".join(lines)
+
+
+_REPO = Path(__file__).resolve().parents[2]
+
+
+def _tail(path: Path) -> Iterator[str]:
+    if not path.exists():
+        yield f"-- {path.name}: none"
+        return
+    with path.open("rb") as log:
+        log.seek(0, os.SEEK_END)
+        log.seek(max(0, log.tell() - 64 * 1024))
+        lines = log.read().decode(errors="replace").splitlines()[-LOG_LINES:]
+    yield f"-- last {len(lines)} lines of {path.name}"
+    yield from (f"  {line}" for line in lines)
+
+
+def model_lines(state: dict[str, Any]) -> Iterator[str]:
+    """A model's state (`ModelState` as JSON) in the few lines that say where it stands."""
+    for name in _MODEL_FIELDS:
+        if state.get(name) not in (None, [], {}):
+            yield f"  {name}: {json.dumps(state[name])}"
+    plan = state.get("plan") or {}
+    if plan:
+        regions = sorted({r for p in (plan.get("deployments") or {}).values() for r in p.get("replicas", {})})
+        yield f"  plan: revision {plan.get('revision')}, regions {regions}"
+    rollout = state.get("rollout") or {}
+    if rollout:
+        yield f"  rollout: {json.dumps({k: rollout[k] for k in _ROLLOUT_FIELDS if k in rollout})}"
+        gates = rollout.get("gates") or []
+        if gates:
+            yield f"  last gate: {json.dumps(gates[-1])[:400]}"
+    if state.get("reconcile"):
+        yield f"  reconcile: {json.dumps(state['reconcile'])[:1500]}"
+
+
+# -- the child process: the live sections, each printed as soon as it is read
+
+
+def _say(line: str = "") -> None:
+    print(line, flush=True)
+
+
+def _dev_status(settings: Settings) -> None:
+    from ipnext.devstack import process_alive
+
+    record_file = settings.state_dir / "dev.json"
+    if not record_file.exists():
+        _say("-- dev stack: no record (not up)")
+        return
+    record = json.loads(record_file.read_text())
+    _say("-- dev stack components")
+    for name, entry in sorted((record.get("processes") or {}).items()):
+        pid = entry.get("pid") if isinstance(entry, dict) else entry
+        alive = isinstance(pid, int) and process_alive(pid)
+        _say(f"  {name}: pid {pid} {'alive' if alive else 'DEAD'}")
+    holds = sorted(p.name for p in (settings.state_dir / "holds").glob("*"))
+    if holds:
+        _say(f"  held: {holds}")
+
+
+async def _models(settings: Settings, first: str | None) -> None:
+    from ipnext.sdk import Client
+
+    async with await Client.connect(settings) as client:
+        names = [m.name for m in await client.list_models()]
+        if first is not None:
+            names = [first, *(n for n in names if n != first)]
+        for name in names[:MODELS_SHOWN]:
+            try:
+                state = (await client.get_model(name)).model_dump(mode="json")
+            except Exception as err:
+                _say(f"-- model {name}: {type(err).__name__}: {str(err)[:300]}")
+                continue
+            _say(f"-- model {name}")
+            for line in model_lines(state):
+                _say(line)
+        if len(names) > MODELS_SHOWN:
+            _say(f"-- ({len(names) - MODELS_SHOWN} more models not shown)")
+
+
+def _serve_apps(settings: Settings) -> None:
+    if not settings.ray_address_file.exists():
+        _say("-- Serve apps: no Ray address file (Ray not up)")
+        return
+    from ipnext.raytoken import ray_auth_env
+
+    os.environ.update(ray_auth_env(settings))
+    import ray
+    from ray import serve
+
+    def word(status: object) -> object:
+        return getattr(status, "value", status)
+
+    ray.init(
+        address=settings.ray_address_file.read_text().strip(),
+        namespace="ipnext",
+        log_to_driver=False,
+        logging_level="ERROR",
+    )
+    _say("-- Serve apps")
+    for name, app in sorted(serve.status().applications.items()):
+        _say(f"  {name}: {word(app.status)} {(app.message or '')[:400]}".rstrip())
+        for deployment, d in sorted(app.deployments.items()):
+            replicas = ", ".join(f"{word(s)} {n}" for s, n in sorted(d.replica_states.items()))
+            _say(
+                f"    {deployment}: {word(d.status)} ({word(d.status_trigger)}; {replicas}) {(d.message or '')[:400]}".rstrip()
+            )
+
+
+def _main(argv: list[str]) -> None:
+    settings = load_settings(Path(argv[0]))
+    model = argv[1] if len(argv) > 1 else None
+    looks: list[tuple[str, Any]] = [
+        ("dev stack", lambda: _dev_status(settings)),
+        ("models", lambda: asyncio.run(asyncio.wait_for(_models(settings, model), LOOK_TIMEOUT_S / 3))),
+        ("Serve apps", lambda: _serve_apps(settings)),
+    ]
+    for title, look in looks:
+        try:
+            look()
+        except Exception as err:  # each look alone: one that fails leaves the others
+            _say(f"-- {title}: {type(err).__name__}: {str(err)[:400]}")
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1:])
