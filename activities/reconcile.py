@@ -24,6 +24,14 @@ weights. A router is never given a generation below the one it has or below the 
 record saw applied; an unchanged router keeps its number (so "each step applied once" still
 counts generations); a changed or lost one is applied at the next number above both.
 
+Regions without a live Ray node are left alone: nothing can start there, and a router applied
+there anew is a version none of whose replicas ever started, which Serve gives up on after a
+few failed starts (`serving.app_health`); that router stayed UNHEALTHY after its region came
+back. Their apps are checked again once a node of the region is alive. A router Serve gave up
+on in a live region is applied again at the next generation, a new version Serve starts
+afresh. A set app Serve gave up on is not redeployed here: only a rollout deploys a new set
+version (the only kind Serve gives up on), and the rollout that waits on it sees the failure.
+
 Faults: Ray or the writer unreachable raises (the workflow retries a few times, records the
 failed check and tries again next interval); a set app Serve cannot deploy raises with Serve's
 message. Nothing is ever removed here: an app the record does not know is left alone.
@@ -46,6 +54,7 @@ from ipnext.model import ModelSpec, SnapshotSet
 from ipnext.plan import Plan
 from ipnext.rollout import RouterConfig
 from ipnext.rollout_steps import deploy_scale, serving_weights
+from ipnext.serving.app_health import given_up
 from ipnext.serving.layout import (
     ROUTING_APP,
     DeployedRouter,
@@ -84,13 +93,14 @@ class ReconcileInput(Frozen):
 
 class ReconcileResult(Frozen):
     repaired: list[str]  # one line per app (or document) pushed again: what was wrong
+    left_alone: list[str] = Field(default_factory=list)  # regions with no live Ray node: not checked
     generations: dict[str, int]  # region -> the router's generation now
     interval_seconds: float  # the worker's setting: when to check again
 
 
 @activity.defn
 def reconcile_serving(input: ReconcileInput) -> ReconcileResult:
-    from ipnext.serving.control import raise_if_failed, serve_applications, wait_apps_running
+    from ipnext.serving.control import live_regions, raise_if_failed, serve_applications, wait_apps_running
 
     current = _context.settings()
     writer: Any = _context.writer()
@@ -98,11 +108,17 @@ def reconcile_serving(input: ReconcileInput) -> ReconcileResult:
     store = str(current.pinned_store())
     known = _ray_get(writer.app_names.remote())
     listed = serve_applications()
+    live = live_regions()
     repaired: list[str] = []
     upserts: list[dict[str, Any]] = []
 
-    # The serving set's apps at the plan's full size (a rollout's: both sets at their sizes).
-    wanted_sets = _rollout_sets(input, store, current) if input.sets else _serving_sets(input, store, current)
+    # The serving set's apps at the plan's full size (a rollout's: both sets at their sizes),
+    # in the regions with a live node.
+    wanted_sets = (
+        _rollout_sets(input, store, current, live)
+        if input.sets
+        else _serving_sets(input, store, current, live)
+    )
     held = _ray_get(writer.app_configs.remote(sorted(wanted_sets)))
     for name, app in wanted_sets.items():
         why = _drift(name, app, held[name], listed)
@@ -111,7 +127,11 @@ def reconcile_serving(input: ReconcileInput) -> ReconcileResult:
             upserts.append(app)
 
     # Every router: its weights to the serving apps, at a generation never below what it had.
-    wanted_routers = input.routers or _serving_routers(input, known)
+    every_router = input.routers or _serving_routers(input, known)
+    left_alone = sorted({r for r in every_router if r not in live} | {r for r in input.apps if r not in live})
+    if left_alone:
+        activity.logger.info("reconcile %s: left alone (no live Ray node): %s", model, ", ".join(left_alone))
+    wanted_routers = {r: c for r, c in every_router.items() if r in live}
     routers = _ray_get(writer.app_configs.remote([router_app_name(model, r) for r in wanted_routers]))
     generations: dict[str, int] = {}
     for region, config in sorted(wanted_routers.items()):
@@ -131,7 +151,8 @@ def reconcile_serving(input: ReconcileInput) -> ReconcileResult:
             had is not None
             and had.model_copy(update={"config": had.config.model_copy(update={"generation": 0})}) == wanted
         )
-        if same and name in listed:
+        gave_up = given_up(listed[name]) if name in listed else None
+        if same and name in listed and gave_up is None:
             generations[region] = generation
             continue
         if had is None:
@@ -143,6 +164,9 @@ def reconcile_serving(input: ReconcileInput) -> ReconcileResult:
                 if had.config.model_copy(update={"generation": 0}) != wanted.config
                 else f"{name}: router options differ from the spec's router section"
             )
+        elif gave_up is not None:
+            generation += 1  # a new version: Serve starts its replicas afresh
+            why = f"{name}: {gave_up}; applied again at generation {generation}"
         else:
             why = f"{name}: router missing in Serve"
         config = wanted.config.model_copy(update={"generation": generation})
@@ -177,7 +201,10 @@ def reconcile_serving(input: ReconcileInput) -> ReconcileResult:
     except ServingError as err:
         raise as_application_error(err) from None
     return ReconcileResult(
-        repaired=repaired, generations=generations, interval_seconds=current.serve.reconcile_seconds
+        repaired=repaired,
+        left_alone=left_alone,
+        generations=generations,
+        interval_seconds=current.serve.reconcile_seconds,
     )
 
 
@@ -185,10 +212,14 @@ def _serving_sets(
     input: ReconcileInput,
     store: str,
     settings: Settings,
+    live: set[str],
 ) -> dict[str, dict[str, Any]]:
-    """An idle model's serving set: its apps at the plan's full size, named as the record says."""
+    """An idle model's serving set in the `live` regions: its apps at the plan's full size,
+    named as the record says."""
     apps: dict[str, dict[str, Any]] = {}
     for region, name in sorted(input.apps.items()):
+        if region not in live:
+            continue
         plan = set_app_plan(input.spec, input.serving_set, input.plan, region, store)
         app = render_set(plan, settings)
         if app["name"] != name:
@@ -206,14 +237,15 @@ def _rollout_sets(
     input: ReconcileInput,
     store: str,
     settings: Settings,
+    live: set[str],
 ) -> dict[str, dict[str, Any]]:
-    """A rollout's sets: each set's apps, in every region of its plan, at its step's size."""
+    """A rollout's sets: each set's apps, in every `live` region of its plan, at its step's size."""
     apps: dict[str, dict[str, Any]] = {}
     for target in input.sets:
         spec = target.spec or input.spec
         parts = list(spec.parts)
         scale, shares = deploy_scale(target.scales or dict.fromkeys(parts, 1.0), parts)
-        regions = sorted({r for p in target.plan.deployments.values() for r in p.regions()})
+        regions = sorted({r for p in target.plan.deployments.values() for r in p.regions()} & live)
         for region in regions:
             plan = set_app_plan(spec, target.snapshot_set, target.plan, region, store, scale, shares)
             app = render_set(plan, settings)

@@ -22,6 +22,7 @@ from ipnext.config import Settings
 from ipnext.contracts import PollTimeoutError, wait_until
 from ipnext.errors import ServingError
 from ipnext.raytoken import use_ray_auth
+from ipnext.regions import region_resource
 from ipnext.routing import RoutingDocument, succeed
 from ipnext.serving.layout import (
     PROXY_TIMEOUT_S,
@@ -48,6 +49,7 @@ __all__ = [
     "connect_for",
     "forbid_implicit_init",
     "get_writer",
+    "live_regions",
     "serve_applications",
     "wait_apps_gone",
     "wait_apps_running",
@@ -205,6 +207,19 @@ def serve_applications() -> dict[str, Any]:
 
     with _status_lock:
         return dict(serve.status().applications)
+
+
+def live_regions() -> set[str]:
+    """The regions with at least one live Ray node (by the `region:` resource every node of a
+    region carries). Ray lists a dead node without its resources, so only live ones count."""
+    prefix = region_resource("")
+    return {
+        key[len(prefix) :]
+        for node in ray.nodes()
+        if node.get("Alive")
+        for key in (node.get("Resources") or {})
+        if key.startswith(prefix)
+    }
 
 
 _connected: str | None = None  # the cluster address this process attached to

@@ -64,6 +64,7 @@ _WHERE = """
 import json, sys
 import ray
 from ray._private import state
+from ray import serve
 from ray.serve.context import _get_global_client
 
 ray.init(address=sys.argv[1], namespace="ipnext", log_to_driver=False)
@@ -80,13 +81,19 @@ actors = {
 }
 details = _get_global_client().get_serve_details()
 proxies = sorted(label.get(node_id, "?") for node_id in (details.get("proxies") or {}))
-print(json.dumps({"nodes": sorted(label.values()), "actors": actors, "proxies": proxies}))
+word = lambda status: str(getattr(status, "value", status)).rsplit(".", 1)[-1]
+apps = {
+    name: {"status": word(app.status), **{d: word(s.status) for d, s in app.deployments.items()}}
+    for name, app in serve.status().applications.items()
+}
+print(json.dumps({"nodes": sorted(label.values()), "actors": actors, "proxies": proxies, "apps": apps}))
 """
 
 
 def where_things_run(settings: Settings) -> dict[str, Any]:
-    """The live nodes (`head` or their region), where each named Ray actor runs, and the nodes
-    with a Serve proxy, as Ray and Serve report them."""
+    """The live nodes (`head` or their region), where each named Ray actor runs, the nodes with
+    a Serve proxy, and each Serve app's status with its deployments' (`apps`: app -> {"status":
+    app status, deployment: its status}), as Ray and Serve report them."""
     done = subprocess.run(
         [sys.executable, "-c", _WHERE, settings.ray_address()],
         capture_output=True,

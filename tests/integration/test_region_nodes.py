@@ -3,7 +3,9 @@ two regions, called from two sources through the SDK, loses one region's node. I
 answered from the surviving region within seconds, only requests in flight there may fail,
 the `fleet` workflow finds the region down and its emergency replan (in `ipnext plan show`)
 moves the capacity; the node comes back, the region comes up and the return replan moves
-capacity back, with no failed request. What must outlive a region (the Serve config writer, the
+capacity back, with no failed request and the region's router healthy, without a command. Then
+on-call takes the region down and up again (its node alive all along), and it serves from its
+own region again, router healthy. What must outlive a region (the Serve config writer, the
 metrics actors, the routing app) runs on the head node. Timings are printed, never asserted."""
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from ipnext.config import Settings
 from ipnext.contracts import ModelStatus, poll_until
 from ipnext.devstack import node_component
 from ipnext.errors import PredictionError
@@ -21,7 +24,7 @@ from ipnext.regions import FleetStatus
 from ipnext.registry import ModelState
 from ipnext.routing import RoutingDocument, pick_region
 from ipnext.sdk import AsyncPredictionClient, Client
-from ipnext.serving.layout import ROUTING_APP, WRITER_ACTOR, metrics_actor_name
+from ipnext.serving.layout import ROUTING_APP, WRITER_ACTOR, metrics_actor_name, router_app_name
 
 from .conftest import one_region_spec, train_version
 from .multinode import HEAD, REGIONS, PerRegionStack, per_region_stack, where_things_run
@@ -29,12 +32,18 @@ from .test_cli import ipnext
 
 __all__ = ["per_region_stack"]  # the fixture, imported for pytest
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 INPUTS = {"user": 3, "items": [1, 2, 3]}
 
 
 SOURCES = ("us-east", "eu-west")  # the two regions the model can live in (ap-south has no highmem)
 QPS_PER_SOURCE = 4.0  # light on 2 cores: 8 requests/s in all
+# Deadlines of the drill's waits (each a wait for a condition, never a sleep): every source
+# answered (before the kill, from a survivor after it, from both regions after the return); a
+# replan found and applied; the model serving from the regions a replan gave it.
+ANSWERED_S = 60.0
+REPLAN_S = 180.0
+SERVING_S = 240.0
 
 
 @dataclass
@@ -146,7 +155,13 @@ async def test_a_lost_region_is_routed_around_replanned_without_and_returns(
             assert {HEAD, *serving_regions} <= set(where["proxies"])  # a proxy on every node serving
 
             async with SourceLoad(serving, model_name, document) as load:
-                await asyncio.sleep(3)  # both sources answered before the kill
+                await poll_until(  # both sources answered from home before the kill
+                    lambda: _now(_answered_from(load, 0.0)),
+                    lambda answered: all(answered.get(s, {}).get(s, 0) > 0 for s in SOURCES),
+                    timeout_s=ANSWERED_S,
+                    interval_s=0.1,
+                    what="every source answered from its own region before the kill",
+                )
                 killed = time.monotonic()
                 # Held: the supervisor leaves the region down. Off the event loop, as every blocking
                 # call below: a 13 s `dev.start` on the loop once stopped the load, which then sent
@@ -156,7 +171,7 @@ async def test_a_lost_region_is_routed_around_replanned_without_and_returns(
                 await poll_until(
                     lambda: _now(_answered_after(load, killed, lost)),
                     lambda answered: set(answered) == set(SOURCES),
-                    timeout_s=60,
+                    timeout_s=ANSWERED_S,
                     interval_s=0.1,
                     what=f"every source answered from a surviving region after {lost} was lost",
                 )
@@ -169,7 +184,7 @@ async def test_a_lost_region_is_routed_around_replanned_without_and_returns(
                 status = await poll_until(
                     client.fleet_regions,
                     lambda s: _replan_done(s, "emergency"),
-                    timeout_s=120,
+                    timeout_s=REPLAN_S,
                     interval_s=0.5,
                     what=f"the emergency replan for {lost}",
                 )
@@ -205,22 +220,84 @@ async def test_a_lost_region_is_routed_around_replanned_without_and_returns(
                 status = await poll_until(
                     client.fleet_regions,
                     lambda s: lost not in s.down and _replan_done(s, "return"),
-                    timeout_s=180,
+                    timeout_s=REPLAN_S,
                     interval_s=0.5,
                     what=f"{lost} up and the return replan",
                 )
                 assert status.replans[-1].outcome == "applied", status.replans[-1]
                 returned = await _serving_on(client, model_name, set(SOURCES), emergency.plan_revision, back)
-                await asyncio.sleep(2)  # requests go on to both regions
-            returned_s = time.monotonic() - back
+                returned_s = time.monotonic() - back
+                served = time.monotonic()
+                await poll_until(  # requests go on to both regions, each source's at home again
+                    lambda: _now(_answered_from(load, served)),
+                    lambda answered: all(answered.get(s, {}).get(s, 0) > 0 for s in SOURCES),
+                    timeout_s=ANSWERED_S,
+                    interval_s=0.1,
+                    what="every source answered from its own region after the return",
+                )
             failed_back = load.failed(since=back)
             assert failed_back == [], [c.error for c in failed_back[:5]]
+            await _routers_healthy(settings, model_name)
             print(
                 f"{lost} back: serving from {sorted(returned.state.serving_apps)} {returned_s:.1f}s after "
-                f"the node started; {len([c for c in load.calls if c.started >= back])} requests, none failed; "
-                f"{len(load.calls)} requests in all"
+                f"the node started, both routers healthy; {len([c for c in load.calls if c.started >= back])} "
+                f"requests, none failed; {len(load.calls)} requests in all"
             )
+
+        # On-call takes the region down (its node alive) and up again: it serves from its own
+        # region again, its router healthy, with no other command.
+        oncall = time.monotonic()
+        down = await asyncio.to_thread(
+            ipnext, config, "fleet", "region", "down", lost, "--reason", "drill", "--who", "test"
+        )
+        assert down.returncode == 0, down.stderr
+        assert f"{lost} is down" in down.stdout and "replan fleet-replan/emergency-" in down.stdout, down.stdout
+        await poll_until(
+            client.fleet_regions,
+            lambda s: lost in s.down and _replan_done(s, "emergency") and len(s.replans) >= 3,
+            timeout_s=REPLAN_S,
+            interval_s=0.5,
+            what=f"on-call's down of {lost} and its emergency replan",
+        )
+        held_down = await _serving_on(client, model_name, {survivor}, returned.plan_revision, oncall)
+        down_s = time.monotonic() - oncall
+        up_at = time.monotonic()
+        up = await asyncio.to_thread(ipnext, config, "fleet", "region", "up", lost, "--who", "test")
+        assert up.returncode == 0, up.stderr
+        assert "replan fleet-replan/return-" in up.stdout, up.stdout
+        await poll_until(
+            client.fleet_regions,
+            lambda s: lost not in s.down and _replan_done(s, "return") and len(s.replans) >= 4,
+            timeout_s=REPLAN_S,
+            interval_s=0.5,
+            what=f"on-call's up of {lost} and the return replan",
+        )
+        again = await _serving_on(client, model_name, set(SOURCES), held_down.plan_revision, up_at)
+        await _routers_healthy(settings, model_name)
+        print(
+            f"on-call: {lost} down, serving only from {survivor} {down_s:.1f}s later; up, serving from "
+            f"{sorted(again.state.serving_apps)} {time.monotonic() - up_at:.1f}s later, both routers healthy"
+        )
         await client.delete_model(model_name)
+
+
+async def _routers_healthy(settings: Settings, model: str) -> None:
+    """Each source region's router app RUNNING and its deployment HEALTHY, as Serve says."""
+    apps = (await asyncio.to_thread(where_things_run, settings))["apps"]
+    routers = {r: apps.get(router_app_name(model, r)) for r in SOURCES}
+    assert all(
+        a is not None and a["status"] == "RUNNING" and a["router"] == "HEALTHY" for a in routers.values()
+    ), routers
+
+
+def _answered_from(load: SourceLoad, since: float) -> dict[str, dict[str, int]]:
+    """Per source, the answers per answering region among calls started at `since` or later."""
+    answered: dict[str, dict[str, int]] = {}
+    for call in load.calls:
+        if call.region and call.started >= since:
+            row = answered.setdefault(call.source, {})
+            row[call.region] = row.get(call.region, 0) + 1
+    return answered
 
 
 def _answered_after(load: SourceLoad, killed: float, lost: str) -> dict[str, float]:
@@ -258,7 +335,7 @@ async def _serving_on(client: Client, model: str, regions: set[str], after: int,
             and s.plan is not None
             and s.plan.revision > after
         ),
-        timeout_s=max(1.0, 240 - (time.monotonic() - since)),
+        timeout_s=max(1.0, SERVING_S - (time.monotonic() - since)),
         interval_s=0.5,
         what=f"{model} serving from {sorted(regions)} on a new plan",
     )

@@ -156,37 +156,6 @@ async def test_scheduled_replan_moves_capacity_and_shows_the_plan(
         await client.delete_model(model_name)
 
 
-async def test_on_call_takes_a_region_down_and_up_from_the_cli(
-    stack: Settings, stack_config: Path, client: Client
-) -> None:
-    """On-call's doors on the single-node stack: `region down` is accepted and names its
-    emergency replan, taking the last region up down too is refused with the fix, `region up`
-    names the return replan. What a lost region sets off (routing around it, the emergency
-    replan's plan and capacity move, the return) is the multi-node drill's, on a real node
-    (tests/integration/test_region_nodes.py)."""
-    down = ipnext(stack_config, "fleet", "region", "down", "us-east", "--reason", "drill", "--who", "test")
-    try:
-        assert down.returncode == 0, down.stderr
-        assert "us-east is down" in down.stdout and "replan fleet-replan/emergency-" in down.stdout
-        last = ipnext(
-            stack_config, "fleet", "region", "down", "eu-west", "--reason", "drill", "--who", "test"
-        )
-        assert last.returncode != 0, last.stdout
-        assert "is the last region up" in last.stderr and "Fix:" in last.stderr, last.stderr
-    finally:
-        up = ipnext(stack_config, "fleet", "region", "up", "us-east", "--who", "test")
-    assert up.returncode == 0, up.stderr
-    assert "replan fleet-replan/return-" in up.stdout, up.stdout
-    status = await poll_until(
-        client.fleet_regions,
-        lambda s: not s.down and len(s.replans) >= 2 and s.replans[-1].outcome != "running",
-        timeout_s=120,
-        interval_s=0.5,
-        what="the return replan",
-    )
-    assert [r.kind for r in status.replans[-2:]] == ["emergency", "return"], status.replans
-
-
 DECLARED_QPS = 4.0  # small: 3x it is 12 requests/s through the router, light on 2 cores
 DENSE_QPS = 6.0  # what the spec says one dense replica serves: 4 x 1.2 fits one, 3x needs more
 

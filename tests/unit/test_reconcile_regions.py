@@ -1,0 +1,175 @@
+"""The serving check against a region's node: a region with no live Ray node is left alone
+(nothing is applied there, so no router version is made that no replica can start), and a
+router Serve gave up on in a live region is applied again at the next generation. The activity
+runs in Temporal's ActivityEnvironment against a writer and a Serve status held in memory (the
+seams `_context.writer`, `control.serve_applications`, `control.live_regions`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from temporalio.testing import ActivityEnvironment
+
+from ipnext.activities import _context, reconcile
+from ipnext.activities.reconcile import ReconcileInput, ReconcileResult, reconcile_serving
+from ipnext.config import Settings
+from ipnext.model import ModelSpec, SetStatus, SnapshotRef, SnapshotSet
+from ipnext.plan import DeploymentPlacement, Plan
+from ipnext.serving import control
+from ipnext.serving.app_health import given_up
+from ipnext.serving.layout import deployed_router, router_app_name
+
+REPO = Path(__file__).resolve().parents[2]
+REGIONS = ("us-east", "eu-west")
+SPEC = ModelSpec.model_validate(
+    {
+        "name": "rc-model",
+        "owner": "tests",
+        "parts": {"embed": {"factory": "m:f", "hardware": {"cpu-std": {"units": 1, "qps": 100}}}},
+        "dag": [["input", "embed"], ["embed", "output"]],
+        "traffic": {"peak_qps": {"us-east": 10, "eu-west": 10}},
+        "latency_budget_ms": 50,
+    }
+)
+SERVING_SET = SnapshotSet(
+    id="rc-model@1",
+    number=1,
+    version="v1",
+    parts={"embed": SnapshotRef(uri="file:///snap/v1", sha256="a" * 64, snapshot_id="rc-model/embed@v1")},
+    status=SetStatus.SERVING,
+    published_at=datetime(2026, 12, 1, tzinfo=UTC),
+)
+PLAN = Plan(
+    deployments={
+        "rc-model/embed": DeploymentPlacement(
+            replicas={r: {"cpu-std": 1} for r in REGIONS}, fractions={r: {r: 1.0} for r in REGIONS}
+        )
+    },
+    cost=2.0,
+    solver="test",
+    revision=1,
+)
+APPS = {r: f"rc-model.{r}.s1.r1" for r in REGIONS}
+
+
+def deployment(status: str, trigger: str, **replicas: int) -> SimpleNamespace:
+    return SimpleNamespace(
+        status=f"DeploymentStatus.{status}",
+        status_trigger=f"DeploymentStatusTrigger.{trigger}",
+        replica_states=replicas,
+        message=f"{status} because {trigger}",
+    )
+
+
+def app(status: str, **deployments: SimpleNamespace) -> SimpleNamespace:
+    return SimpleNamespace(status=f"ApplicationStatus.{status}", message="", deployments=deployments)
+
+
+RUNNING_APP = app("RUNNING", router=deployment("HEALTHY", "CONFIG_UPDATE_COMPLETED", RUNNING=1))
+
+
+class _Method:
+    def __init__(self, call: Any) -> None:
+        self.remote = call
+
+
+@dataclass
+class Cluster:
+    """The writer's desired state and Serve's status, in memory: an apply makes its apps RUNNING."""
+
+    held: dict[str, dict[str, Any]] = field(default_factory=dict)
+    listed: dict[str, Any] = field(default_factory=dict)
+    live: set[str] = field(default_factory=lambda: set(REGIONS))
+    applied: list[list[str]] = field(default_factory=list)
+
+    def writer(self) -> SimpleNamespace:
+        def apply(upserts: list[dict[str, Any]], removes: list[str], envelope: Any = None) -> int:
+            self.applied.append(sorted(a["name"] for a in upserts))
+            for config in upserts:
+                self.held[config["name"]] = config
+                self.listed[config["name"]] = RUNNING_APP
+            return len(self.applied)
+
+        return SimpleNamespace(
+            app_names=_Method(lambda: sorted(self.held)),
+            app_configs=_Method(lambda names: {n: self.held.get(n) for n in names}),
+            apply=_Method(apply),
+            redeploy=_Method(lambda envelope=None: 0),
+            routing_generation=_Method(lambda model: 1),
+        )
+
+
+@pytest.fixture
+def cluster(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Cluster:
+    cluster = Cluster()
+    settings = Settings(state_dir=tmp_path, fleet_file=REPO / "examples" / "planning" / "fleet-3-regions.yaml")
+    writer = cluster.writer()
+    monkeypatch.setattr(_context, "settings", lambda: settings)
+    monkeypatch.setattr(_context, "writer", lambda: writer)
+    monkeypatch.setattr(reconcile, "_ray_get", lambda ref: ref)
+    monkeypatch.setattr(control, "serve_applications", lambda: dict(cluster.listed))
+    monkeypatch.setattr(control, "live_regions", lambda: set(cluster.live))
+    monkeypatch.setattr(control, "wait_apps_running", lambda names, timeout_s, heartbeat=None: None)
+    return cluster
+
+
+def check(cluster: Cluster) -> ReconcileResult:
+    input = ReconcileInput(spec=SPEC, serving_set=SERVING_SET, plan=PLAN, apps=APPS)
+    result: ReconcileResult = ActivityEnvironment().run(reconcile_serving, input)
+    return result
+
+
+def test_a_region_with_no_live_node_is_left_alone(cluster: Cluster) -> None:
+    cluster.live = {"us-east"}
+    result = check(cluster)
+    assert result.left_alone == ["eu-west"]
+    assert cluster.applied == [sorted([APPS["us-east"], router_app_name("rc-model", "us-east")])]
+    assert not [n for n in cluster.held if "eu-west" in n], sorted(cluster.held)
+    # Once a node of it is alive again, its apps are checked, and pushed since the writer lost them.
+    cluster.live = set(REGIONS)
+    again = check(cluster)
+    assert again.left_alone == []
+    assert cluster.applied[-1] == sorted([APPS["eu-west"], router_app_name("rc-model", "eu-west")])
+
+
+def test_a_router_serve_gave_up_on_is_applied_again_at_the_next_generation(cluster: Cluster) -> None:
+    check(cluster)  # everything applied once and RUNNING
+    name = router_app_name("rc-model", "eu-west")
+    before = deployed_router(cluster.held[name])
+    assert before is not None
+    cluster.listed[name] = app("UNHEALTHY", router=deployment("UNHEALTHY", "REPLICA_STARTUP_FAILED"))
+    result = check(cluster)
+    assert cluster.applied[-1] == [name]
+    after = deployed_router(cluster.held[name])
+    assert after is not None and after.config.generation == before.config.generation + 1
+    assert result.generations["eu-west"] == after.config.generation
+    assert any(line.startswith(f"{name}: Serve gave up starting router") for line in result.repaired)
+
+
+def test_a_router_whose_replica_serve_is_replacing_is_not_applied_again(cluster: Cluster) -> None:
+    check(cluster)
+    applied = len(cluster.applied)
+    name = router_app_name("rc-model", "eu-west")
+    # A replica failed its health check and Serve starts its replacement: nothing to deploy, and
+    # the check reports the app as it is.
+    cluster.listed[name] = app("UNHEALTHY", router=deployment("UNHEALTHY", "HEALTH_CHECK_FAILED", STARTING=1))
+    with pytest.raises(Exception, match=f"Serve app {name} is ApplicationStatus.UNHEALTHY"):
+        check(cluster)
+    assert len(cluster.applied) == applied
+
+
+def test_given_up_reads_serves_status() -> None:
+    assert given_up(RUNNING_APP) is None
+    replacing = app("UNHEALTHY", router=deployment("UNHEALTHY", "HEALTH_CHECK_FAILED", STARTING=1))
+    assert given_up(replacing) is None
+    failed = app("UNHEALTHY", router=deployment("UNHEALTHY", "REPLICA_STARTUP_FAILED", STARTING=0))
+    assert given_up(failed) == "Serve gave up starting router (UNHEALTHY: UNHEALTHY because REPLICA_STARTUP_FAILED)"
+    # A deployment with a replica of its version running has not been given up on.
+    serving = app("UNHEALTHY", router=deployment("UNHEALTHY", "REPLICA_STARTUP_FAILED", RUNNING=1))
+    assert given_up(serving) is None
+    assert given_up(SimpleNamespace(deployments=None)) is None
