@@ -251,7 +251,9 @@ async def test_a_lost_region_is_routed_around_replanned_without_and_returns(
             ipnext, config, "fleet", "region", "down", lost, "--reason", "drill", "--who", "test"
         )
         assert down.returncode == 0, down.stderr
-        assert f"{lost} is down" in down.stdout and "replan fleet-replan/emergency-" in down.stdout, down.stdout
+        assert f"{lost} is down" in down.stdout and "replan fleet-replan/emergency-" in down.stdout, (
+            down.stdout
+        )
         await poll_until(
             client.fleet_regions,
             lambda s: lost in s.down and _replan_done(s, "emergency") and len(s.replans) >= 3,

@@ -107,7 +107,9 @@ class Cluster:
 @pytest.fixture
 def cluster(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Cluster:
     cluster = Cluster()
-    settings = Settings(state_dir=tmp_path, fleet_file=REPO / "examples" / "planning" / "fleet-3-regions.yaml")
+    settings = Settings(
+        state_dir=tmp_path, fleet_file=REPO / "examples" / "planning" / "fleet-3-regions.yaml"
+    )
     writer = cluster.writer()
     monkeypatch.setattr(_context, "settings", lambda: settings)
     monkeypatch.setattr(_context, "writer", lambda: writer)
@@ -168,7 +170,10 @@ def test_given_up_reads_serves_status() -> None:
     replacing = app("UNHEALTHY", router=deployment("UNHEALTHY", "HEALTH_CHECK_FAILED", STARTING=1))
     assert given_up(replacing) is None
     failed = app("UNHEALTHY", router=deployment("UNHEALTHY", "REPLICA_STARTUP_FAILED", STARTING=0))
-    assert given_up(failed) == "Serve gave up starting router (UNHEALTHY: UNHEALTHY because REPLICA_STARTUP_FAILED)"
+    assert (
+        given_up(failed)
+        == "Serve gave up starting router (UNHEALTHY: UNHEALTHY because REPLICA_STARTUP_FAILED)"
+    )
     # A deployment with a replica of its version running has not been given up on.
     serving = app("UNHEALTHY", router=deployment("UNHEALTHY", "REPLICA_STARTUP_FAILED", RUNNING=1))
     assert given_up(serving) is None
