@@ -15,6 +15,7 @@ import torch
 from pydantic import ValidationError
 
 import ipnext.serving.llm.part as part_module
+from ipnext.contracts import poll_until
 from ipnext.errors import PartInputError
 from ipnext.serving.llm.engine import EngineConfig, LLMEngine, SamplingParams
 from ipnext.serving.llm.part import LLMDecodePart, LLMPart, LLMPrefillPart, LLMRequest, Pinned
@@ -24,6 +25,8 @@ from ipnext.snapshots import inspect_safetensors
 from .conftest import TrainedLM
 
 pytestmark = pytest.mark.timeout(120)
+
+WAIT_S = 30.0  # how long a test waits for the engine's driver to act (a loaded CI box)
 
 PROMPTS = [
     "ada is a red",
@@ -66,10 +69,11 @@ async def test_a_reader_that_goes_away_frees_its_blocks(lm: TrainedLM) -> None:
     received = [await anext(stream) for _ in range(3)]
     assert engine.cache.pool.used_count() > before and all(d.finish_reason is None for d in received)
     await stream.aclose()  # the client went away
-    for _ in range(100):
-        if engine.cache.pool.used_count() == before and not engine.has_work():
-            break
-        await asyncio.sleep(0.01)
+
+    async def freed() -> bool:
+        return engine.cache.pool.used_count() == before and not engine.has_work()
+
+    await poll_until(freed, bool, timeout_s=WAIT_S, interval_s=0.01, what="the reader's blocks freed")
     assert engine.cache.pool.used_count() == before and service.metrics.cancelled == 1
     await service.close()
 

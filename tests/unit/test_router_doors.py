@@ -13,6 +13,7 @@ import pytest
 from ray.serve.exceptions import BackPressureError
 from starlette.requests import Request
 
+from ipnext.contracts import poll_until
 from ipnext.errors import PartInputError
 from ipnext.model import RouterSpec
 from ipnext.rollout import RouterConfig
@@ -22,6 +23,7 @@ from ipnext.serving.layout import RouterAppArgs, SetDescription
 
 APP = "m.us-east.s1.r1"
 DEADLINE_S = 0.3
+WAIT_S = 30.0  # how long a test waits for a router's background work (a loaded CI box)
 Behaviour = Callable[[dict[str, Any]], Any]  # a part's answer to its upstream values (async)
 
 
@@ -303,10 +305,11 @@ async def test_a_config_naming_a_set_app_that_is_not_there_starts_the_router_and
     body, status = await router.predict({"user": 1})
     assert status == 503 and "has no serving set" in body["message"] and counted.latencies == []
     ingress.up.set()  # the app comes up: the next refresh routes to it
-    for _ in range(100):
-        if late in router._routes:
-            break
-        await asyncio.sleep(0.02)
+
+    async def routed() -> bool:
+        return late in router._routes
+
+    await poll_until(routed, bool, timeout_s=WAIT_S, interval_s=0.02, what=f"{late} routed")
     body, status = await router.predict({"user": 1})
     assert status == 200 and body["set"] == "m@2" and body["outputs"] == [0.7], body
     # The app stops answering (its ingress restarting): a new config keeps the route it had.

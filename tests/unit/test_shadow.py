@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import spearmanr
 
+from ipnext.contracts import poll_until
 from ipnext.counters import SetCounters
 from ipnext.experiments import OutcomeTotals
 from ipnext.rollout import RouterConfig, ShadowRoute
@@ -27,6 +28,8 @@ from ipnext.shadow import (
 )
 
 pytestmark = pytest.mark.timeout(60)
+
+SETTLE_S = 30.0  # how long a test waits for the mirrored requests to end (a loaded CI box)
 
 
 @settings(max_examples=200, deadline=None, derandomize=True)
@@ -122,6 +125,17 @@ class _Recorder:
         self.noted.append((app, outcomes))
 
 
+async def until_settled(mirror: ShadowMirror) -> None:
+    """Once every mirrored request has ended: answered, failed, or past its deadline."""
+
+    async def in_flight() -> int:
+        return mirror.in_flight
+
+    await poll_until(
+        in_flight, lambda n: n == 0, timeout_s=SETTLE_S, interval_s=0.01, what="the mirror settled"
+    )
+
+
 async def test_the_mirror_never_holds_the_caller_and_drops_past_its_bound() -> None:
     seen = _Recorder()
     mirror = ShadowMirror(seen.count, seen.note)
@@ -139,8 +153,7 @@ async def test_the_mirror_never_holds_the_caller_and_drops_past_its_bound() -> N
     mirror.send(route, [1.0], None, deadline_s=5)  # the candidate not reachable yet: dropped
     assert seen.noted[-1] == ("cand", {DROPPED: 1.0})
     gate.set()
-    while mirror.in_flight:
-        await asyncio.sleep(0.01)
+    await until_settled(mirror)
     assert [app for app, latency in seen.counted if latency is not None] == ["cand", "cand"]
     compared = [n for _, n in seen.noted if "shadow.max_abs_diff" in n]
     assert len(compared) == 2 and all(n["shadow.max_abs_diff"] == 0.0 for n in compared)
@@ -159,7 +172,6 @@ async def test_a_failing_or_hung_candidate_is_counted_as_its_failure() -> None:
 
     mirror.send(route, [1.0], fails, deadline_s=5)
     mirror.send(route, [1.0], hangs, deadline_s=0.05)
-    while mirror.in_flight:
-        await asyncio.sleep(0.01)
+    await until_settled(mirror)
     assert seen.counted == [("cand", None), ("cand", None)]
     assert all("shadow.max_abs_diff" not in n for _, n in seen.noted)

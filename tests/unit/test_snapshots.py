@@ -129,7 +129,7 @@ def test_request_from_a_folder_with_a_space_resolves_back_to_its_files(tmp_path:
 
 def test_discover_lists_finished_folders_oldest_first(tmp_path: Path) -> None:
     snapshot(tmp_path, "v9")  # written first, so oldest despite its name
-    time.sleep(0.002)
+    time.sleep(0.002)  # created_at is the clock's (microseconds): 2 ms on, the order is certain
     snapshot(tmp_path, "v10")
     time.sleep(0.002)
     snapshot(tmp_path, "a-last")

@@ -156,6 +156,7 @@ def test_a_supervisor_killed_mid_check_is_a_checker_error_not_a_spec_error(
     example_spec: ModelSpec, owner_code: Path
 ) -> None:
     (owner_code / "kills_parent.py").write_text(
+        # It sleeps on after killing its parent: the check ends on that death, never on an answer.
         "import os, signal, time\nos.kill(os.getppid(), signal.SIGKILL)\ntime.sleep(3)\n"
     )
     with pytest.raises(CheckerError, match="ended without an answer"):

@@ -4,6 +4,7 @@ a model spec with short rollout settings, and ways to wait on a workflow's state
 from __future__ import annotations
 
 import asyncio
+import math
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
@@ -46,6 +47,10 @@ from ipnext.registry import ModelState, ModelWorkflowInput, PublishInput, Valida
 from ipnext.rollout import ExperimentRoute, FreezeOverride, FreezeWindow, RolloutStatus, ShadowRoute
 from ipnext.shadow import DROPPED, compare_answers
 from ipnext.worker import WORKFLOWS
+
+# How long a test waits for a condition before it fails: ample for a loaded 2-core CI machine,
+# where a workflow task or an activity may wait seconds for a core.
+WAIT_S = 30.0
 
 SPEC = ModelSpec.model_validate(
     {
@@ -113,6 +118,9 @@ class FakeServing:
         self.click_rates: dict[str, float] = {}  # app -> share of its answers clicked
         self.shadows: list[dict[str, ShadowRoute]] = []  # each route call's shadow routes
         self.shadow_diff = 0.0  # every shadow answer's max |diff| from the served one
+        # Metrics reads so far: one per check of a bake or of an experiment, each after a wait of
+        # its check interval, so they count the checks (and the time) a test lets pass.
+        self.reads = 0
 
     @activity.defn(name="freeze_windows")
     async def freeze(self) -> FreezeWindowsResult:
@@ -120,6 +128,7 @@ class FakeServing:
 
     @activity.defn(name="read_metrics")
     async def metrics(self, input: ReadMetricsInput) -> ReadMetricsResult:
+        self.reads += 1
         out: dict[str, dict[str, Any]] = {}
         if self.lose_counters:
             self.lose_counters = False
@@ -303,7 +312,7 @@ def plan_in(region: str, revision: int) -> Plan:
 
 
 async def until(
-    handle: WorkflowHandle[Any, Any], check: Callable[[ModelState], bool], timeout: float = 30
+    handle: WorkflowHandle[Any, Any], check: Callable[[ModelState], bool], timeout: float = WAIT_S
 ) -> ModelState:
 
     async def read() -> ModelState:
@@ -314,7 +323,7 @@ async def until(
 
 
 async def until_rollout(
-    client: Client, set_id: str, check: Callable[[RolloutStatus], bool], timeout: float = 30
+    client: Client, set_id: str, check: Callable[[RolloutStatus], bool], timeout: float = WAIT_S
 ) -> RolloutStatus:
     """The `status` query of the rollout of `set_id`, once `check` holds."""
     handle = client.get_workflow_handle(rollout_workflow_id("wf-model", set_id))
@@ -322,7 +331,7 @@ async def until_rollout(
 
 
 async def until_status(
-    handle: WorkflowHandle[Any, Any], check: Callable[[RolloutStatus], bool], timeout: float = 30
+    handle: WorkflowHandle[Any, Any], check: Callable[[RolloutStatus], bool], timeout: float = WAIT_S
 ) -> RolloutStatus:
     """A rollout workflow's `status` query, once `check` holds."""
 
@@ -346,6 +355,63 @@ async def until_status(
     )
     assert found is not None
     return found
+
+
+async def until_reads(
+    fake: FakeServing, count: int, what: str, routes: int | None = None, timeout: float = WAIT_S
+) -> None:
+    """Once the fake has served `count` metrics reads in all. A workflow schedules its next read
+    only after it judged the one before, so `count` reads mean `count - 1` checks judged. With
+    `routes` (the route calls so far), sooner if another route call came: the hold broke, and
+    the test's assertions say so at once."""
+
+    async def reads() -> int:
+        return fake.reads
+
+    def done(n: int) -> bool:
+        return n >= count or (routes is not None and len(fake.routes) > routes)
+
+    await poll_until(reads, done, timeout_s=timeout, interval_s=0.02, what=what)
+
+
+def checks_in(seconds: float, interval_seconds: float) -> int:
+    """How many checks every `interval_seconds` take at least `seconds` (each waits its interval)."""
+    return math.ceil(seconds / interval_seconds)
+
+
+# Events a workflow task's commands may add that start nothing: after them, nothing is due.
+_STARTS_NOTHING = {
+    "upsert_workflow_search_attributes_event_attributes",
+    "workflow_properties_modified_event_attributes",
+    "marker_recorded_event_attributes",
+}
+_CLOSED = {
+    "workflow_execution_completed_event_attributes",
+    "workflow_execution_failed_event_attributes",
+    "workflow_execution_canceled_event_attributes",
+    "workflow_execution_terminated_event_attributes",
+    "workflow_execution_timed_out_event_attributes",
+    "workflow_execution_continued_as_new_event_attributes",
+}
+
+
+async def until_idle(handle: WorkflowHandle[Any, Any], timeout: float = WAIT_S) -> None:
+    """Once the workflow's last task started nothing (no activity, timer or child) and no task is
+    due: nothing of it moves until an event from outside comes (a signal, an update, a child's
+    end). Or once it closed: the test's own assertions then say what moved."""
+
+    async def tail() -> list[str]:
+        names = [e.WhichOneof("attributes") or "" for e in (await handle.fetch_history()).events]
+        completed = [i for i, name in enumerate(names) if name == "workflow_task_completed_event_attributes"]
+        return names[completed[-1] + 1 :] if completed else names
+
+    await poll_until(
+        tail,
+        lambda after: set(after) <= _STARTS_NOTHING or bool(_CLOSED & set(after)),
+        timeout_s=timeout,
+        interval_s=0.05,
+        what="the workflow idle, nothing of its own due",
+    )
 
 
 async def start(

@@ -23,9 +23,11 @@ from ipnext.contracts import experiment_workflow_id, poll_until
 from ipnext.registry import ExperimentStatus, ModelWorkflowInput, PublishResult
 from ipnext.worker import WORKFLOWS
 
-from .fakes import SPEC, FakeServing, request, until
+from .fakes import SPEC, WAIT_S, FakeServing, request, until
 
 pytestmark = pytest.mark.timeout(180)
+
+WINDOWS = 3  # experiment windows counted before on-call stops it: evidence enough for a winner
 
 
 async def cli(address: str, *args: str, command: str = "experiment") -> subprocess.CompletedProcess[str]:
@@ -83,7 +85,19 @@ async def test_experiment_verbs(temporal: Client) -> None:
         assert started.returncode == 0, started.stderr
         assert "experiment e1 of wf-model: wf-model@1 (control) against wf-model@2" in started.stdout
         await until(model, lambda s: s.experiment is not None and s.experiment.started)
-        await asyncio.sleep(2)  # a few windows counted
+        per_window = fake.rate // 2  # each arm's requests in one window (split 50/50)
+        await poll_until(
+            lambda: temporal.get_workflow_handle(experiment_workflow_id("wf-model", "e1")).query(
+                "status", result_type=ExperimentStatus
+            ),
+            lambda status: (
+                status.report is not None
+                and all(arm.requests >= WINDOWS * per_window for arm in status.report.arms)
+            ),
+            timeout_s=2 * WAIT_S,  # each window waits its check; a loaded box takes longer
+            interval_s=0.2,
+            what=f"{WINDOWS} windows counted",
+        )
         live = await cli(address, "status", "wf-model")
         assert live.returncode == 0 and "experiment e1 of wf-model: running" in live.stdout, live.stderr
         stopped = await cli(address, "stop", "wf-model", "--reason", "saw enough")
@@ -145,7 +159,7 @@ async def test_shadow_verbs(temporal: Client) -> None:
         await poll_until(  # a window compared (a loaded box may take more than a few checks)
             lambda: temporal.get_workflow_handle(shadow_id).query("status", result_type=ExperimentStatus),
             lambda status: len(status.shadow_windows) >= 2,
-            timeout_s=60,
+            timeout_s=2 * WAIT_S,
             interval_s=0.2,
             what="two shadow windows",
         )

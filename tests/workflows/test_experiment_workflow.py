@@ -21,7 +21,7 @@ from ipnext.plan import DeploymentPlacement, Plan
 from ipnext.registry import ExperimentInput, ExperimentStatus, StopExperimentInput
 from ipnext.worker import WORKFLOWS
 
-from .fakes import SPEC, FakeServing, with_rollout
+from .fakes import SPEC, WAIT_S, FakeServing, until_idle, with_rollout
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -184,7 +184,7 @@ async def test_a_model_runs_its_experiment_and_holds_rollouts_and_checks_until_i
         assert (started.control, started.treatment) == ("wf-model@1", "wf-model@2")
         await until(handle, lambda s: s.experiment is not None and s.experiment.started)
         checks = len(fake.reconciled)
-        await asyncio.sleep(1.5)  # three of the model's serving-check intervals
+        await until_idle(handle)  # no timer for a check: they wait for its end
         assert [r for r in fake.reconciled[checks:] if not r.sets] == []  # its checks wait
         await handle.execute_update("publish", request("v3"), result_type=PublishResult)  # waits for the end
         during: ModelState = await handle.query("get", result_type=ModelState)
@@ -233,7 +233,7 @@ async def test_the_model_continues_as_new_while_its_experiment_runs_and_learns_i
             run_id: str = (await handle.describe()).run_id
             return run_id
 
-        await poll_until(model_run, lambda run: run != first, timeout_s=30, what="a continue-as-new")
+        await poll_until(model_run, lambda run: run != first, timeout_s=WAIT_S, what="a continue-as-new")
         if ending == "terminated":
             await temporal.get_workflow_handle(started.workflow_id).terminate(reason="drill")
         state = await until(handle, lambda s: s.experiments != [] and s.experiment is None, timeout=60)
@@ -329,7 +329,7 @@ async def test_replans_reach_both_arms_in_place_or_on_new_apps_while_the_experim
         await poll_until(
             lambda: asyncio.sleep(0, list(fake.scales)),
             lambda scales: ("wf-model@2", 1, 0.25) in scales,
-            timeout_s=30,
+            timeout_s=WAIT_S,
             interval_s=0.05,
             what="the treatment deployed at its share",
         )

@@ -54,9 +54,10 @@ from ipnext.replan import FleetReplanInput, FleetReplanResult
 from ipnext.sdk import Client as IpnextClient
 from ipnext.worker import WORKFLOWS
 
-from .fakes import SPEC
+from .fakes import SPEC, WAIT_S
 
 REGIONS = ["us-east", "us-west", "eu-west"]
+HELD_CHECKS = 5  # node checks, each a check interval apart, that a hold must outlast
 
 
 class FakeRegions:
@@ -69,9 +70,12 @@ class FakeRegions:
         self.solved: list[SolveFleetInput] = []
         self.release = asyncio.Event()
         self.log: list[str] = []  # "route <down>" and "solve <down>", in order
+        self.node_checks = 0  # checks that read the node table
 
     @activity.defn(name="check_regions")
     async def check(self, input: RegionsCheckInput) -> RegionsCheckResult:
+        if input.look_at_nodes:
+            self.node_checks += 1
         return RegionsCheckResult(regions=REGIONS, nodes=self.nodes if input.look_at_nodes else None)
 
     @activity.defn(name="route_around_regions")
@@ -156,7 +160,7 @@ async def fleet(
                 await handle.terminate("test over")
 
 
-async def until(client: Client, check: Any, timeout: float = 30) -> FleetStatus:
+async def until(client: Client, check: Any, timeout: float = WAIT_S) -> FleetStatus:
     async def read() -> FleetStatus | None:
         try:
             return await fleet_status(client)
@@ -172,6 +176,13 @@ async def until(client: Client, check: Any, timeout: float = 30) -> FleetStatus:
     )
     assert found is not None
     return found
+
+
+async def until_node_checks(fake: FakeRegions, count: int) -> None:
+    async def checks() -> int:
+        return fake.node_checks
+
+    await poll_until(checks, lambda n: n >= count, timeout_s=WAIT_S, interval_s=0.02, what="the node checks")
 
 
 def region(status: FleetStatus, name: str) -> Any:
@@ -190,7 +201,7 @@ async def test_region_down_routes_around_at_once_and_replans_while_a_scheduled_r
         async def solves() -> int:
             return len(fake.solved)
 
-        await poll_until(solves, bool, timeout_s=30, what="the scheduled run's solve")
+        await poll_until(solves, bool, timeout_s=WAIT_S, what="the scheduled run's solve")
         result = await mark_region(
             temporal, RegionDownInput(region="eu-west", reason="power loss in eu-west-1a", who="alice")
         )
@@ -206,7 +217,7 @@ async def test_region_down_routes_around_at_once_and_replans_while_a_scheduled_r
         cancelled = await poll_until(
             scheduled_status,
             lambda s: s != WorkflowExecutionStatus.RUNNING,
-            timeout_s=30,
+            timeout_s=WAIT_S,
             what="the scheduled run",
         )
         described = await handle.describe()
@@ -271,7 +282,9 @@ async def test_a_region_whose_nodes_all_die_goes_down_by_itself_and_comes_back_w
         back = await until(temporal, lambda s: s.down == [])
         # On-call's down holds whatever the nodes say; only on-call's up ends it.
         await mark_region(temporal, RegionDownInput(region="us-east", reason="bad switch", who="carol"))
-        await asyncio.sleep(1.0)  # five node checks, every node alive
+        # Node checks judged since, every node alive (the workflow starts one only after it
+        # applied the one before).
+        await until_node_checks(fake, fake.node_checks + HELD_CHECKS + 1)
         held = await fleet_status(temporal)
     eu = region(down, "eu-west")
     assert (eu.who, eu.detected, eu.dead_nodes) == ("ipnext", True, ["node-eu-west"])
@@ -291,7 +304,9 @@ async def test_bad_region_changes_are_refused_by_name_and_change_nothing(tempora
             await mark_region(temporal, RegionDownInput.model_construct(region="eu-west", reason="", who="a"))
         await mark_region(temporal, RegionDownInput(region="eu-west", reason="drill", who="alice"))
         await mark_region(temporal, RegionDownInput(region="us-west", reason="drill", who="alice"))
-        with pytest.raises(RegionStateError, match="last region up"):
+        with pytest.raises(
+            RegionStateError, match=r"is the last region up.*Fix: bring another region up first"
+        ):
             await mark_region(temporal, RegionDownInput(region="us-east", reason="drill", who="alice"))
         status = await fleet_status(temporal)
     assert "who: Field required" in str(refused.value.cause) and "Fix: send" in str(refused.value.cause)

@@ -5,7 +5,6 @@ part rolls all back. A long pause continues as new without losing or repeating a
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from datetime import UTC, datetime
 
@@ -13,13 +12,14 @@ import pytest
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.worker import Worker
 
+from ipnext.contracts import poll_until
 from ipnext.model import ModelSpec, SnapshotRef, SnapshotSet
 from ipnext.plan import DeploymentPlacement, Plan
 from ipnext.registry import RolloutInput, RolloutResult
 from ipnext.rollout import PauseInput, ResumeInput, RolloutState
 from ipnext.worker import WORKFLOWS
 
-from .fakes import SPEC, FakeServing, until_status
+from .fakes import SPEC, WAIT_S, FakeServing, until_status
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -162,12 +162,17 @@ async def test_a_long_pause_continues_as_new_and_keeps_its_state(temporal: Clien
         await until_status(handle, lambda s: "baking" in s.step)
         await handle.signal("pause", PauseInput(reason="dashboards look odd", who="ann"))
         first = temporal.get_workflow_handle(workflow_id, run_id=first_run)
-        for _ in range(300):  # the paused bake keeps checking gates until the history is long
-            if (await first.describe()).status == WorkflowExecutionStatus.CONTINUED_AS_NEW:
-                break
-            await asyncio.sleep(0.1)
-        else:
-            pytest.fail("the rollout never continued as new")
+
+        async def first_status() -> WorkflowExecutionStatus | None:
+            return (await first.describe()).status
+
+        await poll_until(  # the paused bake keeps checking gates until the history is long
+            first_status,
+            lambda status: status == WorkflowExecutionStatus.CONTINUED_AS_NEW,
+            timeout_s=WAIT_S,
+            interval_s=0.1,
+            what="the paused rollout continued as new",
+        )
         held = await until_status(handle, lambda s: s.state == RolloutState.PAUSED)
         assert held.traffic_percent == {"wf-model@2": 50.0, "wf-model@1": 50.0}
         assert held.generations == [1] and held.pauses[0].who == "ann"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -16,13 +17,32 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from ipnext.contracts import STATE_KEY, RolloutOutcome, poll_until, rollout_workflow_id
 from ipnext.model import RouterSpec
 from ipnext.registry import PublishResult, RolloutResult
-from ipnext.rollout import FreezeOverride, FreezeWindow, PauseInput, ResumeInput, RolloutState
+from ipnext.rollout import (
+    FreezeOverride,
+    FreezeWindow,
+    PauseInput,
+    ResumeInput,
+    RolloutState,
+    RolloutStatus,
+)
 
-from .fakes import FakeServing, request, start, until, until_rollout, with_rollout
+from .fakes import (
+    WAIT_S,
+    FakeServing,
+    checks_in,
+    request,
+    start,
+    until,
+    until_idle,
+    until_reads,
+    until_rollout,
+    with_rollout,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
 TEMPORAL = str(Path(sys.executable).parent / "temporal")
+HELD_CHECKS = 5  # checks judged, each a check interval apart, that a hold must outlast
 
 
 async def on_call(client: Client, *args: str) -> str:
@@ -135,7 +155,7 @@ async def test_a_rollback_to_a_set_that_fails_its_checksum_holds_for_on_call(tem
         )
         assert held.pauses[-1].reason == "needs_attention" and held.pauses[-1].who == "ipnext"
         assert "wf-model@1 fails its checksum" in held.detail and "error_rate" not in held.detail, held.detail
-        await asyncio.sleep(1.0)  # ten check intervals: nothing moves while it is held
+        await until_idle(rollout(temporal))  # so nothing moves until a resume
         assert [r["us-east"] for r in fake.routes[1:]] == [{"app-1": 75.0, "app-2": 25.0}]
         state = await until(handle, lambda s: True)
         assert state.state == "rolling_out" and state.sets[-1].status == "rolling_out"
@@ -168,14 +188,24 @@ async def test_rollback_from_a_late_step_scales_the_old_set_up_before_the_rest_m
 
 async def test_pause_holds_the_split_through_the_bake_and_resume_continues(temporal: Client) -> None:
     fake = FakeServing()
-    worker, handle = await start(temporal, fake, with_rollout(steps=[30, 100], bake_seconds=5.0))
+    spec = with_rollout(steps=[30, 100], bake_seconds=5.0)
+    worker, handle = await start(temporal, fake, spec)
     async with worker:
         await roll_out_v2(temporal, handle, "baking")
         await signal(temporal, "wf-model@2", "pause", '{"reason": "checking a dashboard", "who": "oncall-a"}')
         paused = await until_rollout(temporal, "wf-model@2", lambda s: s.state == RolloutState.PAUSED)
         routes_when_paused = len(fake.routes)
-        await asyncio.sleep(6.0)  # more than a bake: the split holds
-        held = await until_rollout(temporal, "wf-model@2", lambda s: True)
+        # Readings judged (workflow time) a bake apart, still in this step's bake: an unpaused bake
+        # would have ended by the second, and no reading of it comes after its end. The first is
+        # the first after the pause, so it comes after the bake's start (the pause may not).
+
+        def baking_after(at: datetime) -> Callable[[RolloutStatus], bool]:
+            return lambda s: "(30%): baking" in s.step and s.updated_at is not None and s.updated_at > at
+
+        first = await until_rollout(temporal, "wf-model@2", baking_after(paused.pauses[-1].at))
+        assert first.updated_at is not None
+        bake = timedelta(seconds=spec.rollout.bake_seconds)
+        held = await until_rollout(temporal, "wf-model@2", baking_after(first.updated_at + bake))
         assert held.state == RolloutState.PAUSED and len(fake.routes) == routes_when_paused
         assert held.traffic_percent == {"wf-model@2": 30.0, "wf-model@1": 70.0}
         listed = await on_call(temporal, "workflow", "list", "--query", "IpnextState = 'paused'")
@@ -337,8 +367,9 @@ async def test_an_oncall_pause_takes_over_a_pause_for_traffic(temporal: Client) 
         await until_rollout(temporal, "wf-model@2", lambda s: s.state == RolloutState.PAUSED)
         await signal(temporal, "wf-model@2", "pause", '{"reason": "hold for the launch", "who": "oncall-a"}')
         held = await until_rollout(temporal, "wf-model@2", lambda s: len(s.pauses) == 2)
-        fake.rate = 100
-        await asyncio.sleep(1.5)  # five checks with traffic: on-call's pause holds
+        fake.rate = 100  # every read from the next one on counts traffic
+        # Checks that count traffic judged: ipnext would end its own pause at the first of them.
+        await until_reads(fake, fake.reads + HELD_CHECKS + 1, "checks with traffic", len(fake.routes))
         still = await until_rollout(temporal, "wf-model@2", lambda s: True)
         assert still.state == RolloutState.PAUSED and still.steps_done == 0, still
         await signal(temporal, "wf-model@2", "resume", '{"who": "oncall-a"}')
@@ -385,7 +416,7 @@ async def test_a_freeze_that_begins_holds_the_rollout_at_its_step(temporal: Clie
         held = await until_rollout(temporal, "wf-model@2", lambda s: s.state == RolloutState.PAUSED)
         assert held.traffic_percent["wf-model@2"] == 20.0 and held.steps_done == 0
         await signal(temporal, "wf-model@2", "resume", '{"who": "oncall-a"}')  # a freeze is not a pause
-        await asyncio.sleep(0.5)
+        await handled(temporal, rollout_workflow_id("wf-model", "wf-model@2"), SIGNALED, "the resume")
         still = await until_rollout(temporal, "wf-model@2", lambda s: True)
         assert still.state == RolloutState.PAUSED and still.pauses[0].resumed_by is None
         done = await until_rollout(temporal, "wf-model@2", lambda s: s.state == RolloutState.COMPLETED)
@@ -419,15 +450,21 @@ async def test_on_call_overrides_a_freeze_that_holds_a_rollout(temporal: Client)
 
 async def test_a_pause_between_steps_holds_the_split_until_resumed(temporal: Client) -> None:
     fake = FakeServing()
-    worker, handle = await start(temporal, fake, with_rollout(steps=[30, 60, 100], bake_seconds=0.5))
+    spec = with_rollout(steps=[30, 60, 100], bake_seconds=0.5)
+    bake = checks_in(spec.rollout.bake_seconds, spec.rollout.check_interval_seconds)
+    worker, handle = await start(temporal, fake, spec)
     async with worker:
         await serve_v1(handle)
         fake.release["wf-model@1"] = asyncio.Event()  # the old set's scale-down after step 1 waits
         await handle.execute_update("publish", request("v2"), result_type=PublishResult)
         await until_rollout(temporal, "wf-model@2", lambda s: "scaling the old set down" in s.step)
         await signal(temporal, "wf-model@2", "pause", '{"reason": "between steps", "who": "oncall-a"}')
+        reads = fake.reads  # none while the scale-down waits
         fake.release["wf-model@1"].set()
-        await asyncio.sleep(3.0)
+        # Past the scale-down, more than a bake's checks judged, paused: the split holds.
+        await until_reads(
+            fake, reads + max(bake, HELD_CHECKS) + 1, "a bake's checks between steps", len(fake.routes)
+        )
         held = await until_rollout(temporal, "wf-model@2", lambda s: True)
         assert held.state == RolloutState.PAUSED and held.steps_done == 1
         assert held.traffic_percent["wf-model@2"] == 30.0 and len(fake.routes) == 2
@@ -453,18 +490,29 @@ async def no_failed_tasks(client: Client, *workflow_ids: str) -> None:
         assert failed == [], (workflow_id, failed[:1])
 
 
-async def cancel_seen(client: Client, workflow_id: str) -> None:
-    """Once the workflow has run a task after its cancellation request."""
+SIGNALED = "workflow_execution_signaled_event_attributes"
+CANCEL_REQUESTED = "workflow_execution_cancel_requested_event_attributes"
+
+
+async def handled(client: Client, workflow_id: str, asked: str, what: str) -> None:
+    """Once the workflow has run a task after the last `asked` event of its history (a signal,
+    a cancellation request): that task ran its handler."""
 
     async def events() -> list[str]:
         history = await client.get_workflow_handle(workflow_id).fetch_history()
         return [e.WhichOneof("attributes") or "" for e in history.events]
 
     def seen(names: list[str]) -> bool:
-        asked = "workflow_execution_cancel_requested_event_attributes"
-        return asked in names and "workflow_task_completed_event_attributes" in names[names.index(asked) :]
+        if asked not in names:
+            return False
+        last = len(names) - 1 - names[::-1].index(asked)
+        return "workflow_task_completed_event_attributes" in names[last:]
 
-    await poll_until(events, seen, timeout_s=30, interval_s=0.1, what="the cancellation handled")
+    await poll_until(events, seen, timeout_s=WAIT_S, interval_s=0.1, what=f"{what} handled")
+
+
+async def cancel_seen(client: Client, workflow_id: str) -> None:
+    await handled(client, workflow_id, CANCEL_REQUESTED, "the cancellation")
 
 
 async def test_a_breached_or_aborted_rollout_completes_with_its_outcome(temporal: Client) -> None:
