@@ -79,24 +79,49 @@ def stack_config() -> Iterator[Path]:
 
 
 @pytest.fixture(scope="session")
-def stack(stack_config: Path) -> Iterator[Settings]:
+def shared_stack(stack_config: Path) -> Iterator[Settings]:
+    """This worker's shared stack, up from the first test that asks for it to the session's end,
+    or to the end of its work unit (`pytest_runtest_teardown`); `stack` starts it again."""
     for var in ("TEMPORAL_ADDRESS", "RAY_ADDRESS", "IPNEXT_CONFIG"):
         os.environ.pop(var, None)
     # This process attaches to the stack's Ray as a driver (tests that look inside Serve). The
     # drills restart that cluster: Ray must not end this process 60 s after its GCS went away.
     os.environ["RAY_gcs_rpc_server_reconnect_timeout_s"] = str(WORKER_GCS_PATIENCE_S)
-    dev = DevStack(config_path=stack_config)
-    record = dev.up()
-    _LIVE_STACK.append((dev, record))
+    _start_live_stack(stack_config)
     try:
         yield load_settings(stack_config)
     finally:
         _stop_live_stack()
 
 
+@pytest.fixture
+def stack(shared_stack: Settings, stack_config: Path) -> Settings:
+    """The shared stack, started again when this worker stopped it at the end of an earlier unit
+    and now runs the other one: a worker whose partner was held up (CI once saw the LLM fixture
+    train past its timeout under load) takes both halves of the drills, and the second half ran
+    on a stopped stack (every test errored: Temporal refused the connection)."""
+    ensure_stack_up(stack_config)
+    return shared_stack
+
+
+def ensure_stack_up(stack_config: Path) -> None:
+    """Start the shared stack again if this worker stopped it (`stack`; for fixtures of a wider
+    scope than a test's, which cannot ask for `stack`)."""
+    if not _LIVE_STACK:
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "this process")
+        print(f"\nstack started again for {worker}: a unit that needs it runs after the one that stopped it")
+        _start_live_stack(stack_config)
+
+
 # This worker process's shared stack while it is up: stopped by the fixture at the session's end,
 # or as soon as the work unit that uses it is done (`pytest_runtest_teardown`).
 _LIVE_STACK: list[tuple[DevStack, dict[str, Any]]] = []
+
+
+def _start_live_stack(config: Path) -> None:
+    dev = DevStack(config_path=config)
+    record = dev.up()
+    _LIVE_STACK.append((dev, record))
 
 
 def _stop_live_stack() -> None:

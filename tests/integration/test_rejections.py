@@ -27,15 +27,17 @@ from ipnext.model import ModelSpec, SnapshotRef, SnapshotSetRequest
 from ipnext.sdk import Client
 from ipnext.snapshots import request_from_folder
 
-from .conftest import MODEL_CODE, one_region_spec, train_version
+from .conftest import MODEL_CODE, ensure_stack_up, one_region_spec, train_version
 from .test_lifecycle import serve_apps
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def serving_model(stack: Settings) -> AsyncIterator[str]:
+async def serving_model(shared_stack: Settings, stack_config: Path) -> AsyncIterator[str]:
     """A model serving its v1, the target of every bad publish below."""
+    ensure_stack_up(stack_config)
+    stack = shared_stack
     name = f"r{uuid.uuid4().hex[:6]}"
     async with await Client.connect(stack) as ipn:
         await ipn.publish_model(one_region_spec(name))
