@@ -1,4 +1,5 @@
-"""The `ipnext` CLI against the session's stack: the same verbs as the SDK, errors with exit code 2."""
+"""The `ipnext` CLI against the session's stack: the same verbs as the SDK, errors with exit code 2,
+and a delete that tears serving down (apps, route, routing document)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 import yaml
 from ray.serve.schema import ServeDeploySchema
@@ -15,9 +17,10 @@ from ray.serve.schema import ServeDeploySchema
 from ipnext.config import Settings
 from ipnext.contracts import wait_until
 
-from .conftest import EXAMPLE_MODEL, train_version
+from .conftest import EXAMPLE_MODEL, keyed, train_version
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+WITHDRAWN_S = 30.0  # a deleted model's routing document is gone from the routing app within this
 
 
 def ipnext(stack_config: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -77,7 +80,28 @@ def test_cli_verbs(stack: Settings, stack_config: Path, tmp_path: Path, model_na
     bad_json = ipnext(stack_config, "predict", model_name, "--inputs", "{nope")
     assert bad_json.returncode == 2 and "--inputs is not JSON" in bad_json.stderr
 
+    # Delete tears serving down: its apps out of Serve's config, its route 404, its routing
+    # document withdrawn, and the model unknown.
     out = ipnext(stack_config, "model", "delete", model_name)
     assert out.returncode == 0, out.stderr
+    removed = sorted([f"{model_name}.eu-west", f"{model_name}.eu-west.s1.r1"])
+    assert f"model {model_name} deleted; removed apps" in out.stdout, out.stdout
+    assert all(name in out.stdout for name in removed), out.stdout
+    out = ipnext(stack_config, "serve", "export", "-o", str(exported))
+    assert out.returncode == 0, out.stderr
+    left = ServeDeploySchema.model_validate(yaml.safe_load(exported.read_text()))
+    assert not [app.name for app in left.applications if app.name.startswith(f"{model_name}.")]
+    with httpx.Client(base_url=stack.serve_url, headers=keyed(stack), timeout=30) as http:
+        predict = http.post(
+            f"/eu-west/models/{model_name}/predict", json={"inputs": {"user": 1, "items": [4]}}
+        )
+        assert predict.status_code == 404, predict.text
+        wait_until(
+            lambda: http.get(f"/models/{model_name}/routing").status_code,
+            lambda status: status == 404,
+            timeout_s=WITHDRAWN_S,
+            interval_s=0.2,
+            what="the routing document withdrawn",
+        )
     gone = ipnext(stack_config, "model", "get", model_name)
     assert gone.returncode == 2 and "ModelNotFoundError" in gone.stderr
