@@ -96,14 +96,23 @@ def model_lines(state: dict[str, Any]) -> Iterator[str]:
     if plan:
         regions = sorted({r for p in (plan.get("deployments") or {}).values() for r in p.get("replicas", {})})
         yield f"  plan: revision {plan.get('revision')}, regions {regions}"
-    rollout = state.get("rollout") or {}
-    if rollout:
-        yield f"  rollout: {json.dumps({k: rollout[k] for k in _ROLLOUT_FIELDS if k in rollout})}"
-        gates = rollout.get("gates") or []
-        if gates:
-            yield f"  last gate: {json.dumps(gates[-1])[:400]}"
+    yield from rollout_lines(state.get("rollout") or {}, "rollout (the model's record)")
     if state.get("reconcile"):
         yield f"  reconcile: {json.dumps(state['reconcile'])[:1500]}"
+
+
+def rollout_lines(rollout: dict[str, Any], title: str = "live rollout") -> Iterator[str]:
+    """A rollout's status (`RolloutStatus` as JSON): state, step, split, its last gate reading
+    and its last pause (a rollout held for traffic, a freeze or on-call says so there)."""
+    if not rollout:
+        return
+    yield f"  {title}: {json.dumps({k: rollout[k] for k in _ROLLOUT_FIELDS if k in rollout})}"
+    gates = rollout.get("gates") or []
+    if gates:
+        yield f"    last gate: {json.dumps(gates[-1])[:400]}"
+    pauses = rollout.get("pauses") or []
+    if pauses:
+        yield f"    last pause: {json.dumps(pauses[-1])[:400]}"
 
 
 # -- the child process: the live sections, each printed as soon as it is read
@@ -132,7 +141,9 @@ def _dev_status(settings: Settings) -> None:
 
 
 async def _models(settings: Settings, first: str | None) -> None:
+    from ipnext.contracts import model_workflow_id
     from ipnext.sdk import Client
+    from ipnext.temporal import stuck_reason
 
     async with await Client.connect(settings) as client:
         names = [m.name for m in await client.list_models()]
@@ -147,6 +158,17 @@ async def _models(settings: Settings, first: str | None) -> None:
             _say(f"-- model {name}")
             for line in model_lines(state):
                 _say(line)
+            if state.get("state") == "rolling_out":  # the running rollout's own view: its pauses, its step
+                try:
+                    live = await client.rollout_status(name)
+                except Exception as err:
+                    _say(f"  live rollout: {type(err).__name__}: {str(err)[:300]}")
+                else:
+                    for line in rollout_lines(live.model_dump(mode="json") if live else {}):
+                        _say(line)
+                stale = await stuck_reason(client.temporal, model_workflow_id(name))
+                if stale:
+                    _say(f"  model workflow stuck: {stale[:400]}")
         if len(names) > MODELS_SHOWN:
             _say(f"-- ({len(names) - MODELS_SHOWN} more models not shown)")
 

@@ -1,0 +1,64 @@
+"""What a failed drill prints of its stack (tests/integration/stack_state.py): the stack found
+from the test's fixtures, a model's state and a rollout in the few lines that say where they
+stand, and a stack that is down still reported, section by section, without raising."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+from ipnext.config import Settings, load_settings
+from ipnext.devstack import scratch_config
+from tests.integration.stack_state import describe, model_lines, rollout_lines, stack_config_of
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_stack_is_found_from_the_tests_fixtures(tmp_path: Path) -> None:
+    config = tmp_path / "ipnext.yaml"
+    config.write_text("{}\n")
+    settings = load_settings(config)
+    assert stack_config_of({"stack": settings, "model_name": "m"}) == settings.source
+    assert stack_config_of({"per_region_stack": SimpleNamespace(config=config)}) == config
+    assert stack_config_of({"stack_config": config}) == config
+    assert stack_config_of({"tmp_path": tmp_path, "settings": Settings()}) is None
+
+
+def test_a_models_state_and_rollout_read_in_a_few_lines() -> None:
+    state = {
+        "state": "rolling_out",
+        "serving_set": "m@1",
+        "serving_apps": {"us-east": "m.us-east.s1.r2"},
+        "queued": [],
+        "plan": {
+            "revision": 3,
+            "deployments": {"m/embed": {"replicas": {"us-east": {"cpu": 1}, "eu-west": {}}}},
+        },
+        "rollout": {"state": "running", "step": "running", "steps_done": 0, "gates": [], "pauses": []},
+        "reconcile": {
+            "checks": 12,
+            "failures": 1,
+            "last_failure": "ServingError: Serve app m.eu-west is UNHEALTHY",
+        },
+    }
+    lines = list(model_lines(state))
+    assert '  serving_apps: {"us-east": "m.us-east.s1.r2"}' in lines
+    assert "  plan: revision 3, regions ['eu-west', 'us-east']" in lines
+    assert not [line for line in lines if line.startswith("  queued")]  # empty fields are left out
+    assert any(line.startswith("  rollout (the model's record):") for line in lines)
+    assert any("Serve app m.eu-west is UNHEALTHY" in line for line in lines)
+    paused = {"state": "paused", "pauses": [{"reason": "insufficient_traffic (0 requests on the new set)"}]}
+    live = list(rollout_lines(paused))
+    assert live[0].startswith('  live rollout: {"state": "paused"}')
+    assert "insufficient_traffic" in live[-1] and live[-1].startswith("    last pause:")
+    assert list(rollout_lines({})) == []
+
+
+def test_a_stack_that_is_down_is_still_reported(tmp_path: Path) -> None:
+    config = scratch_config(tmp_path, REPO / "config")
+    report = describe(config, "m")
+    assert report.startswith(f"-- stack of {config}")
+    assert "-- dev stack: no record (not up)" in report
+    assert "-- models: TemporalConnectionError" in report  # said in its place, the rest goes on
+    assert "-- Serve apps: no Ray address file (Ray not up)" in report
+    assert "-- worker.log: none" in report
