@@ -235,51 +235,54 @@ async def test_a_lost_region_is_routed_around_replanned_without_and_returns(
                     interval_s=0.1,
                     what="every source answered from its own region after the return",
                 )
-            failed_back = load.failed(since=back)
-            assert failed_back == [], [c.error for c in failed_back[:5]]
-            await _routers_healthy(settings, model_name)
-            print(
-                f"{lost} back: serving from {sorted(returned.state.serving_apps)} {returned_s:.1f}s after "
-                f"the node started, both routers healthy; {len([c for c in load.calls if c.started >= back])} "
-                f"requests, none failed; {len(load.calls)} requests in all"
-            )
+                failed_back = load.failed(since=back)
+                assert failed_back == [], [c.error for c in failed_back[:5]]
+                await _routers_healthy(settings, model_name)
+                print(
+                    f"{lost} back: serving from {sorted(returned.state.serving_apps)} {returned_s:.1f}s after "
+                    f"the node started, both routers healthy; {len([c for c in load.calls if c.started >= back])} "
+                    f"requests, none failed; {len(load.calls)} requests in all"
+                )
 
-        # On-call takes the region down (its node alive) and up again: it serves from its own
-        # region again, its router healthy, with no other command.
-        oncall = time.monotonic()
-        down = await asyncio.to_thread(
-            ipnext, config, "fleet", "region", "down", lost, "--reason", "drill", "--who", "test"
-        )
-        assert down.returncode == 0, down.stderr
-        assert f"{lost} is down" in down.stdout and "replan fleet-replan/emergency-" in down.stdout, (
-            down.stdout
-        )
-        await poll_until(
-            client.fleet_regions,
-            lambda s: lost in s.down and _replan_done(s, "emergency") and len(s.replans) >= 3,
-            timeout_s=REPLAN_S,
-            interval_s=0.5,
-            what=f"on-call's down of {lost} and its emergency replan",
-        )
-        held_down = await _serving_on(client, model_name, {survivor}, returned.plan_revision, oncall)
-        down_s = time.monotonic() - oncall
-        up_at = time.monotonic()
-        up = await asyncio.to_thread(ipnext, config, "fleet", "region", "up", lost, "--who", "test")
-        assert up.returncode == 0, up.stderr
-        assert "replan fleet-replan/return-" in up.stdout, up.stdout
-        await poll_until(
-            client.fleet_regions,
-            lambda s: lost not in s.down and _replan_done(s, "return") and len(s.replans) >= 4,
-            timeout_s=REPLAN_S,
-            interval_s=0.5,
-            what=f"on-call's up of {lost} and the return replan",
-        )
-        again = await _serving_on(client, model_name, set(SOURCES), held_down.plan_revision, up_at)
-        await _routers_healthy(settings, model_name)
-        print(
-            f"on-call: {lost} down, serving only from {survivor} {down_s:.1f}s later; up, serving from "
-            f"{sorted(again.state.serving_apps)} {time.monotonic() - up_at:.1f}s later, both routers healthy"
-        )
+                # On-call takes the region down (its node alive) and up again, under the same load (a
+                # capacity rollout waits for requests on its new set): it serves from its own region
+                # again, its router healthy, with no other command.
+                oncall = time.monotonic()
+                down = await asyncio.to_thread(
+                    ipnext, config, "fleet", "region", "down", lost, "--reason", "drill", "--who", "test"
+                )
+                assert down.returncode == 0, down.stderr
+                assert f"{lost} is down" in down.stdout and "replan fleet-replan/emergency-" in down.stdout, (
+                    down.stdout
+                )
+                await poll_until(
+                    client.fleet_regions,
+                    lambda s: lost in s.down and _replan_done(s, "emergency") and len(s.replans) >= 3,
+                    timeout_s=REPLAN_S,
+                    interval_s=0.5,
+                    what=f"on-call's down of {lost} and its emergency replan",
+                )
+                held_down = await _serving_on(client, model_name, {survivor}, returned.plan_revision, oncall)
+                down_s = time.monotonic() - oncall
+                up_at = time.monotonic()
+                up = await asyncio.to_thread(ipnext, config, "fleet", "region", "up", lost, "--who", "test")
+                assert up.returncode == 0, up.stderr
+                assert "replan fleet-replan/return-" in up.stdout, up.stdout
+                await poll_until(
+                    client.fleet_regions,
+                    lambda s: lost not in s.down and _replan_done(s, "return") and len(s.replans) >= 4,
+                    timeout_s=REPLAN_S,
+                    interval_s=0.5,
+                    what=f"on-call's up of {lost} and the return replan",
+                )
+                again = await _serving_on(client, model_name, set(SOURCES), held_down.plan_revision, up_at)
+                await _routers_healthy(settings, model_name)
+                print(
+                    f"on-call: {lost} down, serving only from {survivor} {down_s:.1f}s later; up, serving from "
+                    f"{sorted(again.state.serving_apps)} {time.monotonic() - up_at:.1f}s later, both routers healthy; "
+                    f"{len(load.failed(since=oncall))} of {len([c for c in load.calls if c.started >= oncall])} "
+                    "requests failed meanwhile"
+                )
         await client.delete_model(model_name)
 
 
