@@ -41,6 +41,12 @@ DEADLINE_S = 5.0
 OVERLOAD_S = 8.0  # the overload phase (bench/doors.py runs it for 60 s)
 MAX_ONGOING, MAX_QUEUED = 8, 8
 OVERLOAD_CLIENTS = 48  # closed loop, six times what the router admits
+# How long a wait for the stack to show something may take (the doors reading a changed keys
+# file, the load answering, a push of the routers' counters): far above what each takes.
+SHOWN_WITHIN_S = 30.0
+# Answers the load must get after the rollback: the period over which nothing may fail is this
+# many answers, not a stretch of wall clock.
+ANSWERS_AFTER_ROLLBACK = 20
 
 
 async def _refused_without_the_right_key(stack: Settings, model: str) -> int:
@@ -60,7 +66,21 @@ async def _refused_without_the_right_key(stack: Settings, model: str) -> int:
     ]
     refused = 0
     async with httpx.AsyncClient(base_url=stack.serve_url, timeout=30) as http:
-        await asyncio.sleep(1.1)  # the doors read a changed keys file within a second
+        # The doors read a changed keys file within a second: the new key is known once every
+        # door refuses it as another model's (403), none as unknown (401).
+        async def with_other_key() -> list[int]:
+            return [
+                (await http.request(method, url, json=body, headers=bearer(other))).status_code
+                for method, url, body in doors
+            ]
+
+        await poll_until(
+            with_other_key,
+            lambda statuses: 401 not in statuses,
+            timeout_s=SHOWN_WITHIN_S,
+            interval_s=0.2,
+            what="the doors to read the changed keys file",
+        )
         for headers, status in (({}, 401), (bearer("ipn_guessed"), 401), (bearer(other), 403)):
             for method, url, body in doors:
                 reply = await http.request(method, url, json=body, headers=headers)
@@ -191,8 +211,13 @@ async def test_doors_poison_inputs_overload_a_hung_canary_and_a_killed_router(
     assert load.failed() == [], load.failed()[:3]
     expected = before.requests + 5 + 2 + len(load.answers)
     await counted(model_name, app, expected, "the good requests and the load counted")
-    await asyncio.sleep(1.5)  # one more push: a counted 400 would show by now
-    after = counters(model_name, app)
+    # One more good request, counted after every refusal: once its push is in, a counted 400
+    # (or 401/403) would show in the same cumulative counters.
+    async with httpx.AsyncClient(base_url=stack.serve_url, headers=keyed(stack), timeout=30) as http:
+        last = await http.post(path, json={"inputs": {"user": 1, "items": [1, 2]}})
+    assert last.status_code == 200, last.text
+    expected += 1
+    after = await counted(model_name, app, expected, "the request after the refusals counted")
     print(
         f"keys: {refused} requests without a key or with another model's refused (401/403); "
         f"poison inputs: {len(poison)} refused at the door under {len(load.answers)} good requests "
@@ -259,7 +284,13 @@ async def test_doors_poison_inputs_overload_a_hung_canary_and_a_killed_router(
         published = await client.publish_snapshot(model_name, bad)
         state = await until_rolled_back(client, model_name)
         rolled_back_at = load.elapsed()
-        await asyncio.sleep(2.0)
+        await poll_until(
+            lambda: asyncio.sleep(0, sum(1 for a in load.answers if a.at > rolled_back_at + 0.5)),
+            lambda answered: answered >= ANSWERS_AFTER_ROLLBACK,
+            timeout_s=SHOWN_WITHIN_S,
+            interval_s=0.2,
+            what=f"{ANSWERS_AFTER_ROLLBACK} answers after the rollback",
+        )
     status = state.rollout
     assert status is not None and status.state == RolloutState.ROLLED_BACK
     assert "error_rate" in status.detail, status.detail
@@ -281,7 +312,9 @@ async def test_doors_poison_inputs_overload_a_hung_canary_and_a_killed_router(
 
     # ---- a killed router replica: Serve replaces it; record what the proxy answers meanwhile --
     async with Load(stack.serve_url, path, headers=keyed(stack)) as load:
-        await asyncio.sleep(1.0)
+        await poll_until(
+            lambda: _ok(load), lambda n: n >= 5, timeout_s=SHOWN_WITHIN_S, interval_s=0.1, what="load"
+        )
         killed_at = load.elapsed()
         replica = next(
             a["name"]

@@ -61,6 +61,11 @@ USER, ITEMS = 3, [5, 17, 42, 99, 123, 256, 300, 411]  # the shadows' request: on
 # what the box can serve, so the load does not hold the control plane back (four unpaced users
 # kept both cores busy on their own).
 RATE = 20.0
+# Answers the users must get from a second after the poisoned experiment ended, every one on
+# control (about 2 s of the users' RATE); how long a wait for the stack to show something may
+# take (those answers, a serving check of the model's): far above what each takes.
+ANSWERS_AFTER_THE_END = 40
+SHOWN_WITHIN_S = 60.0
 
 
 @dataclass
@@ -128,6 +133,12 @@ async def ended(client: Client, model: str, name: str, timeout_s: float = 180) -
     return next(e for e in state.experiments if e.name == name)
 
 
+def checks_run(state: ModelState) -> int:
+    """The model's serving checks that ran to their end (-1: none on its record yet)."""
+    done = state.reconcile
+    return -1 if done is None else done.checks - done.failures
+
+
 def lap(began: float, what: str) -> None:
     print(f"[{time.monotonic() - began:6.1f}s] {what}")
 
@@ -185,10 +196,16 @@ async def test_the_better_arm_wins_a_failing_arm_ends_shadows_compare_and_update
     async def through_the_breach(users: Users) -> None:
         await ended(client, model_name, "poisoned")
         ended_at.append(time.monotonic() - users.started)
-        await asyncio.sleep(3)  # and on, with every request on control
+        await poll_until(  # and on, with every request on control
+            lambda: asyncio.sleep(0, sum(1 for a in users.answers if a["at"] > ended_at[0] + 1)),
+            lambda answered: answered >= ANSWERS_AFTER_THE_END,
+            timeout_s=SHOWN_WITHIN_S,
+            interval_s=0.2,
+            what=f"{ANSWERS_AFTER_THE_END} answers after the poisoned experiment ended",
+        )
 
     users = await under_load(stack, model_name, through_the_breach)
-    lap(began, "the poisoned experiment ended, and 3 s on control")
+    lap(began, f"the poisoned experiment ended, and {ANSWERS_AFTER_THE_END} answers on control")
     result = await ended(client, model_name, "poisoned")
     assert result.outcome == "guardrail" and result.end.startswith("guardrail error_rate breached"), (
         result.end
@@ -391,7 +408,16 @@ async def updates(stack: Settings, client: Client, model_name: str, spec: ModelS
     assert state.spec == gated and state.serving_set == serving
     change = state.spec_changes[-1]
     assert (change.number, change.who, change.kind) == (1, "test-gate", "in_place")
-    await asyncio.sleep(3)  # the serving check it asked for has run: nothing in Serve changed
+    # A serving check after the change has run to its end (the one it asked for, or a later
+    # one): nothing in Serve changed.
+    ran = checks_run(state)
+    await poll_until(
+        lambda: client.get_model(model_name),
+        lambda s: checks_run(s) > ran,
+        timeout_s=SHOWN_WITHIN_S,
+        interval_s=0.5,
+        what="a serving check after the in-place change",
+    )
     assert replica_pids(stack, app) == pids
 
     # Traffic: a new placement for the same set, moved to by a capacity move.

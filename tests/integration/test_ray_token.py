@@ -20,25 +20,26 @@ from ipnext.raytoken import MODE_ENV, TOKEN_ENV, TOKEN_PATH_ENV
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
+# How long a connected probe waits for a node's dashboard agent to register its port.
+AGENT_PORT_WITHIN_S = 60.0
 # A Ray driver that connects, or says how it was refused; connected, it names the node's
 # dashboard agent (the job API's HTTP port).
 _PROBE = """
 import json, sys
 import ray
+from ipnext.contracts import PollTimeoutError, wait_until
 try:
     ray.init(address=sys.argv[1], log_to_driver=False)
 except BaseException as err:
     print(json.dumps({"ok": False, "error": f"{type(err).__name__}: {err}"[-1500:]}))
     sys.exit(0)
-import time
 # A node's agent port is known once its agent registered: a fresh run once read it too early
 # (no valid port: "Servname not supported").
-for _ in range(120):
-    nodes = [n for n in ray.nodes() if n["Alive"] and (n.get("DashboardAgentListenPort") or 0) > 0]
-    if nodes:
-        break
-    time.sleep(0.5)
-if not nodes:
+def registered():
+    return [n for n in ray.nodes() if n["Alive"] and (n.get("DashboardAgentListenPort") or 0) > 0]
+try:
+    nodes = wait_until(registered, bool, timeout_s=float(sys.argv[2]), interval_s=0.5, what="an agent's port")
+except PollTimeoutError:
     print(json.dumps({"ok": True, "agent": None, "nodes": repr(ray.nodes())[-1500:]}))
     sys.exit(0)
 node = nodes[0]
@@ -51,7 +52,11 @@ def _probe(address: str, auth: dict[str, str], home: Path) -> dict[str, Any]:
     # Its own home: a client must never find (or write) a ~/.ray/auth_token of this machine.
     env.update(auth, HOME=str(home))
     done = subprocess.run(
-        [sys.executable, "-c", _PROBE, address], capture_output=True, text=True, timeout=150, env=env
+        [sys.executable, "-c", _PROBE, address, str(AGENT_PORT_WITHIN_S)],
+        capture_output=True,
+        text=True,
+        timeout=150,
+        env=env,
     )
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     assert lines, (done.returncode, done.stdout[-1500:], done.stderr[-1500:])

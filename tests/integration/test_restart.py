@@ -176,6 +176,8 @@ async def test_the_supervisor_starts_a_dead_worker_again_unless_it_is_held(
     held = await _dev_cli(stack_config, "hold", "worker", "--why", "drill")
     assert held.returncode == 0, held.stderr
     _kill(dev, "worker")
+    # Three of the supervisor's passes: its status file records restarts, not passes, so there is
+    # no count of them to wait on.
     await asyncio.sleep(3 * CHECK_INTERVAL_S + 1)
     shown = await _dev_cli(stack_config, "status")
     assert len(read_status(stack.state_dir)["restarts"]) == len(status["restarts"])  # left down

@@ -9,8 +9,8 @@ import contextlib
 import shutil
 import subprocess
 import sys
-import time
 from collections import Counter
+from datetime import timedelta
 from pathlib import Path
 
 import httpx
@@ -27,7 +27,7 @@ from ipnext.examples.click_ranker.train import poisoned_copy
 from ipnext.identity import default_identity
 from ipnext.model import GateSpec
 from ipnext.registry import RolloutResult
-from ipnext.rollout import RolloutState
+from ipnext.rollout import RolloutState, RolloutStatus
 from ipnext.sdk import Client
 from ipnext.serving.control import connect
 from ipnext.serving.layout import RAY_NAMESPACE, SET_DEPLOYMENT, WRITER_ACTOR, metrics_actor_name
@@ -38,6 +38,17 @@ from .test_cli import ipnext
 from .test_lifecycle import serve_apps
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
+
+# After a rollback (or the routers put back), nothing may fail for this long and this many answers
+# of the load, however slow the machine: the load's own answers are the clock.
+AFTER_ROLLBACK_S, AFTER_ROLLBACK_ANSWERS = 3.0, 30
+ANSWERS_AFTER_A_DOOR = 10  # answers after the routers are back on the good set, all from it
+# How long the load may take to give those answers, a rollout to reach a step, a paused rollout
+# to have judged its gates for a bake past the pause: far above what each takes.
+SHOWN_WITHIN_S = 60.0
+REACH_STEP_S = 180.0
+# How long the worker and the Temporal server stay down in the crash drill, the load running.
+OUTAGE_S = 2.0
 
 
 async def test_bad_snapshot_is_rolled_back_by_the_gates_with_the_writer_and_metrics_killed_mid_bake(
@@ -86,15 +97,14 @@ async def test_bad_snapshot_is_rolled_back_by_the_gates_with_the_writer_and_metr
             what=f"{old_app} back to {full}",
         )
         rolled_back_at = load.elapsed()
-        # Keep the load on for at least 3 s and 30 answers, however slow the machine: nothing
-        # may fail from here.
-        await asyncio.sleep(3.0)
+        # Keep the load on for at least AFTER_ROLLBACK_S and AFTER_ROLLBACK_ANSWERS answers,
+        # however slow the machine: nothing may fail from here.
         await poll_until(
-            lambda: asyncio.sleep(0, sum(1 for a in load.answers if a.at >= rolled_back_at)),
-            lambda count: count > 30,
-            timeout_s=60,
+            lambda: asyncio.sleep(0, [a.at for a in load.answers if a.at >= rolled_back_at]),
+            lambda ats: len(ats) > AFTER_ROLLBACK_ANSWERS and max(ats) >= rolled_back_at + AFTER_ROLLBACK_S,
+            timeout_s=SHOWN_WITHIN_S,
             interval_s=0.2,
-            what="30 answers after the rollback",
+            what=f"{AFTER_ROLLBACK_ANSWERS} answers and {AFTER_ROLLBACK_S:g} s after the rollback",
         )
     assert state.serving_set == first.set_id
     status = state.rollout
@@ -106,7 +116,7 @@ async def test_bad_snapshot_is_rolled_back_by_the_gates_with_the_writer_and_metr
     assert replicas_killed, "no part replica of v1 was found to kill"
     assert load.failed(since=rolled_back_at) == []  # v1 answers, finite: from its pinned bytes
     after = [a for a in load.answers if a.at >= rolled_back_at]
-    assert len(after) > 30 and all(a.set == first.set_id for a in after)
+    assert len(after) > AFTER_ROLLBACK_ANSWERS and all(a.set == first.set_id for a in after)
     old_failed = [a for a in load.failed() if a.set != published.set_id and a.at >= replicas_killed_at]
     assert status.generations and len(status.generations) == 2  # the first step, then all back at once
     async with httpx.AsyncClient(base_url=stack.serve_url, headers=keyed(stack), timeout=30) as http:
@@ -198,10 +208,27 @@ async def test_on_call_pauses_and_resumes_with_the_cli(
             stack_config, "rollout", "pause", model_name, "--reason", "looking at a dashboard", "--who", "ann"
         )
         assert out.returncode == 0, out.stderr
-        await asyncio.sleep(BAKE_S + 2)  # more than a bake: the split holds
-        held = await client.rollout_status(model_name)
+        split = {published.set_id: 30.0, f"{model_name}@1": 70.0}
+
+        def held_past_a_bake(s: RolloutStatus | None) -> bool:
+            """Paused, its gates judged (workflow time) more than a bake after the pause; or, the
+            pause recorded, no longer paused with the split, which the asserts below report."""
+            if s is None or not s.pauses:
+                return False  # the workflow has not applied the CLI's signal yet
+            if s.state != RolloutState.PAUSED or s.traffic_percent != split:
+                return True
+            return s.updated_at is not None and s.updated_at - s.pauses[-1].at > timedelta(seconds=BAKE_S)
+
+        # More than a bake, judged by the paused rollout itself: the split holds.
+        held = await poll_until(
+            lambda: client.rollout_status(model_name),
+            held_past_a_bake,
+            timeout_s=SHOWN_WITHIN_S,
+            interval_s=0.5,
+            what="the paused rollout's gates judged more than a bake after the pause",
+        )
         assert held is not None and held.state == RolloutState.PAUSED
-        assert held.traffic_percent == {published.set_id: 30.0, f"{model_name}@1": 70.0}
+        assert held.traffic_percent == split
         paused_split = [a.set for a in load.answers[-100:]]
         out = ipnext(stack_config, "rollout", "resume", model_name, "--who", "bob")
         assert out.returncode == 0, out.stderr
@@ -336,7 +363,17 @@ async def the_temporal_uis_doors(stack: Settings, client: Client, model_name: st
                 interval_s=0.3,
                 what=f"the model to record the routers after the {door}",
             )
-            await asyncio.sleep(2.0)
+
+            async def answered_since_back(load: Load = load, since: float = back_at + 0.5) -> int:
+                return sum(1 for a in load.answers if a.at >= since)
+
+            await poll_until(
+                answered_since_back,
+                lambda answered: answered >= ANSWERS_AFTER_A_DOOR,
+                timeout_s=SHOWN_WITHIN_S,
+                interval_s=0.2,
+                what=f"{ANSWERS_AFTER_A_DOOR} answers after the routers came back",
+            )
         after = [a for a in load.answers if a.at >= back_at + 0.5]
         assert after and all(a.set == serving for a in after), after[:3]
         assert load.failed() == [], load.failed()[:3]
@@ -387,28 +424,34 @@ async def test_rollout_survives_a_killed_worker_and_a_restarted_temporal(
     async with Load(stack.serve_url, f"/us-east/models/{model_name}/predict", headers=keyed(stack)) as load:
         published = await client.publish_snapshot(model_name, v2)
 
+        async def status_if_up() -> RolloutStatus | None:
+            with contextlib.suppress(Exception):  # Temporal may be down for a moment
+                return await client.rollout_status(model_name)
+            return None
+
+        def there(status: RolloutStatus | None, step: str) -> bool:
+            ended = (RolloutState.ROLLED_BACK, RolloutState.ABORTED, RolloutState.FAILED)
+            if status is None or status.set_id != published.set_id:
+                return False
+            assert status.state not in ended, status
+            return step in status.step
+
         async def reach(step: str) -> None:
-            deadline = time.monotonic() + 180
-            status = None
-            while True:
-                with contextlib.suppress(Exception):  # Temporal may be down for a moment
-                    status = await client.rollout_status(model_name)
-                    if status is not None and status.set_id == published.set_id and step in status.step:
-                        return
-                ended = (RolloutState.ROLLED_BACK, RolloutState.ABORTED, RolloutState.FAILED)
-                assert status is None or status.set_id != published.set_id or status.state not in ended, (
-                    status
-                )
-                assert time.monotonic() < deadline, f"never reached {step}: {status}"
-                await asyncio.sleep(0.2)
+            await poll_until(
+                status_if_up,
+                lambda status: there(status, step),
+                timeout_s=REACH_STEP_S,
+                interval_s=0.2,
+                what=f"{published.set_id} at {step}",
+            )
 
         await reach("step 1/3 (30%): baking")
         dev.crash("worker")  # in the middle of the first step's bake
-        await asyncio.sleep(2.0)
+        await asyncio.sleep(OUTAGE_S)  # the outage, held under load
         dev.start("worker")
         await reach("step 2/3 (60%): baking")
         dev.crash("temporal")  # same db file when it comes back
-        await asyncio.sleep(2.0)
+        await asyncio.sleep(OUTAGE_S)
         dev.start("temporal")
         state = await client.wait_until_serving(model_name, published.set_id, timeout_s=300)
     assert state.rollout is not None

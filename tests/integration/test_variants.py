@@ -174,6 +174,7 @@ async def test_requests_land_on_their_variant_and_fall_back_without_failing(
         state = (await http.get(path)).json()["variants"][app]["ranker"]
         if time.monotonic() - opened < COOLDOWN_S:  # the GET came back within the cooldown
             assert state["breaker_open"] == ["large"]
+        # The cooldown (a setting) is the wall clock the breaker runs on: wait it out, then large.
         await asyncio.sleep(max(0.0, opened + COOLDOWN_S + 0.5 - time.monotonic()))
         assert (await predict(body()))["variant"] == "large"
         print(f"failure drill: router state {state}")
