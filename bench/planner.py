@@ -8,6 +8,12 @@ plain MIP of the same formulation (HiGHS, same time limit), all in this process.
     .venv/bin/python bench/planner.py --rows replan --replan-sizes 20 --seeds 2 --churn 0.5
     .venv/bin/python bench/planner.py --rows 300-tight --repeat 10   # the same solve 10 times
 
+Every row has a work limit (the planner's work units, planner/work.py: the same row gives the
+same plan on any machine) and a time limit, the outer stop; `--repeat` runs on the work limit
+with the clock at REPEAT_CLOCK_FACTOR times the row's time limit, so that no run is cut by it.
+A run the clock cut prints "stopped by the clock". The plain MIP and the replan rows' reference
+MIPs are not the planner's and stop on their time limits as before.
+
 Prints one line per (row, method) and writes bench/results/planner.json (the replan rows alone:
 bench/results/planner-replan.json; with --repeat, bench/results/planner-repeat.json). A replan row: a start plan; every (model, source) demand
 times a factor drawn from [0.95, 1.05] (a model's parts share it: `generator.changed_demand`);
@@ -39,27 +45,30 @@ from ipnext.planner.instance import compile_problem
 from ipnext.planner.moves import fewest_moves_model, moved_units_of
 from ipnext.planner.pricing import choices_from_values
 from ipnext.planner.solve import EXACT_MAX_VARIABLES
+from ipnext.planner.work import UNITS_PER_SECOND, Budget, Clock
 
-# name: (deployments, regions, hardware, utilization, time limit s)
-ROWS: dict[str, tuple[int, int, int, float, float]] = {
-    "20": (20, 4, 2, 0.5, 30),
-    "100": (100, 4, 2, 0.5, 30),
-    "1000": (1000, 16, 4, 0.5, 60),
-    "10000": (10000, 16, 4, 0.5, 300),
-    "300-tight": (300, 8, 3, 0.9, 60),
+# name: (deployments, regions, hardware, utilization, time limit s, work limit in work units)
+ROWS: dict[str, tuple[int, int, int, float, float, int]] = {
+    "20": (20, 4, 2, 0.5, 30, 3_000_000),
+    "100": (100, 4, 2, 0.5, 30, 6_000_000),
+    "1000": (1000, 16, 4, 0.5, 60, 14_000_000),
+    "10000": (10000, 16, 4, 0.5, 300, 70_000_000),
+    "300-tight": (300, 8, 3, 0.9, 60, 14_000_000),
     # A 5% demand change, replanned against the plan of the unchanged demand: one row per
     # size in --replan-sizes and seed in --seeds (the deployments here are not used).
-    "replan": (100, 4, 2, 0.5, 30),
+    "replan": (100, 4, 2, 0.5, 30, 6_000_000),
 }
+REPEAT_CLOCK_FACTOR = 10
+REFERENCE_WORK = 10**12  # the reference MIPs: no work limit short of their time limit
 T = TypeVar("T")
 CAP = 1.01  # the replan goal: cost within 1% of the from-scratch optimum,
 MOVES_GOAL = 1.25  # moving at most 1.25x the fewest units any plan within that 1% moves
 
 
-def _ours(problem: PlanningProblem, limit: float) -> dict[str, Any]:
+def _ours(problem: PlanningProblem, limit: float, work: int) -> dict[str, Any]:
     started = time.monotonic()
     try:
-        plan = solve(problem, SolveOptions(time_limit_s=limit))
+        plan = solve(problem, SolveOptions(time_limit_s=limit, work_limit=work))
     except (InfeasiblePlanError, PlanningTimeoutError) as err:
         return {"method": "ipnext", "failed": str(err), "seconds": time.monotonic() - started}
     assert check_plan(problem, plan) == []
@@ -70,11 +79,15 @@ def _ours(problem: PlanningProblem, limit: float) -> dict[str, Any]:
         "lower_bound_method": plan.lower_bound_method,
         "gap": plan.gap,
         "status": plan.status,
+        "stopped_by": plan.stopped_by,
+        "work_units": plan.work_units,
         "seconds": time.monotonic() - started,
     }
 
 
-def _replan(seed: int, n: int, limit: float, reference_limit: float, churn: float | None) -> dict[str, Any]:
+def _replan(
+    seed: int, n: int, limit: float, work: int, reference_limit: float, churn: float | None
+) -> dict[str, Any]:
     """One row of the replan goal: a start plan, a 5% demand change, then (a) the from-scratch
     optimum cost of the changed demand (exact MIP; on rows it cannot close in
     `reference_limit`, the cheapest of its best, ipnext's from-scratch plan and ipnext's
@@ -82,26 +95,27 @@ def _replan(seed: int, n: int, limit: float, reference_limit: float, churn: floa
     replan (`solve` with `current=`, in `limit`), (b) the fewest units moved by any plan
     costing at most 1.01 x that optimum (exact MIP, current plan = the start plan; its bound
     where it cannot close)."""
-    _, regions, hardware, utilization, _ = ROWS["replan"]
+    _, regions, hardware, utilization, _, _ = ROWS["replan"]
     problem = generate(seed, n, regions, hardware, utilization=utilization)
     out: dict[str, Any] = {
         "row": "replan",
         "deployments": n,
         "seed": seed,
         "time_limit_s": limit,
+        "work_limit": work,
         "reference_time_limit_s": reference_limit,
     }
     started = time.monotonic()
-    start = _stage("the start plan", solve, problem, SolveOptions(time_limit_s=limit))
+    start = _stage("the start plan", solve, problem, SolveOptions(time_limit_s=limit, work_limit=work))
     out["start_seconds"] = time.monotonic() - started
     changed = changed_demand(problem, seed)  # the 5% change
     inst = compile_problem(changed)
     blocks = list(range(len(inst.blocks)))
 
     options = (
-        SolveOptions(time_limit_s=limit)
+        SolveOptions(time_limit_s=limit, work_limit=work)
         if churn is None
-        else SolveOptions(time_limit_s=limit, churn_cost=churn)
+        else SolveOptions(time_limit_s=limit, work_limit=work, churn_cost=churn)
     )
     current = changed.model_copy(update={"current": start})
     started = time.monotonic()  # (c)
@@ -122,18 +136,23 @@ def _replan(seed: int, n: int, limit: float, reference_limit: float, churn: floa
     }
 
     started = time.monotonic()  # the baseline: one objective, cost + churn_cost x moved units
-    weighted = _stage("the one-objective baseline", _weighted, current, limit, options.churn_cost)
+    weighted = _stage("the one-objective baseline", _weighted, current, limit, work, options.churn_cost)
     out["weighted_baseline"] = {**weighted, "seconds": time.monotonic() - started}
 
     started = time.monotonic()  # (a)
     sol = solve_model(
-        build(inst, blocks, pool_capacity=inst.pool_units), time_limit_s=reference_limit, relative_gap=1e-9
+        build(inst, blocks, pool_capacity=inst.pool_units),
+        work=REFERENCE_WORK,
+        budget=Budget(REFERENCE_WORK, Clock.after(reference_limit)),
+        relative_gap=1e-9,
     )
     best = sol.objective if sol.values is not None else float("inf")
     bound = sol.bound
     exact = sol.status == "optimal"
     if not exact:
-        scratch = _stage("ipnext from scratch", solve, changed, SolveOptions(time_limit_s=limit))
+        scratch = _stage(
+            "ipnext from scratch", solve, changed, SolveOptions(time_limit_s=limit, work_limit=work)
+        )
         assert check_plan(changed, scratch) == []
         best = min(best, scratch.cost, plan.cost)
         bound = max(bound, scratch.lower_bound or 0.0)
@@ -144,7 +163,12 @@ def _replan(seed: int, n: int, limit: float, reference_limit: float, churn: floa
     cap = CAP * best
     cur = compile_problem(current)
     model = fewest_moves_model(cur, blocks, cost_cap=cap, pool_capacity=cur.pool_units)
-    fewest = solve_model(model, time_limit_s=reference_limit, relative_gap=1e-9)
+    fewest = solve_model(
+        model,
+        work=REFERENCE_WORK,
+        budget=Budget(REFERENCE_WORK, Clock.after(reference_limit)),
+        relative_gap=1e-9,
+    )
     out["fewest_moves"] = {
         "cost_cap": cap,
         "moved_units": round(fewest.objective) if fewest.values is not None else None,
@@ -181,25 +205,26 @@ def _stage(name: str, fn: Callable[..., T], *args: Any) -> T:
         raise RowFailed(f"{name}: {err}") from None
 
 
-def _weighted(problem: PlanningProblem, limit: float, churn: float) -> dict[str, Any]:
+def _weighted(problem: PlanningProblem, limit: float, work: int, churn: float) -> dict[str, Any]:
     """What the planner did before its replan had two phases: one objective, cost + churn x
-    moved units (the exact MIP where it is small enough and closes, else the decomposition)."""
-    deadline = time.monotonic() + limit  # the time shares of the planner before
+    moved units (the exact MIP where it is small enough and closes, else the decomposition),
+    in the shares of the planner before, now of the work limit."""
+    budget = Budget(work, Clock.after(limit))
     inst = compile_problem(problem)
     blocks = list(range(len(inst.blocks)))
     model = build(inst, blocks, pool_capacity=inst.pool_units, churn_cost=churn)
     choices = None
     if len(model.lb) <= EXACT_MAX_VARIABLES:
-        sol = solve_model(model, time_limit_s=0.4 * limit, relative_gap=1e-9)
+        sol = solve_model(
+            model, work=max(UNITS_PER_SECOND, int(0.4 * work)), budget=budget, relative_gap=1e-9
+        )
         if sol.status == "optimal" and sol.values is not None:
             choices = choices_from_values(inst, model, sol.values, churn, blocks)
     if choices is None:
-        left = deadline - time.monotonic()
+        left = budget.left()
+        part = budget.part(left - int(0.05 * work))
         choices = decompose(
-            inst,
-            churn=churn,
-            deadline=time.monotonic() + 0.55 * left,
-            hard_deadline=deadline - 0.05 * limit,
+            inst, churn=churn, budget=part, pricing_share=min(1.0, 0.55 * left / max(1, part.total))
         ).choices
     return {
         "cost": sum(float(inst.opt_cost[o] * n) for c in choices.values() for o, n in c.x.items()),
@@ -223,21 +248,26 @@ def _replan_line(r: dict[str, Any]) -> str:
     )
 
 
-def _repeated(row: str, problem: PlanningProblem, limit: float, times: int) -> dict[str, Any]:
-    """The same instance, seed and time limit solved `times` times: how many runs gave a plan,
-    each run's gap to its proven bound, and the spread of the objectives."""
+def _repeated(row: str, problem: PlanningProblem, limit: float, work: int, times: int) -> dict[str, Any]:
+    """The same instance, seed and work limit solved `times` times, the clock at
+    REPEAT_CLOCK_FACTOR x `limit`: how many runs gave a plan, each run's gap to its proven
+    bound, and the spread of the objectives (none, unless the clock cut a run)."""
     runs = []
     for i in range(times):
-        run = _ours(problem, limit)
+        run = _ours(problem, REPEAT_CLOCK_FACTOR * limit, work)
         runs.append(run)
-        shown = run.get("failed") or f"objective {run['objective']:.4f}, gap {100 * run['gap']:.2f}%"
+        shown = run.get("failed") or (
+            f"objective {run['objective']:.4f}, gap {100 * run['gap']:.2f}%, "
+            f"{run['work_units']:,} work units, stopped by the {run['stopped_by']}"
+        )
         print(f"{row} run {i + 1}/{times}: {shown} in {run['seconds']:.1f}s", flush=True)
     objectives = [r["objective"] for r in runs if "objective" in r]
     gaps = [r["gap"] for r in runs if "gap" in r]
     summary = {
         "row": row,
         "method": "ipnext",
-        "time_limit_s": limit,
+        "time_limit_s": REPEAT_CLOCK_FACTOR * limit,
+        "work_limit": work,
         "repeat": times,
         "plans": len(objectives),
         "worst_gap": max(gaps, default=None),
@@ -265,10 +295,13 @@ def _first_fit(problem: PlanningProblem) -> dict[str, Any]:
 
 
 def _plain_mip(problem: PlanningProblem, limit: float) -> dict[str, Any]:
+    """HiGHS on the whole model, stopped by its time limit (a reference, not the planner)."""
     started = time.monotonic()
     inst = compile_problem(problem)
     model = build(inst, list(range(len(inst.blocks))), pool_capacity=inst.pool_units)
-    sol = solve_model(model, time_limit_s=limit, relative_gap=1e-6)
+    sol = solve_model(
+        model, work=REFERENCE_WORK, budget=Budget(REFERENCE_WORK, Clock.after(limit)), relative_gap=1e-6
+    )
     out: dict[str, Any] = {
         "method": "plain MIP (HiGHS)",
         "status": sol.status,
@@ -286,6 +319,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
         "--time-limit", type=float, help="every row's time limit, in seconds (default: the row's)"
+    )
+    parser.add_argument(
+        "--work-limit", type=int, help="every row's work limit, in work units (default: the row's)"
     )
     parser.add_argument(
         "--seeds", type=int, nargs="*", default=[1, 2, 3, 4, 5], help="the replan rows' seeds"
@@ -316,13 +352,14 @@ def main() -> None:
     out = args.out or Path(f"bench/results/{default}.json")
     results = []
     for row in args.rows:
-        n, regions, hardware, utilization, limit = ROWS[row]
+        n, regions, hardware, utilization, limit, work = ROWS[row]
         limit = args.time_limit or limit
+        work = args.work_limit or work
         if row == "replan":
             for size in args.replan_sizes:
                 for seed in args.seeds:
                     try:
-                        result = _replan(seed, size, limit, args.reference_limit, args.churn)
+                        result = _replan(seed, size, limit, work, args.reference_limit, args.churn)
                     except (
                         InfeasiblePlanError,
                         PlanningTimeoutError,
@@ -335,16 +372,16 @@ def main() -> None:
             continue
         problem = generate(args.seed, n, regions, hardware, utilization=utilization)
         if args.repeat > 1:
-            results.append(_repeated(row, problem, limit, args.repeat))
+            results.append(_repeated(row, problem, limit, work, args.repeat))
             continue
         for method in ("ipnext", "first-fit", "plain-mip"):
             if method == "ipnext":
-                run = _ours(problem, limit)
+                run = _ours(problem, limit, work)
             elif method == "first-fit":
                 run = _first_fit(problem)
             else:
                 run = _plain_mip(problem, limit)
-            result = {"row": row, "time_limit_s": limit, **run}
+            result = {"row": row, "time_limit_s": limit, "work_limit": work, **run}
             results.append(result)
             shown = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in result.items()}
             print(json.dumps(shown), flush=True)

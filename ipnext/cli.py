@@ -461,7 +461,8 @@ def _plan_solve(args: argparse.Namespace, settings: Settings) -> None:
     problem = PlanningProblem(fleet=fleet, deployments=demand.deployments, current=current)
     # The limit covers the whole command, reading the files and the bound included.
     left = max(1.0, args.time_limit - (time.monotonic() - started))
-    plan = solve(problem, SolveOptions(time_limit_s=left, churn_cost=args.churn_cost))
+    options = SolveOptions(time_limit_s=left, churn_cost=args.churn_cost, work_limit=args.work_limit)
+    plan = solve(problem, options)
     Path(args.out).write_text(json.dumps(plan.to_report(), indent=2))
     _print_plan_summary(problem, plan)
     print(f"wrote {args.out}")
@@ -478,14 +479,7 @@ def _print_usage(pools: list[Any], units: dict[str, dict[str, int]], plan: Any) 
     for pool in pools:
         n = used.get((pool.region, pool.hardware), 0)
         print(f"{pool.region:12} {pool.hardware:12} {n:>12} {pool.units:>10} {n * pool.unit_cost:>12.2f}")
-    gap = f"{100 * plan.gap:.3f}%" if plan.gap is not None else "n/a"
-    objective = plan.objective if plan.objective is not None else plan.cost
-    bound = f"{plan.lower_bound:.2f}" if plan.lower_bound is not None else "n/a"
-    seconds = f", {plan.solve_seconds:.1f}s" if plan.solve_seconds is not None else ""
-    print(
-        f"cost {plan.cost:.2f}, objective {objective:.2f}, lower bound {bound} "
-        f"({plan.lower_bound_method}), gap {gap}, {plan.status}{seconds}"
-    )
+    print(plan.figures())
 
 
 def _print_demand(demand: dict[str, Any]) -> None:
@@ -720,7 +714,12 @@ def _parser() -> argparse.ArgumentParser:
         help="the current plan (JSON from an earlier solve): a replan, the cheapest plan's cost "
         "within 1%% with the fewest units moved (--churn-cost 0: cheapest only)",
     )
-    psolve.add_argument("--time-limit", type=float, default=60.0, help="seconds for the whole command")
+    psolve.add_argument(
+        "--time-limit", type=float, default=60.0, help="seconds for the whole command: the outer stop"
+    )
+    psolve.add_argument(
+        "--work-limit", type=int, help="the planner's budget in work units, which decides the plan"
+    )
     psolve.add_argument("--churn-cost", type=float, default=0.05)
     psolve.add_argument("--out", required=True)
     pshow = psub.add_parser("show", help="the latest fleet plan (or --revision N) from the replan schedule")

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from ipnext.contracts import Frozen
 from ipnext.fleet import Fleet, Name
 from ipnext.model import HardwareOption, ModelSpec
 
 __all__ = [
+    "DEFAULT_WORK_LIMIT",
     "DeploymentDemand",
     "DeploymentPlacement",
     "Plan",
@@ -64,6 +65,24 @@ class Plan(Frozen):
     gap: float | None = None  # (objective - lower_bound) / objective
     solve_seconds: float | None = None
     status: str = "feasible"  # "optimal" when the gap is closed
+    # What bounded the solve: "work" (every phase ended inside its share of the work limit, so
+    # the same problem, options and limit give this plan again) or "clock" (the time limit cut
+    # a phase: not reproducible). None for a plan not made by the planner.
+    stopped_by: Literal["work", "clock"] | None = None
+    work_units: int | None = None  # the work units the solve spent (planner/work.py)
+
+    def figures(self) -> str:
+        """Its figures in one line, as `ipnext plan solve` and `plan show` print them."""
+        gap = f"{100 * self.gap:.3f}%" if self.gap is not None else "n/a"
+        objective = self.objective if self.objective is not None else self.cost
+        bound = f"{self.lower_bound:.2f}" if self.lower_bound is not None else "n/a"
+        seconds = f", {self.solve_seconds:.1f}s" if self.solve_seconds is not None else ""
+        work = f", {self.work_units:,} work units" if self.work_units is not None else ""
+        stopped = f", stopped by the {self.stopped_by}" if self.stopped_by is not None else ""
+        return (
+            f"cost {self.cost:.2f}, objective {objective:.2f}, lower bound {bound} "
+            f"({self.lower_bound_method}), gap {gap}, {self.status}{seconds}{work}{stopped}"
+        )
 
     def to_report(self) -> dict[str, object]:
         """The flat JSON `ipnext plan solve --out` writes."""
@@ -89,6 +108,8 @@ class Plan(Frozen):
             "lower_bound_method": self.lower_bound_method,
             "gap": self.gap,
             "solve_seconds": self.solve_seconds,
+            "stopped_by": self.stopped_by,
+            "work_units": self.work_units,
             "status": self.status,
             "solver": self.solver,
             "revision": self.revision,
@@ -121,9 +142,25 @@ class PlanningProblem(Frozen):
     current: Plan | None = None
 
 
+# The default work limit, in the planner's work units (planner/work.py): the 100-deployment bench
+# row's (0.115% over its bound there; 3,000,000 gave 2.8%), which its solve spends inside the
+# default time limit on the bench's 2-core machine when nothing else runs.
+DEFAULT_WORK_LIMIT = 6_000_000
+
+
 class SolveOptions(Frozen):
     churn_cost: float = Field(default=0.05, ge=0)
+    # The user's outer stop, in seconds: a solve it cuts says so (`Plan.stopped_by`).
     time_limit_s: float = Field(default=60, gt=0)
+    # What every phase is budgeted in: the same problem, options and work limit give the same
+    # plan on any machine at any load, when the time limit does not cut it first.
+    work_limit: int = Field(default=DEFAULT_WORK_LIMIT, ge=1)
+
+    @field_validator("work_limit", mode="before")
+    @classmethod
+    def _default_work(cls, value: object) -> object:
+        return DEFAULT_WORK_LIMIT if value is None else value  # None: the default (a CLI's unset flag)
+
     seed: int = 0
     workers: int | None = Field(default=None, ge=1)  # None: every core
     # Solve small instances whole with the exact MIP first; tests switch it off to check

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,6 +37,7 @@ from ipnext.planner.instance import Instance
 from ipnext.planner.master import Master, MasterLP
 from ipnext.planner.pool import Pool
 from ipnext.planner.pricing import BlockChoice, block_names, priced_choice
+from ipnext.planner.work import UNITS_PER_SECOND, Budget
 
 __all__ = ["Side", "branched_bound"]
 
@@ -45,7 +45,8 @@ log = logging.getLogger(__name__)
 
 MAX_CANDIDATES = 12  # (block, pool) pairs whose sides' LPs are compared
 SIDE_ROUNDS = 30
-SIDE_BLOCK_LIMIT_S = 2.0  # the branched block's MIP, per round
+SIDE_BLOCK_WORK = 2 * UNITS_PER_SECOND  # the branched block's MIP, per round (once 2 s)
+MIN_SIDE_BLOCK_WORK = UNITS_PER_SECOND // 10
 
 
 @dataclass(frozen=True)
@@ -62,11 +63,11 @@ class Side:
 
 
 def branched_bound(
-    inst: Instance, master: Master, lp: MasterLP, pool: Pool, churn: float, deadline: float
+    inst: Instance, master: Master, lp: MasterLP, pool: Pool, churn: float, budget: Budget
 ) -> tuple[float, str] | None:
     """The smaller of the two sides' bounds of the best branch found (module docstring), with
-    what was branched on; None when the LP mixes no block or a side was not bounded by `deadline`."""
-    started = time.monotonic()
+    what was branched on; None when the LP mixes no block or a side was not bounded in `budget`."""
+    started = budget.spent
     candidates = _fractional(master, lp)[:MAX_CANDIDATES]
     if not candidates:
         return None
@@ -87,12 +88,11 @@ def branched_bound(
     bounds = []
     for k, side in enumerate(sides):
         # Each side gets half of what is left when it starts.
-        until = time.monotonic() + (deadline - time.monotonic()) / (len(sides) - k)
-        bound = _side_bound(inst, master, pool, churn, side, until)
+        bound = _side_bound(inst, master, pool, churn, side, budget.share(1 / (len(sides) - k)))
         if bound is None:
             return None
         bounds.append(bound)
-    log.debug("branched bound %.3f (sides %s) in %.1fs", min(bounds), bounds, time.monotonic() - started)
+    log.debug("branched bound %.3f (sides %s) in %d work units", min(bounds), bounds, budget.spent - started)
     side = sides[0]
     h = inst.pool_units.shape[1]
     pool_name = f"{inst.regions[side.pool // h]}/{inst.hardware[side.pool % h]}"
@@ -141,7 +141,7 @@ def _side_lp(master: Master, side: Side) -> MasterLP:
 
 
 def _side_bound(
-    inst: Instance, master: Master, pool: Pool, churn: float, side: Side, deadline: float
+    inst: Instance, master: Master, pool: Pool, churn: float, side: Side, budget: Budget
 ) -> float | None:
     """The side's best Lagrangian bound over its column generation's prices (module docstring);
     +inf when the side holds no placement of the block; None if no round finished in time."""
@@ -149,17 +149,17 @@ def _side_bound(
     others = [b for b in range(len(inst.blocks)) if b != side.block]
     capacity = inst.pool_units
     for _ in range(SIDE_ROUNDS):
-        if time.monotonic() > deadline:
+        if budget.exhausted():
             break
         lp = _side_lp(master, side)
         own = _priced_on_side(
-            inst, side, lp.prices, churn, min(SIDE_BLOCK_LIMIT_S, deadline - time.monotonic())
+            inst, side, lp.prices, churn, max(MIN_SIDE_BLOCK_WORK, budget.cap(SIDE_BLOCK_WORK)), budget
         )
         if own is None:
             return math.inf  # no placement of the block on this side: no plan to bound
         if isinstance(own, float):
             break  # its MIP found neither a placement nor a bound in time
-        choices = pool.solve(others, lp.prices, churn, refine=True, deadline=deadline)
+        choices = pool.solve(others, lp.prices, churn, refine=True, budget=budget)
         if len(choices) < len(others):
             break
         bound = sum(c.bound for c in choices.values()) + own.bound - float((lp.prices * capacity).sum())
@@ -171,11 +171,11 @@ def _side_bound(
 
 
 def _priced_on_side(
-    inst: Instance, side: Side, prices: np.ndarray, churn: float, limit_s: float
+    inst: Instance, side: Side, prices: np.ndarray, churn: float, work: int, budget: Budget
 ) -> BlockChoice | float | None:
     """The block's priced optimum at `prices` with its units in the side's pool on that side
     (the block MIP with that one pool row); None when no placement is on that side; -inf (a
-    float) when the MIP found nothing in `limit_s`."""
+    float) when the MIP found nothing in `work` units."""
     h = inst.pool_units.shape[1]
     key = (side.pool // h, side.pool % h)
     room = np.full_like(inst.pool_units, np.inf)
@@ -188,7 +188,7 @@ def _priced_on_side(
         model.row_ub[row] = side.units
     else:
         model.row_lb[row] = side.units
-    sol = solve_model(model, time_limit_s=max(0.1, limit_s), relative_gap=1e-9)
+    sol = solve_model(model, work=work, budget=budget, relative_gap=1e-9)
     if sol.status == "infeasible":
         return None
     if sol.values is None:

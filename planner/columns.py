@@ -5,7 +5,6 @@ repair when the columns cannot fit the pools."""
 from __future__ import annotations
 
 import logging
-import time
 
 import numpy as np
 
@@ -15,26 +14,28 @@ from ipnext.planner.master import Master, MasterLP
 from ipnext.planner.pool import Pool
 from ipnext.planner.pricing import BlockChoice, prohibitive, usage_of
 from ipnext.planner.repair import place_one_by_one, repair
+from ipnext.planner.work import UNITS_PER_SECOND, Budget
 
 __all__ = ["cheaper_from_columns", "enrich", "from_columns", "greedy_columns", "swap_columns"]
 
 log = logging.getLogger(__name__)
 
 # The IPs over the mixed blocks' columns and over every block's: past FLEET_BLOCKS blocks each
-# gets at most this (the 1,000-deployment row: the second found nothing in 5.9 s, where the
-# greedy choice then placed every block in 2 s).
-WHOLE_IP_FLEET_S = 1.0
-# Swapping columns to fit what the greedy choice left: at most this share of the time left
+# gets at most this (once 1 s; the 1,000-deployment row: the second found nothing in 5.9 s,
+# where the greedy choice then placed every block in 2 s).
+WHOLE_IP_FLEET_WORK = UNITS_PER_SECOND
+# Swapping columns to fit what the greedy choice left: at most this share of the work left
 # (placing blocks one at a time gets the rest when the swaps find no fit).
 SWAP_SHARE = 1 / 3
-NEAR_IP_S = 2.0  # when no single swap helps: the IP over the blocks on the overfull pools
-# After a branch: the IP over every column again, in at most this and a quarter of the time left
+NEAR_IP_WORK = 2 * UNITS_PER_SECOND  # when no single swap helps: the IP over the blocks on the overfull pools
+# After a branch: the IP over every column again, in at most this and a quarter of the work left
 # (100-deployment bench row: 3200.52 -> 3191.81 in 0.3 s, and improvement then found 3189.70).
-AGAIN_LIMIT_S = 5.0
+AGAIN_WORK = 5 * UNITS_PER_SECOND
+MIN_IP_WORK = UNITS_PER_SECOND // 10
 
 
 def enrich(
-    inst: Instance, pool: Pool, master: Master, prices: np.ndarray, churn: float, deadline: float
+    inst: Instance, pool: Pool, master: Master, prices: np.ndarray, churn: float, budget: Budget
 ) -> int:
     """More columns near the best prices, for the IP that picks the plan: the LP mixes a few
     blocks' columns, and an integral plan needs other placements of them and of their
@@ -47,13 +48,13 @@ def enrich(
     price_out = prohibitive(inst)
     added = 0
     for p in np.argsort(-prices.ravel()):
-        if prices.flat[p] <= 1e-9 or time.monotonic() > deadline:
+        if prices.flat[p] <= 1e-9 or budget.exhausted():
             break
         blocks = sorted(set(users.get(int(p), [])))
         for value in (price_out, 0.0):
             trial = prices.copy()
             trial.flat[p] = value
-            for c in pool.solve(blocks, trial, churn, refine=False, deadline=deadline).values():
+            for c in pool.solve(blocks, trial, churn, refine=False, budget=budget).values():
                 added += master.add(c, c.cost)
     return added
 
@@ -64,7 +65,7 @@ def from_columns(
     lp: MasterLP,
     churn: float,
     prices: np.ndarray,
-    hard_deadline: float,
+    budget: Budget,
 ) -> dict[int, BlockChoice]:
     """A plan out of the columns: blocks the master LP takes whole keep that column; the few it
     mixes get theirs from an IP over their columns in the capacity left; if that has no
@@ -79,14 +80,14 @@ def from_columns(
     mixed = sorted(b for b, (w, _) in heaviest.items() if w < 1 - 1e-6)
     whole = {b: c for b, c in rounded.items() if b not in set(mixed)}
     residual = (inst.pool_units - usage_of(inst, whole)).ravel()
-    limit = max(1.0, (hard_deadline - time.monotonic()) / 3)
+    limit = max(UNITS_PER_SECOND, budget.left() // 3)
     log.debug("columns: slack %.3g, least residual %.3g, %d mixed", lp.slack, residual.min(), len(mixed))
     if lp.slack <= 1e-9 and (residual >= -1e-9).all():
         # At fleet scale the IPs get little time: when they find nothing (the 1,000 row: the
         # mixed blocks' IP ran 5 s to no plan in one run of four), placing blocks one at a time
         # needs it, and a plan that runs out of time there is no plan at all.
-        ip_limit = min(limit, WHOLE_IP_FLEET_S) if inst.fleet else limit
-        chosen = master.solve_ip(mixed, np.maximum(residual, 0.0), ip_limit) if mixed else {}
+        ip_limit = min(limit, WHOLE_IP_FLEET_WORK) if inst.fleet else limit
+        chosen = master.solve_ip(mixed, np.maximum(residual, 0.0), ip_limit, budget) if mixed else {}
         if chosen is not None:
             log.debug("plan: %d blocks as the master LP has them, %d by IP", len(whole), len(mixed))
             return {**whole, **{b: master.columns[c].choice for b, c in chosen.items()}}
@@ -96,22 +97,22 @@ def from_columns(
         # the 5.7 s a third gave, and ran out in one of nine logged runs; the greedy choice
         # that followed cost 5,908 against 5,847, and improvement (what the rest of the time
         # is for) took it only to 5,890.
-        whole_limit = ip_limit if inst.fleet else max(1.0, (hard_deadline - time.monotonic()) / 2)
-        chosen = master.solve_ip(list(range(len(inst.blocks))), inst.pool_units.ravel(), whole_limit)
+        whole_limit = ip_limit if inst.fleet else max(UNITS_PER_SECOND, budget.left() // 2)
+        chosen = master.solve_ip(list(range(len(inst.blocks))), inst.pool_units.ravel(), whole_limit, budget)
         if chosen is not None:
             log.debug("plan: every block by IP over the columns")
             return {b: master.columns[c].choice for b, c in chosen.items()}
-        placed = greedy_columns(inst, master, mixed, whole, churn, prices, hard_deadline)
+        placed = greedy_columns(inst, master, mixed, whole, churn, prices, budget)
         if placed is not None:
             log.debug("plan: %d blocks as the master LP has them, %d greedily", len(whole), len(mixed))
             return placed
     if lp.slack > 1e-9:  # the columns cannot fit: place every block greedily
-        placed = greedy_columns(inst, master, list(range(len(inst.blocks))), {}, churn, prices, hard_deadline)
+        placed = greedy_columns(inst, master, list(range(len(inst.blocks))), {}, churn, prices, budget)
         if placed is not None:
             log.debug("plan: every block greedily (the columns do not fit the pools)")
             return placed
     log.debug("plan: repair (%d mixed blocks, slack %.3g)", len(mixed), lp.slack)
-    return repair(inst, rounded, churn, hard_deadline, prices)
+    return repair(inst, rounded, churn, budget, prices)
 
 
 def sum_units(master: Master, cols: list[int], size: int) -> np.ndarray:
@@ -127,15 +128,15 @@ def swap_columns(
     master: Master,
     plan: dict[int, BlockChoice],
     left: list[int],
-    deadline: float,
+    budget: Budget,
 ) -> dict[int, BlockChoice] | None:
     """`plan` with the blocks of `left` on the columns that overfill least, made to fit by swapping
     blocks' columns: while a pool is overfull, the swap of one block's column (any block on an
     overfull pool, for another of its columns) that cuts the total overflow at the least extra
     cost per unit cut. No MIP: each step is arithmetic over those blocks' columns. When no
     single swap helps, the blocks on the overfull pools choose their columns together by an IP
-    (at most NEAR_IP_S). None when that finds nothing either, or `deadline` passes; else a plan
-    that fits.
+    (at most NEAR_IP_WORK). None when that finds nothing either, or `budget` is spent (a swap
+    weighed is a work unit); else a plan that fits.
 
     Placing what the greedy choice left one block at a time (a MIP per block, evicting others
     when it does not fit) can take longer than the time left at fleet scale (the 1,000 row: no
@@ -166,7 +167,7 @@ def swap_columns(
         if over.max() <= 1e-9:
             log.debug("swaps: %d blocks placed by %d swaps", len(left), steps)
             return {b: master.columns[c].choice for b, c in col_of.items()}
-        if time.monotonic() > deadline:
+        if budget.exhausted():
             return None
         total = float(np.maximum(over, 0.0).sum())
         on_over = set().union(*(users.get(int(p), set()) for p in np.flatnonzero(over > 1e-9)))
@@ -181,6 +182,7 @@ def swap_columns(
                 np.subtract.at(trial, old.pools, old.units)
                 np.add.at(trial, new.pools, new.units)
                 cut = total - float(np.maximum(trial, 0.0).sum())
+                budget.spend(1 + len(old.pools) + len(new.pools))
                 if cut <= 1e-9:
                     continue
                 key = ((new.cost - old.cost) / cut, -cut, b, c)
@@ -192,8 +194,8 @@ def swap_columns(
             near = sorted(on_over)
             others = [c for b, c in col_of.items() if b not in on_over]
             free = np.maximum(capacity - sum_units(master, others, capacity.size), 0.0)
-            limit = min(NEAR_IP_S, deadline - time.monotonic())
-            chosen = master.solve_ip(near, free, limit) if limit > 0.05 else None
+            limit = budget.cap(NEAR_IP_WORK)
+            chosen = master.solve_ip(near, free, limit, budget) if limit > MIN_IP_WORK // 2 else None
             log.debug(
                 "swaps: none cuts the overflow of %.3g units after %d swaps; the IP over the %d "
                 "blocks on overfull pools %s",
@@ -219,14 +221,14 @@ def swap_columns(
 
 
 def cheaper_from_columns(
-    inst: Instance, master: Master, plan: dict[int, BlockChoice], hard_deadline: float
+    inst: Instance, master: Master, plan: dict[int, BlockChoice], budget: Budget
 ) -> dict[int, BlockChoice]:
     """The cheapest choice of one column per block that fits the pools (an IP over every
     column, stopped at its limit), when it is cheaper than `plan`; else `plan`."""
-    limit = min(AGAIN_LIMIT_S, (hard_deadline - time.monotonic()) / 4)
-    if limit <= 0.1:
+    limit = min(AGAIN_WORK, budget.left() // 4)
+    if limit <= MIN_IP_WORK or budget.exhausted():
         return plan
-    chosen = master.solve_ip(list(range(len(inst.blocks))), inst.pool_units.ravel(), limit)
+    chosen = master.solve_ip(list(range(len(inst.blocks))), inst.pool_units.ravel(), limit, budget)
     if chosen is None:
         return plan
     again = {b: master.columns[c].choice for b, c in chosen.items()}
@@ -241,7 +243,7 @@ def greedy_columns(
     whole: dict[int, BlockChoice],
     churn: float,
     prices: np.ndarray,
-    hard_deadline: float,
+    budget: Budget,
 ) -> dict[int, BlockChoice] | None:
     """When no IP over the mixed blocks' columns was found in time: each mixed block, least
     flexible first, takes its cheapest column that fits what is left; the blocks no column
@@ -264,11 +266,10 @@ def greedy_columns(
     if not left:
         return plan
     if inst.fleet:  # smaller instances place them one at a time in the time they have
-        swap_until = time.monotonic() + SWAP_SHARE * (hard_deadline - time.monotonic())
-        swapped = swap_columns(inst, master, plan, left, swap_until)
+        swapped = swap_columns(inst, master, plan, left, budget.share(SWAP_SHARE))
         if swapped is not None:
             return swapped
-    placed, why = place_one_by_one(inst, left, np.maximum(residual, 0.0), churn, prices, plan, hard_deadline)
+    placed, why = place_one_by_one(inst, left, np.maximum(residual, 0.0), churn, prices, plan, budget)
     log.debug("one by one: %d blocks, %s", len(left), why or "placed")
     if placed is None:
         return None

@@ -11,7 +11,7 @@ deployments in 30 s. So:
 1. Price the pools: with prices mu, every block is an independent small MIP (in parallel
    processes). The sum of the block optima minus mu . capacity is a lower bound on the true
    optimum for any mu >= 0 (the Lagrangian bound), and it pays for integrality, which the
-   LP bound does not. A block MIP stopped at its time limit contributes HiGHS's proven
+   LP bound does not. A block MIP stopped at its work limit contributes HiGHS's proven
    bound, so the sum stays a valid bound.
 2. The prices come from a master LP over every block placement found so far (columns; see
    master.py), not from subgradient steps: its pool duals are the best prices for the
@@ -34,13 +34,15 @@ deployments in 30 s. So:
    3189.70 (SCIP proved 3188.61 in 400 s). The sides' columns fill the pools in new ways, so the
    plan is chosen again from every column before it is improved.
 
-Time. Every step stops at its share of the time limit. A pricing round that runs out of
-time keeps, for the blocks it did not reach, their last placement and the best bound proven
+Work. Every step stops at its share of the work limit (work.py: rounds, DP steps, HiGHS nodes
+and simplex iterations, each charged by what it was given or its size, never by how long it
+took), so the plan depends on the problem and the limit alone; the wall clock is the user's
+outer stop, and a result it cut says so. A pricing round that runs out of work keeps, for the blocks it did not reach, their last placement and the best bound proven
 at prices no higher than the current ones (valid because a block's priced optimum never
 falls when prices rise; see rounds.Rounds). In pricing rounds a block the fast solver cannot prove
 keeps its answer and its (looser) bound: HiGHS takes 0.4-3 s on such a block (a 1,000-
 deployment fleet has about 40), so it runs only on the loosest of them at the end, in the
-time left, when the bound is tightened: in the worker processes, while this process improves
+work left, when the bound is tightened: in the worker processes, while this process improves
 the plan. A round re-solves only the blocks whose last answer a price change can affect (see
 rounds.Reuse).
 
@@ -64,7 +66,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -75,19 +76,14 @@ from ipnext.planner.block.common import WORK_BUDGET
 from ipnext.planner.branch import branched_bound
 from ipnext.planner.columns import cheaper_from_columns, enrich, from_columns
 from ipnext.planner.formulation import build
-from ipnext.planner.improve import TIGHTEN_FLEET_LIMIT_S, improve, loose, plan_cost, tighten, tightened
+from ipnext.planner.improve import TIGHTEN_FLEET_WORK, improve, loose, plan_cost, tighten, tightened
 from ipnext.planner.instance import Instance
 from ipnext.planner.master import Master
 from ipnext.planner.pool import Jobs, Pool, gather
-from ipnext.planner.pricing import (
-    JOINT_REPAIR_SECONDS,
-    BlockChoice,
-    block_names,
-    choices_from_values,
-    usage_of,
-)
+from ipnext.planner.pricing import BlockChoice, block_names, choices_from_values, usage_of
 from ipnext.planner.repair import OUT_OF_TIME, first_plan_repair
 from ipnext.planner.rounds import Reuse, Rounds
+from ipnext.planner.work import UNITS_PER_SECOND, Budget
 
 __all__ = ["BlockChoice", "Decomposition", "decompose"]
 
@@ -95,20 +91,23 @@ log = logging.getLogger(__name__)
 
 SMOOTHING = 0.5
 LP_ROUNDINGS = 4
-ENRICH_SHARE = 0.25  # of the time left after pricing, for more columns near the best prices
-# Of the time limit, the most the first plan (LP rounding, repaired) may take before pricing starts.
+ENRICH_SHARE = 0.25  # of the work left after pricing, for more columns near the best prices
+# Of the work limit, the most the first plan (LP rounding, repaired) may take before pricing starts.
 FIRST_PLAN_SHARE = 0.3
 MAX_SLACK_RAISES = 6  # then the columns are taken not to fit: repair decides, or names the shortfall
 # A branch for a better bound (branch.py): on instances of at most FLEET_BLOCKS blocks whose
-# master LP fits the pools, in this share of the time left after the plan is built.
+# master LP fits the pools, in this share of the work left after the plan is built.
 BRANCH_SHARE = 0.35
 # Larger LPs take most of the time limit (1,000 deployments: GLOP unfinished in 9 s).
 LP_PRICES_MAX_OPTIONS = 20_000
-# At fleet scale the plan is chosen again once the workers' exact block answers are in: the
-# wait for them ends this many times the first choice's duration before the time limit.
-AGAIN_PLAN_FACTOR = 2.0
+LP_PRICES_SHARE = 0.25  # of the pricing's work, the most the whole model's LP relaxation takes
+# At fleet scale the plan is chosen again once the workers' exact block answers are in (every
+# one is waited for: each is work-limited). The workers get the loosest blocks whose MIPs'
+# work together is at most this share of the work left when they are sent (they run beside
+# this process, on the other cores).
+TIGHTEN_JOBS_SHARE = 1.0
 # At fleet scale, the first round at prices the master's columns fit also solves its this
-# many loosest blocks by the HiGHS block MIP, in at most as long again as the round took.
+# many loosest blocks by the HiGHS block MIP, in at most as much work again as the round took.
 MIP_BLOCKS_IN_ROUND = 8
 # The fast block solver's work budget per block in a fleet's rounds before the columns fit
 # (WORK_BUDGET otherwise). On the 10,000-deployment row those rounds then take 29-31 s instead
@@ -148,60 +147,58 @@ def decompose(
     inst: Instance,
     *,
     churn: float,
-    deadline: float,
-    hard_deadline: float | None = None,
-    fitting_deadline: float | None = None,
+    budget: Budget,
+    pricing_share: float = 1.0,
+    fitting_share: float | None = None,
     workers: int | None = None,
     max_iterations: int = 200,
 ) -> Decomposition:
     """The Lagrangian lower bound and the cheapest block choices found that fit the pools.
 
-    Column generation until `deadline`: the master LP's pool duals price the pools, every
-    block is solved at those prices (its optimum is a new column, and the sum of the block
-    bounds minus prices . capacity a lower bound). Then the bound is tightened at the best
-    prices, and the plan chosen from the columns (`columns.from_columns`), by `hard_deadline`.
-    Once the master's columns fit the pools, rounds may go on until `fitting_deadline` (when
-    later than `deadline`): a plan from columns that fit is quick to choose, where one from
-    columns that do not places most blocks one at a time.
+    Column generation until `pricing_share` of `budget` is spent: the master LP's pool duals
+    price the pools, every block is solved at those prices (its optimum is a new column, and
+    the sum of the block bounds minus prices . capacity a lower bound). Then the bound is
+    tightened at the best prices, and the plan chosen from the columns (`columns.from_columns`),
+    in the rest. Once the master's columns fit the pools, rounds may go on until
+    `fitting_share` (when larger): a plan from columns that fit is quick to choose, where one
+    from columns that do not places most blocks one at a time. Every step is charged to
+    `budget` (work.py), so the result depends on the work alone, unless its clock fires.
     Progress is logged at debug level."""
-    hard_deadline = hard_deadline if hard_deadline is not None else deadline + JOINT_REPAIR_SECONDS
     workers = workers or os.cpu_count() or 1
     capacity = inst.pool_units
     blocks = list(range(len(inst.blocks)))
-    master = Master(inst)
+    master = Master(inst, budget)
     iteration = 0
-    started = time.monotonic()
+    pricing = budget.until(pricing_share)
     with Pool(inst, workers) as pool:
-        start = _lp_prices(inst, churn, deadline)
+        start = _lp_prices(inst, churn, pricing)
         prices = start.prices
         for c in start.columns:
             master.add(c, c.cost)
         # The anytime plan: whatever happens later, this one is returned if nothing better is.
-        first, first_how = _first_plan(
-            inst, start, churn, started + FIRST_PLAN_SHARE * (hard_deadline - started)
-        )
-        log.debug("first plan: %s (%.1fs)", first_how, time.monotonic() - started)
+        first, first_how = _first_plan(inst, start, churn, budget.until(FIRST_PLAN_SHARE))
+        log.debug("first plan: %s (%d units)", first_how, budget.spent)
         # The first round must answer every block (each needs a column and a bound); later
-        # rounds stop at `deadline` and carry the blocks they did not reach.
-        round_started = time.monotonic()
-        choices = pool.solve(blocks, prices, churn, refine=False, deadline=hard_deadline)
-        first_round_s = time.monotonic() - round_started
-        per_block = first_round_s / max(1, len(choices))  # a round's pace
+        # rounds stop at the pricing's share and carry the blocks they did not reach.
+        round_started = budget.spent
+        choices = pool.solve(blocks, prices, churn, refine=False, budget=budget)
+        first_round_work = budget.spent - round_started
+        per_block = first_round_work / max(1, len(choices))  # a round's pace, in work
         missing = [b for b in blocks if b not in choices]
         if missing:
             if first is not None and start.bound is not None:
                 return Decomposition(first, max(start.bound, 0.0), 0, first_how)
             raise PlanningTimeoutError(
-                f"{OUT_OF_TIME}: the first pricing round reached {len(choices)} of {len(blocks)} blocks "
-                f"({block_names(inst, missing[0])} among those left) in {time.monotonic() - started:.1f}s, "
-                f"and no first plan was made ({first_how}).",
-                fix="give the planner more time (--time-limit)",
+                f"{OUT_OF_TIME}{_by_clock(budget)}: the first pricing round reached {len(choices)} of "
+                f"{len(blocks)} blocks ({block_names(inst, missing[0])} among those left) in "
+                f"{budget.spent:,} work units, and no first plan was made ({first_how}).",
+                fix=_more(budget),
             )
         if first is None and inst.fleet and not start.rounded:
             # No LP rounding at fleet scale: the first round's answers, made to fit.
-            # It may take what time is left: without it there is no plan until the columns fit.
-            first, first_how = _fitted_first_round(inst, choices, churn, prices, hard_deadline)
-            log.debug("first plan: %s (%.1fs)", first_how, time.monotonic() - started)
+            # It may take what work is left: without it there is no plan until the columns fit.
+            first, first_how = _fitted_first_round(inst, choices, churn, prices, budget)
+            log.debug("first plan: %s (%d units)", first_how, budget.spent)
             for c in (first or {}).values():
                 master.add(c, c.cost)
         branch: str | None = None
@@ -212,47 +209,45 @@ def decompose(
         best_prices, best_blocks = prices.copy(), dict(choices)
         for c in choices.values():
             master.add(c, c.cost)
-        log.debug("first prices: bound %.3f (%.1fs)", best, time.monotonic() - started)
+        log.debug("first prices: bound %.3f (%d units)", best, budget.spent)
         lp = master.solve_lp()
         smoothing = SMOOTHING
         raises = 0
         mipped = False  # the loosest blocks of a round were solved by the MIP
-        fitting = max(deadline, fitting_deadline or deadline)
+        fitting = budget.until(max(pricing_share, fitting_share or pricing_share))
         for iteration in range(1, max_iterations + 1):
             if lp.slack <= 1e-9 and lp.objective - best <= 1e-7 * max(1.0, abs(best)):
                 break  # the master LP meets the bound: nothing left for prices to find
-            until = fitting if lp.slack <= 1e-9 else deadline
-            if time.monotonic() > until:
+            until = fitting if lp.slack <= 1e-9 else pricing
+            if until.exhausted():
                 break
             # Smoothed prices (Wentges): part way from the best prices so far to the LP's duals,
             # which jump about while few columns exist.
             prices = smoothing * best_prices + (1 - smoothing) * lp.prices if best > 0 else lp.prices
             stale = reuse.stale(prices)
-            if inst.fleet and lp.slack <= 1e-9 and time.monotonic() + per_block * len(stale) > until:
+            if inst.fleet and lp.slack <= 1e-9 and per_block * len(stale) > until.left():
                 # A round cut short proves little (the blocks it misses keep bounds from lower
                 # prices): at fleet scale its time goes to the plan and the tightening instead.
                 # While the columns do not fit, a part round still brings columns that help
-                # them fit. On smaller instances the rounds run to the deadline as before (with
+                # them fit. On smaller instances the rounds run to their share as before (with
                 # this stop, 300-tight gave 9 plans of 10 in one repeat; without it, 10 of 10).
                 log.debug(
-                    "iteration %d: %d blocks would not be priced by the deadline", iteration, len(stale)
+                    "iteration %d: %d blocks would not be priced in the work left", iteration, len(stale)
                 )
                 break
-            round_started = time.monotonic()
+            round_started = budget.spent
             fitted = lp.slack <= 1e-9
             # While the columns do not fit, a round's bound is of no use (the prices are the
             # slack's, and the bound far below zero): at fleet scale its blocks need placements
             # that move them off the overfull pools, not proofs, so a smaller work budget.
             work = SLACK_WORK if len(inst.blocks) > SLACK_WORK_BLOCKS and not fitted else WORK_BUDGET
-            fresh = pool.solve(stale, prices, churn, refine=False, deadline=until, work=work)
+            fresh = pool.solve(stale, prices, churn, refine=False, budget=until, work=work)
             if fresh:
-                per_block = (time.monotonic() - round_started) / len(fresh)
+                per_block = (budget.spent - round_started) / len(fresh)
             if inst.fleet and fitted and not mipped and len(fresh) == len(stale):
                 # The first round at prices the columns fit: its loosest blocks by the MIP too.
-                fast_s = time.monotonic() - round_started
-                fresh.update(
-                    _loosest_by_mip(pool, fresh, prices, churn, min(until, time.monotonic() + fast_s))
-                )
+                fast_work = budget.spent - round_started
+                fresh.update(_loosest_by_mip(pool, fresh, prices, churn, until.part(fast_work)))
                 mipped = True
             reuse.update(fresh, prices)
             solved = {**reuse.unchanged(stale), **fresh}
@@ -265,7 +260,7 @@ def decompose(
             lp = master.solve_lp()
             log.debug(
                 "iteration %d: %d of %d changed blocks priced (%d in all), %d new columns, "
-                "master LP %.3f (slack %.3g), bound %.3f, best %.3f (%.1fs)",
+                "master LP %.3f (slack %.3g), bound %.3f, best %.3f (%d units)",
                 iteration,
                 len(fresh),
                 len(stale),
@@ -275,10 +270,10 @@ def decompose(
                 lp.slack,
                 bound,
                 best,
-                time.monotonic() - started,
+                budget.spent,
             )
             if len(fresh) < len(stale):
-                break  # out of time mid-round
+                break  # out of work mid-round
             if not added:
                 if smoothing > 0:
                     smoothing = 0.0  # nothing new at the smoothed prices: take the LP's own
@@ -294,51 +289,48 @@ def decompose(
         # (and branch) before improving the plan; at fleet scale the workers tighten it while
         # this process builds the plan (when the columns fit the pools) and improves it.
         if lp.slack <= 1e-9:  # else the duals are the slack's, no guide to placements
-            until = time.monotonic() + ENRICH_SHARE * (hard_deadline - time.monotonic())
             around = best_prices if best_prices.any() else lp.prices
-            added = enrich(inst, pool, master, around, churn, until)
+            added = enrich(inst, pool, master, around, churn, budget.share(ENRICH_SHARE))
             lp = master.solve_lp()
-            log.debug(
-                "enriched by %d columns: master LP %.3f (%.1fs)",
-                added,
-                lp.objective,
-                time.monotonic() - started,
-            )
+            log.debug("enriched by %d columns: master LP %.3f (%d units)", added, lp.objective, budget.spent)
         loosest = loose(best_blocks)
         branching = lp.slack <= 1e-9 and not inst.fleet
 
         def submit() -> Jobs | None:
             """The workers tighten the bound (HiGHS on the loosest blocks) while this process
-            builds or improves the plan: neither waits for the other."""
+            builds or improves the plan: neither waits for the other. As many of the loosest as
+            TIGHTEN_FLEET_WORK each takes to spend TIGHTEN_JOBS_SHARE of the work left (never a
+            count of workers: the blocks tightened must not depend on the machine's cores)."""
             if branching or pool.executor is None or not loosest:
                 return None
-            return pool.submit(loosest, best_prices, churn, TIGHTEN_FLEET_LIMIT_S, refine=True, size=1)
+            count = max(1, int(TIGHTEN_JOBS_SHARE * budget.left()) // TIGHTEN_FLEET_WORK)
+            return pool.submit(
+                loosest[:count], best_prices, churn, TIGHTEN_FLEET_WORK, True, 1, clock=budget.clock
+            )
 
         # Columns that do not fit leave the plan to place blocks one at a time: it needs the cores.
         jobs = submit() if lp.slack <= 1e-9 else None
         how: str | None = None
-        built = time.monotonic()
         try:
-            plan = from_columns(inst, master, lp, churn, prices, hard_deadline)
+            plan = from_columns(inst, master, lp, churn, prices, budget)
         except PlanningTimeoutError as err:
             if first is None:
                 raise PlanningTimeoutError(
                     f"{err.message} No first plan either: the first pricing round took "
-                    f"{first_round_s:.1f}s, then {first_how}.",
-                    fix="give the planner more time (--time-limit)",
+                    f"{first_round_work:,} work units, then {first_how}.",
+                    fix=_more(budget),
                 ) from None
             plan, how = first, first_how
         if first is not None and plan_cost(first) < plan_cost(plan):
             plan, how = first, first_how
-        built = time.monotonic() - built
-        log.debug("plan cost %.3f (%.1fs)", plan_cost(plan), time.monotonic() - started)
+        log.debug("plan cost %.3f (%d units)", plan_cost(plan), budget.spent)
         exact_columns = jobs is not None  # sent before the plan: fleet scale, columns that fit
         if jobs is None:
             jobs = submit()
         if branching:
             # Small enough to branch (branch.py): the bound first (tightened, then branched on in
-            # at most BRANCH_SHARE of the time left), then the plan improved in the rest.
-            until = time.monotonic() + BRANCH_SHARE * (hard_deadline - time.monotonic())
+            # at most BRANCH_SHARE of the work left), then the plan improved in the rest.
+            until = budget.share(BRANCH_SHARE)
             best = tighten(inst, pool, best_prices, best_blocks, churn, until) or best
             settled = lp.objective - best <= 1e-6 * max(1.0, abs(best))  # the bound is the LP's
             if settled and plan_cost(plan) - best > 1e-6 * max(1.0, abs(best)):
@@ -346,8 +338,8 @@ def decompose(
                 if branched is not None and branched[0] > best:
                     best, branch = branched
                 # The sides' columns fill the pools in ways the rounds' did not: choose again.
-                plan = cheaper_from_columns(inst, master, plan, hard_deadline)
-            plan = improve(inst, plan, best_prices, best_blocks, churn, hard_deadline, pool=pool).plan
+                plan = cheaper_from_columns(inst, master, plan, budget)
+            plan = improve(inst, plan, best_prices, best_blocks, churn, budget, pool=pool).plan
         elif exact_columns and jobs is not None:
             # Fleet scale, columns that fit. The workers' answers are better placements as well
             # as better bounds: where the fast solver cannot prove a block, its placement can
@@ -355,28 +347,54 @@ def decompose(
             # and those dear columns are what the master LP mixes. So the plan waits for them
             # and is chosen again from the columns they join; improvement, which finds little
             # at this size (no better neighbourhood in 11 s on the 1,000 row), gets what is left.
-            again_s = AGAIN_PLAN_FACTOR * built
-            solved = {b: c for b, c in gather(jobs, hard_deadline - again_s).items() if c is not None}
+            # Every job is waited for (each is work-limited) and charged in the order sent.
+            solved = _gathered(jobs, budget)
             best = tightened(inst, best_prices, best_blocks, solved) or best
-            plan = _chosen_again(inst, master, solved, plan, churn, prices, hard_deadline)
-            plan = improve(inst, plan, best_prices, best_blocks, churn, hard_deadline).plan
+            plan = _chosen_again(inst, master, solved, plan, churn, prices, budget)
+            plan = improve(inst, plan, best_prices, best_blocks, churn, budget).plan
         elif jobs is not None:
-            plan = improve(inst, plan, best_prices, best_blocks, churn, hard_deadline).plan
-            solved = {b: c for b, c in gather(jobs, hard_deadline).items() if c is not None}
+            # The workers' answers are charged once they are in, so improvement here is given
+            # what is left before them, whichever finishes first.
+            tightening = budget.detached()
+            plan = improve(inst, plan, best_prices, best_blocks, churn, budget).plan
+            solved = _gathered(jobs, tightening)
             best = tightened(inst, best_prices, best_blocks, solved) or best
         else:
-            best = tighten(inst, pool, best_prices, best_blocks, churn, hard_deadline) or best
-            plan = improve(inst, plan, best_prices, best_blocks, churn, hard_deadline, pool=pool).plan
+            best = tighten(inst, pool, best_prices, best_blocks, churn, budget) or best
+            plan = improve(inst, plan, best_prices, best_blocks, churn, budget, pool=pool).plan
     if start.bound is not None and start.bound > best:  # both are proven; the larger is the tighter
         best, branch = start.bound, None
     return Decomposition(choices=plan, lower_bound=best, iterations=iteration, first_plan=how, branch=branch)
 
 
+def _by_clock(budget: Budget) -> str:
+    return " (stopped by the clock: not reproducible)" if budget.stopped_by_clock else ""
+
+
+def _more(budget: Budget) -> str:
+    if budget.stopped_by_clock:
+        return "give the planner more time (--time-limit): the clock stopped it before its work limit"
+    return "give the planner more work (--work-limit)"
+
+
+def _gathered(jobs: Jobs, budget: Budget) -> dict[int, BlockChoice]:
+    """The answers of the workers' jobs (every one waited for, or those done by the clock),
+    charged to `budget` in the order sent; those past its end are left out."""
+    solved: dict[int, BlockChoice] = {}
+    for b, c in gather(jobs, budget.clock).items():
+        if budget.exhausted():
+            break
+        if c is not None:
+            budget.spend(c.work)
+            solved[b] = c
+    return solved
+
+
 def _loosest_by_mip(
-    pool: Pool, fresh: dict[int, BlockChoice], prices: np.ndarray, churn: float, until: float
+    pool: Pool, fresh: dict[int, BlockChoice], prices: np.ndarray, churn: float, budget: Budget
 ) -> dict[int, BlockChoice]:
     """The MIP_BLOCKS_IN_ROUND loosest blocks of a round's answers solved again by the HiGHS
-    block MIP (TIGHTEN_FLEET_LIMIT_S each; those unfinished by `until` are left out).
+    block MIP (TIGHTEN_FLEET_WORK each; those past `budget` are left out).
 
     Where the fast solver cannot prove a block (groups with survive_region_loss), its placement
     can cost far more than the optimum, and those dear columns are what the master LP mixes:
@@ -385,7 +403,7 @@ def _loosest_by_mip(
     together 1,052 cheaper (priced) and their bounds 188 higher; by the next round the master
     LP is 42,212 where it was 42,897 without them, and the plan follows."""
     todo = loose(fresh)[:MIP_BLOCKS_IN_ROUND]
-    exact = pool.solve(todo, prices, churn, TIGHTEN_FLEET_LIMIT_S, refine=True, deadline=until)
+    exact = pool.solve(todo, prices, churn, TIGHTEN_FLEET_WORK, refine=True, budget=budget)
     log.debug(
         "%d of %d loose blocks by the MIP: bounds %+.3f, placements %+.3f",
         len(exact),
@@ -403,7 +421,7 @@ def _chosen_again(
     plan: dict[int, BlockChoice],
     churn: float,
     prices: np.ndarray,
-    hard_deadline: float,
+    budget: Budget,
 ) -> dict[int, BlockChoice]:
     """The plan chosen again from the columns once the blocks of `solved` (answers of the
     HiGHS block MIP) have joined them, when that is cheaper; else `plan`."""
@@ -414,7 +432,7 @@ def _chosen_again(
     if lp.slack > 1e-9:
         return plan
     try:
-        again = from_columns(inst, master, lp, churn, prices, hard_deadline)
+        again = from_columns(inst, master, lp, churn, prices, budget)
     except (PlanningTimeoutError, InfeasiblePlanError):
         return plan
     log.debug(
@@ -437,7 +455,7 @@ class LPStart:
     bound: float | None  # the LP's optimum, a lower bound of the MIP's; None when unsolved
 
 
-def _lp_prices(inst: Instance, churn: float, deadline: float) -> LPStart:
+def _lp_prices(inst: Instance, churn: float, budget: Budget) -> LPStart:
     """First pool prices: the duals of the whole model's LP relaxation, when it is small enough
     to solve in a fraction of the time (zero prices otherwise). Near-full pools are then
     priced from the first round, instead of after many rounds of overfull columns.
@@ -449,19 +467,20 @@ def _lp_prices(inst: Instance, churn: float, deadline: float) -> LPStart:
     prices = np.zeros_like(inst.pool_units)
     if len(inst.opt_d) > LP_PRICES_MAX_OPTIONS:
         return LPStart(prices, [], [], None)
-    started = time.monotonic()
+    started = budget.spent
+    lp_budget = budget.share(LP_PRICES_SHARE)
     model = build(inst, list(range(len(inst.blocks))), pool_capacity=inst.pool_units, churn_cost=churn)
-    limit = max(1.0, 0.25 * (deadline - started))
-    sol = solve_model(model, relax=True, solver="glop", time_limit_s=limit)
+    limit = max(UNITS_PER_SECOND, lp_budget.left())
+    sol = solve_model(model, relax=True, solver="glop", work=limit, budget=budget)
     bound = None
     if sol.status == "optimal":  # the duals of an unfinished LP are no prices
         for (r, h), dual in sol.pool_duals.items():
             prices[r, h] = dual
         bound = float(sol.objective)
     log.debug(
-        "LP relaxation %s in %.1fs: %.3f, %d pools priced",
+        "LP relaxation %s in %d units: %.3f, %d pools priced",
         sol.status,
-        time.monotonic() - started,
+        budget.spent - started,
         sol.objective,
         int((prices > 0).sum()),
     )
@@ -481,26 +500,26 @@ def _lp_prices(inst: Instance, churn: float, deadline: float) -> LPStart:
         plans.append(rounded)
         overflow = np.maximum(usage_of(inst, rounded) - inst.pool_units, 0.0)
         log.debug("LP rounding %d: overflows pools by %g units", attempt + 1, overflow.sum())
-        if not overflow.any() or time.monotonic() > started + limit:
+        if not overflow.any() or lp_budget.exhausted():
             break
         capacity = np.maximum(capacity - overflow, 0.0)
         model = build(inst, blocks, pool_capacity=capacity, churn_cost=churn)
-        sol = solve_model(model, relax=True, solver="glop", time_limit_s=limit)
+        sol = solve_model(model, relax=True, solver="glop", work=limit, budget=budget)
     return LPStart(prices, columns, plans, bound)
 
 
 def _first_plan(
-    inst: Instance, start: LPStart, churn: float, deadline: float
+    inst: Instance, start: LPStart, churn: float, budget: Budget
 ) -> tuple[dict[int, BlockChoice] | None, str]:
-    """A plan that fits the pools, made in the first seconds so that a time limit never leaves
+    """A plan that fits the pools, made in the first seconds so that a work limit never leaves
     the planner with nothing: the LP rounding that overflows the pools least, repaired (blocks
     taken off the overfull pools and placed again in the capacity the others leave: one at a
     time at congestion prices, else as `repair` does, see `repair.first_plan_repair`). None,
     with why, when there is no rounding (an LP too large to solve) or the repair does not
-    finish by `deadline`."""
+    finish in `budget`."""
     if not start.rounded:
         return None, "no LP rounding (the LP relaxation is too large or unsolved)"
-    started = time.monotonic()
+    started = budget.spent
 
     def overflow(plan: dict[int, BlockChoice]) -> float:
         return float(np.maximum(usage_of(inst, plan) - inst.pool_units, 0.0).sum())
@@ -509,14 +528,14 @@ def _first_plan(
     if overflow(least) == 0.0:
         return least, "the LP relaxation rounded up"
     try:
-        plan = first_plan_repair(inst, least, churn, deadline, start.prices)
+        plan = first_plan_repair(inst, least, churn, budget, start.prices)
     except (PlanningTimeoutError, InfeasiblePlanError) as err:
-        return None, f"the LP rounding's repair found nothing in {time.monotonic() - started:.1f}s: {err}"
-    return plan, f"the LP relaxation rounded up and repaired in {time.monotonic() - started:.1f}s"
+        return None, f"the LP rounding's repair found nothing in {budget.spent - started:,} work units: {err}"
+    return plan, f"the LP relaxation rounded up and repaired in {budget.spent - started:,} work units"
 
 
 def _fitted_first_round(
-    inst: Instance, choices: dict[int, BlockChoice], churn: float, prices: np.ndarray, deadline: float
+    inst: Instance, choices: dict[int, BlockChoice], churn: float, prices: np.ndarray, budget: Budget
 ) -> tuple[dict[int, BlockChoice] | None, str]:
     """A fleet's first plan: the first pricing round's answers (every block at its cheapest at
     the first prices, which overfill the cheap pools), repaired one block at a time, at
@@ -527,14 +546,14 @@ def _fitted_first_round(
     prices) the repair takes 7.5 s at 1,000 deployments (196 blocks to place, at the first
     prices; 3.9 s at congestion prices) and 55 s at 10,000 (1,540, at congestion prices),
     where the first plan used to wait for the columns to fit (213 s). None, with why, when the
-    repair does not finish by `deadline`."""
-    started = time.monotonic()
+    repair does not finish in `budget`."""
+    started = budget.spent
     try:
         plan = first_plan_repair(
             inst,
             choices,
             churn,
-            deadline,
+            budget,
             prices,
             joint=False,
             congestion_first=len(inst.blocks) > CONGESTION_FIRST_BLOCKS,
@@ -544,4 +563,4 @@ def _fitted_first_round(
         return None, f"the first round's answers were not repaired in time ({why})"
     except InfeasiblePlanError as err:
         return None, f"the first round's answers could not be repaired ({err.message.rstrip('.')})"
-    return plan, f"the first round's answers, repaired in {time.monotonic() - started:.1f}s"
+    return plan, f"the first round's answers, repaired in {budget.spent - started:,} work units"

@@ -5,7 +5,6 @@ blocks again with a longer limit."""
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -13,11 +12,12 @@ import numpy as np
 
 from ipnext.planner.instance import Instance
 from ipnext.planner.pool import Pool, place_jointly_in_worker
-from ipnext.planner.pricing import BlockChoice, place_jointly, price_of, usage_of
+from ipnext.planner.pricing import JOINT_REPAIR_WORK, BlockChoice, place_jointly, price_of, usage_of
+from ipnext.planner.work import UNITS_PER_SECOND, Budget
 
 __all__ = [
-    "TIGHTEN_FLEET_LIMIT_S",
-    "TIGHTEN_TIME_LIMIT_S",
+    "TIGHTEN_FLEET_WORK",
+    "TIGHTEN_WORK",
     "Improvement",
     "improve",
     "loose",
@@ -28,10 +28,12 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-TIGHTEN_TIME_LIMIT_S = 5.0  # per block when the bound at the best prices is tightened
+TIGHTEN_WORK = 5 * UNITS_PER_SECOND  # per block when the bound at the best prices is tightened
 # At fleet scale, where the workers tighten while the plan improves: more blocks in that time.
 # HiGHS proved most loose blocks of the 1,000-deployment row in 0.4-1 s (a few need 20 s).
-TIGHTEN_FLEET_LIMIT_S = 1.5
+TIGHTEN_FLEET_WORK = 3 * UNITS_PER_SECOND // 2
+# A neighbourhood is tried only while at least this much is left (once a second).
+NEIGHBOURHOOD_MIN_WORK = UNITS_PER_SECOND
 IMPROVE_PASSES = 3
 
 
@@ -48,7 +50,7 @@ def improve(
     prices: np.ndarray,
     priced: dict[int, BlockChoice],
     churn: float,
-    hard_deadline: float,
+    budget: Budget,
     size: int = 8,
     pool: Pool | None = None,
 ) -> Improvement:
@@ -58,7 +60,9 @@ def improve(
     optimum there (the gap to the bound is the sum of the regrets and the prices' unused
     capacity, so that is where the cost is). With worker processes, as many disjoint
     neighbourhoods as there are workers are solved at once; the better results are kept
-    while together they fit the pools."""
+    while together they fit the pools. Each joint MIP is given its work before any is solved
+    and charged after, in the batch's order, so a batch's answers do not depend on which
+    worker finished first."""
     plan = dict(plan)
     executor = pool.executor if pool is not None else None
     width = pool.workers if pool is not None and executor is not None else 1
@@ -69,11 +73,15 @@ def improve(
         for movers in batch:
             kept = {b: c for b, c in plan.items() if b not in set(movers)}
             residual = np.maximum(inst.pool_units - usage_of(inst, kept), 0.0)
-            jobs.append((movers, residual, churn, hard_deadline))
+            jobs.append((movers, residual, churn, budget.detached(budget.cap(JOINT_REPAIR_WORK))))
         if executor is not None and len(jobs) > 1:
-            results = list(executor.map(place_jointly_in_worker, jobs))
+            answers = list(executor.map(place_jointly_in_worker, jobs))
         else:
-            results = [place_jointly(inst, *job) for job in jobs]
+            answers = [(place_jointly(inst, *job), job[3].spent) for job in jobs]
+        results = []
+        for placed, spent in answers:
+            budget.spend(spent)
+            results.append(placed)
         gains = []
         for movers, placed in zip(batch, results, strict=True):
             if placed is not None:
@@ -110,7 +118,7 @@ def improve(
             key = tuple(sorted(movers))
             if key in seen:
                 continue
-            if time.monotonic() + 1.0 > hard_deadline:
+            if budget.left() < NEIGHBOURHOOD_MIN_WORK or budget.exhausted():
                 break
             if any(set(movers) & set(other) for other in batch) and (found := flush()):
                 better += found
@@ -120,7 +128,7 @@ def improve(
             if len(batch) == width and (found := flush()):
                 better += found
                 seen.clear()
-        if batch and time.monotonic() + 1.0 <= hard_deadline:
+        if batch and budget.left() >= NEIGHBOURHOOD_MIN_WORK and not budget.exhausted():
             better += flush()
         batch = []
         improved += better
@@ -187,17 +195,17 @@ def tighten(
     prices: np.ndarray,
     choices: dict[int, BlockChoice],
     churn: float,
-    hard_deadline: float,
+    budget: Budget,
 ) -> float | None:
-    """Solve again, with a longer limit, the blocks whose bound is loosest at `prices`, in
-    half of the time left (improvement takes the rest). Returns the improved Lagrangian
+    """Solve again, with a larger MIP budget, the blocks whose bound is loosest at `prices`, in
+    half of the work left (improvement takes the rest). Returns the improved Lagrangian
     bound, or None if nothing was re-solved."""
-    stop = time.monotonic() + (hard_deadline - time.monotonic()) / 2
+    half = budget.share(0.5)
     loosest = loose(choices)
-    if not loosest or time.monotonic() + 1.0 > stop:
+    if not loosest or half.left() < UNITS_PER_SECOND or half.exhausted():
         return None
-    limit = max(0.3, min(TIGHTEN_TIME_LIMIT_S, stop - time.monotonic()))
-    return tightened(inst, prices, choices, pool.solve(loosest, prices, churn, limit, deadline=stop))
+    mip_work = max(UNITS_PER_SECOND * 3 // 10, half.cap(TIGHTEN_WORK))
+    return tightened(inst, prices, choices, pool.solve(loosest, prices, churn, mip_work, budget=half))
 
 
 def tightened(

@@ -22,8 +22,12 @@ from ipnext.planner.backend import solve_model
 from ipnext.planner.formulation import BlockModel
 from ipnext.planner.instance import Instance
 from ipnext.planner.pricing import BlockChoice
+from ipnext.planner.work import UNITS_PER_SECOND, Budget
 
 __all__ = ["Column", "Master", "MasterLP"]
+
+# The master LP's iteration limit: far more than it takes (milliseconds), so it always finishes.
+MASTER_LP_WORK = 20 * UNITS_PER_SECOND
 
 
 @dataclass
@@ -44,8 +48,9 @@ class MasterLP:
 
 
 class Master:
-    def __init__(self, inst: Instance) -> None:
+    def __init__(self, inst: Instance, budget: Budget | None = None) -> None:
         self.inst = inst
+        self.budget = budget  # charged for every LP and IP (work.py)
         self.columns: list[Column] = []
         self.of_block: list[list[int]] = [[] for _ in inst.blocks]
         self._seen: set[tuple[int, tuple[tuple[int, int], ...]]] = set()
@@ -133,7 +138,11 @@ class Master:
         model, _ = self._model(cols, self.capacity, with_slack=True, integral=False)
         # GLOP for its duals: through model_builder, HiGHS's LP duals came back wrong (a 2-row
         # check gave 4 and 1 where the true duals are 3 and -2; GLOP gave 3 and -2).
-        sol = solve_model(model, relax=True, solver="glop")
+        # Not stopped by the outer clock: the plan needs its prices, and its iteration limit
+        # ends it (milliseconds).
+        sol = solve_model(model, relax=True, solver="glop", work=MASTER_LP_WORK)
+        if self.budget is not None:
+            self.budget.spend(sol.work)
         if sol.values is None:
             raise RuntimeError(f"master LP: {sol.status}")  # cannot happen: the slacks keep it feasible
         prices = np.zeros_like(self.inst.pool_units)
@@ -142,12 +151,16 @@ class Master:
         weights = sol.values[: len(cols)]
         return MasterLP(sol.objective, prices, weights, float(sol.values[len(cols) :].sum()))
 
-    def solve_ip(self, blocks: list[int], residual: np.ndarray, time_limit_s: float) -> dict[int, int] | None:
+    def solve_ip(
+        self, blocks: list[int], residual: np.ndarray, work: int, budget: Budget | None = None
+    ) -> dict[int, int] | None:
         """One column for each of `blocks` within `residual` (flat, per pool) at least cost:
-        block -> column index, or None if none was found in time."""
+        block -> column index, or None if none was found in `work` units (charged to `budget`,
+        else to the master's)."""
         cols = [c for b in blocks for c in self.of_block[b]]
         model, _ = self._model(cols, residual, with_slack=False, integral=True)
-        sol = solve_model(model, time_limit_s=time_limit_s, relative_gap=1e-6)
+        budget = budget if budget is not None else self.budget
+        sol = solve_model(model, work=work, budget=budget, relative_gap=1e-6)
         if sol.values is None:
             return None
         chosen: dict[int, int] = {}

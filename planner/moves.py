@@ -8,7 +8,6 @@ region, hardware) against the current plan, sum of max(0, after - before) x unit
 from __future__ import annotations
 
 import logging
-import time
 
 import numpy as np
 import scipy.sparse as sp
@@ -17,13 +16,15 @@ from ipnext.planner.backend import solve_model
 from ipnext.planner.formulation import BlockModel, build
 from ipnext.planner.instance import Instance
 from ipnext.planner.pricing import BlockChoice, choices_from_values, usage_of
+from ipnext.planner.work import UNITS_PER_SECOND, Budget
 
 __all__ = ["fewer_moves", "fewest_moves", "fewest_moves_model", "moved_units_of"]
 
 log = logging.getLogger(__name__)
 
 NEIGHBOURHOOD = 8  # blocks placed again together per MIP when moves are cut on the scalable path
-NEIGHBOURHOOD_SECONDS = 5.0
+NEIGHBOURHOOD_WORK = 5 * UNITS_PER_SECOND  # one neighbourhood's MIP (once 5 s)
+MIN_NEIGHBOURHOOD_WORK = UNITS_PER_SECOND // 2
 
 
 def _tie_break(cap: float) -> float:
@@ -33,23 +34,23 @@ def _tie_break(cap: float) -> float:
 
 
 def fewest_moves(
-    inst: Instance, cap: float, churn: float, time_limit_s: float
+    inst: Instance, cap: float, churn: float, work: int, budget: Budget | None = None
 ) -> tuple[dict[int, BlockChoice] | None, bool]:
     """The whole model: the fewest moved units of any plan costing at most `cap` (the cheapest
-    of those), as block choices, or None when HiGHS found none in `time_limit_s`; and whether
-    that is proven the fewest."""
+    of those), as block choices, or None when HiGHS found none in `work` units (charged to
+    `budget`); and whether that is proven the fewest."""
     blocks = list(range(len(inst.blocks)))
     model = fewest_moves_model(
         inst, blocks, cost_cap=cap, pool_capacity=inst.pool_units, cost_weight=_tie_break(cap)
     )
-    sol = solve_model(model, time_limit_s=time_limit_s, relative_gap=1e-9)
+    sol = solve_model(model, work=work, budget=budget, relative_gap=1e-9)
     if sol.values is None:
         return None, False
     return choices_from_values(inst, model, sol.values, churn, blocks), sol.status == "optimal"
 
 
 def fewer_moves(
-    inst: Instance, plan: dict[int, BlockChoice], cap: float, churn: float, deadline: float
+    inst: Instance, plan: dict[int, BlockChoice], cap: float, churn: float, budget: Budget
 ) -> dict[int, BlockChoice]:
     """Large-neighbourhood search for fewer moved units at a cost of at most `cap`: blocks
     that move units, most first, are freed `NEIGHBOURHOOD` at a time and placed again by the
@@ -71,17 +72,16 @@ def fewer_moves(
             break
         better = 0
         for start in range(0, len(movers), NEIGHBOURHOOD):
-            if time.monotonic() + 0.5 > deadline:
+            if budget.left() < MIN_NEIGHBOURHOOD_WORK or budget.exhausted():
                 break
             free = movers[start : start + NEIGHBOURHOOD]
             others = {b: c for b, c in plan.items() if b not in set(free)}
             residual = np.maximum(inst.pool_units - usage_of(inst, others), 0.0)
-            budget = cap - sum(cost(b) for b in others)
+            room = cap - sum(cost(b) for b in others)
             model = fewest_moves_model(
-                inst, free, cost_cap=budget, pool_capacity=residual, cost_weight=_tie_break(cap)
+                inst, free, cost_cap=room, pool_capacity=residual, cost_weight=_tie_break(cap)
             )
-            limit = min(NEIGHBOURHOOD_SECONDS, deadline - time.monotonic())
-            sol = solve_model(model, time_limit_s=limit, relative_gap=1e-9)
+            sol = solve_model(model, work=budget.cap(NEIGHBOURHOOD_WORK), budget=budget, relative_gap=1e-9)
             tried += 1
             if sol.values is None:
                 continue
@@ -89,7 +89,7 @@ def fewer_moves(
             old = (sum(moves(b) for b in free), sum(cost(b) for b in free))
             new_moves = sum(moved_units_of(inst, c.x) for c in placed.values())
             new_cost = sum(float(sum(inst.opt_cost[o] * n for o, n in c.x.items())) for c in placed.values())
-            if (new_moves, new_cost) < (old[0], old[1] - 1e-9) and new_cost <= budget + 1e-6:
+            if (new_moves, new_cost) < (old[0], old[1] - 1e-9) and new_cost <= room + 1e-6:
                 plan.update(placed)
                 better += 1
         kept += better

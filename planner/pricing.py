@@ -5,7 +5,6 @@ solved model of several blocks."""
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,6 +15,7 @@ from ipnext.planner.block import solve_block_fast
 from ipnext.planner.block.common import WORK_BUDGET
 from ipnext.planner.formulation import BlockModel, build
 from ipnext.planner.instance import Instance
+from ipnext.planner.work import UNITS_PER_SECOND, Budget, Clock
 
 __all__ = [
     "BlockChoice",
@@ -32,8 +32,9 @@ __all__ = [
 ]
 
 USE_FAST_BLOCKS = True  # False: every block by the HiGHS MIP (to compare the two)
-JOINT_REPAIR_SECONDS = 10.0
-RELAXATION_LIMIT_S = 1.0  # a block's LP takes milliseconds
+JOINT_REPAIR_WORK = 10 * UNITS_PER_SECOND  # a joint MIP of blocks (once 10 s)
+RELAXATION_WORK = UNITS_PER_SECOND  # a block's LP takes a few hundred of these
+ROUNDED_RELAXATION_WORK = 5 * UNITS_PER_SECOND
 LP_TOLERANCE = 1e-6  # what GLOP's optimum may sit above the LP's true one, relative
 
 
@@ -45,6 +46,7 @@ class BlockChoice:
     priced: float  # objective with pool prices
     bound: float  # proven lower bound of the priced objective
     cost: float  # cost + churn without prices
+    work: int = 0  # the work units the solve that found it was charged (work.py)
 
 
 def solve_block(
@@ -52,11 +54,13 @@ def solve_block(
     block: int,
     prices: np.ndarray,
     churn: float,
-    limit_s: float,
+    mip_work: int,
     residual: np.ndarray | None = None,
     *,
     refine: bool = True,
     work: int = WORK_BUDGET,
+    clock: Clock | None = None,
+    ledger: Budget | None = None,
 ) -> BlockChoice | None:
     """The block's optimal placement at these pool prices (None if it cannot fit `residual`).
 
@@ -66,17 +70,42 @@ def solve_block(
     With `refine=False` an unproven answer of the fast solver is returned as it is, its bound
     raised to the block's LP relaxation where that is higher (both are valid, only loose):
     HiGHS then runs only for a block the fast solver found nothing for, which keeps a pricing
-    round at fleet scale to the fast solver's milliseconds."""
+    round at fleet scale to the fast solver's milliseconds.
+
+    `work` is the fast solver's budget and `mip_work` the MIP's; the answer's `work` says what
+    the call was charged, which is fixed by its inputs (a worker's answer is charged by the
+    pool). `ledger`, when given, is charged too; `clock` is the outer stop."""
+    spent = Budget(1 << 62, clock or (ledger.clock if ledger is not None else Clock()))
+    choice = _solve_block(inst, block, prices, churn, mip_work, residual, refine, work, spent)
+    if ledger is not None:
+        ledger.spend(spent.spent)
+    if choice is not None:
+        choice.work = spent.spent
+    return choice
+
+
+def _solve_block(
+    inst: Instance,
+    block: int,
+    prices: np.ndarray,
+    churn: float,
+    mip_work: int,
+    residual: np.ndarray | None,
+    refine: bool,
+    work: int,
+    spent: Budget,
+) -> BlockChoice | None:
     fast = None
     if residual is None and USE_FAST_BLOCKS:
         fast = solve_block_fast(inst, block, prices, churn, budget=work)
+        spent.spend(fast.work if fast is not None else work)
         if fast is not None and fast.optimal:
             return priced_choice(inst, block, fast.x, fast.f, fast.objective, fast.bound, churn)
         if fast is not None and not refine:
-            bound = max(fast.bound, relaxation_bound(inst, block, prices, churn))
+            bound = max(fast.bound, relaxation_bound(inst, block, prices, churn, spent))
             return priced_choice(inst, block, fast.x, fast.f, fast.objective, bound, churn)
     model = build(inst, [block], prices=prices, churn_cost=churn, pool_capacity=residual)
-    sol = solve_model(model, time_limit_s=limit_s, relative_gap=1e-9)
+    sol = solve_model(model, work=mip_work, budget=spent, relative_gap=1e-9)
     if sol.values is None:
         if residual is None and sol.status == "infeasible":
             raise InfeasiblePlanError(_alone_infeasible(inst, block))
@@ -85,7 +114,7 @@ def solve_block(
                 inst, block, fast.x, fast.f, fast.objective, max(fast.bound, sol.bound), churn
             )
         if residual is None:
-            return _rounded_relaxation(inst, block, prices, churn, sol.bound)
+            return _rounded_relaxation(inst, block, prices, churn, sol.bound, spent)
         return None
     if fast is not None and fast.objective < sol.objective - 1e-9:
         return priced_choice(inst, block, fast.x, fast.f, fast.objective, max(fast.bound, sol.bound), churn)
@@ -97,28 +126,30 @@ def solve_block(
     return priced_choice(inst, block, x, f, sol.objective, bound, churn)
 
 
-def relaxation_bound(inst: Instance, block: int, prices: np.ndarray, churn: float) -> float:
+def relaxation_bound(
+    inst: Instance, block: int, prices: np.ndarray, churn: float, budget: Budget | None = None
+) -> float:
     """The block's LP relaxation at these prices: a lower bound of its priced optimum (minus
     infinity when the LP is not solved). Where the fast solver runs out of work on a block
     with survive_region_loss groups, the least bound of the declarations it did not finish
     can sit far below this (1,000-deployment bench row, zero prices: 34 such blocks, their
     bounds 483 higher in all with it, in 0.12 s together)."""
     model = build(inst, [block], prices=prices, churn_cost=churn)
-    sol = solve_model(model, relax=True, solver="glop", time_limit_s=RELAXATION_LIMIT_S)
+    sol = solve_model(model, relax=True, solver="glop", work=RELAXATION_WORK, budget=budget)
     if sol.status != "optimal":
         return -math.inf
     return sol.objective - LP_TOLERANCE * max(1.0, abs(sol.objective))
 
 
 def _rounded_relaxation(
-    inst: Instance, block: int, prices: np.ndarray, churn: float, bound: float
+    inst: Instance, block: int, prices: np.ndarray, churn: float, bound: float, budget: Budget
 ) -> BlockChoice | None:
     """A placement of the block when neither solver found one in time: its LP relaxation with
     replicas rounded up. Rounding up only adds capacity, and the relaxation puts replicas of
     every member wherever the block stands, so the result meets every row but the pools; its
     bound is the better of the relaxation's value and `bound`."""
     model = build(inst, [block], prices=prices, churn_cost=churn)
-    sol = solve_model(model, relax=True, solver="glop", time_limit_s=5.0)
+    sol = solve_model(model, relax=True, solver="glop", work=ROUNDED_RELAXATION_WORK, budget=budget)
     if sol.values is None or sol.status != "optimal":
         return None
     values = sol.values.copy()
@@ -195,13 +226,13 @@ def choices_from_values(
 
 
 def place_jointly(
-    inst: Instance, movers: list[int], residual: np.ndarray, churn: float, deadline: float
+    inst: Instance, movers: list[int], residual: np.ndarray, churn: float, budget: Budget
 ) -> dict[int, BlockChoice] | None:
     """The blocks `movers` placed together by one MIP in the `residual` pool capacity (None if
-    it found no placement in its time)."""
+    it found no placement in its work, at most `JOINT_REPAIR_WORK`), charged to `budget`."""
     joint = build(inst, movers, pool_capacity=residual, churn_cost=churn)
-    limit = max(1.0, min(JOINT_REPAIR_SECONDS, deadline - time.monotonic()))
-    sol = solve_model(joint, time_limit_s=limit, relative_gap=1e-4)
+    limit = max(UNITS_PER_SECOND, budget.cap(JOINT_REPAIR_WORK))
+    sol = solve_model(joint, work=limit, budget=budget, relative_gap=1e-4)
     if sol.values is None:
         return None
     return choices_from_values(inst, joint, sol.values, churn, movers)

@@ -5,7 +5,6 @@ ejection chain; when nothing fits, the error names the shortfall."""
 from __future__ import annotations
 
 import math
-import time
 
 import numpy as np
 
@@ -22,12 +21,15 @@ from ipnext.planner.pricing import (
     solve_block,
     usage_of,
 )
+from ipnext.planner.work import UNITS_PER_SECOND, Budget
 
 __all__ = ["FIRST_PLAN_SCARCITY", "OUT_OF_TIME", "first_plan_repair", "place_one_by_one", "repair"]
 
-OUT_OF_TIME = "no plan that fits the pools within the time limit"
-REPAIR_BLOCK_LIMIT_S = 2.0
-JOINT_SHARE = 0.5  # of the repair's time, the most its joint MIPs take
+OUT_OF_TIME = "no plan that fits the pools within the work limit"
+REPAIR_BLOCK_WORK = 2 * UNITS_PER_SECOND  # a block's MIP in the room left (once 2 s)
+MIN_REPAIR_BLOCK_WORK = UNITS_PER_SECOND // 4
+JOINT_SHARE = 0.5  # of the repair's work, the most its joint MIPs take
+PLACE_WORK = 100  # placing one block of the queue, beside its solver's work (the bookkeeping)
 # The fast solver's budget for a block it could not answer in the room left, before the MIP:
 # on the 1,000-deployment row's repair it cut the MIP's turns from 57 to 18 (16.9 s -> 1.4 s).
 RETRY_WORK = 5 * WORK_BUDGET
@@ -47,7 +49,7 @@ def repair(
     inst: Instance,
     choices: dict[int, BlockChoice],
     churn: float,
-    deadline: float,
+    budget: Budget,
     prices: np.ndarray,
     *,
     joint: bool = True,
@@ -55,7 +57,7 @@ def repair(
 ) -> dict[int, BlockChoice]:
     """Make the choices fit the pools. Blocks are taken off the overfull pools and re-placed
     into the capacity the others leave, together by one MIP (hard pool rows, in at most
-    `JOINT_SHARE` of the time; not with `joint=False`) or, if that cannot finish in time, one
+    `JOINT_SHARE` of the work; not with `joint=False`) or, if that cannot finish in time, one
     by one, largest first (with pool prices raised by `scarcity` as pools fill, see
     `place_one_by_one`). When they cannot fit, the circle widens: every block on the
     congested hardware classes, then every block."""
@@ -70,28 +72,29 @@ def repair(
         list(choices),
     ]
     last_error = ""
-    # The joint MIPs share the first part of the time: one that runs to the deadline would leave
+    # The joint MIPs share the first part of the work: one that runs to the end would leave
     # nothing for the one-by-one placement, which the fast solver makes in milliseconds a block
     # (300-tight in 60 s: "repair still had 208 of 208 blocks to place", none tried).
-    started = time.monotonic()
-    joint_until = started + JOINT_SHARE * max(0.0, deadline - started)
+    started = budget.spent
+    joint_budget = budget.share(JOINT_SHARE)
     for jointly in (True, False) if joint else (False,):
         for movers in circles:
             kept = {b: c for b, c in choices.items() if b not in set(movers)}
             residual = np.maximum(inst.pool_units - usage_of(inst, kept), 0.0)
             if jointly:
-                if time.monotonic() > joint_until:
+                if joint_budget.exhausted():
                     continue
-                placed = place_jointly(inst, movers, residual, churn, joint_until)
+                placed = place_jointly(inst, movers, residual, churn, joint_budget)
             else:
                 placed, last_error = place_one_by_one(
-                    inst, movers, residual, churn, prices, kept, deadline, scarcity=scarcity
+                    inst, movers, residual, churn, prices, kept, budget, scarcity=scarcity
                 )
                 if placed is None and last_error.startswith(OUT_OF_TIME):
-                    # A wider circle needs more time still; the message says how far this one got.
+                    # A wider circle needs more work still; the message says how far this one got.
                     raise PlanningTimeoutError(
-                        f"{last_error[:-1]} after {time.monotonic() - started:.1f}s of repair.",
-                        fix="give the planner more time (--time-limit)",
+                        f"{last_error[:-1]} after {budget.spent - started:,} work units of repair"
+                        f"{_BY_CLOCK if budget.stopped_by_clock else ''}.",
+                        fix=_MORE,
                     )
             if placed is not None:
                 kept.update(placed)
@@ -99,11 +102,15 @@ def repair(
     raise InfeasiblePlanError(last_error or "pools: the blocks cannot be placed within the pools' capacity.")
 
 
+_BY_CLOCK = " (stopped by the clock: not reproducible)"
+_MORE = "give the planner more work (--work-limit), or more time (--time-limit) if the clock stopped it"
+
+
 def first_plan_repair(
     inst: Instance,
     choices: dict[int, BlockChoice],
     churn: float,
-    deadline: float,
+    budget: Budget,
     prices: np.ndarray,
     *,
     joint: bool = True,
@@ -119,8 +126,8 @@ def first_plan_repair(
     full, they evicted fewer blocks in 6 (two placed only with them), more in 2 (one placed
     only without them). Out of time, it raises as `repair` does."""
     ways = [
-        lambda: repair(inst, choices, churn, deadline, prices, joint=False, scarcity=FIRST_PLAN_SCARCITY),
-        lambda: repair(inst, choices, churn, deadline, prices, joint=joint),
+        lambda: repair(inst, choices, churn, budget, prices, joint=False, scarcity=FIRST_PLAN_SCARCITY),
+        lambda: repair(inst, choices, churn, budget, prices, joint=joint),
     ]
     first, second = ways if congestion_first else ways[::-1]
     try:
@@ -158,7 +165,7 @@ def place_one_by_one(
     churn: float,
     prices: np.ndarray,
     kept: dict[int, BlockChoice] | None = None,
-    deadline: float = float("inf"),
+    budget: Budget | None = None,
     *,
     scarcity: float = 0.0,
 ) -> tuple[dict[int, BlockChoice] | None, str]:
@@ -172,6 +179,7 @@ def place_one_by_one(
     congestion price on every pool (`FIRST_PLAN_SCARCITY`'s comment), so few blocks need
     evicting; the placements keep no bound (it would be at those prices) and are priced at
     `prices`. Returns the placements, or None and why."""
+    budget = budget if budget is not None else Budget(1 << 62)
     residual = residual.copy()
     placed: dict[int, BlockChoice] = {}
     kept = kept if kept is not None else {}
@@ -194,16 +202,19 @@ def place_one_by_one(
     evictions = 0
     limit = 5 * len(movers) + 20
     while queue:
-        if time.monotonic() > deadline:
+        if budget.exhausted():
             # Evicted blocks queue again, so more may be left than were given ("7 of 5").
             given = f"{len(movers)} given" + (f", {evictions} evictions" if evictions else "")
             return None, f"{OUT_OF_TIME}: repair still had {len(queue)} blocks to place ({given})."
         b = queue.pop(0)
-        seconds = max(0.25, min(REPAIR_BLOCK_LIMIT_S, deadline - time.monotonic()))
+        budget.spend(PLACE_WORK)
+        mip_work = max(MIN_REPAIR_BLOCK_WORK, budget.cap(REPAIR_BLOCK_WORK))
         at = prices + _congestion(inst, residual, scarcity) if scarcity > 0 else prices
-        choice, none_fits = _fast_into(inst, b, at, churn, residual)
+        choice, none_fits = _fast_into(inst, b, at, churn, residual, budget)
         if choice is None and not none_fits:
-            choice = solve_block(inst, b, at, churn, seconds, residual=np.maximum(residual, 0))
+            choice = solve_block(
+                inst, b, at, churn, mip_work, residual=np.maximum(residual, 0), ledger=budget
+            )
         if choice is not None and scarcity > 0:
             choice.bound = -math.inf
             choice = repriced(inst, choice, prices)
@@ -244,7 +255,7 @@ def _congestion(inst: Instance, residual: np.ndarray, scarcity: float) -> np.nda
 
 
 def _fast_into(
-    inst: Instance, block: int, prices: np.ndarray, churn: float, residual: np.ndarray
+    inst: Instance, block: int, prices: np.ndarray, churn: float, residual: np.ndarray, budget: Budget
 ) -> tuple[BlockChoice | None, bool]:
     """The fast solver's placement of the block in `residual`: each option capped at the
     replicas its pool has room for, so a block of one deployment always fits (a group's
@@ -270,8 +281,10 @@ def _fast_into(
             for o in inst.options_of[i]
         }
         fast, none_fits = search_block(inst, block, prices, churn, caps=caps)
+        budget.spend(fast.work if fast is not None else WORK_BUDGET)
         if fast is None and not none_fits:  # the budget ran out: more of it is still cheaper than the MIP
             fast, none_fits = search_block(inst, block, prices, churn, caps=caps, budget=RETRY_WORK)
+            budget.spend(fast.work if fast is not None else RETRY_WORK)
         if fast is None:
             return None, none_fits and k == 0
         used = np.zeros_like(residual)

@@ -12,6 +12,7 @@ optimum needs."""
 from __future__ import annotations
 
 import time
+from typing import Literal
 
 from ipnext.errors import PlanningTimeoutError
 from ipnext.plan import DeploymentPlacement, Plan, PlanningProblem, SolveOptions
@@ -21,11 +22,15 @@ from ipnext.planner.formulation import build
 from ipnext.planner.instance import Instance, compile_problem
 from ipnext.planner.moves import fewer_moves, fewest_moves, moved_units_of
 from ipnext.planner.pricing import BlockChoice, choices_from_values, usage_of
+from ipnext.planner.work import UNITS_PER_SECOND, Budget, Clock
 
-__all__ = ["solve"]
+__all__ = ["STOPPED_BY_CLOCK", "solve"]
+
+# What a plan's method says when the time limit, not the work limit, cut a phase of its solve.
+STOPPED_BY_CLOCK = "stopped by the clock: not reproducible"
 
 # Instances up to this many variables are first solved whole by the exact MIP, in this share of
-# the time limit. When it does not close, its best plan and bound are kept beside the
+# the work limit (the shares below were measured as shares of the time limit). When it does not close, its best plan and bound are kept beside the
 # decomposition's (a replan's first phase then has a plan even when the decomposition, with less
 # time, finds none). From scratch, instances of 100 deployments closed in 0.1-2.5 s here, and the
 # one that did not had no plan after 60 s: there its 40% left the decomposition 0.21% over its
@@ -37,14 +42,14 @@ EXACT_SHARE = {"replan": 0.4, "scratch": 0.2}
 REPLAN_COST_SLACK = 0.01
 # Up to this many options the second phase tries the whole fewest-moves MIP before neighbourhoods.
 WHOLE_MOVES_MAX_OPTIONS = 20_000
-# Of a replan's time left on the scalable path, the first phase's share. The whole fewest-moves
+# Of a replan's work left on the scalable path, the first phase's share. The whole fewest-moves
 # MIP closed in about a second at 100 deployments, but needed more on a loaded machine (with
 # 15% of 30 s left it moved 5x the fewest); at fleet scale the first phase keeps what it had
 # before the second existed (1,000 deployments on 2 loaded cores: a plan from scratch took 57
 # s of 60, and a replan with 90% of the time found none), and the second runs in the time
 # kept for writing the plan, less 2% of the limit.
 REPLAN_SCRATCH_SHARE = {"whole": 0.6, "neighbourhoods": 1.0}
-# Of the decomposition's time, the pricing rounds' share. Past FLEET_BLOCKS blocks, once the
+# Of the decomposition's work, the pricing rounds' share. Past FLEET_BLOCKS blocks, once the
 # master's columns fit the pools, more: the plan is then the master's whole blocks and a greedy
 # choice for the few it mixes (seconds), and every round lifts the bound (the 1,000-deployment
 # row: 6.3-10% at 0.55, 5.1% at 0.7, the same 5.0-5.2% at 0.8). Columns that do not fit leave
@@ -55,84 +60,89 @@ PRICING_SHARE_FLEET = 0.7
 
 def solve(problem: PlanningProblem, options: SolveOptions | None = None) -> Plan:
     options = options or SolveOptions()
-    started = time.monotonic()
-    deadline = started + options.time_limit_s
+    started = time.monotonic()  # for the plan's solve_seconds: a report, never a limit
+    budget = Budget(options.work_limit, Clock.after(options.time_limit_s))
+    total = budget.total
     inst = compile_problem(problem)
     churn = options.churn_cost if problem.current is not None else 0.0
     replan = churn > 0
     blocks = list(range(len(inst.blocks)))
-    end = deadline - 0.05 * options.time_limit_s  # the rest is for writing the plan
+    end = budget.until(0.95)  # the rest is the fleet second phase's reserve
     unfinished: tuple[dict[int, BlockChoice], float] | None = None  # an exact MIP's best and bound
     if options.exact_fallback:
         # A replan's first phase is the cheapest plan: no churn in the objective.
         whole = build(inst, blocks, pool_capacity=inst.pool_units, churn_cost=0.0 if replan else churn)
         if len(whole.lb) <= EXACT_MAX_VARIABLES:
             share = EXACT_SHARE["replan" if replan else "scratch"]
-            sol = solve_model(whole, time_limit_s=max(1.0, share * options.time_limit_s), relative_gap=1e-9)
+            work = max(UNITS_PER_SECOND, int(share * total))
+            sol = solve_model(whole, work=work, budget=budget, relative_gap=1e-9)
             if sol.status == "optimal" and sol.values is not None:
                 choices = choices_from_values(inst, whole, sol.values, churn, blocks)
                 method = "exact MIP (HiGHS), solved to optimality"
                 if replan:
                     choices = _fewer_moves(inst, choices, sol.bound, churn, end)
                     method = f"exact MIP (HiGHS) of the cost, solved to optimality{_SECOND_PHASE}"
-                return _plan(inst, choices, churn, sol.bound, method, started)
+                return _plan(inst, choices, churn, sol.bound, method, started, budget)
             if sol.values is not None:  # kept beside the decomposition's, and for a replan's first phase
                 unfinished = (choices_from_values(inst, whole, sol.values, churn, blocks), sol.bound)
-    # Prices move for a little over half the time left, the bound is tightened and the plan
-    # repaired in the rest; 5% stays for writing the plan. A replan's first phase has a share.
+    # Prices move for a little over half the work left, the bound is tightened and the plan
+    # repaired in the rest; 5% stays in reserve. A replan's first phase has a share.
     # At fleet scale a replan's first phase is the one-objective replan (cost + churn x moves):
     # its plan already moves few units, and the neighbourhoods only cut them further, where a
     # cheapest plan from scratch would leave them most of the moves to undo.
     fleet_scale = replan and not _whole_moves(inst)
-    left = deadline - time.monotonic()
+    left = budget.left()
     if replan:
-        left *= REPLAN_SCRATCH_SHARE["neighbourhoods" if fleet_scale else "whole"]
+        left = int(left * REPLAN_SCRATCH_SHARE["neighbourhoods" if fleet_scale else "whole"])
+    part = budget.part(max(0, left - int(0.05 * total)))
+    scale = left / max(1, part.total)  # the shares below are of `left`, as they were of the time
     try:
         result = decompose(
             inst,
             churn=churn if fleet_scale else 0.0 if replan else churn,
-            deadline=time.monotonic() + PRICING_SHARE * left,
-            fitting_deadline=time.monotonic() + (PRICING_SHARE_FLEET if inst.fleet else PRICING_SHARE) * left,
-            hard_deadline=time.monotonic() + left - 0.05 * options.time_limit_s,
+            budget=part,
+            pricing_share=min(1.0, PRICING_SHARE * scale),
+            fitting_share=min(1.0, (PRICING_SHARE_FLEET if inst.fleet else PRICING_SHARE) * scale),
             workers=options.workers,
         )
     except PlanningTimeoutError:
         if unfinished is None or fleet_scale:
             raise
         choices, bound = unfinished[0], max(unfinished[1], 0.0)  # costs are never negative
-        method = "exact MIP (HiGHS) of the cost, stopped at its time limit"
+        method = "exact MIP (HiGHS) of the cost, stopped at its work limit"
     else:
         choices, bound = result.choices, result.lower_bound
-        if result.iterations == 0 and result.first_plan:  # the first pricing round ran out of time
-            method = f"the LP relaxation's optimum; the plan: {result.first_plan}, the pricing out of time"
+        if result.iterations == 0 and result.first_plan:  # the first pricing round ran out of work
+            out = "time" if budget.stopped_by_clock else "work"
+            method = f"the LP relaxation's optimum; the plan: {result.first_plan}, the pricing out of {out}"
         else:
             method = f"Lagrangian bound at the column generation's best pool prices (block MIPs, {result.iterations} rounds)"
             if result.branch:
                 method += f", the smaller of its two sides' when branched on {result.branch}"
             if result.first_plan:
-                method += f"; the plan: {result.first_plan} (the columns' was not better in time)"
+                method += f"; the plan: {result.first_plan} (the columns' was not better in its work)"
         if unfinished is not None and not fleet_scale:  # the better plan and bound of the two
             if _total_cost(inst, unfinished[0]) < _total_cost(inst, choices):
                 choices = unfinished[0]
             if unfinished[1] > bound:
                 bound = unfinished[1]
-                method = "exact MIP (HiGHS) of the cost, stopped at its time limit"
+                method = "exact MIP (HiGHS) of the cost, stopped at its work limit"
     if fleet_scale:  # the bound is the one objective's, no bound of the cost
-        choices = _fewer_moves(inst, choices, 0.0, churn, deadline - 0.02 * options.time_limit_s)
+        choices = _fewer_moves(inst, choices, 0.0, churn, budget.until(0.98))
         method += f", then fewer moved units within {50 * REPLAN_COST_SLACK:g}% of that plan's cost"
     elif replan:
         choices = _fewer_moves(inst, choices, bound, churn, end)
         method += _SECOND_PHASE
-    return _plan(inst, choices, churn, bound, method, started)
+    return _plan(inst, choices, churn, bound, method, started, budget)
 
 
 _SECOND_PHASE = f", then the fewest moved units found within {100 * REPLAN_COST_SLACK:g}% of its bound"
 
 
 def _fewer_moves(
-    inst: Instance, cheapest: dict[int, BlockChoice], bound: float, churn: float, end: float
+    inst: Instance, cheapest: dict[int, BlockChoice], bound: float, churn: float, end: Budget
 ) -> dict[int, BlockChoice]:
-    """A replan's second phase: the fewest moved units found by `end` among plans costing at
+    """A replan's second phase: the fewest moved units found in `end` among plans costing at
     most `REPLAN_COST_SLACK` more than `bound`, a proven lower bound of the cost. When the
     cheapest plan found is further than half the slack from the bound (the bound may be the
     loose one), within half the slack of that plan instead."""
@@ -144,7 +154,7 @@ def _fewer_moves(
     if _whole_moves(inst):
         # The fewest-moves MIP is far easier than the cheapest-plan one (the current plan
         # nearly fits the new demand): whole, it closed in about a second at 100 deployments.
-        whole, proven = fewest_moves(inst, cap, churn, max(1.0, 0.7 * (end - time.monotonic())))
+        whole, proven = fewest_moves(inst, cap, churn, max(UNITS_PER_SECOND, int(0.7 * end.left())), end)
         if whole is not None and _moves(inst, whole) <= _moves(inst, choices):
             choices = whole
     if not proven:
@@ -165,7 +175,13 @@ def _total_cost(inst: Instance, choices: dict[int, BlockChoice]) -> float:
 
 
 def _plan(
-    inst: Instance, choices: dict[int, BlockChoice], churn: float, bound: float, method: str, started: float
+    inst: Instance,
+    choices: dict[int, BlockChoice],
+    churn: float,
+    bound: float,
+    method: str,
+    started: float,
+    budget: Budget | None = None,
 ) -> Plan:
     placements: dict[str, DeploymentPlacement] = {}
     cost = 0.0
@@ -197,6 +213,11 @@ def _plan(
     gap = 0.0 if gap < 1e-9 else gap  # solver tolerance, not a gap
     used = usage_of(inst, choices)
     assert (used <= inst.pool_units + 1e-6).all()  # repair guarantees it; a violation is a bug here
+    stopped_by: Literal["work", "clock"] | None = None
+    if budget is not None:
+        stopped_by = "clock" if budget.stopped_by_clock else "work"
+        if stopped_by == "clock":
+            method += f"; {STOPPED_BY_CLOCK}"
     return Plan(
         deployments=placements,
         cost=round(cost, 6),
@@ -209,4 +230,6 @@ def _plan(
         gap=gap,
         solve_seconds=round(time.monotonic() - started, 3),
         status="optimal" if gap <= 1e-9 else "feasible",
+        stopped_by=stopped_by,
+        work_units=budget.spent if budget is not None else None,
     )

@@ -10,6 +10,8 @@ from typing import Any
 import yaml
 
 from ipnext.model import SnapshotSetRequest
+from ipnext.plan import SolveOptions
+from ipnext.planner.work import UNITS_PER_SECOND
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE_SPEC = REPO / "examples" / "click_ranker" / "model.yaml"
@@ -34,3 +36,14 @@ class Trained:
     root: Path
     folder: Path
     request: SnapshotSetRequest
+
+
+# Planner tests run on work limits (planner/work.py): the clock is only an outer stop, far past
+# what the work takes, so that no result they assert depends on the machine's speed or load.
+PLAN_CLOCK_S = 250.0
+
+
+def work_options(work_seconds: float, **fields: Any) -> SolveOptions:
+    """Solve options whose work limit is about `work_seconds` of the bench machine's work
+    (`UNITS_PER_SECOND`), with the clock at PLAN_CLOCK_S."""
+    return SolveOptions(work_limit=int(work_seconds * UNITS_PER_SECOND), time_limit_s=PLAN_CLOCK_S, **fields)

@@ -19,6 +19,7 @@ from ipnext.planner.block import FastResult, search_block, solve_block_fast
 from ipnext.planner.formulation import build
 from ipnext.planner.generator import generate
 from ipnext.planner.instance import Instance, compile_problem
+from ipnext.planner.work import UNITS_PER_SECOND
 
 REL = 1e-6
 FEAS = 1e-7
@@ -89,7 +90,9 @@ def _violations(inst: Instance, b: int, prices: np.ndarray, churn: float, res: F
 
 
 def _mip_optimum(inst: Instance, b: int, prices: np.ndarray, churn: float) -> float | None:
-    sol = solve_model(build(inst, [b], prices=prices, churn_cost=churn), time_limit_s=20, relative_gap=1e-9)
+    sol = solve_model(
+        build(inst, [b], prices=prices, churn_cost=churn), work=20 * UNITS_PER_SECOND, relative_gap=1e-9
+    )
     return sol.objective if sol.status == "optimal" else None
 
 
@@ -213,7 +216,7 @@ def test_caps_give_the_optimum_within_a_residual_and_prove_when_nothing_fits() -
         }
         res, none_fits = search_block(inst, b, prices, 0.0, caps=caps)
         model = build(inst, [b], prices=prices, pool_capacity=room)
-        sol = solve_model(model, time_limit_s=20, relative_gap=1e-9)
+        sol = solve_model(model, work=20 * UNITS_PER_SECOND, relative_gap=1e-9)
         if res is None:
             if none_fits:
                 proofs += 1

@@ -1,5 +1,5 @@
-"""The pieces that keep the decomposition inside its time limit at fleet scale: bounds carried
-from earlier pricing rounds, rounds cut short at a deadline, the rounded-relaxation placement
+"""The pieces that keep the decomposition inside its work limit at fleet scale: bounds carried
+from earlier pricing rounds, rounds cut short when their work is spent, the rounded-relaxation placement
 of a block no solver answered, and the greedy plan out of the columns."""
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 
 from ipnext.errors import PlanningTimeoutError
-from ipnext.plan import SolveOptions
 from ipnext.planner import check_plan, pricing, solve
 from ipnext.planner.columns import cheaper_from_columns, enrich, greedy_columns, swap_columns
 from ipnext.planner.generator import generate
@@ -25,6 +24,8 @@ from ipnext.planner.pool import PARALLEL_MIN_BLOCKS, Pool
 from ipnext.planner.pricing import BlockChoice, _rounded_relaxation, solve_block, usage_of
 from ipnext.planner.rounds import Reuse, Rounds
 from ipnext.planner.solve import _plan
+from ipnext.planner.work import UNITS_PER_SECOND, Budget
+from tests.unit.helpers import work_options
 
 
 def _instance(seed: int = 7, deployments: int = 24) -> Instance:
@@ -33,7 +34,7 @@ def _instance(seed: int = 7, deployments: int = 24) -> Instance:
 
 def _exact(inst: Instance, block: int, prices: np.ndarray) -> BlockChoice:
     """The block's proven optimum at `prices` (the HiGHS MIP, no fast solver shortcut)."""
-    choice = solve_block(inst, block, prices, 0.0, 30.0)
+    choice = solve_block(inst, block, prices, 0.0, 30 * UNITS_PER_SECOND)
     assert choice is not None and choice.priced - choice.bound <= 1e-6 * max(1.0, choice.priced)
     return choice
 
@@ -47,7 +48,7 @@ def _columns_at_several_prices() -> tuple[Instance, Master, np.ndarray]:
     rng = np.random.default_rng(0)
     for prices in [zero] + [rng.uniform(0.0, 2.0, zero.shape) * inst.pool_cost for _ in range(4)]:
         for b in range(len(inst.blocks)):
-            c = solve_block(inst, b, prices, 0.0, 5.0, refine=False)
+            c = solve_block(inst, b, prices, 0.0, 5 * UNITS_PER_SECOND, refine=False)
             assert c is not None
             master.add(c, c.cost)
     return inst, master, zero
@@ -86,11 +87,11 @@ def test_a_bound_from_higher_prices_is_not_carried_to_lower_ones() -> None:
     assert merged[0].bound == pytest.approx(max(solved[0].bound, at_high[0].bound))
 
 
-def test_a_round_past_its_deadline_answers_no_block() -> None:
+def test_a_round_with_no_work_left_answers_no_block() -> None:
     inst = _instance()
     zero = np.zeros_like(inst.pool_units)
     with Pool(inst, workers=1) as pool:
-        assert pool.solve(list(range(len(inst.blocks))), zero, 0.0, deadline=time.monotonic() - 1) == {}
+        assert pool.solve(list(range(len(inst.blocks))), zero, 0.0, budget=Budget(0)) == {}
         full = pool.solve(list(range(len(inst.blocks))), zero, 0.0, refine=False)
     assert sorted(full) == list(range(len(inst.blocks)))
 
@@ -121,7 +122,7 @@ def test_the_rounded_relaxation_is_a_valid_placement_with_a_valid_bound(seed: in
     inst = _instance(seed)
     prices = inst.pool_cost * 0.3
     for b in range(len(inst.blocks)):
-        rounded = _rounded_relaxation(inst, b, prices, 0.0, -np.inf)
+        rounded = _rounded_relaxation(inst, b, prices, 0.0, -np.inf, Budget(5 * UNITS_PER_SECOND))
         assert rounded is not None
         assert rounded.bound <= _exact(inst, b, prices).priced + 1e-6
         _assert_valid_alone(inst, rounded)
@@ -132,7 +133,7 @@ def test_enrich_adds_valid_placements_that_keep_off_a_priced_out_pool() -> None:
     master = Master(inst)
     zero = np.zeros_like(inst.pool_units)
     for b in range(len(inst.blocks)):
-        c = solve_block(inst, b, zero, 0.0, 5.0, refine=False)
+        c = solve_block(inst, b, zero, 0.0, 5 * UNITS_PER_SECOND, refine=False)
         assert c is not None
         master.add(c, c.cost)
     before = len(master.columns)
@@ -141,7 +142,7 @@ def test_enrich_adds_valid_placements_that_keep_off_a_priced_out_pool() -> None:
     prices = zero.copy()
     prices[busiest] = 0.5 * inst.pool_cost[busiest]
     with Pool(inst, workers=1) as pool:
-        added = enrich(inst, pool, master, prices, 0.0, time.monotonic() + 60)
+        added = enrich(inst, pool, master, prices, 0.0, Budget(60 * UNITS_PER_SECOND))
     assert added == len(master.columns) - before > 0
     new = [master.columns[k] for k in range(before, len(master.columns))]
     for col in new:
@@ -157,10 +158,12 @@ def test_greedy_columns_fit_the_pools() -> None:
     master = Master(inst)
     for scale in (0.0, 0.5, 1.0, 2.0):
         for b in range(len(inst.blocks)):
-            c = solve_block(inst, b, zero + scale * inst.pool_cost, 0.0, 5.0, refine=False)
+            c = solve_block(inst, b, zero + scale * inst.pool_cost, 0.0, 5 * UNITS_PER_SECOND, refine=False)
             assert c is not None
             master.add(c, c.cost)
-    plan = greedy_columns(inst, master, list(range(len(inst.blocks))), {}, 0.0, zero, time.monotonic() + 60)
+    plan = greedy_columns(
+        inst, master, list(range(len(inst.blocks))), {}, 0.0, zero, Budget(60 * UNITS_PER_SECOND)
+    )
     assert plan is not None and sorted(plan) == list(range(len(inst.blocks)))
     assert (usage_of(inst, plan) <= inst.pool_units + 1e-9).all()
     report = _plan(inst, plan, 0.0, 0.0, "test", time.monotonic())
@@ -172,11 +175,11 @@ def test_choosing_again_from_every_column_keeps_the_cheaper_plan_and_fits_the_po
     columns is replaced by the cheapest choice, and the cheapest is kept."""
     inst, master, zero = _columns_at_several_prices()
     blocks = list(range(len(inst.blocks)))
-    greedy = greedy_columns(inst, master, blocks, {}, 0.0, zero, time.monotonic() + 60)
+    greedy = greedy_columns(inst, master, blocks, {}, 0.0, zero, Budget(60 * UNITS_PER_SECOND))
     assert greedy is not None
     for c in greedy.values():  # some choice of the columns then fits the pools
         master.add(c, c.cost)
-    chosen = master.solve_ip(blocks, inst.pool_units.ravel(), 30.0)
+    chosen = master.solve_ip(blocks, inst.pool_units.ravel(), 30 * UNITS_PER_SECOND)
     assert chosen is not None
     cheapest = {b: master.columns[c].choice for b, c in chosen.items()}
     # Dearer columns where they still fit the others.
@@ -188,12 +191,12 @@ def test_choosing_again_from_every_column_keeps_the_cheaper_plan_and_fits_the_po
                 dear = trial
                 break
     assert plan_cost(dear) > plan_cost(cheapest) + 1e-6  # the instance leaves room to do better
-    again = cheaper_from_columns(inst, master, dear, time.monotonic() + 60)
+    again = cheaper_from_columns(inst, master, dear, Budget(60 * UNITS_PER_SECOND))
     assert plan_cost(again) == pytest.approx(plan_cost(cheapest))
     assert (usage_of(inst, again) <= inst.pool_units + 1e-9).all()
     assert check_plan(inst.problem, _plan(inst, again, 0.0, 0.0, "test", time.monotonic())) == []
     assert plan_cost(cheapest) <= plan_cost(greedy) + 1e-6
-    assert cheaper_from_columns(inst, master, cheapest, time.monotonic() + 60) is cheapest  # kept
+    assert cheaper_from_columns(inst, master, cheapest, Budget(60 * UNITS_PER_SECOND)) is cheapest  # kept
 
 
 def test_a_block_reused_across_rounds_is_still_optimal_at_the_new_prices() -> None:
@@ -235,20 +238,22 @@ def test_improving_two_neighbourhoods_at_once_keeps_the_plan_within_the_pools() 
     master = Master(inst)
     for scale in (0.0, 1.0, 3.0):
         for b in range(len(inst.blocks)):
-            c = solve_block(inst, b, zero + scale * inst.pool_cost, 0.0, 5.0, refine=False)
+            c = solve_block(inst, b, zero + scale * inst.pool_cost, 0.0, 5 * UNITS_PER_SECOND, refine=False)
             assert c is not None
             master.add(c, c.cost)
-    start = greedy_columns(inst, master, list(range(len(inst.blocks))), {}, 0.0, zero, time.monotonic() + 60)
+    start = greedy_columns(
+        inst, master, list(range(len(inst.blocks))), {}, 0.0, zero, Budget(60 * UNITS_PER_SECOND)
+    )
     assert start is not None
     prices = inst.pool_cost * 0.2
     priced = {}
     for b in range(len(inst.blocks)):
-        answer = solve_block(inst, b, prices, 0.0, 5.0, refine=False)
+        answer = solve_block(inst, b, prices, 0.0, 5 * UNITS_PER_SECOND, refine=False)
         assert answer is not None
         priced[b] = answer
     with Pool(inst, workers=2) as pool:
         assert pool.executor is not None
-        result = improve(inst, start, prices, priced, 0.0, time.monotonic() + 8, pool=pool)
+        result = improve(inst, start, prices, priced, 0.0, Budget(3 * UNITS_PER_SECOND), pool=pool)
     better = result.plan
     assert sorted(better) == sorted(start)
     assert result.tried >= 2  # the first two disjoint neighbourhoods went to the workers together
@@ -313,7 +318,7 @@ def test_an_unproven_block_in_a_round_keeps_the_better_of_the_fast_bound_and_its
     assert fast is not None and not fast.optimal  # the seam: an unproven fast answer
     lp = pricing.relaxation_bound(inst, block, zero, 0.0)
     assert lp > fast.bound + 1.0  # the instance is one where the LP is the better bound
-    choice = solve_block(inst, block, zero, 0.0, 30.0, refine=False)
+    choice = solve_block(inst, block, zero, 0.0, 30 * UNITS_PER_SECOND, refine=False)
     assert choice is not None and choice.x == fast.x
     assert choice.bound == pytest.approx(lp)
     monkeypatch.undo()
@@ -339,7 +344,7 @@ def test_at_fleet_scale_the_workers_tighten_bounds_while_the_plan_is_built(
     monkeypatch.setattr(decompose_module, "tightened", spy)
     problem = generate(2, 100, 4, 2, utilization=0.6)
     assert len(compile_problem(problem).blocks) >= PARALLEL_MIN_BLOCKS  # the workers run
-    plan = solve(problem, SolveOptions(time_limit_s=10, exact_fallback=False, workers=2))
+    plan = solve(problem, work_options(10, exact_fallback=False, workers=2))
     assert check_plan(problem, plan) == []
     assert taken and taken[0] > 0, taken  # the workers' answers were taken in
     assert plan.lower_bound is not None and plan.lower_bound <= plan.objective + 1e-6
@@ -356,10 +361,15 @@ def test_the_loosest_blocks_of_a_round_by_the_mip_are_cheaper_and_tighter(
     zero = np.zeros_like(inst.pool_units)
     real = pricing.solve_block_fast
     monkeypatch.setattr(pricing, "solve_block_fast", lambda *a, **k: real(*a, **{**k, "budget": 200}))
-    fresh = {b: solve_block(inst, b, zero, 0.0, 30.0, refine=False) for b in range(len(inst.blocks))}
+    fresh = {
+        b: solve_block(inst, b, zero, 0.0, 30 * UNITS_PER_SECOND, refine=False)
+        for b in range(len(inst.blocks))
+    }
     round_answers = {b: c for b, c in fresh.items() if c is not None}
     with Pool(inst, 1) as pool:
-        exact = decompose_module._loosest_by_mip(pool, round_answers, zero, 0.0, time.monotonic() + 60)
+        exact = decompose_module._loosest_by_mip(
+            pool, round_answers, zero, 0.0, Budget(60 * UNITS_PER_SECOND)
+        )
     assert exact, "no loose block was solved again"
     assert len(exact) <= decompose_module.MIP_BLOCKS_IN_ROUND
     for b, c in exact.items():
@@ -398,7 +408,7 @@ def test_at_fleet_scale_the_plan_is_chosen_again_with_the_workers_placements(
     monkeypatch.setattr(decompose_module, "_loosest_by_mip", mip_spy)
     monkeypatch.setattr(decompose_module, "_chosen_again", again_spy)
     problem = generate(2, 100, 4, 2, utilization=0.6)
-    plan = solve(problem, SolveOptions(time_limit_s=20, exact_fallback=False, workers=2))
+    plan = solve(problem, work_options(20, exact_fallback=False, workers=2))
     assert check_plan(problem, plan) == []
     assert mipped == [mipped[0]] and mipped[0] > 0, mipped  # once, in the first round that fits
     assert len(again) == 1 and again[0][0] > 0, again
@@ -412,7 +422,7 @@ def test_swapping_columns_makes_an_overfull_choice_fit() -> None:
     and the pools holding them all; with no time left it gives nothing rather than a part."""
     inst, master, zero = _columns_at_several_prices()
     blocks = list(range(len(inst.blocks)))
-    fitting = greedy_columns(inst, master, blocks, {}, 0.0, zero, time.monotonic() + 60)
+    fitting = greedy_columns(inst, master, blocks, {}, 0.0, zero, Budget(60 * UNITS_PER_SECOND))
     assert fitting is not None
     for c in fitting.values():  # some choice of the columns fits the pools
         master.add(c, c.cost)
@@ -428,12 +438,12 @@ def test_swapping_columns_makes_an_overfull_choice_fit() -> None:
     cheapest = {b: min(master.of_block[b], key=lambda c: master.columns[c].cost) for b in left}
     usage = usage_of(inst, {**kept, **{b: master.columns[c].choice for b, c in cheapest.items()}})
     assert (usage > inst.pool_units + 1e-9).any()  # they do not fit on their cheapest columns
-    plan = swap_columns(inst, master, kept, left, time.monotonic() + 60)
+    plan = swap_columns(inst, master, kept, left, Budget(60 * UNITS_PER_SECOND))
     assert plan is not None and sorted(plan) == blocks
     assert all(any(master.columns[c].choice is plan[b] for c in master.of_block[b]) for b in blocks)
     assert (usage_of(inst, plan) <= inst.pool_units + 1e-9).all()
     assert check_plan(inst.problem, _plan(inst, plan, 0.0, 0.0, "test", time.monotonic())) == []
-    assert swap_columns(inst, master, kept, left, time.monotonic() - 1.0) is None
+    assert swap_columns(inst, master, kept, left, Budget(0)) is None
 
 
 def test_at_fleet_scale_the_first_round_made_to_fit_is_the_plan_when_the_columns_give_none(
@@ -471,7 +481,7 @@ def test_at_fleet_scale_the_first_round_made_to_fit_is_the_plan_when_the_columns
     monkeypatch.setattr(decompose_module, "_fitted_first_round", first_spy)
     monkeypatch.setattr(decompose_module, "from_columns", out_of_time)
     problem = generate(2, 100, 4, 2, utilization=0.6)
-    plan = solve(problem, SolveOptions(time_limit_s=10, exact_fallback=False, workers=2))
+    plan = solve(problem, work_options(10, exact_fallback=False, workers=2))
     assert len(firsts) == 1, firsts
     inst, first, how = firsts[0]
     assert first is not None, how

@@ -14,13 +14,14 @@ from hypothesis import strategies as st
 from ipnext.errors import InfeasiblePlanError, PlanningTimeoutError
 from ipnext.fleet import Fleet, HardwareClass, Pool
 from ipnext.model import HardwareOption
-from ipnext.plan import DeploymentDemand, Plan, PlanningProblem, SolveOptions
+from ipnext.plan import DeploymentDemand, Plan, PlanningProblem
 from ipnext.planner import check_plan, solve
 from ipnext.planner.generator import generate
 from tests.unit.exact_mip import exact_optimum
+from tests.unit.helpers import work_options
 
 TOL = 1e-6
-SCALABLE_ONLY = SolveOptions(time_limit_s=20, exact_fallback=False, workers=1)
+SCALABLE_ONLY = work_options(20, exact_fallback=False, workers=1)
 
 
 def _small(seed: int, deployments: int, regions: int, hardware: int, utilization: float) -> PlanningProblem:
@@ -65,9 +66,9 @@ def test_with_the_exact_path_the_objective_is_the_optimum(problem: PlanningProbl
     optimum = exact_optimum(problem)
     if optimum is None:
         with pytest.raises(InfeasiblePlanError):
-            solve(problem, SolveOptions(time_limit_s=20, workers=1))
+            solve(problem, work_options(20, workers=1))
         return
-    plan = solve(problem, SolveOptions(time_limit_s=20, workers=1))
+    plan = solve(problem, work_options(20, workers=1))
     assert check_plan(problem, plan) == []
     assert plan.objective == pytest.approx(optimum, rel=TOL)
     assert plan.status == "optimal" and plan.gap == pytest.approx(0, abs=1e-9)
@@ -91,9 +92,9 @@ def test_nearly_full_pools_get_a_plan_whenever_the_exact_mip_finds_one(problem: 
     optimum = exact_optimum(problem)
     if optimum is None:  # no plan exists; proving it may take the repair longer than the limit
         with pytest.raises((InfeasiblePlanError, PlanningTimeoutError)):
-            solve(problem, SolveOptions(time_limit_s=10, exact_fallback=False, workers=1))
+            solve(problem, work_options(10, exact_fallback=False, workers=1))
         return
-    plan = solve(problem, SolveOptions(time_limit_s=10, exact_fallback=False, workers=1))
+    plan = solve(problem, work_options(10, exact_fallback=False, workers=1))
     assert check_plan(problem, plan) == []
     assert plan.lower_bound is not None and plan.objective is not None
     assert plan.lower_bound <= optimum + TOL * max(1, optimum) <= plan.objective + 2 * TOL * max(1, optimum)
@@ -143,7 +144,7 @@ def _dep(**changes: object) -> DeploymentDemand:
     ids=["pool too small", "latency unreachable", "min_regions above reachable"],
 )
 def test_infeasible_instances_name_the_reason(problem: PlanningProblem, reason: str) -> None:
-    for options in (SCALABLE_ONLY, SolveOptions(time_limit_s=10, workers=1)):
+    for options in (SCALABLE_ONLY, work_options(10, workers=1)):
         with pytest.raises(InfeasiblePlanError, match=reason) as caught:
             solve(problem, options)
         assert "INFEASIBLE" not in str(caught.value)
@@ -180,7 +181,7 @@ def test_replanning_against_the_current_plan_moves_little() -> None:
 
 def test_report_round_trip() -> None:
     problem = generate(5, 6, 3, 2)
-    plan = solve(problem, SolveOptions(time_limit_s=10, workers=1))
+    plan = solve(problem, work_options(10, workers=1))
     report = json.loads(json.dumps(plan.to_report()))
     assert {
         "placements",
@@ -211,15 +212,13 @@ def test_an_exact_mip_that_does_not_close_gets_its_share_and_its_plan_and_bound_
     solve_module = importlib.import_module("ipnext.planner.solve")  # the package's `solve` is the function
     problem = generate(7, 12, 3, 2)
     if replan:
-        problem = problem.model_copy(
-            update={"current": solve(problem, SolveOptions(time_limit_s=20, workers=1))}
-        )
+        problem = problem.model_copy(update={"current": solve(problem, work_options(20, workers=1))})
     real, limits = solve_module.solve_model, []
 
     def stopped(model: object, **kw: object) -> object:
         sol = real(model, **kw)  # type: ignore[arg-type]
         if not limits and not kw.get("relax"):  # the first MIP is the whole instance's
-            limits.append(kw["time_limit_s"])
+            limits.append(kw["work"])
             sol.status = "feasible"
         return sol
 
@@ -230,8 +229,9 @@ def test_an_exact_mip_that_does_not_close_gets_its_share_and_its_plan_and_bound_
     real_decompose = solve_module.decompose
     monkeypatch.setattr(solve_module, "solve_model", stopped)
     monkeypatch.setattr(solve_module, "decompose", looser)
-    plan = solve(problem, SolveOptions(time_limit_s=10, workers=1, churn_cost=0.05 if replan else 0.0))
-    assert limits == [10 * solve_module.EXACT_SHARE["replan" if replan else "scratch"]]
+    plan = solve(problem, work_options(10, workers=1, churn_cost=0.05 if replan else 0.0))
+    share = solve_module.EXACT_SHARE["replan" if replan else "scratch"]
+    assert limits == [int(share * work_options(10).work_limit)]
     assert check_plan(problem, plan) == []
     optimum = exact_optimum(problem)
     assert optimum is not None

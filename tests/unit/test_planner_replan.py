@@ -9,7 +9,7 @@ import importlib
 
 import pytest
 
-from ipnext.plan import Plan, PlanningProblem, SolveOptions, plan_moves
+from ipnext.plan import Plan, PlanningProblem, plan_moves
 from ipnext.planner import check_plan, solve
 from ipnext.planner.backend import solve_model
 from ipnext.planner.formulation import build
@@ -18,7 +18,9 @@ from ipnext.planner.instance import compile_problem
 from ipnext.planner.moves import moved_units_of
 from ipnext.planner.pricing import choices_from_values
 from ipnext.planner.solve import REPLAN_COST_SLACK
+from ipnext.planner.work import UNITS_PER_SECOND
 from tests.unit.exact_mip import exact_fewest_moves, exact_optimum
+from tests.unit.helpers import work_options
 
 # (seed, deployments, utilization): instances where weighing moves into the cost at the
 # default churn cost (0.05 per unit), what the planner did before, moved more units than the
@@ -31,7 +33,7 @@ def _replan_case(seed: int, deployments: int, utilization: float) -> tuple[Plann
     """A start plan, then every (model, source) demand times a factor from [0.95, 1.05]; the
     changed problem has the start plan as its current plan."""
     problem = generate(seed, deployments, 3, 2, utilization=utilization)
-    start = solve(problem, SolveOptions(time_limit_s=30, workers=1))
+    start = solve(problem, work_options(30, workers=1))
     changed = changed_demand(problem, seed).model_copy(update={"current": start})
     return changed, start
 
@@ -52,7 +54,7 @@ def test_exact_replan_moves_the_fewest_units_within_1pct_of_the_optimum(
     assert optimum is not None
     fewest = exact_fewest_moves(problem, (1 + REPLAN_COST_SLACK) * optimum)
     assert fewest is not None
-    plan = solve(problem, SolveOptions(time_limit_s=30, workers=1))
+    plan = solve(problem, work_options(30, workers=1))
     assert check_plan(problem, plan) == []
     print(
         f"seed {seed}: cost/optimum {plan.cost / optimum:.4f}, moved {plan.moved_units} (fewest {fewest:g})"
@@ -69,7 +71,7 @@ def test_scalable_replan_meets_the_goal(seed: int, deployments: int, utilization
     assert optimum is not None
     fewest = exact_fewest_moves(problem, (1 + REPLAN_COST_SLACK) * optimum)
     assert fewest is not None
-    plan = solve(problem, SolveOptions(time_limit_s=20, workers=1, exact_fallback=False))
+    plan = solve(problem, work_options(20, workers=1, exact_fallback=False))
     assert check_plan(problem, plan) == []
     print(
         f"seed {seed}: cost/optimum {plan.cost / optimum:.4f}, moved {plan.moved_units} (fewest {fewest:g})"
@@ -83,7 +85,7 @@ def test_free_moves_give_the_cheapest_plan() -> None:
     """churn_cost 0: moves cost nothing, so a replan is the from-scratch optimum."""
     problem, _ = _replan_case(*CHANGED[-1])
     optimum = exact_optimum(problem.model_copy(update={"current": None}), churn_cost=0.0)
-    plan = solve(problem, SolveOptions(time_limit_s=30, workers=1, churn_cost=0.0))
+    plan = solve(problem, work_options(30, workers=1, churn_cost=0.0))
     assert plan.cost == pytest.approx(optimum, rel=1e-6)
 
 
@@ -101,12 +103,12 @@ def test_fleet_scale_replan_moves_no_more_than_one_objective(
     inst = compile_problem(problem)
     blocks = list(range(len(inst.blocks)))
     one = build(inst, blocks, pool_capacity=inst.pool_units, churn_cost=0.05)
-    sol = solve_model(one, time_limit_s=20, relative_gap=1e-9)
+    sol = solve_model(one, work=20 * UNITS_PER_SECOND, relative_gap=1e-9)
     assert sol.status == "optimal" and sol.values is not None
     before = sum(
         moved_units_of(inst, c.x) for c in choices_from_values(inst, one, sol.values, 0.05, blocks).values()
     )
-    plan = solve(problem, SolveOptions(time_limit_s=20, workers=1, exact_fallback=False))
+    plan = solve(problem, work_options(20, workers=1, exact_fallback=False))
     assert check_plan(problem, plan) == []
     print(
         f"seed {seed}: cost/optimum {plan.cost / optimum:.4f}, moved {plan.moved_units} (one objective {before})"

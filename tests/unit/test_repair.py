@@ -1,10 +1,9 @@
-"""Repair's time: the joint MIPs over the blocks to move never take the whole of it, so the
+"""Repair's work: the joint MIPs over the blocks to move never take the whole of it, so the
 one-at-a-time placement (the fast solver, milliseconds a block) always gets its turn."""
 
 from __future__ import annotations
 
 import math
-import time
 from typing import Any
 
 import numpy as np
@@ -15,34 +14,35 @@ from ipnext.planner import repair as repair_module
 from ipnext.planner.generator import generate
 from ipnext.planner.instance import compile_problem
 from ipnext.planner.pricing import solve_block, usage_of
+from ipnext.planner.work import UNITS_PER_SECOND, Budget
 
 SCARCE_SEED = 2  # an instance whose zero-price placement evicts (24 placements for 15 blocks)
 
 
-def test_a_joint_mip_that_runs_to_its_deadline_leaves_the_one_by_one_placement_time(
+def test_a_joint_mip_that_spends_its_work_leaves_the_one_by_one_placement_work(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     inst = compile_problem(generate(3, 30, 4, 2, utilization=0.7))
     prices = np.zeros_like(inst.pool_units)
     # Every block at its cheapest, pools ignored: the cheap pools overflow.
-    choices = {b: solve_block(inst, b, prices, 0.0, 5.0) for b in range(len(inst.blocks))}
+    choices = {b: solve_block(inst, b, prices, 0.0, 5 * UNITS_PER_SECOND) for b in range(len(inst.blocks))}
     assert all(c is not None for c in choices.values())
     start = {b: c for b, c in choices.items() if c is not None}
     assert (usage_of(inst, start) > inst.pool_units + 1e-9).any(), "nothing to repair: pick another seed"
 
-    joint_deadlines: list[float] = []
+    joint_budgets: list[int] = []
 
-    def joint_mip_using_all_its_time(
-        inst: Any, movers: Any, residual: Any, churn: Any, deadline: float
+    def joint_mip_using_all_its_work(
+        inst: Any, movers: Any, residual: Any, churn: Any, budget: Budget
     ) -> None:
-        joint_deadlines.append(deadline)
-        time.sleep(max(0.0, deadline - time.monotonic()))  # as a MIP that finds nothing in time
+        joint_budgets.append(budget.left())
+        budget.spend(budget.left())  # as a MIP that finds nothing in its work
         return None
 
-    monkeypatch.setattr(repair_module, "place_jointly", joint_mip_using_all_its_time)
-    deadline = time.monotonic() + 10.0
-    repaired = repair_module.repair(inst, start, 0.0, deadline, prices)
-    assert joint_deadlines and max(joint_deadlines) <= deadline - 4.0, joint_deadlines
+    monkeypatch.setattr(repair_module, "place_jointly", joint_mip_using_all_its_work)
+    budget = Budget(10 * UNITS_PER_SECOND)
+    repaired = repair_module.repair(inst, start, 0.0, budget, prices)
+    assert joint_budgets and sum(joint_budgets) <= budget.total // 2 + 1, joint_budgets
     assert (usage_of(inst, repaired) <= inst.pool_units + 1e-9).all()
     assert sorted(repaired) == sorted(start)
 
@@ -55,12 +55,12 @@ def test_without_the_joint_mip_repair_places_one_by_one_and_stops_at_the_first_c
     time still) and says how many of those were left and how long it ran."""
     inst = compile_problem(generate(3, 30, 4, 2, utilization=0.7))
     prices = np.zeros_like(inst.pool_units)
-    choices = {b: solve_block(inst, b, prices, 0.0, 5.0) for b in range(len(inst.blocks))}
+    choices = {b: solve_block(inst, b, prices, 0.0, 5 * UNITS_PER_SECOND) for b in range(len(inst.blocks))}
     start = {b: c for b, c in choices.items() if c is not None}
     assert len(start) == len(inst.blocks)
     joint_calls: list[int] = []
     monkeypatch.setattr(repair_module, "place_jointly", lambda *a, **_: joint_calls.append(1))
-    repaired = repair_module.repair(inst, start, 0.0, time.monotonic() + 30.0, prices, joint=False)
+    repaired = repair_module.repair(inst, start, 0.0, Budget(30 * UNITS_PER_SECOND), prices, joint=False)
     assert joint_calls == []
     assert (usage_of(inst, repaired) <= inst.pool_units + 1e-9).all()
     assert sorted(repaired) == sorted(start)
@@ -68,10 +68,10 @@ def test_without_the_joint_mip_repair_places_one_by_one_and_stops_at_the_first_c
     movers = repair_module._minimal_movers(inst, start, usage_of(inst, start))
     assert 0 < len(movers) < len(start)  # the first circle is not every block
     with pytest.raises(PlanningTimeoutError) as caught:
-        repair_module.repair(inst, start, 0.0, time.monotonic() - 1.0, prices, joint=False)
+        repair_module.repair(inst, start, 0.0, Budget(0), prices, joint=False)
     message = caught.value.message
     assert f"repair still had {len(movers)} blocks to place ({len(movers)} given) after" in message, message
-    assert "s of repair" in message
+    assert "work units of repair" in message
 
 
 def test_congestion_prices_place_each_block_once_where_zero_prices_evict(
@@ -84,7 +84,7 @@ def test_congestion_prices_place_each_block_once_where_zero_prices_evict(
     are priced at the prices given, with no bound claimed."""
     inst = compile_problem(generate(SCARCE_SEED, 60, 6, 2, utilization=0.8))
     prices = np.zeros_like(inst.pool_units)
-    choices = {b: solve_block(inst, b, prices, 0.0, 5.0) for b in range(len(inst.blocks))}
+    choices = {b: solve_block(inst, b, prices, 0.0, 5 * UNITS_PER_SECOND) for b in range(len(inst.blocks))}
     start = {b: c for b, c in choices.items() if c is not None}
     assert len(start) == len(inst.blocks)
     movers = repair_module._minimal_movers(inst, start, usage_of(inst, start))

@@ -1,0 +1,117 @@
+"""The planner's work limit (planner/work.py): the same instance, options and work limit give the
+same plan in any process, whatever the hash seed and however long the work takes; the wall
+clock is only the outer stop, and a solve it cut says so."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from ipnext.errors import PlanningTimeoutError
+from ipnext.plan import SolveOptions
+from ipnext.planner import solve, work
+from ipnext.planner.generator import generate
+from ipnext.planner.solve import STOPPED_BY_CLOCK
+from ipnext.planner.work import Budget, Clock
+from tests.unit.helpers import REPO
+
+# One solve on the scalable path, with the worker pool (100 deployments: 66 blocks, past
+# PARALLEL_MIN_BLOCKS): about 2 s of work on the bench's machine, run under a clock of 240 s, far
+# past what the work takes there even on a loaded host (the test fails if the clock fires).
+SOLVE = """
+import json, sys
+from ipnext.plan import SolveOptions
+from ipnext.planner import solve
+from ipnext.planner.generator import generate
+
+if __name__ == "__main__":
+    plan = solve(
+        generate(2, 100, 4, 2, utilization=0.6),
+        SolveOptions(work_limit=400_000, time_limit_s=240, exact_fallback=False, workers=2),
+    )
+    print(json.dumps({**plan.to_report(), "solve_seconds": None}))
+"""
+
+
+def _solve_in_a_process(hash_seed: str) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+    done = subprocess.run(
+        [sys.executable, "-c", SOLVE], cwd=REPO, env=env, capture_output=True, text=True, timeout=280
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return report
+
+
+def test_one_instance_on_a_work_limit_gives_the_same_plan_under_two_hash_seeds() -> None:
+    """Two processes (at once: each is slower for the other's load, which must not matter),
+    PYTHONHASHSEED 0 and 4242: the same placements, routing, cost, bound and work spent."""
+    with ThreadPoolExecutor(2) as pool:
+        first, second = pool.map(_solve_in_a_process, ["0", "4242"])
+    assert first["stopped_by"] == second["stopped_by"] == "work", (first["lower_bound_method"], second)
+    assert STOPPED_BY_CLOCK not in first["lower_bound_method"]
+    assert first["placements"] and first["placements"] == second["placements"]
+    assert first["routing"] == second["routing"]
+    for key in ("cost", "objective", "lower_bound", "gap", "lower_bound_method", "work_units"):
+        assert first[key] == second[key], key
+    assert 0 < first["work_units"] <= 400_000
+
+
+class _Ticks:
+    """A clock that moves one second at every reading, whatever the machine's speed: the outer
+    stop then fires after as many readings as the time limit has seconds."""
+
+    def __init__(self) -> None:
+        self._ticks = itertools.count()
+
+    def monotonic(self) -> float:
+        return float(next(self._ticks))
+
+
+def test_a_solve_the_clock_cut_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The outer clock fires while the rounds run (its readings, not the machine's speed, say
+    when): the plan is still valid, and it says that the clock stopped it."""
+    monkeypatch.setattr(work, "time", _Ticks())
+    problem = generate(1, 40, 4, 2, utilization=0.6)
+    options = SolveOptions(time_limit_s=60, work_limit=10**9, exact_fallback=False, workers=1)
+    plan = solve(problem, options)
+    assert plan.stopped_by == "clock"
+    assert plan.lower_bound_method.endswith(f"; {STOPPED_BY_CLOCK}"), plan.lower_bound_method
+    on_work = solve(problem, options.model_copy(update={"time_limit_s": 10**9, "work_limit": 500_000}))
+    assert on_work.stopped_by == "work" and STOPPED_BY_CLOCK not in on_work.lower_bound_method
+
+
+def test_no_plan_before_the_clock_says_the_clock_ran_out() -> None:
+    """A clock that has passed before the first round: no plan, and the error names the clock
+    (and the time limit as the fix), not the work limit it never reached."""
+    problem = generate(1, 12, 4, 2, utilization=0.3)
+    with pytest.raises(PlanningTimeoutError) as caught:
+        solve(problem, SolveOptions(time_limit_s=1e-9, work_limit=10**12, exact_fallback=False, workers=1))
+    assert "stopped by the clock: not reproducible" in caught.value.message
+    assert "--time-limit" in str(caught.value)
+
+
+def test_a_child_budget_is_a_deadline_on_the_work_counter() -> None:
+    """Whoever spends, a child or its parent, uses up both; `until` ends at a share of the
+    parent's whole, `share` at a share of what is left, `part` after so many units."""
+    root = Budget(1_000, Clock())
+    pricing = root.until(0.5)
+    root.spend(100)  # spent outside the child: its end does not move
+    assert pricing.left() == 400 and pricing.spent == 100
+    pricing.spend(400)
+    assert pricing.exhausted() and root.left() == 500
+    half = root.share(0.5)
+    assert half.total == 250
+    part = half.part(1_000)  # never past its parent's end
+    assert part.total == 250
+    part.spend(250)
+    assert half.exhausted() and not root.exhausted() and root.left() == 250
+    assert root.detached().left() == 250 and root.detached(7).left() == 7
+    assert not root.stopped_by_clock
