@@ -183,8 +183,7 @@ def _serve_apps(settings: Settings) -> None:
     import ray
     from ray import serve
 
-    def word(status: object) -> object:
-        return getattr(status, "value", status)
+    from ipnext.serving.app_health import status_word as word
 
     ray.init(
         address=settings.ray_address_file.read_text().strip(),
