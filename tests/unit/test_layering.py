@@ -227,3 +227,15 @@ def test_a_forbidden_import_is_named_with_its_rule(file: str, source: str, impor
 )
 def test_allowed_imports_pass(file: str, source: str) -> None:
     assert check_source(file, source) == []
+
+
+def test_the_repos_kernels_folder_does_not_stand_in_for_the_kernels_package() -> None:
+    """The card's top-level `kernels/` is ipnext.kernels; in the test process a bare `kernels`
+    must not resolve to it: transformers (>= 5.25) imports the `kernels` package when it is
+    installed, and with the repo root at the front of sys.path it got ours and failed at load
+    (pytest's `--import-mode=append` in pyproject.toml keeps the root at the end)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("kernels")
+    origin = Path(spec.origin).resolve() if spec is not None and spec.origin else None
+    assert origin is None or not origin.is_relative_to(REPO / "kernels"), origin
