@@ -35,7 +35,8 @@ types: $(STAMP)
 
 test: lint types
 	@# Two workers; tests/conftest.py hands them work units (each half of the drills on a stack of its own).
-	$(BIN)/pytest -n 2 -ra --durations=25 $(ARGS)
+	@# Short tracebacks: a failed drill's stack report (its own section) then shows in a log's first screens.
+	$(BIN)/pytest -n 2 -ra --tb=short --durations=25 $(ARGS)
 
 clean:
 	rm -rf $(VENV) .ipnext .pytest_cache .mypy_cache .ruff_cache

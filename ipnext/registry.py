@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from ipnext.contracts import Frozen, ModelStatus, RolloutOutcome
+from ipnext.contracts import Frozen, ModelStatus, RolloutOutcome, SetStatus
 from ipnext.counters import SetCounters
 from ipnext.experiments import ExperimentReport
 from ipnext.model import ModelSpec, SnapshotRef, SnapshotSet, SnapshotSetRequest
@@ -76,6 +76,8 @@ class ApplyPlanInput(Frozen):
     down_regions: list[str] = Field(default_factory=list)
     # What asked for it when not a fleet replan (fleet_revision 0): "model update 3 by alice".
     cause: str = ""
+    # Which try of this move (a capacity move that failed is tried again: ModelWorkflow).
+    attempt: int = 1
 
 
 class ReconcileRecord(Frozen):
@@ -104,6 +106,7 @@ class ActiveRollout(Frozen):
     old_set: str | None = None
     old_plan: Plan | None = None  # snapshots: the placement the old apps run on
     new_plan: Plan | None = None  # capacity: the placement moved to
+    move: ApplyPlanInput | None = None  # capacity: the move carried out (tried again if it fails)
     # snapshots: the fleet replan the new set came up on; if the set does not serve, the
     # serving set moves to it instead (a replan is never lost with a failed rollout)
     replanned: ApplyPlanInput | None = None
@@ -164,6 +167,30 @@ class ModelRecord(BaseModel):
     spec_pending: SpecPending | None = None
     experiment: ActiveExperiment | None = None  # asked for or running: rollouts and checks wait
     experiments: list[ExperimentStatus] = Field(default_factory=list)  # ended ones, newest last
+
+    def trim_sets(self, kept: int) -> None:
+        """Keep at most `kept` sets whole: the oldest ones that neither serve, wait in the
+        queue nor take part in a rollout are summarized in `older_sets`."""
+        excess = len(self.sets) - kept
+        if excess <= 0:
+            return
+        active = self.active_rollout
+        busy = {self.serving_set, *self.queued, *((active.new_set, active.old_set) if active else ())}
+        busy |= {s.id for s in self.sets if s.status == SetStatus.HELD}  # an experiment may take it
+        dropped = [s for s in self.sets if s.id not in busy][:excess]
+        if not dropped:
+            return
+        older = self.older_sets
+        by_status = dict(older.by_status)
+        for s in dropped:
+            by_status[s.status] = by_status.get(s.status, 0) + 1
+        self.older_sets = OlderSets(
+            count=older.count + len(dropped),
+            by_status=by_status,
+            versions=[*older.versions, *(s.version for s in dropped)],
+        )
+        gone = {s.id for s in dropped}
+        self.sets = [s for s in self.sets if s.id not in gone]
 
 
 class ModelWorkflowInput(Frozen):
@@ -335,6 +362,19 @@ class RolloutResult(Frozen):
     generations: list[int]
     detail: str = ""
     status: RolloutStatus | None = None  # the rollout's `status` as it ended (gates, pauses, steps)
+
+    @classmethod
+    def ended_outside(cls, apps: dict[str, str], how: str) -> RolloutResult:
+        """A rollout that did not end by its own rules (failed, terminated or cancelled from the
+        Temporal UI): the model outlives it and says so; `apps` serve as before."""
+        return cls(
+            state=RolloutState.FAILED,
+            outcome=RolloutOutcome.FAILED,
+            apps=dict(apps),
+            generations=[],
+            detail=f"{how}; needs attention: traffic may still be split between the sets "
+            "(`ipnext rollout status`), the new set's apps may still run",
+        )
 
     @model_validator(mode="before")
     @classmethod

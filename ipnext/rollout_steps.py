@@ -7,21 +7,25 @@ deterministically and the unit tests check it alone.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 from pydantic import Field
 
 from ipnext.contracts import Frozen
+from ipnext.model import RolloutSpec
 from ipnext.plan import Plan
-from ipnext.registry import RolloutInput
-from ipnext.rollout import mix_weights, scaled_replicas
+from ipnext.registry import ApplyPlanInput, RolloutInput
+from ipnext.rollout import RolloutState, mix_weights, scaled_replicas
 
 __all__ = [
+    "CAPACITY_MOVE_ATTEMPTS",
     "IDLE_SHARE",
     "PartWeights",
     "RolloutStep",
     "Routes",
     "Weights",
+    "capacity_retry",
     "carried_share",
     "cutover_weights",
     "deploy_scale",
@@ -33,6 +37,7 @@ __all__ = [
     "part_weights",
     "rollback_percent",
     "rolling_parts",
+    "rollout_history_limit",
     "rollout_steps",
     "start_weights",
     "step_routes",
@@ -265,3 +270,32 @@ def rollback_percent(
     """Percent of the traffic that stays on the new set in a rollback's first weight change:
     what the old set's replicas, at their current scales, cannot carry at full load."""
     return max(0.0, 100.0 - 100.0 * carried_share(plan, headroom, scales, only))
+
+
+# A capacity move is tried this many times in all (ModelWorkflow waits one serving check's
+# interval before each retry, and the check that runs first puts Serve back on the record).
+CAPACITY_MOVE_ATTEMPTS = 3
+
+
+def capacity_retry(move: ApplyPlanInput | None, ended: RolloutState) -> ApplyPlanInput | None:
+    """The next try of a capacity move whose rollout ended `ended`, or None. Only a move that
+    failed is tried again: an activity gave up (Serve did not start the new apps in time, Ray
+    was lost), a fault of the moment, and a region's return must not wait hours for the next
+    scheduled replan because its node came back slowly. A gate breach, an abort, a cancel or a
+    freeze is an answer, not a fault: the old placement serves and the move is not repeated."""
+    if move is None or ended != RolloutState.FAILED or move.attempt >= CAPACITY_MOVE_ATTEMPTS:
+        return None
+    return move.model_copy(update={"attempt": move.attempt + 1})
+
+
+# A continued rollout bakes its step again from a fresh window, so one run must hold a step
+# (scale, shift: tens of events) and a whole bake (a timer, a metrics read and a workflow task
+# per check: at most EVENTS_PER_CHECK events), or no bake would ever end.
+ROLLOUT_HISTORY_FLOOR = 100
+EVENTS_PER_CHECK = 10
+
+
+def rollout_history_limit(rollout: RolloutSpec, model_limit: int) -> int:
+    """A rollout's history limit: the model's own, never under what one step and its bake need."""
+    checks = math.ceil(rollout.bake_seconds / rollout.check_interval_seconds)
+    return max(ROLLOUT_HISTORY_FLOOR + EVENTS_PER_CHECK * checks, model_limit)

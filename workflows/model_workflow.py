@@ -15,7 +15,6 @@ the rollout in its own workflow.
 
 from __future__ import annotations
 
-import math
 from datetime import timedelta
 from typing import Any
 
@@ -47,7 +46,6 @@ with workflow.unsafe.imports_passed_through():
     from ipnext.activities.validate import ValidateSetInput, validate_snapshot_set
     from ipnext.contracts import (
         ModelWorkflowNames,
-        RolloutOutcome,
         SetStatus,
         rollout_workflow_id,
     )
@@ -64,7 +62,6 @@ with workflow.unsafe.imports_passed_through():
         ModelState,
         ModelWorkflowInput,
         ModelWorkflowResult,
-        OlderSets,
         PromoteInput,
         PublishInput,
         PublishResult,
@@ -76,6 +73,7 @@ with workflow.unsafe.imports_passed_through():
         UpdateModelResult,
     )
     from ipnext.rollout import RolloutState
+    from ipnext.rollout_steps import CAPACITY_MOVE_ATTEMPTS, capacity_retry, rollout_history_limit
     from ipnext.workflows.model_experiments import START_EXPERIMENT_EXAMPLE, ModelExperiments
     from ipnext.workflows.model_update import UPDATE_EXAMPLE, as_update_error
     from ipnext.workflows.rollout_workflow import RolloutWorkflow
@@ -89,14 +87,12 @@ RECONCILE_PATCH = "serving-reconcile"
 RESTORE_PATCH = "restore-after-outside-end"
 # Runs started before a capacity move left the down regions alone replay without telling the rollout.
 DOWN_REGIONS_PATCH = "capacity-move-without-down-regions"
+# Runs started before failed capacity moves were tried again (rollout_steps.capacity_retry)
+# replay without the retries.
+CAPACITY_RETRY_PATCH = "capacity-move-retried"
 PUBLISH_EXAMPLE = '{"request": {"model": ..., "version": ..., "parts": {...}}, "who": ...}'
 DELETE_EXAMPLE = '{"who": "<who deletes>"}'
 PROMOTE_EXAMPLE = '{"set_id": "<model>@<n>", "who": "<who promotes>"}'
-# A continued rollout bakes its step again from a fresh window, so one run must hold a step
-# (scale, shift: tens of events) and a whole bake (a timer, a metrics read and a workflow task
-# per check: at most EVENTS_PER_CHECK events), or no bake would ever end.
-ROLLOUT_HISTORY_FLOOR = 100
-EVENTS_PER_CHECK = 10
 
 
 @workflow.defn
@@ -228,7 +224,7 @@ class ModelWorkflow(ModelExperiments):
         self._record.sets.append(snapshot_set)
         if not input.hold:
             self._record.queued.append(snapshot_set.id)
-        self._trim_sets()
+        self._record.trim_sets(self._input.sets_kept)
         if input.freeze_override is not None:
             self._record.freeze_overrides[snapshot_set.id] = input.freeze_override
         workflow.logger.info("published %s (%s) by %s", snapshot_set.id, input.request.version, input.who)
@@ -491,7 +487,7 @@ class ModelWorkflow(ModelExperiments):
                 old_apps=record.serving_apps,
                 old_plan=old_plan,
                 freeze_override=record.freeze_overrides.pop(new.id, None),
-                history_limit=self._rollout_history_limit(),
+                history_limit=rollout_history_limit(self._spec.rollout, self._input.history_limit),
             ),
             ActiveRollout(
                 workflow_id=child_id,
@@ -512,9 +508,14 @@ class ModelWorkflow(ModelExperiments):
             record.plan = pending.plan
             self._upsert_state()
             return
+        if pending.attempt > 1 and not await self._before_retry(pending):
+            return
         why = pending.cause or f"fleet plan {pending.fleet_revision}"
-        where = f"placement revision {pending.plan.revision} ({why})"
+        tried = f", try {pending.attempt} of {CAPACITY_MOVE_ATTEMPTS}" if pending.attempt > 1 else ""
+        where = f"placement revision {pending.plan.revision} ({why}{tried})"
         child_id = f"{rollout_workflow_id(self._spec.name, serving.id)}/plan-r{pending.plan.revision}"
+        if pending.attempt > 1:
+            child_id += f"-try{pending.attempt}"
         await self._run_rollout(
             RolloutInput(
                 spec=self._spec,
@@ -524,7 +525,7 @@ class ModelWorkflow(ModelExperiments):
                 old_apps=record.serving_apps,
                 kind="capacity",
                 old_plan=record.plan,
-                history_limit=self._rollout_history_limit(),
+                history_limit=rollout_history_limit(self._spec.rollout, self._input.history_limit),
                 down_regions=list(pending.down_regions) if workflow.patched(DOWN_REGIONS_PATCH) else [],
             ),
             ActiveRollout(
@@ -533,10 +534,27 @@ class ModelWorkflow(ModelExperiments):
                 new_set=serving.id,
                 old_set=serving.id,
                 new_plan=pending.plan,
+                move=pending,
                 detail=where,
             ),
             f"{self._spec.name}: {serving.id} to {where}",
         )
+
+    async def _before_retry(self, pending: ApplyPlanInput) -> bool:
+        """Wait one serving check's interval before trying a failed capacity move again (the
+        check that runs first puts Serve back on the record). False when other work came
+        meanwhile: a newer placement replaces this one; a queued set, an experiment or a delete
+        goes first, and the move waits as the pending plan (a queued set comes up on it)."""
+        try:
+            await workflow.wait_condition(
+                self._has_work, timeout=timedelta(seconds=self._record.reconcile.interval_seconds)
+            )
+        except TimeoutError:
+            return True
+        if self._record.pending_plan is None:
+            self._record.pending_plan = pending
+        self._upsert_state()
+        return False
 
     # ---- a rollout child: started, awaited (across continue-as-new), recorded -----------------
 
@@ -584,13 +602,13 @@ class ModelWorkflow(ModelExperiments):
                     summary=f"is {active.workflow_id} still running?",
                 )
                 if not outcome.running and self._ended is None:
-                    self._ended = outcome.result or self._ended_without_result(active, outcome.how)
+                    self._ended = outcome.result or self._ended_without_result(outcome.how)
                 continue
             if self._ended is None and self._child is not None and self._child_done():
                 try:
                     self._ended = self._child.result()
                 except ChildWorkflowError as err:
-                    self._ended = self._ended_without_result(active, _ended_outside(active.workflow_id, err))
+                    self._ended = self._ended_without_result(_ended_outside(active.workflow_id, err))
                 continue
             if self._ended is None and self._may_continue():
                 await workflow.wait_condition(
@@ -602,8 +620,9 @@ class ModelWorkflow(ModelExperiments):
                         self._input.model_copy(update={"record": self._record, "spec": self._spec})
                     )
                 every = every or timedelta(seconds=self._input.rollout_check_seconds)
-        outside, self._ended_outside = self._ended_outside, ""
+        outside = self._ended_outside
         self._finish_rollout(active, self._ended)
+        self._ended_outside = ""
         if outside and workflow.patched(RESTORE_PATCH):
             await self._restore_serving(active, outside)
 
@@ -639,18 +658,9 @@ class ModelWorkflow(ModelExperiments):
         found = self._find(set_id)
         return found.status if found is not None else SetStatus.FAILED
 
-    def _ended_without_result(self, active: ActiveRollout, how: str) -> RolloutResult:
-        """The rollout did not end by its own rules (failed, terminated or cancelled from the
-        Temporal UI): the model outlives it and says so."""
+    def _ended_without_result(self, how: str) -> RolloutResult:
         self._ended_outside = how
-        return RolloutResult(
-            state=RolloutState.FAILED,
-            outcome=RolloutOutcome.FAILED,
-            apps=dict(self._record.serving_apps),
-            generations=[],
-            detail=f"{how}; needs attention: traffic may still be split between the sets "
-            "(`ipnext rollout status`), the new set's apps may still run",
-        )
+        return RolloutResult.ended_outside(self._record.serving_apps, how)
 
     def _finish_rollout(self, active: ActiveRollout, result: RolloutResult) -> None:
         record = self._record
@@ -682,6 +692,27 @@ class ModelWorkflow(ModelExperiments):
             if done and active.new_plan is not None:
                 record.plan = active.new_plan
                 record.serving_apps = dict(result.apps)
+            elif (
+                record.pending_plan is None  # a newer placement waits: it replaces this one
+                and self._delete_by is None
+                and not self._ended_outside  # terminated or cancelled from the UI: on-call's call
+                and (retry := capacity_retry(active.move, result.state)) is not None
+                and workflow.patched(CAPACITY_RETRY_PATCH)
+            ):
+                record.pending_plan = retry
+                record.rollout = record.rollout.model_copy(
+                    update={
+                        "detail": f"{record.rollout.detail}; tried again after the next serving check "
+                        f"(try {retry.attempt} of {CAPACITY_MOVE_ATTEMPTS})"
+                    }
+                )
+                workflow.logger.warning(
+                    "capacity move to placement revision %s failed (try %d of %d), tried again: %s",
+                    retry.plan.revision,
+                    retry.attempt - 1,
+                    CAPACITY_MOVE_ATTEMPTS,
+                    result.detail,
+                )
         elif done:
             if old is not None:
                 self._set_status(old.id, SetStatus.RETIRED, f"replaced by {new.id}")
@@ -694,7 +725,7 @@ class ModelWorkflow(ModelExperiments):
                 record.plan = active.old_plan  # the old apps still run on the placement they had
             if active.replanned is not None and record.pending_plan is None and record.serving_apps:
                 record.pending_plan = active.replanned  # the serving set moves to it next
-        self._trim_sets()
+        self._record.trim_sets(self._input.sets_kept)
         self._upsert_state()
 
     def _may_continue(self) -> bool:
@@ -703,38 +734,6 @@ class ModelWorkflow(ModelExperiments):
 
     def _child_done(self) -> bool:
         return self._child is not None and self._child.done()
-
-    def _trim_sets(self) -> None:
-        """Keep at most `sets_kept` sets whole: the oldest ones that neither serve, wait in the
-        queue nor take part in a rollout are summarized in `older_sets`."""
-        r = self._record
-        excess = len(r.sets) - self._input.sets_kept
-        if excess <= 0:
-            return
-        active = r.active_rollout
-        busy = {r.serving_set, *r.queued, *((active.new_set, active.old_set) if active else ())}
-        busy |= {s.id for s in r.sets if s.status == SetStatus.HELD}  # an experiment may take it
-        dropped = [s for s in r.sets if s.id not in busy][:excess]
-        if not dropped:
-            return
-        older = r.older_sets
-        by_status = dict(older.by_status)
-        for s in dropped:
-            by_status[s.status] = by_status.get(s.status, 0) + 1
-        r.older_sets = OlderSets(
-            count=older.count + len(dropped),
-            by_status=by_status,
-            versions=[*older.versions, *(s.version for s in dropped)],
-        )
-        gone = {s.id for s in dropped}
-        r.sets = [s for s in r.sets if s.id not in gone]
-
-    def _rollout_history_limit(self) -> int:
-        """The model's own limit for its rollouts too, never under what one step and its bake
-        need."""
-        rollout = self._spec.rollout
-        checks = math.ceil(rollout.bake_seconds / rollout.check_interval_seconds)
-        return max(ROLLOUT_HISTORY_FLOOR + EVENTS_PER_CHECK * checks, self._input.history_limit)
 
     def _history_full(self) -> bool:
         info = workflow.info()

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from ipnext.activities.serving import APPS_RUNNING_TIMEOUT_S
 from ipnext.config import Settings
 from ipnext.contracts import ModelStatus, poll_until
 from ipnext.devstack import node_component
@@ -32,7 +33,8 @@ from .test_cli import ipnext
 
 __all__ = ["per_region_stack"]  # the fixture, imported for pytest
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+# Four phases, each up to its deadlines below: 3-4 minutes idle, about 10 beside a loaded suite.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 INPUTS = {"user": 3, "items": [1, 2, 3]}
 
 
@@ -40,10 +42,14 @@ SOURCES = ("us-east", "eu-west")  # the two regions the model can live in (ap-so
 QPS_PER_SOURCE = 4.0  # light on 2 cores: 8 requests/s in all
 # Deadlines of the drill's waits (each a wait for a condition, never a sleep): every source
 # answered (before the kill, from a survivor after it, from both regions after the return); a
-# replan found and applied; the model serving from the regions a replan gave it.
+# replan found and applied; the model serving from the regions a replan gave it. The last is the
+# product's own patience: a capacity move waits up to APPS_RUNNING_TIMEOUT_S for Serve to start
+# its apps, and one that fails is tried again (rollout_steps.capacity_retry), so a move on a
+# loaded machine may take two such waits (a CI run's return took over 240 s: the drill failed
+# while the move was still on its way).
 ANSWERED_S = 60.0
 REPLAN_S = 180.0
-SERVING_S = 240.0
+SERVING_S = 2 * APPS_RUNNING_TIMEOUT_S
 
 
 @dataclass

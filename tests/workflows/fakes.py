@@ -80,6 +80,7 @@ class FakeServing:
     def __init__(self) -> None:
         self.release: dict[str, asyncio.Event] = {}
         self.fail: set[str] = set()
+        self.fail_plans: dict[int, int] = {}  # plan revision -> deploys onto it that fail still
         self.deployed: list[str] = []
         self.deploy_specs: list[tuple[str, ModelSpec]] = []  # (set, the spec it was deployed under)
         self.deploy_plans: list[int] = []
@@ -198,6 +199,13 @@ class FakeServing:
         if set_id in self.fail:
             raise ApplicationError(
                 f"Serve app of {set_id} is DEPLOY_FAILED", type="ServingError", non_retryable=True
+            )
+        if self.fail_plans.get(input.plan.revision, 0) > 0:
+            self.fail_plans[input.plan.revision] -= 1
+            raise ApplicationError(
+                f"Serve did not start {set_id}'s apps on revision {input.plan.revision} in time",
+                type="ServingError",
+                non_retryable=True,
             )
         self.deployed.append(set_id)
         self.deploy_specs.append((set_id, input.spec))
