@@ -40,6 +40,7 @@ __all__ = [
     "judge_window",
     "mix_weights",
     "scaled_replicas",
+    "waits_for_traffic",
     "window_counters",
 ]
 
@@ -393,3 +394,10 @@ class RolloutStatus(Frozen):
     # Workflow time of the last change the rollout made to this status (a step, a split, a gate
     # reading): a reader says how old the answer is from it (None: recorded before it existed).
     updated_at: datetime | None = None
+
+
+def waits_for_traffic(status: RolloutStatus) -> bool:
+    """Whether a paused rollout waits only for traffic: ipnext's own pause, which it ends once
+    the window holds `min_requests`."""
+    pause = status.pauses[-1] if status.pauses else None
+    return pause is not None and pause.who == IPNEXT and pause.reason == INSUFFICIENT_TRAFFIC

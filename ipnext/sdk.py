@@ -106,6 +106,7 @@ from ipnext.rollout import (
     PauseInput,
     ResumeInput,
     RolloutStatus,
+    waits_for_traffic,
 )
 from ipnext.routing import RoutingDocument
 from ipnext.snapshots import request_from_folder
@@ -486,13 +487,16 @@ class Client:
         *,
         on_progress: Callable[[RolloutStatus], object] | None = None,
         stop_on_pause: bool = True,
+        through_traffic_pause: bool = False,
     ) -> ModelState:
         """Wait until `set_id` serves, and return the model's state then.
 
         Raises, as soon as it is known: `RolloutPausedError` when the set's rollout pauses (by
         on-call, by ipnext for too little traffic, for a freeze window), or the one it is queued
         behind does: the rollout stays paused, and the error's `fix` says how it goes on
-        (`stop_on_pause=False` waits through pauses); `RolloutStoppedError` when it ends without
+        (`stop_on_pause=False` waits through pauses; `through_traffic_pause=True`, for a caller
+        that sends the model traffic itself, waits through ipnext's own pause for too little
+        traffic, which that traffic ends, and still stops on any other); `RolloutStoppedError` when it ends without
         the set serving (rolled back, aborted, failed, refused, superseded; its detail says
         why); `ServingError` when `timeout_s` runs out (naming where the rollout is).
         `on_progress` is called with the running rollout's status (the set's own, or the one it
@@ -521,7 +525,8 @@ class Client:
             seen[:] = [now]
             # A set queued behind a paused rollout does not move either.
             if live.state == RolloutState.PAUSED and stop_on_pause:
-                raise paused_error(name, live, waiting_for=set_id)
+                if not (through_traffic_pause and waits_for_traffic(live)):
+                    raise paused_error(name, live, waiting_for=set_id)
             if live.set_id == set_id and live.state.is_terminal and live.state != RolloutState.COMPLETED:
                 raise RolloutStoppedError(
                     f"{set_id} will not serve: its rollout {live.state.value}: {live.detail or 'no detail'}",

@@ -93,6 +93,47 @@ async def test_a_rollout_without_traffic_stops_the_wait_with_its_reason_then_goe
     assert any("step 2/2 (100%)" in s.step for s in seen), [s.step for s in seen]
 
 
+async def test_a_caller_that_sends_the_traffic_waits_through_the_pause_for_it(
+    serving_v1: tuple[FakeServing, WorkflowHandle[Any, Any]], sdk: Client, temporal: TemporalClient
+) -> None:
+    """`through_traffic_pause`: ipnext's own pause for too little traffic is waited through (the
+    caller's traffic ends it, as the demo's callers do); the set serves with no resume."""
+    fake, _ = serving_v1
+    published = await sdk.publish_snapshot(NAME, request("v2").request)
+    await _rollout_started(temporal, published.set_id)
+    seen: list[RolloutStatus] = []
+    wait = asyncio.create_task(
+        sdk.wait_until_serving(
+            NAME, published.set_id, timeout_s=60, on_progress=seen.append, through_traffic_pause=True
+        )
+    )
+    paused = await poll_until(
+        lambda: _now(seen),
+        lambda s: bool(s) and s[-1].state == RolloutState.PAUSED,
+        timeout_s=60,
+        what="the rollout paused for traffic while the wait goes on",
+    )
+    assert not wait.done() and paused[-1].pauses[-1].reason == "insufficient_traffic"
+    fake.rate = 100  # the traffic comes
+    state = await asyncio.wait_for(wait, 60)
+    assert state.serving_set == published.set_id
+    assert all(s.pauses[-1].resumed_by in (None, "ipnext") for s in seen if s.pauses), seen[-1].pauses
+
+
+async def test_a_caller_that_sends_the_traffic_still_stops_on_an_on_call_pause(
+    serving_v1: tuple[FakeServing, WorkflowHandle[Any, Any]], sdk: Client, temporal: TemporalClient
+) -> None:
+    fake, _ = serving_v1
+    fake.rate = 100
+    published = await sdk.publish_snapshot(NAME, request("v2").request)
+    await _rollout_started(temporal, published.set_id)
+    await _until_rollout(sdk, lambda s: s.set_id == published.set_id and s.state.is_live)
+    await sdk.pause_rollout(NAME, reason="looking at a dashboard", who="ann")
+    with pytest.raises(RolloutPausedError) as paused:
+        await sdk.wait_until_serving(NAME, published.set_id, timeout_s=60, through_traffic_pause=True)
+    assert (paused.value.who, paused.value.reason) == ("ann", "looking at a dashboard"), paused.value
+
+
 @pytest.mark.parametrize("how", ["paused_by_oncall", "rolled_back"])
 async def test_the_wait_stops_when_on_call_pauses_or_the_gates_roll_back(
     serving_v1: tuple[FakeServing, WorkflowHandle[Any, Any]], sdk: Client, temporal: TemporalClient, how: str
@@ -164,3 +205,7 @@ async def _until_rollout(sdk: Client, check: Any) -> RolloutStatus:
     )
     assert found is not None
     return found
+
+
+async def _now(value: list[RolloutStatus]) -> list[RolloutStatus]:
+    return list(value)
