@@ -99,6 +99,7 @@ class ReconcileResult(Frozen):
 
 
 @activity.defn
+@_context.heartbeat_throughout
 def reconcile_serving(input: ReconcileInput) -> ReconcileResult:
     from ipnext.serving.control import live_regions, raise_if_failed, serve_applications, wait_apps_running
 

@@ -147,6 +147,7 @@ def render_set(plan: SetAppPlan, settings: Settings) -> dict[str, Any]:
 
 
 @activity.defn
+@_context.heartbeat_throughout
 def deploy_set_apps(input: DeploySetInput) -> DeploySetResult:
     from ipnext.serving.control import wait_apps_running
 
@@ -196,6 +197,7 @@ def publish_routing(
 
 
 @activity.defn
+@_context.heartbeat_throughout
 def route_traffic(input: RouteInput) -> RouteResult:
     """Give each region's router the weights; a new generation only where they changed."""
     from ipnext.serving.control import wait_apps_running, wait_router_generation

@@ -318,6 +318,10 @@ class RolloutProgress(BaseModel):
     routers: dict[str, RouterConfig] = Field(default_factory=dict)  # region -> as last routed
     repairs: int = 0  # serving checks during bakes that found Serve different and pushed it again
     last_repair: str = ""
+    # Why the bake's last serving check could not run ("" once one ran): while it is set the
+    # bake neither ends nor pauses for traffic (the window since holds what Serve was not
+    # checked to serve), and the next check that runs starts a fresh window.
+    serving_unchecked: str = ""
     # A continued run (a long bake or pause grows the history): the step it bakes again from a
     # fresh window, its scaling and weights already applied.
     continued_at: int | None = None

@@ -390,6 +390,9 @@ class RolloutStatus(Frozen):
     part_traffic: dict[str, float] = Field(default_factory=dict)  # changed part -> percent on the new set
     repairs: int = 0  # serving checks during its bakes that pushed Serve again (after an outage)
     last_repair: str = ""
+    # Why the last serving check of a bake could not run (Ray down, Serve starting): the bake
+    # waits for one that runs, then judges a fresh window ("" once one ran).
+    serving_unchecked: str = ""
     outcome: RolloutOutcome | None = None  # how it ended (None while it runs)
     # Workflow time of the last change the rollout made to this status (a step, a split, a gate
     # reading): a reader says how old the answer is from it (None: recorded before it existed).

@@ -172,6 +172,7 @@ class RolloutActions:
             part_traffic=dict(p.part_traffic),
             repairs=p.repairs,
             last_repair=p.last_repair,
+            serving_unchecked=p.serving_unchecked,
             outcome=RolloutOutcome.of(p.state),
             updated_at=p.updated_at,
         )
@@ -245,8 +246,10 @@ class RolloutActions:
         """Serve against what this rollout applied (both sets at their step's sizes, every router
         as last routed), pushed again where it differs: Ray restarted mid-rollout comes back with
         the split it had, at the generations it had. A repair is counted and logged; a check that
-        cannot run (Ray still down) is logged and tried again next time, the rollout goes on.
-        Returns when to check again."""
+        cannot run (its tries ran out or timed out: Ray still down, Serve not started yet) is
+        logged, recorded as `serving_unchecked` (the bake holds its judgement of traffic until
+        one runs) and tried again next interval; one that ran and failed (Serve refused an app)
+        is logged, and the gates judge. Returns when to check again."""
         input, p = self._input, self._progress
         if input.old_set is None or not p.routers or not workflow.patched(SERVING_CHECK_PATCH):
             return timedelta(days=1)
@@ -278,7 +281,19 @@ class RolloutActions:
             )
         except ActivityError as err:
             workflow.logger.warning("rollout serving check failed (tried again next interval): %s", err.cause)
+            cause = err.cause
+            # Its tries ran out or timed out (Ray unreachable, Serve starting again): it could not
+            # run. A non-retryable failure is one that ran and found what it cannot fix (Serve
+            # refused an app): the gates judge what that does to the traffic.
+            ran = isinstance(cause, ApplicationError) and cause.non_retryable
+            why = cause.message if isinstance(cause, ApplicationError) else str(cause or err)
+            if p.serving_unchecked != ("" if ran else why):
+                p.serving_unchecked = "" if ran else why
+                self._publish_details()
             return timedelta(seconds=input.spec.rollout.check_interval_seconds)
+        if p.serving_unchecked:
+            p.serving_unchecked = ""
+            self._publish_details()
         if result.repaired:
             p.repairs += 1
             p.last_repair = "; ".join(result.repaired)
@@ -388,6 +403,10 @@ class RolloutActions:
         if p.pauses and self._paused():
             last = p.pauses[-1]
             lines.append(f"paused by {attributed(last.who, last.identity)}: {last.reason}")
+        if p.serving_unchecked:
+            lines.append(
+                f"serving check could not run (the bake waits for one that runs): {p.serving_unchecked}"
+            )
         if p.repairs:
             lines.append(f"serving repaired {p.repairs} time(s), last: {p.last_repair}")
         if p.freeze_override is not None:

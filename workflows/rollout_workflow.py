@@ -15,8 +15,11 @@ Per step (the model's `rollout.steps`, default 1, 5, 25, 50, 100 percent), in lo
 
 During each bake the rollout checks that Serve serves what it applied (`_check_serving`: at the
 bake's start, every `serve.reconcile_seconds`, and at once when a region's counters vanish) and
-pushes back what Serve lost; a repair restarts the bake on a fresh window. So Ray lost mid-
-rollout makes the rollout wait (its activities retry), then go on where it was.
+pushes back what Serve lost; a repair restarts the bake on a fresh window. A check that cannot
+run (Ray down, Serve starting again) holds the bake: it neither ends nor pauses for traffic
+until a check runs, and that check starts a fresh window (`serving_unchecked` in the status says
+why it waits). So Ray lost mid-rollout makes the rollout wait (its activities retry), then go on
+where it was, never paused for a lack of traffic it could not have had.
 
 Every region moves at once; a breach in any region rolls all of them back. Rollback (breach,
 `abort`, or a failed activity) is lock-step in reverse: traffic goes back to the old set in one
@@ -88,6 +91,9 @@ CANCEL_ABORTS_PATCH = "rollout-cancel-aborts"
 BASELINE_FIRST_PATCH = "bake-baseline-first"
 # Runs started before a capacity move removed a down region's apps (without waiting) replay without.
 LOST_APPS_PATCH = "remove-down-regions-apps"
+# Runs started before a bake held its judgement of traffic while its serving check could not run
+# (and started a fresh window once one ran) replay without.
+UNCHECKED_WINDOW_PATCH = "bake-holds-while-serving-unchecked"
 CANCELLATION = "Temporal cancellation request"  # who, on the record, for a cancel from the UI or CLI
 BAKE_EXTENSION = 3  # too few requests: the bake may last up to this many times its length
 FREEZE_CALENDAR = "freeze calendar"
@@ -400,15 +406,18 @@ class RolloutWorkflow(RolloutActions):
             if frozen is None:
                 p.freeze_hold = False
                 self._close_pause(FREEZE_CALENDAR)
+        # A window Serve could not be checked in says nothing of the new set (Ray down, Serve
+        # starting again): runs from before this rule paused it for traffic it never had.
+        holds = workflow.patched(UNCHECKED_WINDOW_PATCH)
         if workflow.patched(BASELINE_FIRST_PATCH):
             # The window's first read, then the serving check: counters lost after the read are
             # seen by the next read (`_counters_lost`), lost before it by this check, which
             # repairs and takes the read again. Checked first, a loss in between went unseen
             # until the next interval.
             baseline = await self._read_metrics(regions)
-            before = p.repairs
-            next_check = workflow.now() + await self._check_serving()
-            if p.repairs != before:
+            wait, fresh = await self._check_window(holds)
+            next_check = workflow.now() + wait
+            if fresh:
                 baseline = await self._read_metrics(regions)
         else:
             next_check = workflow.now() + await self._check_serving()
@@ -418,9 +427,9 @@ class RolloutWorkflow(RolloutActions):
         while True:
             await self._wait(interval, resumes)
             if workflow.now() >= next_check and p.abort is None:
-                before = p.repairs
-                next_check = workflow.now() + await self._check_serving()
-                if p.repairs != before:  # Serve had lost some of it: the counters went with it
+                wait, fresh = await self._check_window(holds)
+                next_check = workflow.now() + wait
+                if fresh:
                     baseline = last = await self._read_metrics(regions)
                     started = workflow.now()
                     continue
@@ -436,9 +445,9 @@ class RolloutWorkflow(RolloutActions):
             if _counters_lost(last, now):
                 # A region's counters vanished (Ray came back empty, or its metrics actor was
                 # lost): check Serve now, not at the next interval; a repair restarts the window.
-                before = p.repairs
-                next_check = workflow.now() + await self._check_serving()
-                if p.repairs != before:
+                wait, fresh = await self._check_window(holds)
+                next_check = workflow.now() + wait
+                if fresh:
                     baseline = last = await self._read_metrics(regions)
                     started = workflow.now()
                     continue
@@ -469,6 +478,8 @@ class RolloutWorkflow(RolloutActions):
                 self._close_pause(IPNEXT)  # the traffic came: the window since the shift is judged
                 resumes = p.resumes
                 workflow.logger.info("rollout resumed by ipnext: %d requests on the new set", requests)
+            if holds and p.serving_unchecked:
+                continue  # neither done nor short of traffic: Serve is not known to serve the window
             elapsed = workflow.now() - started
             if elapsed < bake:
                 continue
@@ -489,6 +500,20 @@ class RolloutWorkflow(RolloutActions):
                     self._pause_by_ipnext(f"{FREEZE_PAUSE}{window.reason}", f"until {window.end.isoformat()}")
                     continue
             return
+
+    async def _check_window(self, holds: bool) -> tuple[timedelta, bool]:
+        """The serving check of a bake: when to check again, and whether the bake's window starts
+        afresh. It does when the check repaired (Serve had lost some of what was applied; the
+        counters went with it) and, with `holds`, when it ran after one that could not: the
+        window since counted traffic Serve was not known to serve."""
+        p = self._progress
+        before, unchecked = p.repairs, p.serving_unchecked
+        wait = await self._check_serving()
+        repaired = p.repairs != before
+        recovered = holds and bool(unchecked) and not p.serving_unchecked
+        if recovered and not repaired:
+            workflow.logger.info("rollout serving check runs again (the bake starts again): %s", unchecked)
+        return wait, repaired or recovered
 
     async def _roll_back_or_hold(self) -> None:
         """Roll back; when that cannot complete, hold where the traffic is, paused by ipnext with

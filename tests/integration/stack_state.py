@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -81,10 +82,45 @@ def _tail(path: Path) -> Iterator[str]:
         return
     with path.open("rb") as log:
         log.seek(0, os.SEEK_END)
-        log.seek(max(0, log.tell() - 64 * 1024))
-        lines = log.read().decode(errors="replace").splitlines()[-LOG_LINES:]
-    yield f"-- last {len(lines)} lines of {path.name}"
+        log.seek(max(0, log.tell() - 512 * 1024))
+        lines = condensed(log.read().decode(errors="replace").splitlines())[-LOG_LINES:]
+    yield f"-- last {len(lines)} lines of {path.name} (tracebacks cut to their error, repeats counted)"
     yield from (f"  {line}" for line in lines)
+
+
+def condensed(lines: list[str]) -> list[str]:
+    """A log's lines with each Python traceback cut to its error line, and a line alike but for
+    its numbers (times, ids) to one of the last few kept left out and counted: a Ray thread that fails every
+    few seconds filled the whole tail of a failed drill's report with one traceback (CI, stop
+    54), and what the worker had done was not in it."""
+    kept: list[str] = []
+    in_traceback = False
+    for line in lines:
+        if line.startswith("Traceback (most recent call last)"):
+            in_traceback = True
+            continue
+        if in_traceback and (line.startswith((" ", "\t")) or not line.strip()):
+            continue  # a frame, its source line, or its ^^^ marks
+        in_traceback = False
+        kept.append(line)
+    out: list[str] = []
+    left_out = 0
+    for line in kept:
+        if any(_shape(line) == _shape(seen) for seen in out[-4:]):
+            left_out += 1  # a line of a loop that the last few lines already show
+            continue
+        if left_out:
+            out.append(f"({left_out} more line(s) like those above)")
+            left_out = 0
+        out.append(line)
+    if left_out:
+        out.append(f"({left_out} more line(s) like those above)")
+    return out
+
+
+def _shape(line: str) -> str:
+    """The line without what changes between repeats of it: hex ids, then every number."""
+    return re.sub(r"\d+", "0", re.sub(r"\b[0-9a-f]{8,}\b", "#", line))
 
 
 def model_lines(state: dict[str, Any]) -> Iterator[str]:

@@ -250,7 +250,12 @@ async def _ray_lost_and_back(stack: Settings, dev: DevStack, client: Client, mod
         await asyncio.sleep(RAY_OUTAGE_S)
         back_started = load.elapsed()
         await asyncio.to_thread(dev.start, "ray")
-        state = await client.wait_until_serving(model_name, third.set_id, timeout_s=300)
+        # Through ipnext's own pause for traffic, which the load ends: on a loaded machine the
+        # new set can see few requests in the window after the repair. A window Serve could not
+        # be checked in never pauses it (tests/workflows/test_rollout_serving_checks.py).
+        state = await client.wait_until_serving(
+            model_name, third.set_id, timeout_s=300, through_traffic_pause=True
+        )
         done_at = load.elapsed()
         await poll_until(
             lambda: _ok(load, since=done_at), lambda n: n >= 20, timeout_s=60, interval_s=0.2, what="answers"
@@ -275,5 +280,6 @@ async def _ray_lost_and_back(stack: Settings, dev: DevStack, client: Client, mod
         f"Ray lost for {back_started - lost_at:.1f}s in {third.set_id}'s bake ({rollout.step}): "
         f"answered again {back_at - back_started:.1f}s after Ray started again; the rollout completed "
         f"{done_at - back_started:.1f}s after it, generations {state.rollout.generations}, "
-        f"{state.rollout.repairs} repair(s): {state.rollout.last_repair}; {len(after)} answers since, none failed"
+        f"{state.rollout.repairs} repair(s): {state.rollout.last_repair}; pauses: "
+        f"{[p.reason for p in state.rollout.pauses] or 'none'}; {len(after)} answers since, none failed"
     )

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 from ipnext.config import Settings, load_settings
 from ipnext.devstack import scratch_config
-from tests.integration.stack_state import describe, model_lines, rollout_lines, stack_config_of
+from tests.integration.stack_state import condensed, describe, model_lines, rollout_lines, stack_config_of
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -62,3 +62,27 @@ def test_a_stack_that_is_down_is_still_reported(tmp_path: Path) -> None:
     assert "-- models: TemporalConnectionError" in report  # said in its place, the rest goes on
     assert "-- Serve apps: no Ray address file (Ray not up)" in report
     assert "-- worker.log: none" in report
+
+
+def test_a_logs_looping_traceback_is_cut_so_what_the_worker_did_shows() -> None:
+    """The worker's log as CI's stop 54 ended: a Ray metrics thread failing every few seconds,
+    each time a traceback, after the lines that said what the worker had done."""
+    said = [
+        "WARNING 2026-12-06 01:35:40,101 reconcile t1: repairing t1.us-east.s1.r1: lost",
+        "WARNING 2026-12-06 01:36:10,412 rollout serving check failed (tried again next interval): timed out",
+    ]
+    loop: list[str] = []
+    for second, owner in ((9, "a8fc07a3e951a5a7"), (19, "b2fc07a3e951a5a8"), (29, "c3fc07a3e951a5a9")):
+        loop += [
+            "Traceback (most recent call last):",
+            '  File "ray/serve/_private/router.py", line 438, in push_autoscaling_metrics_to_controller',
+            "    if not check_obj_ref_ready_nowait(self._pending_metrics_push_ref):",
+            "           ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^",
+            f"ValueError: An application is trying to access a Ray object whose owner is unknown({owner} ).",
+            f"ERROR 2026-12-06 01:37:{second:02d},779 serve 1016 -- Failed to run metrics task 'push_metrics'",
+        ]
+    lines = condensed(said + loop)
+    assert lines[:2] == said  # what the worker did, still in a tail of a few lines
+    assert not [line for line in lines if line.startswith(("Traceback", "  File", "    "))], lines
+    assert lines[2].startswith("ValueError") and lines[3].startswith("ERROR"), lines
+    assert lines[4:] == ["(4 more line(s) like those above)"], lines

@@ -103,10 +103,13 @@ class FakeServing:
         self.weights: dict[str, dict[str, float]] = {}
         self.counters: dict[str, dict[str, SetCounters]] = {}  # region -> app -> cumulative
         # Serving checks: each input seen; `drift` is what the next check repairs (then clean);
-        # while `reconcile_error` is set every check fails with it.
+        # while `reconcile_error` is set every check fails with it (how: `reconcile_unreachable`).
         self.reconciled: list[ReconcileInput] = []
         self.drift: list[str] = []
         self.reconcile_error: str | None = None
+        # The checks fail as Ray unreachable does (retryable: they cannot run), not as a check
+        # that ran and found what it cannot fix (non-retryable: Serve refused an app).
+        self.reconcile_unreachable = False
         self.reconcile_interval = 0.5
         self.restored: list[tuple[str, str, int]] = []  # (region, app, generation) a check routed back
         self.lose_counters = False  # the next metrics read finds every counter gone (Ray restarted)
@@ -250,6 +253,8 @@ class FakeServing:
     async def reconcile(self, input: ReconcileInput) -> ReconcileResult:
         self.reconciled.append(input)
         if self.reconcile_error is not None:
+            if self.reconcile_unreachable:  # the world's failure: tried again, then given up
+                raise ApplicationError(self.reconcile_error, next_retry_delay=timedelta(milliseconds=10))
             raise ApplicationError(self.reconcile_error, non_retryable=True)
         repaired, self.drift = self.drift, []
         if repaired:

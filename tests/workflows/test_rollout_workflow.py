@@ -20,8 +20,6 @@ from ipnext.registry import PublishResult, RolloutResult
 from ipnext.rollout import (
     FreezeOverride,
     FreezeWindow,
-    PauseInput,
-    ResumeInput,
     RolloutState,
     RolloutStatus,
 )
@@ -219,81 +217,6 @@ async def test_pause_holds_the_split_through_the_bake_and_resume_continues(tempo
 
 def rollout(client: Client) -> WorkflowHandle[Any, Any]:
     return client.get_workflow_handle(rollout_workflow_id("wf-model", "wf-model@2"))
-
-
-async def hold_at_this_step(client: Client) -> None:
-    """Pause v2's rollout (its bake goes on reading metrics and checking serving, paused), so a
-    slow machine cannot finish the step before the test acts on it."""
-    await rollout(client).signal("pause", PauseInput(reason="hold the step", who="test"))
-    await until_rollout(client, "wf-model@2", lambda s: s.state == RolloutState.PAUSED)
-
-
-async def test_serving_lost_mid_bake_comes_back_at_the_rollouts_split_and_the_bake_restarts(
-    temporal: Client,
-) -> None:
-    """Ray restarted in the middle of a bake (the fake's next serving check finds drift): the
-    rollout's own check pushes both sets at their step's sizes and the routers as last routed,
-    at the generations applied; the bake starts a fresh window; every step is applied once."""
-    fake = FakeServing()
-    fake.reconcile_interval = 0.2
-    worker, handle = await start(temporal, fake, with_rollout(steps=[30, 100], bake_seconds=3.0))
-    async with worker:
-        await roll_out_v2(temporal, handle, "(30%): baking")
-        await hold_at_this_step(temporal)
-        checks = len(fake.reconciled)
-        fake.drift = ["app-1: lost (the writer holds none)", "wf-model.us-east: router lost"]
-        repaired = await until_rollout(temporal, "wf-model@2", lambda s: s.repairs == 1)
-        await rollout(temporal).signal("resume", ResumeInput(who="test"))
-        done = await until_rollout(temporal, "wf-model@2", lambda s: s.state == RolloutState.COMPLETED)
-    during = [c for c in fake.reconciled[checks:] if c.sets]
-    assert during, "no serving check ran during the bake"
-    check = during[0]
-    assert [(t.snapshot_set.id, t.scales) for t in check.sets] == [
-        ("wf-model@1", {"embed": 1.0}),
-        ("wf-model@2", {"embed": 0.3}),
-    ]
-    assert check.routers["us-east"].weights == {"app-1": 70.0, "app-2": 30.0}
-    assert check.routers["us-east"].generation == check.generation_floor == 2
-    assert repaired.last_repair.startswith("app-1: lost") and repaired.state == RolloutState.PAUSED
-    assert done.generations == [2, 3] and done.repairs == 1  # nothing applied twice
-
-
-async def test_counters_lost_mid_bake_check_serving_at_once(temporal: Client) -> None:
-    """The metrics read finds every counter gone (Ray came back empty): the rollout checks its
-    serving at that read, not at its next interval (an hour away here), and bakes again."""
-    fake = FakeServing()
-    fake.reconcile_interval = 3600
-    worker, handle = await start(temporal, fake, with_rollout(steps=[30, 100], bake_seconds=3.0))
-    async with worker:
-        await roll_out_v2(temporal, handle, "(30%): baking")
-        await hold_at_this_step(temporal)
-        checks = len(fake.reconciled)
-        fake.drift = ["app-2: lost (the writer holds none)"]
-        fake.lose_counters = True
-        # At that read, well within the hour to the next interval (30 s: a loaded CI took over 10).
-        repaired = await until_rollout(temporal, "wf-model@2", lambda s: s.repairs == 1)
-        await rollout(temporal).signal("resume", ResumeInput(who="test"))
-        done = await until_rollout(temporal, "wf-model@2", lambda s: s.state == RolloutState.COMPLETED)
-    first = fake.reconciled[checks]  # the check right after the lost counters: still at 30%
-    assert first.routers["us-east"].weights == {"app-1": 70.0, "app-2": 30.0}, first.routers
-    assert repaired.last_repair.startswith("app-2: lost")
-    assert done.generations == [2, 3] and done.repairs == 1
-
-
-async def test_counters_lost_between_a_bakes_first_check_and_its_first_read(temporal: Client) -> None:
-    """Ray lost just after the check a bake starts with (found clean): the bake's first read
-    came before it, so the next read sees the counters gone and the check repairs at once."""
-    fake = FakeServing()
-    fake.reconcile_interval = 3600
-    fake.lose_after_check = ["app-2: lost (the writer holds none)"]
-    worker, handle = await start(temporal, fake, with_rollout(steps=[30, 100], bake_seconds=2.0))
-    async with worker:
-        await roll_out_v2(temporal, handle)
-        done = await until_rollout(temporal, "wf-model@2", lambda s: s.state == RolloutState.COMPLETED)
-    assert fake.lose_after_check == [], "the fake never lost the counters"
-    assert done.repairs == 1 and done.last_repair.startswith("app-2: lost"), done
-    # Repaired in that bake, at 30%: not at the next bake's first check.
-    assert fake.repairing[0].routers["us-east"].weights == {"app-1": 70.0, "app-2": 30.0}, fake.repairing
 
 
 async def test_bare_and_malformed_signals_never_fail_a_workflow_task(temporal: Client) -> None:
