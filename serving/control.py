@@ -10,7 +10,6 @@ where each autoscaled deployment's burst bound is computed (`layout.burst_bounds
 from __future__ import annotations
 
 import copy
-import logging
 import threading
 import time
 from collections.abc import Callable
@@ -57,9 +56,6 @@ __all__ = [
     "wait_router_generation",
     "writer_for",
 ]
-
-_log = logging.getLogger(__name__)
-HANDLES_STOP_TIMEOUT_S = 20.0  # leaving a restarted cluster: the old handles' stop, at most
 
 
 class ServeConfigWriter:
@@ -234,8 +230,7 @@ def connect(address: str) -> None:
     """Attach this process to the Ray cluster at `address`, once. A process still attached to
     another address (the dev stack's Ray head restarted: it comes back at a new one) detaches
     first, so the worker follows a restarted cluster instead of calling a dead one; Serve's
-    cached controller handle is dropped with it, and the deployment handles it cached are
-    stopped first (`_stop_cached_handles`). A cluster restarted at the same address is not
+    cached controller handle is dropped with it. A cluster restarted at the same address is not
     detected here (the calls fail and their activities retry).
 
     Ray's implicit `ray.init()` is switched off first (`forbid_implicit_init`): between the
@@ -248,7 +243,6 @@ def connect(address: str) -> None:
         if ray.is_initialized():
             if _connected is None or _connected == address:
                 return
-            _stop_cached_handles()
             ray.shutdown()
             # Serve caches its controller's handle per process, and a new session of the same
             # job id does not invalidate it: forget it, so the next Serve call finds the new one.
@@ -257,37 +251,6 @@ def connect(address: str) -> None:
             _set_global_client(None)
         ray.init(address=address, namespace=RAY_NAMESPACE, log_to_driver=False)
         _connected = address
-
-
-def _stop_cached_handles() -> None:
-    """Stop the deployment handles this process holds on the cluster it leaves. Each handle's
-    router pushes metrics to that cluster's Serve controller every few seconds; left running,
-    every push after the switch failed ("a Ray object whose owner is unknown") and logged a
-    traceback, for as long as the worker lived (CI, stop 54: the worker log's tail was nothing
-    else). Bounded: the stop is waited on for HANDLES_STOP_TIMEOUT_S (a handle's own shutdown
-    waits at most Serve's graceful timeout, 10 s), and a failure to stop one only leaves it as
-    it was."""
-    from ray.serve import context
-
-    client = context._global_client
-    if client is None:
-        return
-
-    def stop() -> None:
-        try:
-            client.shutdown_cached_handles()
-        except Exception as err:  # the old cluster's handles: nothing more to do with them
-            _log.warning("could not stop the Serve handles of the cluster left behind: %s", err)
-
-    # In a thread of its own, waited on for a bounded time: a shutdown that hangs (the routers'
-    # shared event loop stuck) must not keep the worker from the new cluster.
-    stopper = threading.Thread(target=stop, name="stop-serve-handles", daemon=True)
-    stopper.start()
-    stopper.join(HANDLES_STOP_TIMEOUT_S)
-    if stopper.is_alive():
-        _log.warning(
-            "the Serve handles of the cluster left behind did not stop in %.0f s", HANDLES_STOP_TIMEOUT_S
-        )
 
 
 def forbid_implicit_init() -> None:
