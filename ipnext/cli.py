@@ -567,7 +567,10 @@ def _dev_status(stack: Any, settings: Settings) -> int:
     supervision = read_status(stack.state_dir)
     restarts = supervision.get("restarts", [])
     if SUPERVISOR in record["processes"]:
-        print(f"restarts by the supervisor: {len(restarts) or 'none'}")
+        print(
+            f"restarts by the supervisor: {len(restarts) or 'none'} "
+            f"({supervision.get('passes', 0)} passes, the last at {supervision.get('passed_at') or 'never'})"
+        )
     for entry in restarts[-10:]:
         outcome = f"back in {entry['took_s']}s" if entry.get("ok") else f"FAILED: {entry.get('error', '')}"
         print(f"  {entry['at']} {entry['component']}: {entry['why']}; {outcome}")

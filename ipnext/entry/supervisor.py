@@ -99,6 +99,11 @@ class Supervisor:
             # A supervisor started again for the same stack keeps what the last one recorded.
             "restarts": earlier.get("restarts", []) if same_stack else [],
             "gave_up": {},
+            # Passes over the stack since this supervisor started, and when the last one ended:
+            # `dev status` shows a supervisor that stopped looking, and a caller can wait for
+            # passes to learn that a dead component was seen and (held) left down.
+            "passes": 0,
+            "passed_at": None,
         }
         self.exits: dict[int, int] = {}  # pid of a child it started -> its exit status
 
@@ -142,6 +147,9 @@ class Supervisor:
                 continue
             self.budget.spend(name, now)
             self._restart(name, proc["pid"], proc["log"])
+        self.status["passes"] += 1
+        self.status["passed_at"] = _now_iso()
+        self._write()
         return True
 
     def _restart(self, name: str, pid: int, log: str) -> None:

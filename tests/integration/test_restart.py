@@ -176,9 +176,15 @@ async def test_the_supervisor_starts_a_dead_worker_again_unless_it_is_held(
     held = await _dev_cli(stack_config, "hold", "worker", "--why", "drill")
     assert held.returncode == 0, held.stderr
     _kill(dev, "worker")
-    # Three of the supervisor's passes: its status file records restarts, not passes, so there is
-    # no count of them to wait on.
-    await asyncio.sleep(3 * CHECK_INTERVAL_S + 1)
+    # Three of the supervisor's passes after the kill: each saw the dead worker and its hold.
+    passes = read_status(stack.state_dir)["passes"]
+    await poll_until(
+        lambda: asyncio.to_thread(read_status, stack.state_dir),
+        lambda s: s["passes"] >= passes + 3,
+        timeout_s=60 * CHECK_INTERVAL_S,
+        interval_s=CHECK_INTERVAL_S / 4,
+        what="three of the supervisor's passes over the killed, held worker",
+    )
     shown = await _dev_cli(stack_config, "status")
     assert len(read_status(stack.state_dir)["restarts"]) == len(status["restarts"])  # left down
     assert shown.returncode == 1 and "DOWN, held since" in shown.stdout and "(drill)" in shown.stdout, (

@@ -76,11 +76,14 @@ def test_a_held_component_stays_down_until_released(tmp_path: Path) -> None:
         supervisor = Supervisor(stack, log=lambda _: None)
         supervisor.check_once()
         assert stack.started == []
+        assert read_status(tmp_path)["passes"] == 1  # the pass that left it down is on record
         stack.holds.clear()
         supervisor.check_once()
         assert stack.started == ["worker"]
     finally:
         stack.alive.kill()
+    status = read_status(tmp_path)
+    assert status["passes"] == 2 and status["passed_at"]
 
 
 def test_a_crash_loop_is_left_down_once_its_budget_is_spent(tmp_path: Path) -> None:
