@@ -564,17 +564,15 @@ def _dev_status(stack: Any, settings: Settings) -> int:
         if name in holds:
             state += f", held since {holds[name]['at']} ({holds[name]['why']})"
         print(f"{name:{width}} {state:6} pid {proc['pid']:<8} log {proc['log']}")
-    supervision = read_status(stack.state_dir)
-    restarts = supervision.get("restarts", [])
+    sv = read_status(stack.state_dir)
+    restarts = sv.get("restarts", [])
     if SUPERVISOR in record["processes"]:
-        print(
-            f"restarts by the supervisor: {len(restarts) or 'none'} "
-            f"({supervision.get('passes', 0)} passes, the last at {supervision.get('passed_at') or 'never'})"
-        )
+        passes = f"{sv.get('passes', 0)} passes, the last at {sv.get('passed_at') or 'never'}"
+        print(f"restarts by the supervisor: {len(restarts) or 'none'} ({passes})")
     for entry in restarts[-10:]:
         outcome = f"back in {entry['took_s']}s" if entry.get("ok") else f"FAILED: {entry.get('error', '')}"
         print(f"  {entry['at']} {entry['component']}: {entry['why']}; {outcome}")
-    for name, at in supervision.get("gave_up", {}).items():
+    for name, at in sv.get("gave_up", {}).items():
         print(f"  {name}: left down since {at}, too many restarts (see its log; `ipnext dev up` starts it)")
     if stack.is_up():
         try:

@@ -59,12 +59,12 @@ USER, ITEMS = 3, [5, 17, 42, 99, 123, 256, 300, 411]  # the shadows' request: on
 # Requests/s of all the users together, far below what the box can serve, so the load does not
 # hold the control plane back (four unpaced users kept both cores busy on their own).
 RATE = 20.0
-# Clicks counted on each arm before on-call stops the experiment: enough for a clear verdict (the
-# arms click about 0.3 and 0.95 of the time; 30 a side puts p near 1e-6). The experiment runs
-# until then, never for a set time: a 6 s experiment on a loaded box once ended with too few
-# clicks on one arm to compare (its routers took most of the 6 s to split), and the report
-# rightly held no click comparison. Ending by duration is the workflow tests' to prove
-# (tests/workflows/test_experiment_workflow.py).
+# Clicks the experiment counted on each arm (its report so far) before on-call stops it: enough
+# for a clear verdict (the arms click about 0.3 and 0.95 of the time; 30 a side puts p near 1e-6).
+# It runs until then, never for a set time: a 6 s experiment on a loaded box once ended with too
+# few clicks counted on one arm to compare, and one stopped once the routers had taken 36 clicks
+# an arm had counted 8 (counts reach the experiment at its checks, behind the routers). Ending by
+# duration is the workflow tests' to prove (tests/workflows/test_experiment_workflow.py).
 CLICKS_PER_ARM = 30
 # Answers the users must get from a second after the poisoned experiment ended, every one on
 # control (about 2 s of the users' RATE); how long a wait for the stack to show something may
@@ -173,19 +173,33 @@ async def test_the_better_arm_wins_a_failing_arm_ends_shadows_compare_and_update
     )
     await client.start_experiment(model_name, start)
 
+    async def fewest_clicks_counted() -> int:
+        """The click outcomes the experiment counted on its arm with fewer (its report so far)."""
+        report = (await client.experiment_status(model_name, "ranker")).report
+        counts = [arm.outcomes.get("click", (0, None))[0] for arm in report.arms] if report else []
+        return min(counts) if len(counts) == 2 else 0
+
+    counted: list[int] = []
+
     async def through_the_experiment(users: Users) -> None:
-        await poll_until(
-            lambda: asyncio.sleep(0, min(users.clicks_taken[arm] for arm in ("control", "treatment"))),
-            lambda fewest: fewest >= CLICKS_PER_ARM,
-            timeout_s=SHOWN_WITHIN_S * 3,
-            interval_s=0.2,
-            what=f"{CLICKS_PER_ARM} clicks counted on each arm",
+        counted.append(
+            await poll_until(
+                fewest_clicks_counted,
+                lambda fewest: fewest >= CLICKS_PER_ARM,
+                timeout_s=SHOWN_WITHIN_S * 3,
+                interval_s=0.5,
+                what=f"{CLICKS_PER_ARM} clicks counted by the experiment on each arm",
+            )
         )
         await client.stop_experiment(model_name, reason="enough clicks on each arm", who="test")
         await ended(client, model_name, "ranker")
 
     users = await under_load(stack, model_name, through_the_experiment)
-    lap(began, f"the experiment stopped with {dict(users.clicks_taken)} clicks taken")
+    lap(
+        began,
+        f"the experiment stopped: {counted[0]} clicks counted on its arm with fewer; the routers had "
+        f"taken {dict(users.clicks_taken)}",
+    )
     result = await ended(client, model_name, "ranker")
     assert result.outcome == "stopped", result.end
     report = result.report

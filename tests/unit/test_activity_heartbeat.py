@@ -66,3 +66,67 @@ def test_the_serve_activities_with_a_heartbeat_timeout_beat_throughout(activity_
     assert defn is not None and defn.name == activity_fn.__name__  # type: ignore[attr-defined]
     assert getattr(activity_fn, "__wrapped__", None) is not None, "not wrapped by heartbeat_throughout"
     assert defn.arg_types and defn.arg_types[0].__name__.endswith("Input"), defn.arg_types
+
+
+def _blocked_until_released(released: threading.Event) -> bool:
+    """What a hung Ray call looks like to the activity: it returns only when the test lets it."""
+    return released.wait(PATIENCE_S)
+
+
+def _beats_until_they_stop(monkeypatch: pytest.MonkeyPatch, addresses: list[str | None]) -> tuple[int, int]:
+    """Run a wrapped hung call; the cluster address reads `addresses` in turn (the last one
+    repeats). Returns the beats seen once they stopped, and those seen a while later."""
+    monkeypatch.setattr(
+        _context, "cluster_address", lambda: addresses.pop(0) if len(addresses) > 1 else addresses[0]
+    )
+    env, seen, released = ActivityEnvironment(), [], threading.Event()
+    env.on_heartbeat = lambda *details: seen.append(details)
+    stopped: list[int] = []
+    runner = threading.Thread(
+        target=env.run, args=(_context.heartbeat_throughout(_blocked_until_released), released)
+    )
+    runner.start()
+    try:
+        # The beats stopped once the helper thread ended (it ends only when it stops beating).
+        for _ in range(int(PATIENCE_S / 0.01)):
+            helpers = [t for t in threading.enumerate() if t.name.startswith("heartbeat-")]
+            if not helpers:
+                break
+            helpers[0].join(0.01)
+        stopped.append(len(seen))
+        later = len(seen)
+    finally:
+        released.set()
+        runner.join(PATIENCE_S)
+    return stopped[0], later
+
+
+def test_the_beats_stop_when_the_ray_cluster_moves_during_the_attempt(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A head started again at a new address: the attempt's calls wait on a dead cluster, so
+    its beats stop and the heartbeat timeout ends it; the retry connects to the new one."""
+    addresses: list[str | None] = [
+        "10.0.0.1:6379",
+        "10.0.0.1:6379",
+        "10.0.0.1:6379",
+        "10.0.0.1:6379",
+        "10.0.0.2:6379",
+    ]
+    stopped, later = _beats_until_they_stop(monkeypatch, addresses)
+    assert stopped == 3 and later == stopped, (stopped, later)  # 3 beats on the first cluster, none after
+
+
+def test_a_cluster_address_that_cannot_be_read_is_no_move(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file mid-rewrite (None) is no evidence of a move: the beats go on, up to the limit."""
+    monkeypatch.setattr(_context, "HEARTBEAT_LIMIT_S", 0.3)
+    stopped, _ = _beats_until_they_stop(monkeypatch, ["10.0.0.1:6379", None, None, "10.0.0.1:6379"])
+    assert stopped >= 5, stopped  # beats went on past the unreadable reads, until the limit
+
+
+def test_the_beats_stop_after_the_limit_so_a_hung_call_ends_its_attempt(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_context, "HEARTBEAT_LIMIT_S", 0.2)
+    stopped, later = _beats_until_they_stop(monkeypatch, ["10.0.0.1:6379"])
+    assert stopped >= 1 and later == stopped, (stopped, later)
