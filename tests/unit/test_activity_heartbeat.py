@@ -75,30 +75,31 @@ def _blocked_until_released(released: threading.Event) -> bool:
 
 def _beats_until_they_stop(monkeypatch: pytest.MonkeyPatch, addresses: list[str | None]) -> tuple[int, int]:
     """Run a wrapped hung call; the cluster address reads `addresses` in turn (the last one
-    repeats). Returns the beats seen once they stopped, and those seen a while later."""
+    repeats). Returns the beats seen when the helper said it stopped (its warning, the last thing
+    it does), and those seen once the call returned."""
     monkeypatch.setattr(
         _context, "cluster_address", lambda: addresses.pop(0) if len(addresses) > 1 else addresses[0]
     )
+    stopped, said = threading.Event(), []
+    monkeypatch.setattr(
+        _context.activity.logger,
+        "warning",
+        lambda message, *args, **_: (said.append(message % args), stopped.set()),
+    )
     env, seen, released = ActivityEnvironment(), [], threading.Event()
     env.on_heartbeat = lambda *details: seen.append(details)
-    stopped: list[int] = []
     runner = threading.Thread(
         target=env.run, args=(_context.heartbeat_throughout(_blocked_until_released), released)
     )
     runner.start()
     try:
-        # The beats stopped once the helper thread ended (it ends only when it stops beating).
-        for _ in range(int(PATIENCE_S / 0.01)):
-            helpers = [t for t in threading.enumerate() if t.name.startswith("heartbeat-")]
-            if not helpers:
-                break
-            helpers[0].join(0.01)
-        stopped.append(len(seen))
-        later = len(seen)
+        assert stopped.wait(PATIENCE_S), "the beats never stopped"
+        at_stop = len(seen)
     finally:
         released.set()
         runner.join(PATIENCE_S)
-    return stopped[0], later
+    assert said and "no more heartbeats" in said[0], said
+    return at_stop, len(seen)
 
 
 def test_the_beats_stop_when_the_ray_cluster_moves_during_the_attempt(
