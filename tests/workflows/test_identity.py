@@ -2,20 +2,18 @@
 carry their `ipnext-identity` header, which the rollout records beside the payload's `who`; the
 same signals from the `temporal` CLI or a bare Temporal client (as the Temporal UI sends them)
 are recorded as unattributed. Histories with and without the header replay (histories/ holds two
-recorded by the workflows before they read identities)."""
+recorded by the workflows before they read identities: test_recorded_histories.py replays them)."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import subprocess
 import sys
 import uuid
-from pathlib import Path
 
 import pytest
-from temporalio.client import Client, WorkflowHistory
+from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer, Worker
 
@@ -106,19 +104,3 @@ async def test_sdk_and_cli_signals_carry_their_identity_and_bare_ones_are_unattr
         in status.stdout
     )
     assert "by carol [sent as cli-operator]: again" in status.stdout, status.stdout
-
-
-HISTORIES = Path(__file__).parent / "histories"
-
-
-@pytest.mark.parametrize("recorded", ["rollout-before-identities.json", "fleet-before-identities.json"])
-async def test_runs_recorded_before_identities_replay_with_the_identity_reading_worker(recorded: str) -> None:
-    """A rollout paused, resumed, overridden and aborted, and a fleet region down and up, recorded
-    by the workflows before they read identities (their signals and updates carry no header):
-    the current workflows, with the worker's interceptors, replay them without a
-    nondeterminism error."""
-    history = WorkflowHistory.from_json(
-        recorded.removesuffix(".json"), json.loads((HISTORIES / recorded).read_text())
-    )
-    result = await _replayer().replay_workflow(history, raise_on_replay_failure=False)
-    assert result.replay_failure is None, result.replay_failure
