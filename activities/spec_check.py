@@ -58,7 +58,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from ipnext.errors import IpnextError, SpecError, error_from_type
+from ipnext.errors import IpnextError, SpecError, error_from_wire
 from ipnext.model import ModelSpec, SnapshotRef, check_factories
 from ipnext.validation import check_part_fits
 
@@ -194,7 +194,8 @@ def _raise_for(
             fix=f"{fix}, without exiting the process",
         )
     if answer.get("error") is not None:
-        raise error_from_type(str(answer["error"]["type"]), str(answer["error"]["message"]))
+        error = answer["error"]
+        raise error_from_wire(str(error["type"]), str(error["message"]), error.get("details"))
 
 
 def start_checker() -> None:
@@ -394,7 +395,7 @@ def _check(request: dict[str, Any], answer_file: IO[bytes], output_file: IO[byte
     except MemoryError:
         out_of_memory = True  # answered below, once the frames holding the memory are gone
     except IpnextError as err:
-        answer = {"error": {"type": type(err).__name__, "message": str(err)}}
+        answer = {"error": {"type": type(err).__name__, "message": str(err), "details": err.wire_details()}}
     except BaseException as err:  # the owner's code may raise anything, SystemExit included
         answer = {
             "error": {"type": "SpecError", "message": f"factory check failed: {type(err).__name__}: {err}"}

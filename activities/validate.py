@@ -46,7 +46,10 @@ class ValidateSetResult(Frozen):
 
 
 def as_application_error(err: IpnextError) -> ApplicationError:
-    return ApplicationError(str(err), type=type(err).__name__, non_retryable=True)
+    """`err` as its caller sees it: its class name, text and `wire_details` (the fix among them),
+    which `ipnext.errors.error_from_wire` turns back into `err` in the SDK. Non-retryable: the
+    input is wrong, and another attempt would find it as wrong."""
+    return ApplicationError(str(err), err.wire_details(), type=type(err).__name__, non_retryable=True)
 
 
 @activity.defn

@@ -7,6 +7,11 @@ IpnextError
 ├── PlanningTimeoutError   the planner found no plan within its time limit (not a proof of infeasibility)
 ├── ModelNotFoundError     no model of that name is registered
 ├── ModelExistsError       a model of that name is already registered
+├── UpdateInputError       an update's payload is missing or not its input model (a hand-built client)
+├── ExperimentError        an experiment, shadow or promote was refused (which, and why)
+├── RolloutInputError      a rollout was started with an input that contradicts itself
+├── RolloutStateError      a rollout reached a state its code rules out (a defect; the rollout fails)
+├── ModelRecordError       a model's record contradicts itself (a defect; the model workflow fails)
 ├── ServingError           Ray Serve could not deploy or answer
 │   ├── RolloutPausedError  the rollout a caller waits on paused: `.reason`, `.who`, `.status`
 │   ├── RolloutStoppedError the rollout a caller waits on ended without the set serving: `.status`
@@ -32,6 +37,7 @@ from typing import Any
 
 __all__ = [
     "CheckpointError",
+    "ExperimentError",
     "GenerationError",
     "InfeasiblePlanError",
     "IpnextError",
@@ -39,6 +45,7 @@ __all__ = [
     "KernelInputError",
     "ModelExistsError",
     "ModelNotFoundError",
+    "ModelRecordError",
     "PartInputError",
     "PlanningTimeoutError",
     "PredictionBadRequestError",
@@ -49,14 +56,17 @@ __all__ = [
     "PredictionServerError",
     "PredictionTransportError",
     "RegionStateError",
+    "RolloutInputError",
     "RolloutPausedError",
+    "RolloutStateError",
     "RolloutStoppedError",
     "ServingError",
     "SnapshotError",
     "SpecError",
     "StackError",
     "TemporalConnectionError",
-    "error_from_type",
+    "UpdateInputError",
+    "error_from_wire",
 ]
 
 
@@ -75,6 +85,12 @@ class IpnextError(Exception):
             parts.append(f"Fix: {fix}")
         super().__init__(" ".join(parts))
 
+    def wire_details(self) -> dict[str, Any]:
+        """What crosses a process boundary beside the type name and `str(self)`: `field`, `value`,
+        `fix` and a subclass's own attributes (`status_code`, `reason`, ...), as JSON values (any
+        other value as its text). `error_from_wire` rebuilds the error from them."""
+        return {k: _jsonable(v) for k, v in vars(self).items() if k != "message" and v is not None}
+
 
 class SpecError(IpnextError, ValueError):
     """A spec (model.yaml, fleet.yaml, demand.yaml, ipnext.yaml) is malformed."""
@@ -87,6 +103,29 @@ class SnapshotError(IpnextError, ValueError):
 class CheckpointError(IpnextError, ValueError):
     """A Hugging Face checkpoint folder ipnext cannot serve: the message names the file, the
     field, what it holds and what is served."""
+
+
+class UpdateInputError(IpnextError, ValueError):
+    """A workflow update came without its payload, or with one that is not its input model: a
+    client other than ipnext's (the SDK and CLI always send the model)."""
+
+
+class ExperimentError(IpnextError):
+    """An experiment, a shadow or a promote was refused: one runs already, the name ran before, the
+    treatment is not a held set. Nothing changed."""
+
+
+class RolloutInputError(IpnextError, ValueError):
+    """A RolloutWorkflow was started with an input that contradicts itself (a defect of its caller)."""
+
+
+class RolloutStateError(IpnextError):
+    """A rollout reached a state its code rules out: a defect, so the rollout fails loudly."""
+
+
+class ModelRecordError(IpnextError):
+    """A model's record contradicts itself (a queued set it does not know, a rollout of a set it
+    never had): a defect, so the model workflow fails loudly rather than guess."""
 
 
 class InfeasiblePlanError(IpnextError):
@@ -114,6 +153,10 @@ class RolloutPausedError(ServingError):
     wait_until_serving`): by on-call, by ipnext for too little traffic, or for a freeze window.
     The rollout stays paused; `fix` says how it goes on. `status` is its RolloutStatus."""
 
+    reason: str = ""
+    who: str = ""
+    status: Any = None
+
     def __init__(
         self, message: str, *, reason: str, who: str, status: Any = None, fix: str | None = None
     ) -> None:
@@ -127,6 +170,8 @@ class RolloutStoppedError(ServingError):
     """A set's rollout ended, or is rolling back, without the set serving (rolled back, aborted,
     failed, refused by a freeze window, or superseded by a newer set) while a caller waited.
     `status` is its RolloutStatus when one was read (None for a superseded set)."""
+
+    status: Any = None
 
     def __init__(self, message: str, *, status: Any = None, fix: str | None = None) -> None:
         super().__init__(message, fix=fix)
@@ -225,28 +270,41 @@ class KernelBackendError(IpnextError, RuntimeError):
     """`backend="triton"` was asked for where the Triton kernel cannot run; nothing falls back silently."""
 
 
-_BY_NAME: dict[str, type[IpnextError]] = {
-    cls.__name__: cls
-    for cls in (
-        SpecError,
-        SnapshotError,
-        InfeasiblePlanError,
-        PlanningTimeoutError,
-        ModelNotFoundError,
-        ModelExistsError,
-        ServingError,
-        StackError,
-        TemporalConnectionError,
-        RegionStateError,
-    )
-}
+def _jsonable(value: Any) -> Any:
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    return str(value)
 
 
-def error_from_type(type_name: str | None, message: str) -> IpnextError:
-    """Rebuild an ipnext error from the `type` of a Temporal ApplicationError."""
-    cls = _BY_NAME.get(type_name or "", IpnextError)
+def _every_error_class(root: type[IpnextError] = IpnextError) -> dict[str, type[IpnextError]]:
+    found = {root.__name__: root}
+    for sub in root.__subclasses__():
+        found |= _every_error_class(sub)
+    return found
+
+
+_FIX_MARK = " Fix: "
+
+
+def error_from_wire(
+    type_name: str | None, message: str, details: dict[str, Any] | None = None
+) -> IpnextError:
+    """The ipnext error a worker raised, rebuilt in the caller's process from what crossed:
+    its class by `type_name` (IpnextError for a name this tree does not hold), `message` as its
+    text, and `details` (`wire_details()`) as its attributes. Without details (an error a
+    workflow raised by hand) the fix is read from the message's "Fix: ..." tail."""
+    cls = _every_error_class().get(type_name or "", IpnextError)
+    attrs = dict(details or {})
+    fix = attrs.pop("fix", None)
+    if fix is None and _FIX_MARK in message:
+        fix = message.split(_FIX_MARK, 1)[1]
+    bare = message.removesuffix(f"{_FIX_MARK}{fix}") if fix else message
     err = cls.__new__(cls)
-    Exception.__init__(err, message)
-    err.message = message
-    err.field = err.value = err.fix = None
+    IpnextError.__init__(err, bare, field=attrs.pop("field", None), value=attrs.pop("value", None), fix=fix)
+    for name, value in attrs.items():
+        setattr(err, name, value)
     return err

@@ -35,7 +35,6 @@ from temporalio.client import (
     WorkflowExecutionStatus,
     WorkflowFailureError,
     WorkflowQueryFailedError,
-    WorkflowUpdateFailedError,
 )
 from temporalio.common import (
     SearchAttributePair,
@@ -43,7 +42,7 @@ from temporalio.common import (
     WorkflowIDConflictPolicy,
     WorkflowIDReusePolicy,
 )
-from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
+from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from ipnext.config import Settings, load_settings
@@ -72,7 +71,6 @@ from ipnext.errors import (
     RolloutPausedError,
     RolloutStoppedError,
     ServingError,
-    error_from_type,
 )
 from ipnext.identity import default_identity
 from ipnext.model import ModelSpec, SnapshotRef, SnapshotSetRequest, check_against_fleet
@@ -110,7 +108,7 @@ from ipnext.rollout import (
 )
 from ipnext.routing import RoutingDocument
 from ipnext.snapshots import request_from_folder
-from ipnext.temporal import connect_client, stuck_reason
+from ipnext.temporal import connect_client, from_temporal, stuck_reason, temporal_errors
 
 __all__ = [
     "AsyncPredictionClient",
@@ -238,7 +236,7 @@ class Client:
                     fix=f"start the worker on task queue {self.settings.temporal.task_queue!r} "
                     "(`ipnext dev up` does)",
                 ) from None
-            raise _translate(err) from None
+            raise from_temporal(err) from None
 
     async def get_model(self, name: str) -> ModelState:
         return await self._query_state(name)
@@ -327,16 +325,12 @@ class Client:
 
     async def delete_model(self, name: str, who: str = "sdk") -> DeleteResult:
         handle = await self._running_model(name)
-        try:
+        with temporal_errors():
             result: DeleteResult = await handle.execute_update(
                 ModelWorkflowNames.DELETE, DeleteInput(who=who), result_type=DeleteResult
             )
-        except WorkflowUpdateFailedError as err:
-            raise _translate(err) from None
-        try:
+        with temporal_errors():
             await handle.result()
-        except WorkflowFailureError as err:
-            raise _translate(err) from None
         return result
 
     async def update_model(
@@ -355,14 +349,12 @@ class Client:
             check_against_fleet(spec, self.settings.fleet())
         refs = request_from_folder(snapshots).parts if isinstance(snapshots, Path) else dict(snapshots or {})
         handle = await self._running_model(spec.name)
-        try:
+        with temporal_errors():
             result: UpdateModelResult = await handle.execute_update(
                 ModelWorkflowNames.UPDATE,
                 UpdateModelInput(spec=spec, who=who, snapshots=refs),
                 result_type=UpdateModelResult,
             )
-        except WorkflowUpdateFailedError as err:
-            raise _translate(err) from None
         return result
 
     # ---- experiments ---------------------------------------------------------------------
@@ -372,12 +364,10 @@ class Client:
         published with hold) for `input.duration_seconds`; refused with the reason while the model
         is busy. It ends by itself; `experiment_status` follows it, `stop_experiment` ends it."""
         handle = await self._running_model(name)
-        try:
+        with temporal_errors():
             started: ExperimentStarted = await handle.execute_update(
                 ModelWorkflowNames.START_EXPERIMENT, input, result_type=ExperimentStarted
             )
-        except WorkflowUpdateFailedError as err:
-            raise _translate(err) from None
         return started
 
     async def start_shadow(
@@ -446,12 +436,10 @@ class Client:
         handle = await self._running_model(name)
         why = f"{'after shadow' if ended.mode == 'shadow' else 'won experiment'} {ended.name}"
         ask = PromoteInput(set_id=ended.arms["treatment"], who=who, reason=why)
-        try:
+        with temporal_errors():
             result: PublishResult = await handle.execute_update(
                 ModelWorkflowNames.PROMOTE, ask, result_type=PublishResult
             )
-        except WorkflowUpdateFailedError as err:
-            raise _translate(err) from None
         return result
 
     # ---- snapshots -----------------------------------------------------------------------
@@ -470,14 +458,12 @@ class Client:
         shadow to take."""
         request = request_from_folder(snapshot) if isinstance(snapshot, Path) else snapshot
         handle = await self._running_model(name)
-        try:
+        with temporal_errors():
             return await handle.execute_update(
                 ModelWorkflowNames.PUBLISH,
                 PublishInput(request=request, who=who, freeze_override=freeze_override, hold=hold),
                 result_type=PublishResult,
             )
-        except WorkflowUpdateFailedError as err:
-            raise _translate(err) from None
 
     async def wait_until_serving(
         self,
@@ -783,12 +769,3 @@ def paused_error(name: str, status: RolloutStatus, waiting_for: str | None = Non
         status=status,
         fix=fix,
     )
-
-
-def _translate(err: Exception) -> IpnextError:
-    cause: BaseException | None = err
-    while cause is not None and not isinstance(cause, ApplicationError):
-        cause = cause.__cause__ or getattr(cause, "cause", None)
-    if isinstance(cause, ApplicationError):
-        return error_from_type(cause.type, cause.message)
-    return IpnextError(str(err))

@@ -1,27 +1,38 @@
 """The one Temporal client factory: worker, SDK, CLI and tests all connect through `connect_client`,
 which sets the pydantic data converter, the TLS and API key of `temporal` in the settings, and
-(for the SDK and CLI) the operator identity header; a failure to connect is a TemporalConnectionError."""
+(for the SDK and CLI) the operator identity header; a failure to connect is a TemporalConnectionError.
+`temporal_errors` turns what the worker raised back into the caller's ipnext errors."""
 
 from __future__ import annotations
 
 import ipaddress
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from temporalio.api.common.v1 import WorkflowExecution
 from temporalio.api.enums.v1 import EventType, WorkflowExecutionStatus
 from temporalio.api.workflowservice.v1 import GetWorkflowExecutionHistoryReverseRequest
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowFailureError, WorkflowUpdateFailedError
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode, TLSConfig
 
 from ipnext.config import Settings
-from ipnext.errors import SpecError, TemporalConnectionError
+from ipnext.errors import IpnextError, SpecError, TemporalConnectionError, error_from_wire
 from ipnext.identity import SendIdentity
 
-__all__ = ["API_KEY_ENV", "TemporalConnection", "connect_client", "stuck_reason", "temporal_connection"]
+__all__ = [
+    "API_KEY_ENV",
+    "TemporalConnection",
+    "connect_client",
+    "from_temporal",
+    "stuck_reason",
+    "temporal_connection",
+    "temporal_errors",
+]
 
 API_KEY_ENV = "IPNEXT_TEMPORAL_API_KEY"
 
@@ -190,3 +201,26 @@ async def stuck_reason(client: Client, workflow_id: str) -> str:
         "so it acts on nothing and answers from its last good state (its history in the Temporal "
         "UI shows the failure)"
     )
+
+
+def from_temporal(err: BaseException) -> IpnextError:
+    """The ipnext error behind a Temporal one: the first ApplicationError down its cause chain (an
+    update's refusal, a workflow's or an activity's failure) rebuilt as the class it was raised as,
+    with its fix and attributes (`ipnext.errors.error_from_wire`); else an IpnextError of its text."""
+    cause: BaseException | None = err
+    while cause is not None and not isinstance(cause, ApplicationError):
+        cause = cause.__cause__ or getattr(cause, "cause", None)
+    if isinstance(cause, ApplicationError):
+        details = cause.details[0] if cause.details and isinstance(cause.details[0], dict) else None
+        return error_from_wire(cause.type, cause.message, details)
+    return IpnextError(str(err))
+
+
+@contextmanager
+def temporal_errors() -> Iterator[None]:
+    """Around a client's call of a workflow: a refused update or a failed workflow leaves as the
+    ipnext error the worker raised (`from_temporal`). Other errors (an RPC's) pass unchanged."""
+    try:
+        yield
+    except (WorkflowUpdateFailedError, WorkflowFailureError) as err:
+        raise from_temporal(err) from None

@@ -318,5 +318,5 @@ def as_update_error(
     """An Update's failure from its check's: the activity's own error as is, else `unchecked`."""
     cause = err.cause
     if isinstance(cause, ApplicationError):
-        return ApplicationError(cause.message, type=cause.type, non_retryable=True)
+        return ApplicationError(cause.message, *cause.details, type=cause.type, non_retryable=True)
     return ApplicationError(f"{unchecked}: {cause or err}", type=type, non_retryable=True)

@@ -14,7 +14,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from ipnext.config import Settings
 from ipnext.contracts import FLEET_WORKFLOW_ID, FleetWorkflowNames, Workflows
-from ipnext.errors import IpnextError, RegionStateError, error_from_type
+from ipnext.errors import IpnextError, RegionStateError
 from ipnext.regions import (
     FleetStatus,
     FleetWorkflowInput,
@@ -22,6 +22,7 @@ from ipnext.regions import (
     RegionDownInput,
     RegionUpInput,
 )
+from ipnext.temporal import from_temporal
 
 __all__ = ["ensure_fleet_workflow", "fleet_status", "mark_region", "region_change"]
 
@@ -93,7 +94,7 @@ async def mark_region(client: Client, change: RegionDownInput | RegionUpInput) -
     except WorkflowUpdateFailedError as err:
         cause = err.cause
         if isinstance(cause, ApplicationError):
-            raise error_from_type(cause.type, cause.message) from None
+            raise from_temporal(err) from None
         raise RegionStateError(str(cause or err)) from None
     except RPCError as err:
         raise _not_running(err) from None
