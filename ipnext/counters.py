@@ -11,13 +11,14 @@ Pure: no Ray, no Temporal.
 from __future__ import annotations
 
 import bisect
+import math
 from decimal import ROUND_FLOOR, Decimal, localcontext
 from functools import cache
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ipnext.experiments import OutcomeTotals
+from ipnext.contracts import Frozen
 
 __all__ = [
     "BUCKET_RATIO",
@@ -25,6 +26,7 @@ __all__ = [
     "LEGACY_BUCKETS_MS",
     "BucketLayout",
     "MetricsSnapshot",
+    "OutcomeTotals",
     "SetCounters",
     "bucket_bounds",
     "histogram_quantile",
@@ -117,6 +119,53 @@ def _rank(layout: BucketLayout | None) -> tuple[bool, bool, float, float, int]:
     if layout is None:
         return (False, False, 0.0, 0.0, 0)
     return (layout == LATENCY_LAYOUT, True, -layout.ratio, -layout.lowest_ms, layout.count)
+
+
+class OutcomeTotals(Frozen):
+    """One outcome of one arm: how many values, their sum and sum of squares, and whether every
+    value was 0 or 1 (a rate)."""
+
+    count: int = 0
+    total: float = 0.0
+    squares: float = 0.0
+    binary: bool = True
+
+    def add(self, value: float) -> OutcomeTotals:
+        if not math.isfinite(value):
+            raise ValueError(f"outcome: a finite number, got {value!r}")
+        return OutcomeTotals(
+            count=self.count + 1,
+            total=self.total + value,
+            squares=self.squares + value * value,
+            binary=self.binary and value in (0.0, 1.0),
+        )
+
+    def minus(self, earlier: OutcomeTotals) -> OutcomeTotals:
+        """What was added since `earlier` (cumulative totals, as counters are diffed)."""
+        return OutcomeTotals(
+            count=self.count - earlier.count,
+            total=self.total - earlier.total,
+            squares=self.squares - earlier.squares,
+            binary=self.binary,
+        )
+
+    def merged(self, other: OutcomeTotals) -> OutcomeTotals:
+        return OutcomeTotals(
+            count=self.count + other.count,
+            total=self.total + other.total,
+            squares=self.squares + other.squares,
+            binary=self.binary and other.binary,
+        )
+
+    def mean(self) -> float | None:
+        return self.total / self.count if self.count else None
+
+    def variance(self) -> float | None:
+        """The sample variance (n - 1), None under two values."""
+        if self.count < 2:
+            return None
+        mean = self.total / self.count
+        return max(0.0, (self.squares - self.count * mean * mean) / (self.count - 1))
 
 
 class SetCounters(BaseModel):

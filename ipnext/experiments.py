@@ -25,22 +25,18 @@ import math
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from pydantic import Field
 
 from ipnext.contracts import Frozen
+from ipnext.counters import OutcomeTotals, SetCounters
 from ipnext.routing import weighted_draw
-
-if TYPE_CHECKING:  # counters imports this module (OutcomeTotals)
-    from ipnext.counters import SetCounters
 
 __all__ = [
     "ArmSummary",
     "Comparison",
     "ExperimentReport",
     "OutcomeComparison",
-    "OutcomeTotals",
     "RequestIdError",
     "assign_arm",
     "compare",
@@ -93,56 +89,6 @@ def read_request_id(secret: bytes, request_id: str) -> tuple[str, str]:
     if not hmac.compare_digest(_signature(secret, body), signature):
         raise RequestIdError(f"request_id: its signature does not match: {request_id[:80]!r}")
     return fields[1], fields[2]
-
-
-# ---- totals ----------------------------------------------------------------------------------
-
-
-class OutcomeTotals(Frozen):
-    """One outcome of one arm: how many values, their sum and sum of squares, and whether every
-    value was 0 or 1 (a rate)."""
-
-    count: int = 0
-    total: float = 0.0
-    squares: float = 0.0
-    binary: bool = True
-
-    def add(self, value: float) -> OutcomeTotals:
-        if not math.isfinite(value):
-            raise ValueError(f"outcome: a finite number, got {value!r}")
-        return OutcomeTotals(
-            count=self.count + 1,
-            total=self.total + value,
-            squares=self.squares + value * value,
-            binary=self.binary and value in (0.0, 1.0),
-        )
-
-    def minus(self, earlier: OutcomeTotals) -> OutcomeTotals:
-        """What was added since `earlier` (cumulative totals, as counters are diffed)."""
-        return OutcomeTotals(
-            count=self.count - earlier.count,
-            total=self.total - earlier.total,
-            squares=self.squares - earlier.squares,
-            binary=self.binary,
-        )
-
-    def merged(self, other: OutcomeTotals) -> OutcomeTotals:
-        return OutcomeTotals(
-            count=self.count + other.count,
-            total=self.total + other.total,
-            squares=self.squares + other.squares,
-            binary=self.binary and other.binary,
-        )
-
-    def mean(self) -> float | None:
-        return self.total / self.count if self.count else None
-
-    def variance(self) -> float | None:
-        """The sample variance (n - 1), None under two values."""
-        if self.count < 2:
-            return None
-        mean = self.total / self.count
-        return max(0.0, (self.squares - self.count * mean * mean) / (self.count - 1))
 
 
 # ---- significance ----------------------------------------------------------------------------

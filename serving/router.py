@@ -25,10 +25,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
 from ipnext.auth import KeyCheck
-from ipnext.counters import SetCounters
+from ipnext.counters import OutcomeTotals, SetCounters
 from ipnext.demand import SOURCE_HEADER, valid_source
 from ipnext.errors import PartInputError
-from ipnext.experiments import OutcomeTotals, RequestIdError, new_request_id, read_request_id
+from ipnext.experiments import RequestIdError, new_request_id, read_request_id
 from ipnext.model import DAG_INPUT, DAG_OUTPUT
 from ipnext.rollout import RouterConfig
 from ipnext.serving.choices import FallbackReason, VariantRouter, variant_label

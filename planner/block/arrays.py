@@ -5,17 +5,16 @@ from __future__ import annotations
 
 import itertools
 import math
+import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from ipnext.planner.block.bounds import LagTerm
 from ipnext.planner.block.common import MAX_OPTIONS, TOL, Chosen, Outcome, below
 from ipnext.planner.block.dominance import first_unique, nondominated_np
-
-if TYPE_CHECKING:
-    from ipnext.planner.block.bounds import LagTerm
-    from ipnext.planner.block.run import Run
+from ipnext.planner.block.run import Run
 
 # What a region adds to the states: (candidate states, their costs, two tags per state that
 # name where it came from, what the layer keeps to decode them, work done).
@@ -191,10 +190,24 @@ class NpData:
         return np.where(y >= self.top_tol, self.top, y)
 
 
+_BUILT: weakref.WeakKeyDictionary[Run, NpData] = weakref.WeakKeyDictionary()
+
+
+def np_data(run: Run) -> NpData:
+    """`run` as arrays, for the array engine: built once per run, then told of each multiplier
+    the run adds after (`Run.lag_listeners`)."""
+    found = _BUILT.get(run)
+    if found is None:
+        run.suffixes()
+        found = _BUILT[run] = NpData.build(run)
+        run.lag_listeners.append(found.add_lag)
+    return found
+
+
 def search_arrays(run: Run, beam: int, incumbent: float, budget: int) -> Outcome:
     """The run searched in arrays: with the regions' options multiplied out when they are few
     enough, else a survive member at a time."""
-    if run.np_data().multiplied:
+    if np_data(run).multiplied:
         return _search_options(run, beam, incumbent, budget)
     return _search_staged(run, beam, incumbent, budget)
 
@@ -210,7 +223,7 @@ def _search_layers(
     """The DP a region at a time: `expand` gives the states region j makes of the layer's
     (with those that leave it out); the finished ones update the incumbent, the others are
     pruned by bound and dominance."""
-    data = run.np_data()
+    data = np_data(run)
     top = data.top
     x = np.zeros((1, len(top)))
     cost = np.zeros(1)
@@ -269,7 +282,7 @@ def _decode(ref: Ref | None, layers: list[Layer], visit: Visit) -> Chosen | None
 def _search_options(run: Run, beam: int, incumbent: float, budget: int) -> Outcome:
     """Each state of a layer, left out of region j or with each of the region's options.
     A state's tags: its parent, and the option (-1: left out)."""
-    data = run.np_data()
+    data = np_data(run)
 
     def expand(j: int, x: np.ndarray, cost: np.ndarray, best_cost: float) -> Expansion:
         add, add_cost = data.opt_add[j], data.opt_cost[j]
@@ -296,7 +309,7 @@ def _search_staged(run: Run, beam: int, incumbent: float, budget: int) -> Outcom
     pending L (levels must reach it) or, with no member tied to L, the least capacity so
     far (the region's L once all are chosen). A state's tags: its state among the region's
     placed ones (-1: left out), and its parent in the layer before (-1: placed)."""
-    data = run.np_data()
+    data = np_data(run)
     blk = run.blk
     n_con, n_sv, tied = blk.n_con, blk.n_sv, blk.ns_tied
     snap = data.snap

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
+from collections.abc import Callable
 from typing import cast
 
 import numpy as np
 
-from ipnext.planner.block.arrays import NpData
 from ipnext.planner.block.bounds import LagTerm, lagrangian, prepare
 from ipnext.planner.block.common import TOL, Chosen, Key, Outcome, below
 from ipnext.planner.block.dominance import nondominated
@@ -30,7 +30,8 @@ class Run:
         self.targets = [blk.big_w + m for m in mvec]
         self.lag: list[LagTerm] = []
         self.ready = False
-        self._np: NpData | None = None
+        # Told of each multiplier added after them (the array engine keeps its arrays current).
+        self.lag_listeners: list[Callable[[LagTerm], None]] = []
 
     def suffixes(self) -> None:
         """Bounds on what the regions from j on can still add (computed once, when searched)."""
@@ -65,16 +66,9 @@ class Run:
         """Use `lam` in the bounds; returns the bound it gives on the whole run."""
         term, value = lagrangian(self.blk, self.regs, lam, self.targets)
         self.lag.append(term)
-        if self._np is not None:
-            self._np.add_lag(term)
+        for listener in self.lag_listeners:
+            listener(term)
         return value
-
-    def np_data(self) -> NpData:
-        """The run as arrays, for the array engine (built once)."""
-        self.suffixes()
-        if self._np is None:
-            self._np = NpData.build(self)
-        return self._np
 
     def lower(self, key: Key, j: int, gap: float) -> float:
         """A lower bound on what regions j.. must still cost to complete `key` (returns as soon

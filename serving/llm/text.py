@@ -5,17 +5,21 @@ incremental detokenization for streaming and stop strings.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-if TYPE_CHECKING:
-    from ipnext.serving.llm.chat import ChatTemplate
-
-__all__ = ["BOS", "EOS", "TextCodec", "train_tokenizer"]
+__all__ = ["BOS", "EOS", "ChatRenderer", "TextCodec", "train_tokenizer"]
 
 BOS, EOS = "<bos>", "<eos>"
+
+
+class ChatRenderer(Protocol):
+    """What turns a conversation into a prompt's text: a checkpoint's chat template
+    (`chat.ChatTemplate`, which builds codecs on this module, so this module names only the shape)."""
+
+    def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True) -> str: ...
 
 
 def train_tokenizer(texts: Sequence[str], vocab_size: int) -> Tokenizer:
@@ -52,7 +56,7 @@ class TextCodec:
         bos: int | None = None,
         eos: Sequence[int] | None = None,
         special_tokens_in_prompt: bool = False,
-        chat: ChatTemplate | None = None,
+        chat: ChatRenderer | None = None,
     ) -> None:
         self._tokenizer = tokenizer
         if eos is None:  # the example family's tokenizer

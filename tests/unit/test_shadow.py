@@ -13,8 +13,7 @@ from hypothesis import strategies as st
 from scipy.stats import spearmanr
 
 from ipnext.contracts import poll_until
-from ipnext.counters import SetCounters
-from ipnext.experiments import OutcomeTotals
+from ipnext.counters import OutcomeTotals, SetCounters
 from ipnext.rollout import RouterConfig, ShadowRoute
 from ipnext.serving.shadow_mirror import ShadowMirror
 from ipnext.shadow import (

@@ -39,8 +39,7 @@ from ipnext.activities.validate import (
     VerifyPinnedResult,
 )
 from ipnext.contracts import poll_until, rollout_workflow_id
-from ipnext.counters import SetCounters
-from ipnext.experiments import OutcomeTotals
+from ipnext.counters import OutcomeTotals, SetCounters
 from ipnext.model import ModelSpec, SnapshotRef, SnapshotSetRequest
 from ipnext.plan import DeploymentPlacement, Plan
 from ipnext.registry import ModelState, ModelWorkflowInput, PublishInput, ValidateSpecInput
