@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 from temporalio import activity
 
-from ipnext.config import Settings, load_settings
+from ipnext.spec.settings import Settings, load_settings
 
 __all__ = [
     "HEARTBEAT_EVERY_S",

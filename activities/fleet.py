@@ -14,19 +14,9 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from ipnext.activities import _context
 from ipnext.activities.validate import as_application_error
-from ipnext.contracts import (
-    FLEET_WORKFLOW_ID,
-    FleetWorkflowNames,
-    Frozen,
-    ModelStatus,
-    ModelWorkflowNames,
-    Workflows,
-)
-from ipnext.demand import DemandReport, DemandSizing, declared_only, model_demand, plan_demand
-from ipnext.errors import InfeasiblePlanError, IpnextError
-from ipnext.model import ModelSpec
-from ipnext.plan import (
-    DeploymentDemand,
+from ipnext.contracts.fleet import DemandSizing, FleetStatus
+from ipnext.contracts.model import ModelState
+from ipnext.contracts.plan import (
     Plan,
     PlanningProblem,
     SolveOptions,
@@ -35,11 +25,22 @@ from ipnext.plan import (
     placement_revision,
     plan_moves,
 )
+from ipnext.errors import InfeasiblePlanError, IpnextError
+from ipnext.names import (
+    FLEET_WORKFLOW_ID,
+    FleetWorkflowNames,
+    Frozen,
+    ModelStatus,
+    ModelWorkflowNames,
+    Workflows,
+)
 from ipnext.planner import solve
-from ipnext.regions import FleetStatus, Relaxation, lost_region_problems
-from ipnext.registry import ModelState
-from ipnext.replan import PlanStore, StoredPlan, now
+from ipnext.policy.demand import DemandReport, declared_only, model_demand, plan_demand
+from ipnext.policy.regions import Relaxation, lost_region_problems
 from ipnext.serving.layout import RAY_NAMESPACE, metrics_actor_name
+from ipnext.spec.demand_file import DeploymentDemand
+from ipnext.spec.model import ModelSpec
+from ipnext.store.plans import PlanStore, StoredPlan, now
 
 __all__ = [
     "CollectResult",
@@ -147,7 +148,7 @@ class FleetActivities:
 @activity.defn
 def read_observed_demand(input: ReadDemandInput) -> ReadDemandResult:
     """Each model's observed demand, summed over the fleet's regions from their metrics actors,
-    weighed against its declared demand (`ipnext.demand.plan_demand`, with the `demand`
+    weighed against its declared demand (`ipnext.policy.demand.plan_demand`, with the `demand`
     settings). A region without an actor never served the model: nothing observed there. An
     actor that does not answer leaves that model on its declared demand, said in its note (one
     dead actor must not hold the whole fleet's replan)."""

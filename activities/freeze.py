@@ -9,10 +9,10 @@ from temporalio import activity
 
 from ipnext.activities import _context
 from ipnext.activities.validate import as_application_error
-from ipnext.contracts import Frozen
+from ipnext.contracts.freeze import FreezeCalendar, FreezeWindow
 from ipnext.errors import IpnextError
-from ipnext.rollout import FreezeCalendar, FreezeWindow
-from ipnext.specio import load_yaml, parse_spec
+from ipnext.names import Frozen
+from ipnext.spec.reading import load_yaml, parse_spec
 
 __all__ = ["FreezeWindowsResult", "freeze_windows", "load_freeze_calendar"]
 

@@ -23,16 +23,10 @@ from temporalio.client import (
 from temporalio.service import RPCError, RPCStatusCode
 
 from ipnext.activities import _context
-from ipnext.contracts import Frozen, ModelWorkflowNames, Workflows, model_workflow_id, watch_schedule_id
-from ipnext.model import SnapshotSetRequest
-from ipnext.registry import (
-    ModelState,
-    PublishInput,
-    PublishResult,
-    WatchInput,
-    WatchResult,
-)
-from ipnext.snapshots import discover, folder_fingerprint, request_from_folder
+from ipnext.contracts.model import ModelState, PublishInput, PublishResult, WatchInput, WatchResult
+from ipnext.names import Frozen, ModelWorkflowNames, Workflows, model_workflow_id, watch_schedule_id
+from ipnext.spec.model import SnapshotSetRequest
+from ipnext.store.snapshots import discover, folder_fingerprint, request_from_folder
 
 __all__ = [
     "DiscoverInput",

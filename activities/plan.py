@@ -10,12 +10,12 @@ from temporalio import activity
 
 from ipnext.activities import _context
 from ipnext.activities.validate import as_application_error
-from ipnext.contracts import Frozen
+from ipnext.contracts.plan import Plan, PlanningProblem, demand_from_model
 from ipnext.errors import InfeasiblePlanError, IpnextError
-from ipnext.fleet import Fleet
-from ipnext.model import ModelSpec
-from ipnext.plan import Plan, PlanningProblem, demand_from_model
+from ipnext.names import Frozen
 from ipnext.planner import solve
+from ipnext.spec.fleet import Fleet
+from ipnext.spec.model import ModelSpec
 
 __all__ = ["PlanInput", "plan_placement", "residual_fleet"]
 

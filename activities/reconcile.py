@@ -47,13 +47,11 @@ from temporalio import activity
 from ipnext.activities import _context
 from ipnext.activities.serving import APPS_RUNNING_TIMEOUT_S, pool_envelope, publish_routing, render_set
 from ipnext.activities.validate import as_application_error
-from ipnext.config import Settings
-from ipnext.contracts import Frozen
+from ipnext.contracts.plan import Plan
+from ipnext.contracts.router import RouterConfig
 from ipnext.errors import ServingError
-from ipnext.model import ModelSpec, SnapshotSet
-from ipnext.plan import Plan
-from ipnext.rollout import RouterConfig
-from ipnext.rollout_steps import deploy_scale, serving_weights
+from ipnext.names import Frozen
+from ipnext.policy.rollout_steps import deploy_scale, serving_weights
 from ipnext.serving.app_health import given_up
 from ipnext.serving.layout import (
     ROUTING_APP,
@@ -64,6 +62,8 @@ from ipnext.serving.layout import (
     router_max_replicas,
     set_app_plan,
 )
+from ipnext.spec.model import ModelSpec, SnapshotSet
+from ipnext.spec.settings import Settings
 
 __all__ = ["ReconcileInput", "ReconcileResult", "SetTarget", "reconcile_serving"]
 

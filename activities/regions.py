@@ -1,6 +1,6 @@
 """Region activities of FleetWorkflow: read the fleet's regions and Ray's node table, send a down
 region's callers elsewhere through the routing documents, and stop a scheduled replan that a
-region change made stale. Decisions are in `ipnext.regions` and `ipnext.routing`."""
+region change made stale. Decisions are in `ipnext.policy.regions` and `ipnext.contracts.routing`."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from ipnext.activities import _context
 from ipnext.activities.fleet import FleetActivities
-from ipnext.contracts import REPLAN_WORKFLOW_ID, Frozen
-from ipnext.plan import demand_from_model
-from ipnext.regions import NodeSighting, RegionsCheckInput, RegionsCheckResult
-from ipnext.routing import RoutingDocument, failover_routes, routes_from_plan
+from ipnext.contracts.fleet import NodeSighting, RegionsCheckInput, RegionsCheckResult
+from ipnext.contracts.plan import demand_from_model
+from ipnext.contracts.routing import RoutingDocument, failover_routes, routes_from_plan
+from ipnext.names import REPLAN_WORKFLOW_ID, Frozen
 
 __all__ = [
     "CancelReplanResult",

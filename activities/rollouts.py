@@ -14,8 +14,9 @@ from temporalio import activity
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.service import RPCError, RPCStatusCode
 
-from ipnext.contracts import Frozen
-from ipnext.registry import ExperimentStatus, RolloutResult
+from ipnext.contracts.experiment import ExperimentStatus
+from ipnext.contracts.rollout import RolloutResult
+from ipnext.names import Frozen
 
 __all__ = ["ExperimentOutcome", "RolloutActivities", "RolloutOutcome", "RolloutOutcomeInput"]
 

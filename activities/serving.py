@@ -11,13 +11,11 @@ from temporalio import activity
 
 from ipnext.activities import _context
 from ipnext.activities.validate import as_application_error
-from ipnext.config import Settings
-from ipnext.contracts import Frozen
+from ipnext.contracts.plan import Plan
+from ipnext.contracts.router import ExperimentRoute, RouterConfig, ShadowRoute
+from ipnext.contracts.routing import routing_document
 from ipnext.errors import ServingError
-from ipnext.model import DEFAULT_ROUTER_MAX_ONGOING, ModelSpec, RouterSpec, SnapshotSet
-from ipnext.plan import Plan
-from ipnext.rollout import ExperimentRoute, RouterConfig, ShadowRoute
-from ipnext.routing import routing_document
+from ipnext.names import Frozen
 from ipnext.serving.layout import (
     ROUTING_APP,
     DeployedRouter,
@@ -30,6 +28,8 @@ from ipnext.serving.layout import (
     router_max_replicas,
     set_app_plan,
 )
+from ipnext.spec.model import DEFAULT_ROUTER_MAX_ONGOING, ModelSpec, RouterSpec, SnapshotSet
+from ipnext.spec.settings import Settings
 
 __all__ = [
     "DeploySetInput",

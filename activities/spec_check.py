@@ -6,7 +6,7 @@ hangs, crashes, leaks, allocates without bound or changes global state harms onl
 process, which is killed after its timeout and may use only so much memory), and the
 caller's machine never imports the model's code at all (the SDK asks the worker to check).
 Before any of it, the worker refuses a factory outside `model_code.factory_prefixes`
-(`ipnext.model.check_factories_allowed`); the check refuses one whose callable is defined
+(`ipnext.spec.model.check_factories_allowed`); the check refuses one whose callable is defined
 outside them. Two jobs: `factories` imports a spec's factories (at `publish_model`), `part`
 builds one part from its pinned weights and checks the tensors it expects (at each publish).
 
@@ -59,8 +59,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from ipnext.errors import IpnextError, SpecError, error_from_wire
-from ipnext.model import ModelSpec, SnapshotRef, check_factories
-from ipnext.validation import check_part_fits
+from ipnext.spec.model import ModelSpec, SnapshotRef, check_factories
+from ipnext.store.validation import check_part_fits
 
 __all__ = [
     "SPEC_CHECK_TIMEOUT_S",

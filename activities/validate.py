@@ -10,9 +10,10 @@ from temporalio.exceptions import ApplicationError
 
 from ipnext.activities import _context
 from ipnext.activities.spec_check import TIMEOUT_SETTING, check_factories_in_child, check_part_in_child
-from ipnext.contracts import Frozen
+from ipnext.contracts.model import ValidateSpecInput
 from ipnext.errors import IpnextError, SpecError
-from ipnext.model import (
+from ipnext.names import Frozen
+from ipnext.spec.model import (
     ModelSpec,
     SnapshotRef,
     SnapshotSet,
@@ -20,8 +21,7 @@ from ipnext.model import (
     check_against_fleet,
     check_factories_allowed,
 )
-from ipnext.registry import ValidateSpecInput
-from ipnext.validation import complete_set, pin_snapshot
+from ipnext.store.validation import complete_set, pin_snapshot
 
 __all__ = [
     "ValidateSetInput",
@@ -80,7 +80,7 @@ class VerifyPinnedResult(Frozen):
 @activity.defn
 def verify_pinned_set(input: VerifyPinnedInput) -> VerifyPinnedResult:
     """Hash every pinned file of a set again: may it still be served (a rollback target)?"""
-    from ipnext.pinned import verify_ref
+    from ipnext.store.pinned import verify_ref
 
     store = _context.settings().pinned_store()
     problems = []

@@ -34,14 +34,14 @@ import httpx
 import ray
 import yaml
 
-from ipnext.auth import key_header
-from ipnext.config import Settings, load_settings
-from ipnext.devstack import DevStack, scratch_config
+from ipnext.client.devstack.stack import DevStack, scratch_config
+from ipnext.client.sdk import Client
 from ipnext.examples.click_ranker.train import train
-from ipnext.model import ModelSpec, load_model_spec
-from ipnext.sdk import Client
 from ipnext.serving.control import connect_for, get_writer, serve_applications
 from ipnext.serving.layout import SET_IMPORT_PATH, part_deployment_name, pool_usage, set_app_name
+from ipnext.spec.model import ModelSpec, load_model_spec
+from ipnext.spec.settings import Settings, load_settings
+from ipnext.store.keys import key_header
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "bench-elastic"

@@ -38,14 +38,14 @@ from typing import Any, cast
 import httpx
 import yaml
 
-from ipnext.config import Settings, load_settings
-from ipnext.contracts import ModelStatus, PollTimeoutError, poll_until
-from ipnext.devstack import WORKER_GCS_PATIENCE_S, DevStack, node_component, scratch_config
+from ipnext.client.devstack.stack import WORKER_GCS_PATIENCE_S, DevStack, node_component, scratch_config
+from ipnext.client.sdk import AsyncPredictionClient, Client
+from ipnext.contracts.fleet import FleetStatus
 from ipnext.errors import PredictionError
 from ipnext.examples.click_ranker.train import train
-from ipnext.model import ModelSpec, load_model_spec
-from ipnext.regions import FleetStatus
-from ipnext.sdk import AsyncPredictionClient, Client
+from ipnext.names import ModelStatus, PollTimeoutError, poll_until
+from ipnext.spec.model import ModelSpec, load_model_spec
+from ipnext.spec.settings import Settings, load_settings
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "bench-region"

@@ -33,8 +33,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ipnext.contracts.plan import PlanningProblem, SolveOptions, plan_moves
 from ipnext.errors import InfeasiblePlanError, PlanningTimeoutError
-from ipnext.plan import PlanningProblem, SolveOptions, plan_moves
 from ipnext.planner import check_plan, solve
 from ipnext.planner.backend import solve_model
 from ipnext.planner.decompose import decompose

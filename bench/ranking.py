@@ -41,8 +41,8 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from ipnext.auth import key_header
 from ipnext.examples.request_ranker.model import RankingConfig, RankingModel
+from ipnext.store.keys import key_header
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -219,12 +219,12 @@ async def dense_batching(app: str) -> dict[str, int]:
 
 
 async def measure_serving(rate: float, seconds: float, candidates: int, concurrency: int) -> dict[str, Any]:
-    from ipnext.config import load_settings
-    from ipnext.devstack import DevStack, scratch_config
+    from ipnext.client.devstack.stack import DevStack, scratch_config
+    from ipnext.client.sdk import Client
     from ipnext.examples.request_ranker.train import World, shard_parts, train
-    from ipnext.model import ModelSpec, load_model_spec
-    from ipnext.sdk import Client
-    from ipnext.snapshots import write_snapshot
+    from ipnext.spec.model import ModelSpec, load_model_spec
+    from ipnext.spec.settings import load_settings
+    from ipnext.store.snapshots import write_snapshot
 
     config_path = scratch_config(Path(tempfile.mkdtemp(prefix="ipn-bench-", dir="/tmp")), REPO / "config")
     dev = DevStack(config_path=config_path)

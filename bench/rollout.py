@@ -28,14 +28,14 @@ from typing import Any
 
 import httpx
 
-from ipnext.auth import key_header
-from ipnext.config import Settings, load_settings
-from ipnext.contracts import rollout_workflow_id
-from ipnext.devstack import DevStack, scratch_config
+from ipnext.client.devstack.stack import DevStack, scratch_config
+from ipnext.client.sdk import Client
+from ipnext.contracts.rollout import PauseInput, ResumeInput, RolloutStatus
 from ipnext.examples.click_ranker.train import poisoned_copy, train
-from ipnext.model import ModelSpec, load_model_spec
-from ipnext.rollout import PauseInput, ResumeInput, RolloutState, RolloutStatus
-from ipnext.sdk import Client
+from ipnext.names import RolloutState, rollout_workflow_id
+from ipnext.spec.model import ModelSpec, load_model_spec
+from ipnext.spec.settings import Settings, load_settings
+from ipnext.store.keys import key_header
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "bench-ranker"

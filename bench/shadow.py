@@ -28,13 +28,13 @@ from typing import Any
 import httpx
 from safetensors.torch import load_file
 
-from ipnext.auth import key_header
-from ipnext.config import Settings, load_settings
-from ipnext.devstack import DevStack, scratch_config
+from ipnext.client.devstack.stack import DevStack, scratch_config
+from ipnext.client.sdk import Client
 from ipnext.examples.click_ranker.train import train
-from ipnext.model import ModelSpec, load_model_spec
-from ipnext.sdk import Client
-from ipnext.snapshots import write_snapshot
+from ipnext.spec.model import ModelSpec, load_model_spec
+from ipnext.spec.settings import Settings, load_settings
+from ipnext.store.keys import key_header
+from ipnext.store.snapshots import write_snapshot
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "bench-shadow"

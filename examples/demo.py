@@ -11,13 +11,8 @@ from pathlib import Path
 
 import httpx
 
-from ipnext.auth import key_header
-from ipnext.config import Settings
-from ipnext.errors import ModelNotFoundError
+from ipnext import Client, ModelNotFoundError, ModelState, Prediction, Settings, key_header, load_model_spec
 from ipnext.examples.click_ranker.train import train
-from ipnext.model import load_model_spec
-from ipnext.registry import ModelState
-from ipnext.sdk import Client, Prediction
 
 __all__ = ["DEMO_MODEL_YAML", "DemoReport", "run_scenario"]
 

@@ -13,10 +13,11 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
+from ipnext.contracts.plan import DeploymentPlacement, Plan, PlanningProblem, SolveOptions
 from ipnext.errors import InfeasiblePlanError
-from ipnext.fleet import Fleet, Pool
-from ipnext.plan import DeploymentDemand, DeploymentPlacement, Plan, PlanningProblem, SolveOptions
 from ipnext.planner.instance import regions_needed
+from ipnext.spec.demand_file import DeploymentDemand
+from ipnext.spec.fleet import Fleet, Pool
 
 __all__ = ["solve"]
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 import math
 import random
 
-from ipnext.fleet import Fleet, HardwareClass, Pool
-from ipnext.model import HardwareOption
-from ipnext.plan import DeploymentDemand, PlanningProblem
+from ipnext.contracts.plan import PlanningProblem
+from ipnext.spec.demand_file import DeploymentDemand
+from ipnext.spec.fleet import Fleet, HardwareClass, Pool
+from ipnext.spec.model import HardwareOption
 
 __all__ = ["changed_demand", "generate"]
 

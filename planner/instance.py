@@ -14,8 +14,9 @@ from typing import Any
 
 import numpy as np
 
+from ipnext.contracts.plan import PlanningProblem
 from ipnext.errors import InfeasiblePlanError
-from ipnext.plan import DeploymentDemand, PlanningProblem
+from ipnext.spec.demand_file import DeploymentDemand
 
 __all__ = ["FLEET_BLOCKS", "Instance", "compile_problem", "regions_needed"]
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 import time
 from typing import Literal
 
+from ipnext.contracts.plan import DeploymentPlacement, Plan, PlanningProblem, SolveOptions
 from ipnext.errors import PlanningTimeoutError
-from ipnext.plan import DeploymentPlacement, Plan, PlanningProblem, SolveOptions
 from ipnext.planner.backend import solve_model
 from ipnext.planner.decompose import decompose
 from ipnext.planner.formulation import build

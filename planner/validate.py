@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from ipnext.plan import Plan, PlanningProblem
+from ipnext.contracts.plan import Plan, PlanningProblem
 
 __all__ = ["check_plan"]
 

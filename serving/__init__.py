@@ -6,3 +6,22 @@ Ray Serve imports the app builders by the paths `ipnext.serving.layout` renders
 its figures go out through `export`; the worker drives everything through
 `ipnext.serving.control`.
 """
+
+__all__ = [
+    "app_health",
+    "apps",
+    "choices",
+    "control",
+    "export",
+    "layout",
+    "llm",
+    "metrics",
+    "openai_api",
+    "openai_door",
+    "request_body",
+    "router",
+    "routing_app",
+    "set_app",
+    "shadow_mirror",
+    "traffic",
+]

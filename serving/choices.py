@@ -12,7 +12,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ipnext.model import BreakerSpec, ChoiceSpec, ContextPaths, RoutingRule
+from ipnext.spec.model import BreakerSpec, ChoiceSpec, ContextPaths, RoutingRule
 
 __all__ = [
     "FALLBACK_REASONS",

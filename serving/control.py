@@ -18,12 +18,10 @@ from typing import Any
 
 import ray
 
-from ipnext.config import Settings
-from ipnext.contracts import PollTimeoutError, wait_until
+from ipnext.contracts.fleet import region_resource
+from ipnext.contracts.routing import RoutingDocument, succeed
 from ipnext.errors import ServingError
-from ipnext.raytoken import use_ray_auth
-from ipnext.regions import region_resource
-from ipnext.routing import RoutingDocument, succeed
+from ipnext.names import PollTimeoutError, wait_until
 from ipnext.serving.layout import (
     PROXY_TIMEOUT_S,
     RAY_NAMESPACE,
@@ -42,6 +40,8 @@ from ipnext.serving.layout import (
     with_keys_file,
     without_keys_file,
 )
+from ipnext.spec.settings import Settings
+from ipnext.store.ray_token import use_ray_auth
 
 __all__ = [
     "ServeConfigWriter",

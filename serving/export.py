@@ -1,6 +1,6 @@
 """Where serving replicas send their figures: cumulative request counters pushed to the
 model's metrics actor (which the rollout gates read), and the same figures through Ray's
-Prometheus endpoint, on the bucket layout of `ipnext.counters` (`LATENCY_LAYOUT`)."""
+Prometheus endpoint, on the bucket layout of `ipnext.contracts.counters` (`LATENCY_LAYOUT`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 import ray
 from ray.util import metrics
 
-from ipnext.counters import LATENCY_LAYOUT
+from ipnext.contracts.counters import LATENCY_LAYOUT
 from ipnext.serving.layout import RAY_NAMESPACE, head_node_options
 from ipnext.serving.metrics import MetricsStore
 
@@ -55,7 +55,7 @@ async def push_forever(
         await asyncio.sleep(METRICS_PUSH_SECONDS)
         try:
             await actor.push.remote(replica, payload())  # type: ignore[attr-defined]
-            if demand is not None:  # a router's requests by source (ipnext.demand)
+            if demand is not None:  # a router's requests by source (ipnext.policy.demand)
                 await actor.push_demand.remote(replica, demand())  # type: ignore[attr-defined]
             if engine_stats is not None:  # an LLM part's figures under vLLM's names
                 await actor.push_engine_stats.remote(replica, engine_stats())  # type: ignore[attr-defined]

@@ -14,9 +14,12 @@ from typing import Any
 
 from pydantic import Field
 
-from ipnext.config import AutoscalingSettings, PartHealthCheckSettings
-from ipnext.contracts import Frozen
-from ipnext.model import (
+from ipnext.contracts.plan import Plan
+from ipnext.contracts.router import RouterConfig
+from ipnext.contracts.routing import RoutingTable
+from ipnext.names import Frozen
+from ipnext.policy.gates import scaled_replicas
+from ipnext.spec.model import (
     DEFAULT_PART_MAX_QUEUED,
     MAX_DEADLINE_SECONDS,
     BatchingSpec,
@@ -25,9 +28,7 @@ from ipnext.model import (
     RouterSpec,
     SnapshotSet,
 )
-from ipnext.plan import Plan
-from ipnext.rollout import RouterConfig, scaled_replicas
-from ipnext.routing import RoutingTable
+from ipnext.spec.settings import AutoscalingSettings, PartHealthCheckSettings
 
 __all__ = [
     "HEAD_NODE_RESOURCE",
@@ -116,7 +117,9 @@ class PartHostArgs(Frozen):
     uri: str
     sha256: str
     snapshot_id: str
-    pinned_store: str  # the replica loads `<pinned_store>/<sha256 path>` (ipnext/pinned.py), never `uri`
+    pinned_store: (
+        str  # the replica loads `<pinned_store>/<sha256 path>` (ipnext/store/pinned.py), never `uri`
+    )
     checkpoint: bool = False  # a checkpoint folder: sha256 names its pinned file list (CheckpointFiles)
     # Where a part that measures itself (its TTFT and ITL) pushes its histograms: this region's metrics actor, this app.
     region: str = ""
@@ -194,7 +197,7 @@ class RouterAppArgs(Frozen):
     # The spec's router section: deadline and request limits. Rendered without its defaults, so
     # a model that changes none renders as before (no restart of its router).
     router: RouterSpec = Field(default_factory=RouterSpec)
-    # The API keys file the router checks every request against (ipnext.auth.KeyCheck); set by
+    # The API keys file the router checks every request against (ipnext.store.keys.KeyCheck); set by
     # the writer from the settings when it renders the whole config (`with_keys_file`), None: open.
     keys_file: str | None = None
 

@@ -1,7 +1,7 @@
 """The metrics store: the detached actor per (model, region) that router replicas and
-self-measuring parts push their cumulative counters to (`ipnext.counters`), and that rollout
+self-measuring parts push their cumulative counters to (`ipnext.contracts.counters`), and that rollout
 gates read and diff; routers also push their requests by source, its observed demand
-(`ipnext.demand`), which the actor saves to a file so that it outlives the actor."""
+(`ipnext.policy.demand`), which the actor saves to a file so that it outlives the actor."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ipnext.counters import LATENCY_LAYOUT, MetricsSnapshot, SetCounters, percentile
-from ipnext.demand import DemandHistory, demand_report, load_history, save_history
+from ipnext.contracts.counters import LATENCY_LAYOUT, MetricsSnapshot, SetCounters, percentile
+from ipnext.policy.demand import DemandHistory, demand_report, load_history, save_history
 from ipnext.serving.llm.vllm_metrics import EngineStats
 
 __all__ = [
@@ -85,7 +85,7 @@ class MetricsStore:
             logger.warning("cannot save demand history to %s: %s", self._demand_path, err)
 
     def demand(self, window_seconds: float = 60.0) -> dict[str, Any]:
-        """The `ipnext.demand.DemandReport` of this (model, region), over windows of that length."""
+        """The `ipnext.policy.demand.DemandReport` of this (model, region), over windows of that length."""
         return demand_report(self._demand, time.time(), window_seconds).model_dump(mode="json")
 
     def push_engine_stats(self, replica: str, raw: dict[str, Any]) -> None:
@@ -148,8 +148,8 @@ def _demand_place(path: str | None, save_seconds: float | None) -> tuple[Path | 
     reconstructed = match is not None and context.was_current_actor_reconstructed
     if match is None:
         return None, every, reconstructed
-    from ipnext.config import load_settings
     from ipnext.errors import IpnextError
+    from ipnext.spec.settings import load_settings
 
     try:
         settings = load_settings()

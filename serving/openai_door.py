@@ -32,9 +32,8 @@ from ray.serve.exceptions import BackPressureError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from ipnext.auth import KeyCheck
-from ipnext.demand import SOURCE_HEADER, valid_source
-from ipnext.routing import RoutingTable, pick_region
+from ipnext.contracts.routing import RoutingTable, pick_region
+from ipnext.policy.demand import SOURCE_HEADER, valid_source
 from ipnext.serving.layout import ROUTER_DEPLOYMENT, router_app_name
 from ipnext.serving.openai_api import (
     OpenAIError,
@@ -45,6 +44,7 @@ from ipnext.serving.openai_api import (
     response_body,
 )
 from ipnext.serving.request_body import BodyError, check_json_depth
+from ipnext.store.keys import KeyCheck
 
 __all__ = ["SET_HEADER", "OpenAIDoor", "openai_route"]
 

@@ -24,13 +24,11 @@ from ray.serve.handle import DeploymentHandle
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
-from ipnext.auth import KeyCheck
-from ipnext.counters import OutcomeTotals, SetCounters
-from ipnext.demand import SOURCE_HEADER, valid_source
+from ipnext.contracts.counters import OutcomeTotals, SetCounters
+from ipnext.contracts.router import RouterConfig
 from ipnext.errors import PartInputError
-from ipnext.experiments import RequestIdError, new_request_id, read_request_id
-from ipnext.model import DAG_INPUT, DAG_OUTPUT
-from ipnext.rollout import RouterConfig
+from ipnext.policy.demand import SOURCE_HEADER, valid_source
+from ipnext.policy.experiments import RequestIdError, new_request_id, read_request_id
 from ipnext.serving.choices import FallbackReason, VariantRouter, variant_label
 from ipnext.serving.export import CounterPusher, RouterPrometheus
 from ipnext.serving.layout import (
@@ -44,6 +42,8 @@ from ipnext.serving.layout import (
 from ipnext.serving.request_body import BodyError, parse_feedback_body, parse_request_body
 from ipnext.serving.shadow_mirror import ShadowMirror
 from ipnext.serving.traffic import PickedApps, all_finite, join_shards, jsonable, pick_apps, upstream_values
+from ipnext.spec.model import DAG_INPUT, DAG_OUTPUT
+from ipnext.store.keys import KeyCheck
 
 __all__ = ["NonFiniteOutputsError", "Router", "router_app"]
 
@@ -250,7 +250,7 @@ class Router:
 
     async def _demand_answer(self, request: Request) -> JSONResponse:
         """GET .../demand[?window_seconds=60]: this region's observed demand by source, from the
-        model's metrics actor (`ipnext.demand.DemandReport`)."""
+        model's metrics actor (`ipnext.policy.demand.DemandReport`)."""
         raw = request.query_params.get("window_seconds", "60")
         try:
             window = float(raw)

@@ -21,14 +21,14 @@ from ray import serve
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ipnext.auth import KeyCheck
-from ipnext.contracts import Frozen, PollTimeoutError, wait_until
+from ipnext.contracts.routing import RoutingTable, routing_model_of
 from ipnext.errors import ServingError
-from ipnext.routing import RoutingTable, routing_model_of
+from ipnext.names import Frozen, PollTimeoutError, wait_until
 from ipnext.serving.control import wait_generation
 from ipnext.serving.layout import RAY_NAMESPACE, ROUTING_APP, ROUTING_DEPLOYMENT, metrics_actor_name
 from ipnext.serving.llm.vllm_metrics import EngineStats, render
 from ipnext.serving.openai_door import OpenAIDoor, openai_route
+from ipnext.store.keys import KeyCheck
 
 __all__ = ["METRICS_PATH", "RoutingAppArgs", "RoutingService", "routing_app", "wait_routing_generation"]
 

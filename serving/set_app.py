@@ -16,8 +16,6 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 from starlette.requests import Request
 
-from ipnext.model import import_factory
-from ipnext.pinned import load_verified, load_verified_checkpoint, pinned_path
 from ipnext.serving.control import serve_applications
 from ipnext.serving.export import CounterPusher, PartPrometheus
 from ipnext.serving.layout import (
@@ -30,6 +28,8 @@ from ipnext.serving.layout import (
     part_deployment_name,
     running_replicas,
 )
+from ipnext.spec.model import import_factory
+from ipnext.store.pinned import load_verified, load_verified_checkpoint, pinned_path
 
 __all__ = ["PartHost", "SetInfo", "set_app"]
 
@@ -46,7 +46,7 @@ class PartHost:
 
         torch.set_num_threads(1)  # many replicas share few cores; torch would take them all
         # The pinned copy made at validation, checked against its sha256 on the bytes it loads:
-        # the training job's own file may have moved or changed since (ipnext/pinned.py).
+        # the training job's own file may have moved or changed since (ipnext/store/pinned.py).
         store = Path(host.pinned_store)
         weights: Any = (
             load_verified_checkpoint(pinned_path(store, host.sha256, ".json"), host.sha256)

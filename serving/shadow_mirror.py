@@ -1,5 +1,5 @@
 """A router replica's side of shadow traffic: the requests it mirrors to a shadow candidate after
-their callers were answered, bounded, timed and compared (`ipnext.shadow`).
+their callers were answered, bounded, timed and compared (`ipnext.policy.shadow`).
 
 What a caller sees never depends on the shadow: the copy starts as a task after the answer is
 built, its time is never in the caller's latency, and its failure, hang or answer reaches only
@@ -16,8 +16,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ipnext.rollout import ShadowRoute
-from ipnext.shadow import DROPPED, compare_answers
+from ipnext.contracts.router import ShadowRoute
+from ipnext.policy.shadow import DROPPED, compare_answers
 
 __all__ = ["ShadowMirror"]
 

@@ -8,12 +8,12 @@ import math
 import random
 from typing import Any, NamedTuple
 
-from ipnext.experiments import assign_arm
-from ipnext.model import DAG_INPUT
-from ipnext.rollout import RouterConfig
-from ipnext.routing import weighted_draw
+from ipnext.contracts.router import RouterConfig
+from ipnext.contracts.routing import weighted_draw
+from ipnext.policy.experiments import assign_arm
 from ipnext.serving.choices import RequestPlan
-from ipnext.sharding import gather_shards
+from ipnext.spec.model import DAG_INPUT
+from ipnext.spec.sharding import gather_shards
 
 __all__ = ["PickedApps", "all_finite", "join_shards", "jsonable", "pick_apps", "pick_set", "upstream_values"]
 

@@ -33,8 +33,8 @@ from typing import Any
 
 import pytest
 
-from ipnext.config import Settings
-from ipnext.raytoken import ensure_ray_token, use_ray_auth
+from ipnext.spec.settings import Settings
+from ipnext.store.ray_token import ensure_ray_token, use_ray_auth
 
 from .suite_load import LoadSampler
 

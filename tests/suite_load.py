@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ipnext.devstack import STACK_ID_ENV
+from ipnext.client.devstack.stack import STACK_ID_ENV
 
 SAMPLE_S = 10.0
 _NEEDLE = f"{STACK_ID_ENV}=".encode()

@@ -15,10 +15,10 @@ history limit.
 
 In shadow mode (`ipnext shadow start`) the control answers every request and the routers copy
 `treatment_percent` of them to the treatment after answering (`rollout.ShadowRoute`,
-serving/shadow_mirror.py); each window's comparisons (`ipnext.shadow`) are kept beside the totals,
+serving/shadow_mirror.py); each window's comparisons (`ipnext.policy.shadow`) are kept beside the totals,
 and the gates' readings are recorded as evidence without ending it (the treatment answers no one).
 
-ModelWorkflow starts it (`start_experiment`, workflows/model_experiments.py) and holds its own
+ModelWorkflow starts it (`start_experiment`, workflows/_model_experiments.py) and holds its own
 rollouts and serving checks while it runs; at its end it tells the model by `experiment_ended`.
 A replan that needs new apps comes as `move_arms` (`_move`): both arms come up on the new
 placement beside the old apps, every router switches both at once (same salt and split), the
@@ -35,7 +35,7 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, FailureError
 
 with workflow.unsafe.imports_passed_through():
-    # The report's tests (ipnext.experiments) import scipy when first called: numpy, under it,
+    # The report's tests (ipnext.policy.experiments) import scipy when first called: numpy, under it,
     # writes environment variables at import, which the sandbox forbids. Passed through here,
     # it is imported once with the worker; its special functions are deterministic.
     import scipy.special  # noqa: F401
@@ -52,10 +52,8 @@ with workflow.unsafe.imports_passed_through():
         remove_apps,
         route_traffic,
     )
-    from ipnext.contracts import ARMS_KEY, MODEL_KEY, STATE_KEY, ExperimentWorkflowNames, ModelWorkflowNames
-    from ipnext.counters import SetCounters
-    from ipnext.experiments import summarize
-    from ipnext.registry import (
+    from ipnext.contracts.counters import SetCounters
+    from ipnext.contracts.experiment import (
         ArmsMoved,
         ExperimentInput,
         ExperimentState,
@@ -63,9 +61,18 @@ with workflow.unsafe.imports_passed_through():
         MoveArmsInput,
         StopExperimentInput,
     )
-    from ipnext.rollout import ExperimentRoute, ShadowRoute, evaluate_gates, window_counters
-    from ipnext.shadow import render_shadow, summarize_shadow
-    from ipnext.workflows.signals import NO_PAYLOAD, signal_input
+    from ipnext.contracts.router import ExperimentRoute, ShadowRoute
+    from ipnext.names import (
+        ARMS_KEY,
+        MODEL_KEY,
+        STATE_KEY,
+        ExperimentWorkflowNames,
+        ModelWorkflowNames,
+    )
+    from ipnext.policy.experiments import summarize
+    from ipnext.policy.gates import evaluate_gates, window_counters
+    from ipnext.policy.shadow import render_shadow, summarize_shadow
+    from ipnext.workflows._signals import NO_PAYLOAD, signal_input
 
 __all__ = ["CONTROL", "SHADOW_WINDOWS_KEPT", "TREATMENT", "ExperimentWorkflow"]
 

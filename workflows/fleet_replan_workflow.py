@@ -26,10 +26,9 @@ with workflow.unsafe.imports_passed_through():
         read_observed_demand,
         solve_fleet_plan,
     )
-    from ipnext.contracts import ModelWorkflowNames, model_workflow_id
-    from ipnext.demand import DemandSizing
-    from ipnext.registry import ApplyPlanInput
-    from ipnext.replan import FleetReplanInput, FleetReplanResult
+    from ipnext.contracts.fleet import DemandSizing, FleetReplanInput, FleetReplanResult
+    from ipnext.contracts.model import ApplyPlanInput
+    from ipnext.names import ModelWorkflowNames, model_workflow_id
 
 __all__ = ["FleetReplanResult", "FleetReplanWorkflow"]
 

@@ -26,10 +26,10 @@ from temporalio.workflow import ParentClosePolicy
 with workflow.unsafe.imports_passed_through():
     from ipnext.activities import QUICK_TIMEOUT, RECONCILE_RETRY
     from ipnext.activities.regions import RegionActivities, RouteAroundInput, check_regions
-    from ipnext.contracts import REGIONS_DOWN_KEY, STATE_KEY, FleetWorkflowNames, Workflows, fleet_replan_id
-    from ipnext.identity import attributed, caller_identity
-    from ipnext.regions import (
+    from ipnext.contracts.fleet import (
         DOWN_BY_IPNEXT,
+        FleetReplanInput,
+        FleetReplanResult,
         FleetState,
         FleetStatus,
         FleetWorkflowInput,
@@ -41,11 +41,17 @@ with workflow.unsafe.imports_passed_through():
         RegionState,
         RegionUpInput,
         ReplanRecord,
-        detect_changes,
-        region_nodes,
     )
-    from ipnext.replan import FleetReplanInput, FleetReplanResult
-    from ipnext.workflows.signals import NO_PAYLOAD, update_input
+    from ipnext.contracts.identity import attributed, caller_identity
+    from ipnext.names import (
+        REGIONS_DOWN_KEY,
+        STATE_KEY,
+        FleetWorkflowNames,
+        Workflows,
+        fleet_replan_id,
+    )
+    from ipnext.policy.regions import detect_changes, region_nodes
+    from ipnext.workflows._signals import NO_PAYLOAD, update_input
 
 __all__ = ["FleetWorkflow"]
 

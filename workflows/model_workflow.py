@@ -44,40 +44,35 @@ with workflow.unsafe.imports_passed_through():
     from ipnext.activities.rollouts import RolloutActivities, RolloutOutcomeInput
     from ipnext.activities.serving import TeardownInput, teardown_model
     from ipnext.activities.validate import ValidateSetInput, validate_snapshot_set
-    from ipnext.contracts import (
-        ModelWorkflowNames,
-        SetStatus,
-        rollout_workflow_id,
-    )
-    from ipnext.model import SnapshotSet
-    from ipnext.plan import Plan
-    from ipnext.registry import (
-        ActiveRollout,
-        ApplyPlanInput,
+    from ipnext.contracts.experiment import (
         ArmsMoved,
-        DeleteInput,
-        DeleteResult,
         ExperimentStarted,
         ExperimentStatus,
+        PromoteInput,
+        StartExperimentInput,
+    )
+    from ipnext.contracts.model import (
+        ActiveRollout,
+        ApplyPlanInput,
+        DeleteInput,
+        DeleteResult,
         ModelState,
         ModelWorkflowInput,
         ModelWorkflowResult,
-        PromoteInput,
         PublishInput,
         PublishResult,
-        RolloutEnded,
-        RolloutInput,
-        RolloutResult,
-        StartExperimentInput,
         UpdateModelInput,
         UpdateModelResult,
     )
-    from ipnext.rollout import RolloutState
-    from ipnext.rollout_steps import CAPACITY_MOVE_ATTEMPTS, capacity_retry, rollout_history_limit
-    from ipnext.workflows.model_experiments import START_EXPERIMENT_EXAMPLE, ModelExperiments
-    from ipnext.workflows.model_update import UPDATE_EXAMPLE, as_update_error
+    from ipnext.contracts.plan import Plan
+    from ipnext.contracts.rollout import RolloutEnded, RolloutInput, RolloutResult
+    from ipnext.names import ModelWorkflowNames, RolloutState, SetStatus, rollout_workflow_id
+    from ipnext.policy.rollout_steps import CAPACITY_MOVE_ATTEMPTS, capacity_retry, rollout_history_limit
+    from ipnext.spec.model import SnapshotSet
+    from ipnext.workflows._model_experiments import START_EXPERIMENT_EXAMPLE, ModelExperiments
+    from ipnext.workflows._model_update import UPDATE_EXAMPLE, as_update_error
+    from ipnext.workflows._signals import NO_PAYLOAD, signal_input, update_input
     from ipnext.workflows.rollout_workflow import RolloutWorkflow
-    from ipnext.workflows.signals import NO_PAYLOAD, signal_input, update_input
 
 
 # The serving checks came after models that still run: their histories replay without them.
@@ -147,7 +142,7 @@ class ModelWorkflow(ModelExperiments):
 
     # ---- replanned placement -------------------------------------------------------------
 
-    # Signals read their payload by hand (workflows/signals.py): none, a malformed one or a
+    # Signals read their payload by hand (workflows/_signals.py): none, a malformed one or a
     # second one is logged and ignored, never a failed workflow task.
 
     @workflow.signal(name=ModelWorkflowNames.APPLY_PLAN)
@@ -177,7 +172,7 @@ class ModelWorkflow(ModelExperiments):
 
     # ---- publish -------------------------------------------------------------------------
 
-    # Updates read their payload by hand too (workflows/signals.py): their validators refuse a
+    # Updates read their payload by hand too (workflows/_signals.py): their validators refuse a
     # missing or malformed one by name, so the Temporal UI's "Execute Update" with an empty
     # input is refused and never fails a workflow task.
 
@@ -269,7 +264,7 @@ class ModelWorkflow(ModelExperiments):
                     type="SnapshotError",
                 )
 
-    # ---- update: a new spec (workflows/model_update.py) -----------------------------------
+    # ---- update: a new spec (workflows/_model_update.py) -----------------------------------
 
     @workflow.update(name=ModelWorkflowNames.UPDATE)
     async def update_model(self, raw: Any = NO_PAYLOAD, _extra: Any = None) -> UpdateModelResult:
@@ -280,7 +275,7 @@ class ModelWorkflow(ModelExperiments):
     def _validate_update(self, raw: Any = NO_PAYLOAD, _extra: Any = None) -> None:
         self._refuse_update(update_input(raw, UpdateModelInput, ModelWorkflowNames.UPDATE, UPDATE_EXAMPLE))
 
-    # ---- experiments (workflows/model_experiments.py) ------------------------------------
+    # ---- experiments (workflows/_model_experiments.py) ------------------------------------
 
     @workflow.update(name=ModelWorkflowNames.START_EXPERIMENT)
     def start_experiment(self, raw: Any = NO_PAYLOAD, _extra: Any = None) -> ExperimentStarted:

@@ -7,7 +7,7 @@ Per step (the model's `rollout.steps`, default 1, 5, 25, 50, 100 percent), in lo
    rounded up, so the plan's headroom holds) and wait until Serve reports it running;
 2. shift the routers' weights: one new generation per region, no replica restarted;
 3. bake on a durable timer, reading the metrics actors every `check_interval_seconds` and
-   judging the gates on the window since the shift (ipnext.rollout.evaluate_gates). Too few
+   judging the gates on the window since the shift (ipnext.policy.gates.evaluate_gates). Too few
    requests by the end of the bake extend it up to 3x, then pause with `insufficient_traffic`;
    that pause is ipnext's own, so ipnext ends it once the window holds `min_requests` (a quiet
    night does not need on-call; an on-call `pause` during it takes it over and waits for `resume`);
@@ -50,7 +50,6 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError, FailureError
 
 with workflow.unsafe.imports_passed_through():
-    from ipnext import rollout_steps as steps
     from ipnext.activities import (
         RETRY,
         VALIDATE_TIMEOUT,
@@ -59,31 +58,29 @@ with workflow.unsafe.imports_passed_through():
         ReadMetricsResult,
     )
     from ipnext.activities.validate import VerifyPinnedInput, verify_pinned_set
-    from ipnext.contracts import (
-        ModelWorkflowNames,
-        RolloutWorkflowNames,
-    )
-    from ipnext.identity import attributed, caller_identity
-    from ipnext.registry import RolloutEnded, RolloutInput, RolloutProgress, RolloutResult
-    from ipnext.rollout import (
+    from ipnext.contracts.freeze import FreezeOverride, FreezeWindow, active_freeze
+    from ipnext.contracts.identity import attributed, caller_identity
+    from ipnext.contracts.rollout import (
         FREEZE_PAUSE,
         INSUFFICIENT_TRAFFIC,
         IPNEXT,
         NEEDS_ATTENTION,
         AbortInput,
-        FreezeOverride,
-        FreezeWindow,
         PauseInput,
         PauseRecord,
         ResumeInput,
-        RolloutState,
+        RolloutEnded,
+        RolloutInput,
+        RolloutProgress,
+        RolloutResult,
         RolloutStatus,
-        active_freeze,
-        judge_window,
     )
-    from ipnext.rollout_steps import Weights
-    from ipnext.workflows.rollout_actions import RolloutActions, RolloutStop
-    from ipnext.workflows.signals import NO_PAYLOAD, signal_input
+    from ipnext.names import ModelWorkflowNames, RolloutState, RolloutWorkflowNames
+    from ipnext.policy import rollout_steps as steps
+    from ipnext.policy.gates import judge_window
+    from ipnext.policy.rollout_steps import Weights
+    from ipnext.workflows._rollout_actions import RolloutActions, RolloutStop
+    from ipnext.workflows._signals import NO_PAYLOAD, signal_input
 
 # Runs started before a cancellation was an abort: cancelled, they end CANCELED as they did.
 CANCEL_ABORTS_PATCH = "rollout-cancel-aborts"
@@ -152,7 +149,7 @@ class RolloutWorkflow(RolloutActions):
 
     # ---- on-call -----------------------------------------------------------------------------
 
-    # Signals read their payload by hand (workflows/signals.py): none, a malformed one or a
+    # Signals read their payload by hand (workflows/_signals.py): none, a malformed one or a
     # second one never fails the workflow task. Pause and resume go on without a readable
     # payload, recorded as by "unknown"; abort and override_freeze need who and why on the
     # record, so without them they are refused (a warning in the worker's log).

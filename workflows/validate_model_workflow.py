@@ -12,7 +12,7 @@ from temporalio import workflow
 with workflow.unsafe.imports_passed_through():
     from ipnext.activities import RETRY, VALIDATE_TIMEOUT
     from ipnext.activities.validate import validate_model_spec
-    from ipnext.registry import ValidateSpecInput
+    from ipnext.contracts.model import ValidateSpecInput
 
 __all__ = ["ValidateModelWorkflow"]
 

@@ -7,7 +7,7 @@ from temporalio import workflow
 with workflow.unsafe.imports_passed_through():
     from ipnext.activities import QUICK_TIMEOUT, RETRY
     from ipnext.activities.metadata import WatchActivities
-    from ipnext.registry import WatchInput, WatchResult
+    from ipnext.contracts.model import WatchInput, WatchResult
 
 
 @workflow.defn

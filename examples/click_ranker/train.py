@@ -4,7 +4,7 @@
 
 Clicks come from hidden user and item factors: P(click) = sigmoid(4 u.v - 1). The
 trainer fits embeddings and the MLP jointly for a few seconds and writes the two
-parts' weights as safetensors plus the manifest (see ipnext.snapshots). With
+parts' weights as safetensors plus the manifest (see ipnext.store.snapshots). With
 `--dense-parts small=16,large=128` it trains one MLP per named part (of that hidden size)
 on the shared embeddings and writes each as its own part, for model-variants.yaml.
 """
@@ -19,8 +19,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from ipnext import Manifest, write_snapshot
 from ipnext.examples.click_ranker.parts import build_modules
-from ipnext.snapshots import Manifest, write_snapshot
 
 __all__ = ["DEFAULT_CONFIG", "TrainReport", "favourite", "parse_dense_parts", "train"]
 

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import torch
 
+from ipnext import Manifest, import_checkpoint
 from ipnext.serving.llm.hf import save_checkpoint
 from ipnext.serving.llm.model import Decoder, DecoderConfig
 from ipnext.serving.llm.text import BOS, EOS, TextCodec, train_tokenizer
-from ipnext.snapshots import Manifest, import_checkpoint
 
 __all__ = ["CHAT_TEMPLATE", "DEFAULT_CONFIG", "LLMTrainReport", "corpus", "train"]
 

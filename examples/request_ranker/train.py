@@ -22,9 +22,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from ipnext import Manifest, write_snapshot
 from ipnext.examples.request_ranker.model import RankingConfig, RankingModel
 from ipnext.examples.request_ranker.parts import table_shard_weights
-from ipnext.snapshots import Manifest, write_snapshot
 
 __all__ = ["SMALL_CONFIG", "TrainReport", "World", "shard_parts", "train"]
 

@@ -39,7 +39,7 @@ from typing import Annotated, Literal
 import torch
 from pydantic import Field, StringConstraints
 
-from ipnext.contracts import Frozen
+from ipnext.names import Frozen
 from ipnext.serving.llm.cache import KVCache, block_hashes
 from ipnext.serving.llm.model import DecoderConfig
 from ipnext.serving.llm.runner import Chunk, ModelRunner

@@ -4,7 +4,7 @@ Per request: time to first token (`ttft_ms`), inter-token latency (`itl_ms`, eve
 two tokens of one answer), queue time (`queue_ms`, arrival to first step) and decode speed.
 In aggregate: batch size per step, KV-cache use, prefix-cache hit rate (prompt tokens served
 from the cache), preemptions, cancellations, failures. The latency histograms use the bucket layout of
-`ipnext.counters`, so they push to a model's metrics actor beside the router's counters
+`ipnext.contracts.counters`, so they push to a model's metrics actor beside the router's counters
 and the rollout gates (`ttft_p99_ms`, `itl_p99_ms`) read them like `latency_p99_ms`.
 """
 
@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ipnext.counters import SetCounters
+from ipnext.contracts.counters import SetCounters
 from ipnext.serving.llm.engine import LLMEngine, Sequence, StepResult
 from ipnext.serving.llm.vllm_metrics import EngineStats
 

@@ -21,7 +21,7 @@ import torch
 from pydantic import Field, model_validator
 from torch import nn
 
-from ipnext.contracts import Frozen
+from ipnext.names import Frozen
 
 __all__ = [
     "Decoder",

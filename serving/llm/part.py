@@ -31,9 +31,9 @@ from typing import Annotated, Any, Literal
 import torch
 from pydantic import Field, ValidationError, model_validator
 
-from ipnext.contracts import Frozen
-from ipnext.counters import SetCounters
+from ipnext.contracts.counters import SetCounters
 from ipnext.errors import CheckpointError, PartInputError
+from ipnext.names import Frozen
 from ipnext.serving.llm.chat import checkpoint_codec
 from ipnext.serving.llm.engine import (
     GREEDY_BELOW,

@@ -19,16 +19,16 @@ import ray
 import yaml
 from ray import serve
 
-from ipnext.auth import key_header
-from ipnext.config import Settings, load_settings
-from ipnext.contracts import ModelStatus, poll_until
-from ipnext.devstack import WORKER_GCS_PATIENCE_S, DevStack, scratch_config, stack_processes
+from ipnext.client.devstack.stack import WORKER_GCS_PATIENCE_S, DevStack, scratch_config, stack_processes
+from ipnext.client.sdk import Client
+from ipnext.contracts.model import ModelState
 from ipnext.errors import ModelNotFoundError
 from ipnext.examples.click_ranker.train import train
-from ipnext.model import ModelSpec, load_model_spec
-from ipnext.registry import ModelState
-from ipnext.sdk import Client
-from ipnext.snapshots import Manifest
+from ipnext.names import ModelStatus, poll_until
+from ipnext.spec.model import ModelSpec, load_model_spec
+from ipnext.spec.settings import Settings, load_settings
+from ipnext.store.keys import key_header
+from ipnext.store.snapshots import Manifest
 from tests.conftest import STACK_UNITS, work_unit
 
 from .stack_state import describe, stack_config_of

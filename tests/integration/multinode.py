@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 import yaml
 
-from ipnext.config import Settings, load_settings
-from ipnext.devstack import WORKER_GCS_PATIENCE_S, DevStack, scratch_config, stack_processes
-from ipnext.raytoken import ray_auth_env
+from ipnext.client.devstack.stack import WORKER_GCS_PATIENCE_S, DevStack, scratch_config, stack_processes
+from ipnext.spec.settings import Settings, load_settings
+from ipnext.store.ray_token import ray_auth_env
 
 from .conftest import RECONCILE_SECONDS, REPO
 

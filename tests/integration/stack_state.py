@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ipnext.config import Settings, load_settings
+from ipnext.spec.settings import Settings, load_settings
 
 LOOK_TIMEOUT_S = 120.0  # one child process; on a machine at load 40 its imports alone take 20 s
 LOG_LINES = 40
@@ -159,7 +159,7 @@ def _say(line: str = "") -> None:
 
 
 def _dev_status(settings: Settings) -> None:
-    from ipnext.devstack import process_alive
+    from ipnext.client.devstack.stack import process_alive
 
     record_file = settings.state_dir / "dev.json"
     if not record_file.exists():
@@ -177,9 +177,9 @@ def _dev_status(settings: Settings) -> None:
 
 
 async def _models(settings: Settings, first: str | None) -> None:
-    from ipnext.contracts import model_workflow_id
-    from ipnext.sdk import Client
-    from ipnext.temporal import stuck_reason
+    from ipnext.client.sdk import Client
+    from ipnext.client.temporal import stuck_reason
+    from ipnext.names import model_workflow_id
 
     async with await Client.connect(settings) as client:
         names = [m.name for m in await client.list_models()]
@@ -213,7 +213,7 @@ def _serve_apps(settings: Settings) -> None:
     if not settings.ray_address_file.exists():
         _say("-- Serve apps: no Ray address file (Ray not up)")
         return
-    from ipnext.raytoken import ray_auth_env
+    from ipnext.store.ray_token import ray_auth_env
 
     os.environ.update(ray_auth_env(settings))
     import ray

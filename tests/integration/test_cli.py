@@ -14,8 +14,8 @@ import pytest
 import yaml
 from ray.serve.schema import ServeDeploySchema
 
-from ipnext.config import Settings
-from ipnext.contracts import wait_until
+from ipnext.names import wait_until
+from ipnext.spec.settings import Settings
 
 from .conftest import EXAMPLE_MODEL, keyed, train_version
 
@@ -27,7 +27,11 @@ def ipnext(stack_config: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("TEMPORAL_ADDRESS", "RAY_ADDRESS")}
     env["IPNEXT_CONFIG"] = str(stack_config)
     return subprocess.run(
-        [sys.executable, "-m", "ipnext.cli", *args], env=env, capture_output=True, text=True, timeout=240
+        [sys.executable, "-m", "ipnext.client.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
 
 

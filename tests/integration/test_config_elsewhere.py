@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ipnext.contracts import wait_until
-from ipnext.devstack import free_port, process_alive, stack_processes
+from ipnext.client.devstack.stack import free_port, process_alive, stack_processes
+from ipnext.names import wait_until
 
 from .conftest import REPO
 
@@ -88,7 +88,7 @@ def test_dev_up_from_outside_the_repo_runs_every_process_from_that_config() -> N
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
 
     def ipnext(*args: str) -> subprocess.CompletedProcess[str]:
-        argv = [sys.executable, "-m", "ipnext.cli", "--config", "../c/ipnext.yaml", *args]
+        argv = [sys.executable, "-m", "ipnext.client.cli", "--config", "../c/ipnext.yaml", *args]
         return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=240)
 
     t0 = time.monotonic()

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from ipnext.contracts import wait_until
-from ipnext.devstack import scratch_config
+from ipnext.client.devstack.stack import scratch_config
+from ipnext.names import wait_until
 
 from .conftest import REPO
 
@@ -44,7 +44,7 @@ def test_demo_once_end_to_end() -> None:
     env["IPNEXT_CONFIG"] = str(config)
     started = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-m", "ipnext.cli", "demo", "--once"],
+        [sys.executable, "-m", "ipnext.client.cli", "demo", "--once"],
         env=env,
         capture_output=True,
         text=True,

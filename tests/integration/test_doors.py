@@ -18,16 +18,15 @@ import pytest
 import ray
 from prometheus_client.parser import text_string_to_metric_families
 
-from ipnext.auth import add_key, bearer
-from ipnext.config import Settings
-from ipnext.contracts import poll_until
-from ipnext.counters import MetricsSnapshot, SetCounters
+from ipnext.client.sdk import Client
+from ipnext.contracts.counters import MetricsSnapshot, SetCounters
 from ipnext.examples.click_ranker.train import poisoned_copy
-from ipnext.model import ModelSpec
-from ipnext.rollout import RolloutState
-from ipnext.sdk import Client
+from ipnext.names import RolloutState, poll_until
 from ipnext.serving.control import connect
 from ipnext.serving.layout import RAY_NAMESPACE, metrics_actor_name, router_app_name, set_app_name
+from ipnext.spec.model import ModelSpec
+from ipnext.spec.settings import Settings
+from ipnext.store.keys import add_key, bearer
 
 from .conftest import keyed, one_region_spec, train_version, until_rolled_back
 from .load import Load

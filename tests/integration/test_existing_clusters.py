@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ipnext.config import Settings, load_settings
-from ipnext.devstack import DevStack, stack_processes
-from ipnext.sdk import Client
+from ipnext.client.devstack.stack import DevStack, stack_processes
+from ipnext.client.sdk import Client
+from ipnext.spec.settings import Settings, load_settings
 
 from .conftest import one_region_spec, train_version
 

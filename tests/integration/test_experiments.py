@@ -32,18 +32,19 @@ import pytest
 import ray
 from safetensors.torch import load_file
 
-from ipnext.config import Settings
-from ipnext.contracts import poll_until
+from ipnext.client.sdk import Client
+from ipnext.contracts.experiment import ExperimentStatus, StartExperimentInput
+from ipnext.contracts.model import ModelState
 from ipnext.errors import IpnextError
 from ipnext.examples.click_ranker.parts import DensePart, EmbeddingPart
 from ipnext.examples.click_ranker.train import favourite, poisoned_copy, train
-from ipnext.model import ModelSpec
-from ipnext.registry import ExperimentStatus, ModelState, StartExperimentInput
-from ipnext.sdk import Client
+from ipnext.names import poll_until
+from ipnext.policy.shadow import compare_answers
+from ipnext.policy.spec_update import UpdateKind
 from ipnext.serving.control import connect
-from ipnext.shadow import compare_answers
-from ipnext.snapshots import write_snapshot
-from ipnext.spec_update import UpdateKind
+from ipnext.spec.model import ModelSpec
+from ipnext.spec.settings import Settings
+from ipnext.store.snapshots import write_snapshot
 
 from .conftest import keyed, one_region_spec, train_version
 from .load import Load

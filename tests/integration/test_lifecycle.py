@@ -11,13 +11,13 @@ import httpx
 import pytest
 import ray
 
-from ipnext.config import Settings
-from ipnext.contracts import model_workflow_id, poll_until, watch_schedule_id
+from ipnext.client.sdk import AsyncPredictionClient, Client, PredictionClient
 from ipnext.errors import PredictionBadRequestError, PredictionNotFoundError
 from ipnext.examples.click_ranker.train import train
-from ipnext.sdk import AsyncPredictionClient, Client, PredictionClient
+from ipnext.names import model_workflow_id, poll_until, watch_schedule_id
 from ipnext.serving.control import connect, get_writer
 from ipnext.serving.layout import metrics_actor_name
+from ipnext.spec.settings import Settings
 
 from .conftest import keyed, one_region_spec, train_version
 from .load import Load

@@ -16,19 +16,18 @@ import openai
 import pytest
 from ray import ObjectRef, serve
 
-from ipnext.config import Settings
-from ipnext.contracts import poll_until
+from ipnext.client.sdk import Client
+from ipnext.contracts.model import ModelState
 from ipnext.errors import ServingError
 from ipnext.examples.llm.train import PART, train
-from ipnext.model import load_model_spec
-from ipnext.registry import ModelState
-from ipnext.rollout import RolloutState
-from ipnext.sdk import Client
+from ipnext.names import RolloutState, poll_until
 from ipnext.serving.control import connect
 from ipnext.serving.llm.chat import checkpoint_codec
 from ipnext.serving.llm.hf import folder_files, from_files
 from ipnext.serving.llm.model import Decoder
 from ipnext.serving.llm.text import TextCodec
+from ipnext.spec.model import load_model_spec
+from ipnext.spec.settings import Settings
 
 from .conftest import keyed
 from .test_doors import counted
@@ -441,7 +440,7 @@ async def test_a_hugging_face_checkpoint_serves_what_transformers_generates(
     import torch
     import transformers
 
-    from ipnext.snapshots import import_checkpoint
+    from ipnext.store.snapshots import import_checkpoint
     from tests.llm.hf_checkpoints import write_checkpoint
 
     folder = write_checkpoint(stack.snapshot_roots[0] / model_name / "v1", "mistral-window")

@@ -16,10 +16,8 @@ import pytest
 import ray
 from ray import serve
 
-from ipnext.config import Settings
-from ipnext.contracts import poll_until
-from ipnext.model import ModelSpec
-from ipnext.sdk import Client
+from ipnext.client.sdk import Client
+from ipnext.names import poll_until
 from ipnext.serving.control import connect, get_writer, serve_applications
 from ipnext.serving.layout import (
     ROUTER_DEPLOYMENT,
@@ -31,6 +29,8 @@ from ipnext.serving.layout import (
     router_app_name,
     set_app_name,
 )
+from ipnext.spec.model import ModelSpec
+from ipnext.spec.settings import Settings
 
 from .conftest import keyed, one_region_spec, train_version
 from .load import OpenLoop, Sent

@@ -13,9 +13,9 @@ import pytest
 import yaml
 from temporalio.service import RPCError, RPCStatusCode
 
-from ipnext.config import Settings
-from ipnext.contracts import model_workflow_id
-from ipnext.sdk import Client
+from ipnext.client.sdk import Client
+from ipnext.names import model_workflow_id
+from ipnext.spec.settings import Settings
 
 from .conftest import one_region_spec, train_version
 from .test_cli import ipnext

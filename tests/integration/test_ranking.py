@@ -14,12 +14,12 @@ import pytest
 import torch
 from ray import serve
 
-from ipnext.config import Settings
+from ipnext.client.sdk import Client
 from ipnext.examples.request_ranker.model import RankingConfig
 from ipnext.examples.request_ranker.train import SMALL_CONFIG, World, train
-from ipnext.model import ModelSpec, load_model_spec
-from ipnext.sdk import Client
 from ipnext.serving.control import connect
+from ipnext.spec.model import ModelSpec, load_model_spec
+from ipnext.spec.settings import Settings
 
 from .conftest import keyed, tolerant_latency_gate
 

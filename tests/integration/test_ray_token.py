@@ -16,8 +16,8 @@ from typing import Any
 import httpx
 import pytest
 
-from ipnext.config import Settings
-from ipnext.raytoken import MODE_ENV, TOKEN_ENV, TOKEN_PATH_ENV
+from ipnext.spec.settings import Settings
+from ipnext.store.ray_token import MODE_ENV, TOKEN_ENV, TOKEN_PATH_ENV
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -28,7 +28,7 @@ AGENT_PORT_WITHIN_S = 60.0
 _PROBE = """
 import json, sys
 import ray
-from ipnext.contracts import PollTimeoutError, wait_until
+from ipnext.names import PollTimeoutError, wait_until
 try:
     ray.init(address=sys.argv[1], log_to_driver=False)
 except BaseException as err:

@@ -17,15 +17,15 @@ from dataclasses import dataclass
 import pytest
 
 from ipnext.activities.serving import APPS_RUNNING_TIMEOUT_S
-from ipnext.config import Settings
-from ipnext.contracts import ModelStatus, poll_until
-from ipnext.devstack import node_component
+from ipnext.client.devstack.stack import node_component
+from ipnext.client.sdk import AsyncPredictionClient, Client
+from ipnext.contracts.fleet import FleetStatus
+from ipnext.contracts.model import ModelState
+from ipnext.contracts.routing import RoutingDocument, pick_region
 from ipnext.errors import PredictionError
-from ipnext.regions import FleetStatus
-from ipnext.registry import ModelState
-from ipnext.routing import RoutingDocument, pick_region
-from ipnext.sdk import AsyncPredictionClient, Client
+from ipnext.names import ModelStatus, poll_until
 from ipnext.serving.layout import ROUTING_APP, WRITER_ACTOR, metrics_actor_name, router_app_name
+from ipnext.spec.settings import Settings
 
 from .conftest import one_region_spec, train_version
 from .multinode import HEAD, REGIONS, PerRegionStack, per_region_stack, where_things_run

@@ -19,13 +19,13 @@ import pytest_asyncio
 import torch
 from temporalio.service import RPCError
 
-from ipnext.config import Settings
-from ipnext.contracts import model_workflow_id, poll_until
+from ipnext.client.sdk import Client
 from ipnext.errors import SnapshotError, SpecError
 from ipnext.examples.click_ranker.train import train
-from ipnext.model import ModelSpec, SnapshotRef, SnapshotSetRequest
-from ipnext.sdk import Client
-from ipnext.snapshots import request_from_folder
+from ipnext.names import model_workflow_id, poll_until
+from ipnext.spec.model import ModelSpec, SnapshotRef, SnapshotSetRequest
+from ipnext.spec.settings import Settings
+from ipnext.store.snapshots import request_from_folder
 
 from .conftest import MODEL_CODE, ensure_stack_up, one_region_spec, train_version
 from .test_lifecycle import serve_apps
@@ -67,7 +67,7 @@ async def test_cyclic_dag_creates_nothing(stack: Settings, client: Client) -> No
     ):
         ModelSpec.model_validate(data)
     # The CLI and SDK parse specs through parse_spec, which turns that into a SpecError:
-    from ipnext.specio import parse_spec
+    from ipnext.spec.reading import parse_spec
 
     with pytest.raises(SpecError, match="dag: cycle"):
         parse_spec(ModelSpec, data, source="model.yaml")

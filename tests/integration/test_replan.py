@@ -16,19 +16,20 @@ import pytest
 import ray
 import yaml
 
-from ipnext.config import Settings
-from ipnext.contracts import REPLAN_SCHEDULE_ID, ModelStatus, poll_until
-from ipnext.demand import SOURCE_HEADER, ModelDemand
-from ipnext.entry.schedules import ensure_replan_schedule, trigger_and_wait
-from ipnext.model import HardwareOption
-from ipnext.plan import Plan
-from ipnext.registry import ModelState
-from ipnext.replan import FleetReplanInput, PlanStore
-from ipnext.sdk import Client
+from ipnext.client.schedules import ensure_replan_schedule, trigger_and_wait
+from ipnext.client.sdk import Client
+from ipnext.client.temporal import connect_client
+from ipnext.contracts.fleet import FleetReplanInput
+from ipnext.contracts.model import ModelState
+from ipnext.contracts.plan import Plan
+from ipnext.names import REPLAN_SCHEDULE_ID, ModelStatus, poll_until
+from ipnext.policy.demand import SOURCE_HEADER, ModelDemand
 from ipnext.serving.control import connect
 from ipnext.serving.layout import RAY_NAMESPACE, metrics_actor_name
 from ipnext.serving.metrics import demand_file
-from ipnext.temporal import connect_client
+from ipnext.spec.model import HardwareOption
+from ipnext.spec.settings import Settings
+from ipnext.store.plans import PlanStore
 
 from .conftest import DEMAND_SETTINGS, keyed, one_region_spec, train_version
 from .load import Load

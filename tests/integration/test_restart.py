@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 import ray
 
-from ipnext.config import Settings
-from ipnext.contracts import ModelStatus, model_workflow_id, poll_until
-from ipnext.devstack import DevStack
-from ipnext.entry.supervisor import CHECK_INTERVAL_S, read_status
+from ipnext.client.devstack.stack import DevStack
+from ipnext.client.devstack.status_file import read_status
+from ipnext.client.devstack.supervisor import CHECK_INTERVAL_S
+from ipnext.client.sdk import Client
 from ipnext.errors import ModelExistsError, ModelNotFoundError
-from ipnext.rollout import RolloutState
-from ipnext.sdk import Client
+from ipnext.names import ModelStatus, RolloutState, model_workflow_id, poll_until
+from ipnext.spec.settings import Settings
 
 from .conftest import keyed, one_region_spec, train_version
 from .load import Load
@@ -210,7 +210,7 @@ def _kill(dev: DevStack, name: str) -> int:
 
 
 async def _dev_cli(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    argv = [sys.executable, "-m", "ipnext.cli", "--config", str(config), "dev", *args]
+    argv = [sys.executable, "-m", "ipnext.client.cli", "--config", str(config), "dev", *args]
     return await asyncio.to_thread(subprocess.run, argv, capture_output=True, text=True, timeout=120)
 
 

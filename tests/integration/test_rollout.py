@@ -20,17 +20,16 @@ import torch
 from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
 from temporalio.client import WorkflowExecutionStatus
 
-from ipnext.config import Settings
-from ipnext.contracts import model_workflow_id, poll_until, rollout_workflow_id
-from ipnext.devstack import DevStack
+from ipnext.client.devstack.stack import DevStack
+from ipnext.client.sdk import Client
+from ipnext.contracts.identity import default_identity
+from ipnext.contracts.rollout import RolloutResult, RolloutStatus
 from ipnext.examples.click_ranker.train import poisoned_copy
-from ipnext.identity import default_identity
-from ipnext.model import GateSpec
-from ipnext.registry import RolloutResult
-from ipnext.rollout import RolloutState, RolloutStatus
-from ipnext.sdk import Client
+from ipnext.names import RolloutState, model_workflow_id, poll_until, rollout_workflow_id
 from ipnext.serving.control import connect
 from ipnext.serving.layout import RAY_NAMESPACE, SET_DEPLOYMENT, WRITER_ACTOR, metrics_actor_name
+from ipnext.spec.model import GateSpec
+from ipnext.spec.settings import Settings
 
 from .conftest import keyed, one_region_spec, train_version, until_rolled_back
 from .load import Load

@@ -17,14 +17,14 @@ import ray
 import torch
 from safetensors.torch import load_file
 
-from ipnext.config import Settings
-from ipnext.contracts import poll_until
+from ipnext.client.sdk import Client
 from ipnext.examples.click_ranker.train import train
-from ipnext.model import ModelSpec, load_model_spec
-from ipnext.sdk import Client
+from ipnext.names import poll_until
 from ipnext.serving.control import connect
 from ipnext.serving.layout import metrics_actor_name
-from ipnext.snapshots import write_snapshot
+from ipnext.spec.model import ModelSpec, load_model_spec
+from ipnext.spec.settings import Settings
+from ipnext.store.snapshots import write_snapshot
 
 from .conftest import DRILL_MIN_REQUESTS, DRILL_STEPS, REPO, keyed, tolerant_latency_gate, until_rolled_back
 from .load import Load

@@ -13,13 +13,13 @@ import torch
 import transformers
 
 from ipnext.errors import CheckpointError, SnapshotError
-from ipnext.model import ModelSpec, checkpoint_digest
-from ipnext.pinned import CheckpointFiles, load_verified_checkpoint, pinned_path, verify_ref
 from ipnext.serving.llm.chat import ChatTemplate
 from ipnext.serving.llm.engine import SamplingParams
 from ipnext.serving.llm.part import LLMPart
-from ipnext.snapshots import import_checkpoint, read_manifest, request_from_folder
-from ipnext.validation import validate_snapshot
+from ipnext.spec.model import ModelSpec, checkpoint_digest
+from ipnext.store.pinned import CheckpointFiles, load_verified_checkpoint, pinned_path, verify_ref
+from ipnext.store.snapshots import import_checkpoint, read_manifest, request_from_folder
+from ipnext.store.validation import validate_snapshot
 from tests.llm.hf_checkpoints import NEW_TOKENS, write_checkpoint
 
 ENGINE = {"kv_cache_bytes": 1 << 22, "block_size": 4, "max_num_seqs": 4, "backend": "torch"}

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from ipnext.contracts import poll_until
 from ipnext.errors import GenerationError, PartInputError
+from ipnext.names import poll_until
 from ipnext.serving.llm.engine import EngineConfig, LLMEngine, SamplingParams, StepResult
 from ipnext.serving.llm.part import LLMPart
 from ipnext.serving.llm.service import LLMService

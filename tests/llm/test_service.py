@@ -15,12 +15,12 @@ import torch
 from pydantic import ValidationError
 
 import ipnext.serving.llm.part as part_module
-from ipnext.contracts import poll_until
 from ipnext.errors import PartInputError
+from ipnext.names import poll_until
 from ipnext.serving.llm.engine import EngineConfig, LLMEngine, SamplingParams
 from ipnext.serving.llm.part import LLMDecodePart, LLMPart, LLMPrefillPart, LLMRequest, Pinned
 from ipnext.serving.llm.service import LLMService
-from ipnext.snapshots import inspect_safetensors
+from ipnext.store.snapshots import inspect_safetensors
 
 from .conftest import TrainedLM
 

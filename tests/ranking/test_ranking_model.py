@@ -15,7 +15,7 @@ from ipnext.errors import PartInputError, SnapshotError, SpecError
 from ipnext.examples.request_ranker.model import RankingConfig, RankingModel
 from ipnext.examples.request_ranker.parts import PairRankerPart, RankerPart, TablePart, shard_of
 from ipnext.examples.request_ranker.train import SMALL_CONFIG, TrainReport, World
-from ipnext.snapshots import load_weights
+from ipnext.store.snapshots import load_weights
 
 
 def random_model(seed: int = 0, **sizes: Any) -> RankingModel:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from ipnext.examples.click_ranker.train import train
-from ipnext.fleet import Fleet, load_fleet
-from ipnext.model import ModelSpec, load_model_spec
-from ipnext.snapshots import request_from_folder
+from ipnext.spec.fleet import Fleet, load_fleet
+from ipnext.spec.model import ModelSpec, load_model_spec
+from ipnext.store.snapshots import request_from_folder
 from tests.unit.helpers import DEV_FLEET, EXAMPLE_SPEC, MODEL, Trained
 
 

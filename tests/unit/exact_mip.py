@@ -8,7 +8,7 @@ from typing import Any
 
 from ortools.linear_solver import pywraplp
 
-from ipnext.plan import PlanningProblem
+from ipnext.contracts.plan import PlanningProblem
 
 
 def exact_optimum(

@@ -9,9 +9,9 @@ from typing import Any
 
 import yaml
 
-from ipnext.model import SnapshotSetRequest
-from ipnext.plan import SolveOptions
+from ipnext.contracts.plan import SolveOptions
 from ipnext.planner.work import UNITS_PER_SECOND
+from ipnext.spec.model import SnapshotSetRequest
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE_SPEC = REPO / "examples" / "click_ranker" / "model.yaml"

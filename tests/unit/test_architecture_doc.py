@@ -12,6 +12,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "ARCHITECTURE.md"
 LAYER_FOLDERS = ("workflows", "activities", "planner", "serving", "kernels", "examples")
+# ipnext/'s packages by role: a short name (`counters.SetCounters`) may live in any of them.
+ROLE_PACKAGES = ("spec", "contracts", "policy", "store", "client")
 
 SPAN = re.compile(r"`([^`\n]+)`")
 PATH = re.compile(r"^[a-z_][a-z0-9_./-]*(\.py|\.md|\.yaml|/)$")
@@ -27,7 +29,7 @@ def module_file(dotted: str) -> Path | None:
         parts = parts[1:]
     candidates = [parts]
     if parts and parts[0] not in LAYER_FOLDERS:
-        candidates += [[folder, *parts] for folder in LAYER_FOLDERS]
+        candidates += [[folder, *parts] for folder in LAYER_FOLDERS + ROLE_PACKAGES]
     for rel in candidates:
         if not rel:
             continue
@@ -41,7 +43,7 @@ def module_file(dotted: str) -> Path | None:
 
 @cache
 def all_sources() -> str:
-    files = list((REPO / "ipnext").glob("*.py")) + list((REPO / "ipnext" / "entry").glob("*.py"))
+    files = [f for f in (REPO / "ipnext").rglob("*.py") if f.relative_to(REPO).parts[1] not in LAYER_FOLDERS]
     for folder in LAYER_FOLDERS:
         files += (REPO / folder).rglob("*.py")
     return "\n".join(f.read_text() for f in files)
@@ -57,7 +59,7 @@ def defines(source: str, name: str) -> bool:
 
 
 def find_path(span: str) -> bool:
-    """A path from the repository root, or from ipnext/ or a card folder (`entry/prediction.py`),
+    """A path from the repository root, or from ipnext/ or a card folder (`client/prediction.py`),
     or a bare file name that some package holds (`layout.py`)."""
     rel = span.rstrip("/")
     roots = [REPO, REPO / "ipnext", *(REPO / f for f in LAYER_FOLDERS)]
@@ -98,10 +100,10 @@ def test_every_name_in_the_map_exists() -> None:
 
 
 def test_the_checker_catches_a_stale_name() -> None:
-    assert stale("contracts.model_workflow_id") is None
+    assert stale("names.model_workflow_id") is None
     assert stale("serving.layout.SetDescription") is None
     assert stale("planner/block/") is None
-    assert stale("contracts.no_such_helper") is not None
+    assert stale("names.no_such_helper") is not None
     assert stale("RolloutCheckpoint") is not None
     assert stale("serving/apps_gone.py") is not None
     assert stale("layout.py") is None and stale("gone_module.py") is not None

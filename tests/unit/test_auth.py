@@ -14,10 +14,8 @@ import pytest
 import yaml
 from starlette.requests import Request
 
-from ipnext.auth import API_KEY_ENV, KeyCheck, add_key, client_key, hash_key, read_keys
-from ipnext.config import load_settings
+from ipnext.contracts.routing import RoutingDocument, RoutingTable
 from ipnext.errors import SpecError
-from ipnext.routing import RoutingDocument, RoutingTable
 from ipnext.serving import routing_app as routing_module
 from ipnext.serving.layout import (
     ROUTER_IMPORT_PATH,
@@ -27,6 +25,8 @@ from ipnext.serving.layout import (
     with_keys_file,
     without_keys_file,
 )
+from ipnext.spec.settings import load_settings
+from ipnext.store.keys import API_KEY_ENV, KeyCheck, add_key, client_key, hash_key, read_keys
 
 from . import test_router_doors as doors
 from .test_router_doors import reply, request
@@ -63,7 +63,7 @@ def test_the_cli_adds_a_key_shows_it_once_and_lists_names_only(tmp_path: Path) -
     config.write_text(yaml.safe_dump({"state_dir": "state"}))
 
     def cli(*argv: str) -> subprocess.CompletedProcess[str]:
-        command = [sys.executable, "-m", "ipnext.cli", "--config", str(config), "auth", *argv]
+        command = [sys.executable, "-m", "ipnext.client.cli", "--config", str(config), "auth", *argv]
         return subprocess.run(command, capture_output=True, text=True, timeout=60)
 
     added = cli("add-key", "team", "--models", "feed-*", "m1")

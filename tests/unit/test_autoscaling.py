@@ -13,13 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ipnext.activities.plan import residual_fleet
-from ipnext.config import AutoscalingSettings
+from ipnext.contracts.plan import Plan, PlanningProblem, demand_from_model
 from ipnext.errors import InfeasiblePlanError
-from ipnext.fleet import Fleet
-from ipnext.model import ModelSpec, SnapshotRef, SnapshotSet
-from ipnext.plan import Plan, PlanningProblem, demand_from_model
 from ipnext.planner import solve
-from ipnext.rollout_steps import RolloutStep, new_set_scales, old_set_scales
+from ipnext.policy.rollout_steps import RolloutStep, new_set_scales, old_set_scales
 from ipnext.serving.layout import (
     PoolEnvelope,
     SetDescription,
@@ -31,6 +28,9 @@ from ipnext.serving.layout import (
     running_replicas,
     set_app_plan,
 )
+from ipnext.spec.fleet import Fleet
+from ipnext.spec.model import ModelSpec, SnapshotRef, SnapshotSet
+from ipnext.spec.settings import AutoscalingSettings
 
 PINNED = "/srv/ipnext/pinned"
 DEV_POOLS = {"us-east": {"cpu-std": 16, "cpu-highmem": 8}, "eu-west": {"cpu-std": 16, "cpu-highmem": 8}}

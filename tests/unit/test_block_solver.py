@@ -13,7 +13,7 @@ import random
 import numpy as np
 import pytest
 
-from ipnext.plan import DeploymentPlacement, Plan, PlanningProblem
+from ipnext.contracts.plan import DeploymentPlacement, Plan, PlanningProblem
 from ipnext.planner.backend import solve_model
 from ipnext.planner.block import FastResult, search_block, solve_block_fast
 from ipnext.planner.formulation import build

@@ -13,18 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
+from ipnext.contracts.plan import PlanningProblem, demand_from_model
 from ipnext.errors import SpecError
-from ipnext.fleet import Fleet
-from ipnext.model import (
-    BreakerSpec,
-    ChoiceSpec,
-    ContextPaths,
-    ModelSpec,
-    SnapshotRef,
-    SnapshotSet,
-    load_model_spec,
-)
-from ipnext.plan import PlanningProblem, demand_from_model
 from ipnext.planner import solve
 from ipnext.serving.choices import (
     RequestContext,
@@ -38,7 +28,17 @@ from ipnext.serving.choices import (
     variant_label,
 )
 from ipnext.serving.layout import render_set_app, set_app_plan
-from ipnext.specio import parse_spec
+from ipnext.spec.fleet import Fleet
+from ipnext.spec.model import (
+    BreakerSpec,
+    ChoiceSpec,
+    ContextPaths,
+    ModelSpec,
+    SnapshotRef,
+    SnapshotSet,
+    load_model_spec,
+)
+from ipnext.spec.reading import parse_spec
 from tests.unit.helpers import REPO
 
 VARIANTS_SPEC = REPO / "examples" / "click_ranker" / "model-variants.yaml"

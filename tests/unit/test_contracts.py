@@ -7,7 +7,8 @@ import itertools
 
 import pytest
 
-from ipnext.contracts import (
+from ipnext.contracts.rollout import RolloutResult
+from ipnext.names import (
     PollTimeoutError,
     RolloutOutcome,
     RolloutState,
@@ -17,7 +18,6 @@ from ipnext.contracts import (
     poll_until,
     wait_until,
 )
-from ipnext.registry import RolloutResult
 
 
 def test_a_model_id_round_trips_and_other_ids_are_refused() -> None:

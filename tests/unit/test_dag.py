@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from ipnext.dag import check_graph, find_cycle, node_order, reachable
+from ipnext.spec.dag import check_graph, find_cycle, node_order, reachable
 
 CHAIN = [("input", "embed"), ("embed", "dense"), ("dense", "output")]
 

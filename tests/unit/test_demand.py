@@ -1,4 +1,4 @@
-"""Observed demand (`ipnext.demand`): per-replica diffs into slots, rates over ended windows,
+"""Observed demand (`ipnext.policy.demand`): per-replica diffs into slots, rates over ended windows,
 restarts that never count twice, reports of several regions that add up, a history saved and
 loaded across a metrics actor's restart, and what the fleet replan plans from it."""
 
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ipnext.demand import (
+from ipnext.policy.demand import (
     DemandHistory,
     ModelDemand,
     SourceView,

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ipnext.config import load_settings
-from ipnext.devstack import RAY_START_ATTEMPTS, DevStack, process_alive
+from ipnext.client.devstack.stack import RAY_START_ATTEMPTS, DevStack, process_alive
 from ipnext.errors import StackError
+from ipnext.spec.settings import load_settings
 
 
 @pytest.fixture
@@ -95,7 +95,7 @@ def test_the_node_layout_reaches_every_process_and_per_region_needs_a_cluster_of
 def test_free_port_never_hands_the_same_port_twice_in_a_process() -> None:
     """A region node's port flags are drawn before any is bound: two draws must differ, or Ray
     refuses the node ("trying to use a port number ... used by other components")."""
-    from ipnext.devstack import free_port
+    from ipnext.client.devstack.stack import free_port
 
     ports = [free_port() for _ in range(400)]
     assert len(set(ports)) == len(ports)

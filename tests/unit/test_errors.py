@@ -12,8 +12,8 @@ from temporalio.exceptions import ActivityError, ApplicationError, RetryState
 
 from ipnext import errors
 from ipnext.activities.validate import as_application_error
+from ipnext.client.temporal import from_temporal, temporal_errors
 from ipnext.errors import IpnextError, PredictionOverloadedError, error_from_wire
-from ipnext.temporal import from_temporal, temporal_errors
 
 CLASSES = sorted(errors._every_error_class().values(), key=lambda c: c.__name__)
 

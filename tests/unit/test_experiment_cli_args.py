@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from ipnext.entry.experiments import parse_arms, parse_split
+from ipnext.client.cli.experiment import parse_arms, parse_split
+from ipnext.contracts.experiment import StartExperimentInput
 from ipnext.errors import IpnextError
-from ipnext.registry import StartExperimentInput
 
 
 def test_arms_name_the_treatment_and_the_control_is_the_serving_set() -> None:

@@ -10,8 +10,8 @@ from collections import Counter
 import pytest
 from pydantic import ValidationError
 
-from ipnext.counters import MetricsSnapshot, OutcomeTotals, SetCounters
-from ipnext.rollout import ExperimentRoute, RouterConfig
+from ipnext.contracts.counters import MetricsSnapshot, OutcomeTotals, SetCounters
+from ipnext.contracts.router import ExperimentRoute, RouterConfig
 from ipnext.serving.request_body import BodyError, parse_feedback_body, parse_request_body
 from ipnext.serving.traffic import pick_apps
 

@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from ipnext.counters import SetCounters
-from ipnext.experiments import (
+from ipnext.contracts.counters import SetCounters
+from ipnext.policy.experiments import (
     OutcomeTotals,
     RequestIdError,
     assign_arm,

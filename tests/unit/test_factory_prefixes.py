@@ -7,9 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from ipnext.config import ModelCodeSettings, Settings
 from ipnext.errors import SpecError
-from ipnext.model import ModelSpec, check_factories, check_factories_allowed, load_model_spec, module_allowed
+from ipnext.spec.model import (
+    ModelSpec,
+    check_factories,
+    check_factories_allowed,
+    load_model_spec,
+    module_allowed,
+)
+from ipnext.spec.settings import ModelCodeSettings, Settings
 from tests.unit.helpers import REPO
 
 EXAMPLES = REPO / "examples"
@@ -71,8 +77,8 @@ def test_a_factory_outside_the_list_is_refused_naming_the_field_value_and_settin
 
 
 def test_an_allowed_module_cannot_lend_a_callable_defined_elsewhere(example_spec: ModelSpec) -> None:
-    """ipnext.model imports pydantic's `Field`: allowed module, foreign code."""
-    spec = with_factory(example_spec, "dense", "ipnext.model:Field")
+    """ipnext.spec.model imports pydantic's `Field`: allowed module, foreign code."""
+    spec = with_factory(example_spec, "dense", "ipnext.spec.model:Field")
     check_factories_allowed(spec, ["ipnext."])  # the module path alone passes
     with pytest.raises(SpecError, match=r"parts\.dense\.factory: .*defined in 'pydantic\.fields', outside"):
         check_factories(spec, ["ipnext."])
@@ -93,7 +99,7 @@ def test_the_operator_adds_prefixes_in_the_environment(monkeypatch: pytest.Monke
 
 
 def test_the_repo_config_spells_out_the_default() -> None:
-    from ipnext.config import load_settings
+    from ipnext.spec.settings import load_settings
 
     code = load_settings(REPO / "config" / "ipnext.yaml").model_code
     assert code == ModelCodeSettings()

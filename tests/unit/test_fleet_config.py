@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 import yaml
 
-from ipnext.config import load_settings
 from ipnext.errors import SpecError, StackError
-from ipnext.fleet import Fleet, load_fleet
-from ipnext.specio import parse_spec
+from ipnext.spec.fleet import Fleet, load_fleet
+from ipnext.spec.reading import parse_spec
+from ipnext.spec.settings import load_settings
 from tests.unit.helpers import DEV_FLEET, REPO, fleet_dict
 
 

@@ -14,9 +14,10 @@ import prometheus_client
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ipnext.counters import LATENCY_LAYOUT, LEGACY_BUCKETS_MS, SetCounters
-from ipnext.model import GateSpec
-from ipnext.rollout import GateReading, evaluate_gates, judge_window, window_counters
+from ipnext.contracts.counters import LATENCY_LAYOUT, LEGACY_BUCKETS_MS, SetCounters
+from ipnext.contracts.rollout import GateReading
+from ipnext.policy.gates import evaluate_gates, judge_window, window_counters
+from ipnext.spec.model import GateSpec
 
 R = LATENCY_LAYOUT.ratio
 BOUNDS = LATENCY_LAYOUT.bounds()

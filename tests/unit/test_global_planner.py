@@ -11,12 +11,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ipnext.contracts.plan import Plan, PlanningProblem
 from ipnext.errors import InfeasiblePlanError, PlanningTimeoutError
-from ipnext.fleet import Fleet, HardwareClass, Pool
-from ipnext.model import HardwareOption
-from ipnext.plan import DeploymentDemand, Plan, PlanningProblem
 from ipnext.planner import check_plan, solve
 from ipnext.planner.generator import generate
+from ipnext.spec.demand_file import DeploymentDemand
+from ipnext.spec.fleet import Fleet, HardwareClass, Pool
+from ipnext.spec.model import HardwareOption
 from tests.unit.exact_mip import exact_optimum
 from tests.unit.helpers import work_options
 

@@ -20,23 +20,50 @@ REPO = Path(__file__).resolve().parents[2]
 # The card's folders, reached as ipnext.<folder>.
 LAYER_FOLDERS = ("workflows", "activities", "planner", "serving", "kernels", "examples")
 
-# The entry tier: exactly these modules of ipnext/, plus anything under these packages.
-ENTRY_MODULES = frozenset({"ipnext.cli", "ipnext.sdk", "ipnext.worker", "ipnext.devstack", "ipnext.__main__"})
-ENTRY_PACKAGES = ("ipnext.entry", "ipnext.cli")
+# ipnext/'s own packages by role (docs/ARCHITECTURE.md), each one tier; `ipnext.errors` and
+# `ipnext.names` are the root every tier stands on, and the package itself (the lazy public API)
+# and `python -m ipnext` belong to the client tier they expose.
+ROLE_PACKAGES = ("spec", "contracts", "policy", "store", "client")
+ROOT_MODULES = frozenset({"ipnext.errors", "ipnext.names"})
+CLIENT_MODULES = frozenset({"ipnext", "ipnext.__main__"})
+# Old paths the README and examples showed, kept as re-exports of the names they used.
+COMPAT_MODULES = frozenset(
+    {"ipnext.sdk", "ipnext.model", "ipnext.snapshots", "ipnext.registry", "ipnext.config", "ipnext.auth"}
+)
 
 # What each tier may import from ipnext (third-party imports are free unless banned below).
 MAY_IMPORT: dict[str, frozenset[str]] = {
-    "ground": frozenset({"ground"}),
-    "planner": frozenset({"ground", "planner"}),
-    "kernels": frozenset({"ground", "kernels"}),
-    "serving": frozenset({"ground", "kernels", "serving"}),
-    "activities": frozenset({"ground", "planner", "kernels", "serving", "activities"}),
-    "workflows": frozenset({"ground", "activities", "workflows"}),
-    # Examples are what users copy: the ground tier, the part library (kernels and the LLM model
-    # family parts are built on), the SDK, and each other. Nothing else is a public surface.
-    "examples": frozenset({"ground", "kernels", "serving.llm", "sdk", "examples"}),
-    "entry": frozenset(
-        {"ground", "planner", "kernels", "serving", "activities", "workflows", "examples", "entry"}
+    "root": frozenset({"root"}),
+    "spec": frozenset({"root", "spec"}),
+    "contracts": frozenset({"root", "spec", "contracts"}),
+    "policy": frozenset({"root", "spec", "contracts", "policy"}),
+    "store": frozenset({"root", "spec", "contracts", "policy", "store"}),
+    "planner": frozenset({"root", "spec", "contracts", "planner"}),
+    "kernels": frozenset({"root", "kernels"}),
+    "serving": frozenset({"root", "spec", "contracts", "policy", "store", "kernels", "serving"}),
+    "activities": frozenset(
+        {"root", "spec", "contracts", "policy", "store", "planner", "kernels", "serving", "activities"}
+    ),
+    "workflows": frozenset({"root", "spec", "contracts", "policy", "activities", "workflows"}),
+    # Examples are what users copy: the public API (`ipnext`), specs, contracts and the snapshot
+    # store, the part library (kernels, and serving.llm the LLM family's parts are built on), and
+    # each other.
+    "examples": frozenset({"root", "spec", "contracts", "store", "kernels", "serving.llm", "examples"}),
+    "client": frozenset(
+        {
+            "root",
+            "spec",
+            "contracts",
+            "policy",
+            "store",
+            "planner",
+            "kernels",
+            "serving",
+            "activities",
+            "workflows",
+            "examples",
+            "client",
+        }
     ),
 }
 
@@ -44,20 +71,28 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
 BANNED_THIRD_PARTY: dict[str, dict[str, str]] = {
     "planner": {"temporalio": "the planner is pure", "ray": "the planner is pure"},
     "kernels": {"temporalio": "kernels are pure compute", "ray": "kernels are pure compute"},
-    "ground": {"ray": "the ground tier runs in every process, Ray or not"},
+    "root": {"ray": "the root runs in every process"},
+    "spec": {"ray": "a spec is checked where it is written", "temporalio": "specs need no server"},
+    "contracts": {"ray": "contracts are data, read in every process"},
+    "policy": {"ray": "decisions are pure", "temporalio": "decisions are pure"},
+    "store": {"ray": "files need no cluster"},
     "workflows": {"ray": "workflows orchestrate; Ray is reached through activities"},
 }
 
 RULES = {
-    "ground": "the ground tier (specs, errors, config, contracts, pure maths) imports nothing above it",
-    "planner": "the planner imports only the ground tier",
-    "kernels": "kernels import only the ground tier",
-    "serving": "serving imports only the ground tier and kernels",
-    "activities": "activities never import workflows or the entry tier "
-    "(address a workflow by name from ipnext.contracts)",
-    "workflows": "workflows import only activities and the ground tier",
-    "examples": "examples import only the ground tier, the part library (kernels, serving.llm) and the SDK",
-    "entry": "",
+    "root": "ipnext.errors and ipnext.names import nothing of ipnext beyond each other",
+    "spec": "specs import only the root and other specs",
+    "contracts": "contracts import the root, specs and each other, never a policy",
+    "policy": "policies import the root, specs, contracts and each other",
+    "store": "the store imports the root, specs, contracts and policies",
+    "planner": "the planner imports only the root, specs and contracts",
+    "kernels": "kernels import only the root",
+    "serving": "serving imports the tiers below the client, and kernels",
+    "activities": "activities never import workflows or the client tier "
+    "(address a workflow by name from ipnext.names)",
+    "workflows": "workflows import only activities and the tiers below them",
+    "examples": "examples import only the public API, specs, contracts, the store and the part library",
+    "client": "",
 }
 
 
@@ -73,7 +108,7 @@ class Violation:
 
 
 def module_name(path: Path) -> str:
-    """`serving/router.py` -> `ipnext.serving.router`; `ipnext/model.py` -> `ipnext.model`."""
+    """`serving/router.py` -> `ipnext.serving.router`; `ipnext/model.py` -> `ipnext.spec.model`."""
     rel = path.relative_to(REPO).with_suffix("")
     parts = list(rel.parts)
     if parts[-1] == "__init__":
@@ -85,20 +120,22 @@ def module_name(path: Path) -> str:
 
 def tier_of(module: str) -> str:
     """The tier of an `ipnext.*` module (its own name, not a file)."""
-    if module in ENTRY_MODULES or any(module == p or module.startswith(p + ".") for p in ENTRY_PACKAGES):
-        return "entry"
+    if module in ROOT_MODULES:
+        return "root"
+    if module in CLIENT_MODULES or module in COMPAT_MODULES:
+        return "client"
     head = module.split(".")[1] if module.count(".") >= 1 else ""
-    if head in LAYER_FOLDERS:
+    if head in LAYER_FOLDERS or head in ROLE_PACKAGES:
         return head
-    return "ground"
+    raise ValueError(f"{module}: in no tier; a module of ipnext/ goes in one of {ROLE_PACKAGES}")
 
 
 def _target_allowed(source_tier: str, target: str) -> bool:
+    if target == "ipnext":  # the public API: what users (and examples) import
+        return source_tier in ("examples", "client")
     allowed = MAY_IMPORT[source_tier]
     target_tier = tier_of(target)
     if target_tier in allowed:
-        return True
-    if target_tier == "entry" and "sdk" in allowed and target == "ipnext.sdk":
         return True
     return target_tier == "serving" and "serving.llm" in allowed and target.startswith("ipnext.serving.llm")
 
@@ -142,7 +179,7 @@ def check_source(file: str, source: str) -> list[Violation]:
     violations = []
     for line, imported in sorted(set(imports_of(source, module, path.name == "__init__.py"))):
         top = imported.split(".")[0]
-        if top == "ipnext" and imported != "ipnext":
+        if top == "ipnext":
             if not _target_allowed(tier, imported):
                 rule = RULES[tier] + f" ({tier} -> {tier_of(imported)})"
                 violations.append(Violation(file, line, imported, rule))
@@ -182,13 +219,25 @@ def test_every_module_respects_the_layering() -> None:
             "ipnext.workflows.model_workflow",
         ),
         (
-            "ipnext/rollout.py",
+            "ipnext/policy/gates.py",
             "def f():\n    from ipnext.serving.metrics import SetCounters\n",
             "ipnext.serving.metrics",
         ),
+        (
+            "ipnext/contracts/rollout.py",
+            "from ipnext.policy.gates import judge_window\n",
+            "ipnext.policy.gates",
+        ),
+        (
+            "ipnext/spec/model.py",
+            "if TYPE_CHECKING:\n    from ipnext.contracts.plan import Plan\n",
+            "ipnext.contracts.plan",
+        ),
+        ("ipnext/names.py", "import ray\n", "ray"),
+        ("serving/router.py", "from ipnext import Client\n", "ipnext"),
         ("planner/solve.py", "import ray\n", "ray"),
         ("planner/solve.py", "from temporalio import workflow\n", "temporalio"),
-        ("serving/router.py", "from ipnext.sdk import Client\n", "ipnext.sdk"),
+        ("serving/router.py", "from ipnext.client.sdk import Client\n", "ipnext.client.sdk"),
         (
             "serving/router.py",
             "from ipnext.examples.click_ranker import parts\n",
@@ -200,7 +249,7 @@ def test_every_module_respects_the_layering() -> None:
             "from ipnext.activities import serving\n",
             "ipnext.activities.serving",
         ),
-        ("ipnext/model.py", "from .entry import schedules\n", "ipnext.entry.schedules"),
+        ("ipnext/spec/model.py", "from ..client import schedules\n", "ipnext.client.schedules"),
     ],
 )
 def test_a_forbidden_import_is_named_with_its_rule(file: str, source: str, imported: str) -> None:
@@ -214,14 +263,15 @@ def test_a_forbidden_import_is_named_with_its_rule(file: str, source: str, impor
     [
         (
             "activities/serving.py",
-            "from ipnext.serving.layout import render\nfrom ipnext.contracts import Workflows\n",
+            "from ipnext.serving.layout import render\nfrom ipnext.names import Workflows\n",
         ),
         ("workflows/rollout_workflow.py", "from ipnext.activities.serving import deploy_set\n"),
         (
             "examples/llm/train.py",
-            "from ipnext.serving.llm.model import Decoder\nfrom ipnext.sdk import Client\n",
+            "from ipnext.serving.llm.model import Decoder\nfrom ipnext import Client\n",
         ),
-        ("ipnext/cli.py", "from ipnext.workflows.model_workflow import ModelWorkflow\n"),
+        ("ipnext/client/cli/model.py", "from ipnext.workflows.model_workflow import ModelWorkflow\n"),
+        ("ipnext/policy/gates.py", "from ipnext.contracts.counters import SetCounters\n"),
         ("serving/llm/part.py", "from .engine import LLMEngine\n"),
     ],
 )

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from ipnext.errors import SpecError
-from ipnext.fleet import Fleet
-from ipnext.model import (
+from ipnext.spec.fleet import Fleet
+from ipnext.spec.model import (
     MAX_IN_FLIGHT,
     MAX_REPLICA_QPS,
     MAX_SECONDS,
@@ -25,7 +25,7 @@ from ipnext.model import (
     import_factory,
     load_model_spec,
 )
-from ipnext.specio import parse_spec
+from ipnext.spec.reading import parse_spec
 from tests.unit.helpers import EXAMPLE_SPEC, REPO, fleet_dict, spec_dict
 
 

@@ -185,7 +185,7 @@ def test_openai_paths_and_the_region_they_name() -> None:
 def test_a_model_is_generative_when_an_llm_part_answers() -> None:
     from pathlib import Path
 
-    from ipnext.model import load_model_spec
+    from ipnext.spec.model import load_model_spec
 
     examples = Path(__file__).resolve().parents[2] / "examples"
     assert load_model_spec(examples / "llm" / "model.yaml").generative()

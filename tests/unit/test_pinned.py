@@ -11,8 +11,8 @@ import torch
 from safetensors.torch import save_file
 
 from ipnext.errors import SnapshotError
-from ipnext.pinned import load_verified, pin, pinned_path, verify
-from ipnext.snapshots import sha256_file
+from ipnext.store.pinned import load_verified, pin, pinned_path, verify
+from ipnext.store.snapshots import sha256_file
 
 
 @pytest.fixture

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import yaml
 
-from ipnext.fleet import load_fleet
-from ipnext.plan import DeploymentDemand, Plan, PlanningProblem
+from ipnext.contracts.plan import Plan, PlanningProblem
 from ipnext.planner import check_plan
+from ipnext.spec.demand_file import DeploymentDemand
+from ipnext.spec.fleet import load_fleet
 
 REPO = Path(__file__).resolve().parents[2]
 FLEET = REPO / "config" / "fleet.dev.yaml"
@@ -21,7 +22,7 @@ DEMAND = REPO / "examples" / "planning" / "demand.yaml"
 
 def plan_solve(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "ipnext.cli", "plan", "solve", "--fleet", str(FLEET), *args],
+        [sys.executable, "-m", "ipnext.client.cli", "plan", "solve", "--fleet", str(FLEET), *args],
         capture_output=True,
         text=True,
         timeout=120,

@@ -8,13 +8,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ipnext.contracts.plan import Plan, PlanningProblem, demand_from_model
 from ipnext.errors import InfeasiblePlanError
-from ipnext.fleet import Fleet
-from ipnext.model import HardwareOption, ModelSpec
-from ipnext.plan import DeploymentDemand, Plan, PlanningProblem, demand_from_model
 from ipnext.planner import check_plan
 from ipnext.planner.first_fit import solve  # the first-fit baseline; the global solver has its own tests
-from ipnext.specio import parse_spec
+from ipnext.spec.demand_file import DeploymentDemand
+from ipnext.spec.fleet import Fleet
+from ipnext.spec.model import HardwareOption, ModelSpec
+from ipnext.spec.reading import parse_spec
 from tests.unit.helpers import fleet_dict, spec_dict
 
 EMBED = "feed-ranker/embed"

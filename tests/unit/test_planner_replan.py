@@ -9,7 +9,7 @@ import importlib
 
 import pytest
 
-from ipnext.plan import Plan, PlanningProblem, plan_moves
+from ipnext.contracts.plan import Plan, PlanningProblem, plan_moves
 from ipnext.planner import check_plan, solve
 from ipnext.planner.backend import solve_model
 from ipnext.planner.formulation import build

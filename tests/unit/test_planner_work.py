@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
+from ipnext.contracts.plan import SolveOptions
 from ipnext.errors import PlanningTimeoutError
-from ipnext.plan import SolveOptions
 from ipnext.planner import solve, work
 from ipnext.planner.generator import generate
 from ipnext.planner.solve import STOPPED_BY_CLOCK
@@ -27,7 +27,7 @@ from tests.unit.helpers import REPO
 # past what the work takes there even on a loaded host (the test fails if the clock fires).
 SOLVE = """
 import json, sys
-from ipnext.plan import SolveOptions
+from ipnext.contracts.plan import SolveOptions
 from ipnext.planner import solve
 from ipnext.planner.generator import generate
 

@@ -11,8 +11,8 @@ import torch
 
 from ipnext.errors import PartInputError, SnapshotError
 from ipnext.examples.click_ranker.parts import DensePart, EmbeddingPart
-from ipnext.model import ModelSpec
-from ipnext.snapshots import inspect_safetensors, load_weights
+from ipnext.spec.model import ModelSpec
+from ipnext.store.snapshots import inspect_safetensors, load_weights
 from tests.unit.helpers import Trained
 
 

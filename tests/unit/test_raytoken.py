@@ -9,9 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from ipnext.config import Settings
 from ipnext.errors import StackError
-from ipnext.raytoken import MODE_ENV, TOKEN_ENV, TOKEN_PATH_ENV, ensure_ray_token, ray_auth_env, use_ray_auth
+from ipnext.spec.settings import Settings
+from ipnext.store.ray_token import (
+    MODE_ENV,
+    TOKEN_ENV,
+    TOKEN_PATH_ENV,
+    ensure_ray_token,
+    ray_auth_env,
+    use_ray_auth,
+)
 
 
 @pytest.fixture(autouse=True)

@@ -17,12 +17,12 @@ from temporalio.testing import ActivityEnvironment
 
 from ipnext.activities import _context, reconcile
 from ipnext.activities.reconcile import ReconcileInput, ReconcileResult, reconcile_serving
-from ipnext.config import Settings
-from ipnext.model import ModelSpec, SetStatus, SnapshotRef, SnapshotSet
-from ipnext.plan import DeploymentPlacement, Plan
+from ipnext.contracts.plan import DeploymentPlacement, Plan
 from ipnext.serving import control
 from ipnext.serving.app_health import given_up
 from ipnext.serving.layout import deployed_router, router_app_name
+from ipnext.spec.model import ModelSpec, SetStatus, SnapshotRef, SnapshotSet
+from ipnext.spec.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
 REGIONS = ("us-east", "eu-west")

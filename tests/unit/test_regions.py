@@ -15,24 +15,17 @@ from temporalio.testing import ActivityEnvironment
 from ipnext.activities import _context
 from ipnext.activities import fleet as fleet_activities
 from ipnext.activities.fleet import ModelEntry, SolveFleetInput, SolveFleetResult
-from ipnext.config import load_settings
+from ipnext.contracts.fleet import NodeSighting, RegionDownInput, RegionHealth, RegionState, RegionUpInput
+from ipnext.contracts.plan import DeploymentPlacement, Plan, PlanningProblem
+from ipnext.contracts.routing import failover_routes, routes_from_plan
 from ipnext.errors import InfeasiblePlanError
-from ipnext.fleet import Fleet
-from ipnext.model import load_model_spec
-from ipnext.plan import DeploymentDemand, DeploymentPlacement, Plan, PlanningProblem
 from ipnext.planner import check_plan, solve
-from ipnext.regions import (
-    NodeSighting,
-    RegionDownInput,
-    RegionHealth,
-    RegionState,
-    RegionUpInput,
-    detect_changes,
-    lost_region_problems,
-    region_nodes,
-)
-from ipnext.replan import PlanStore, StoredPlan
-from ipnext.routing import failover_routes, routes_from_plan
+from ipnext.policy.regions import detect_changes, lost_region_problems, region_nodes
+from ipnext.spec.demand_file import DeploymentDemand
+from ipnext.spec.fleet import Fleet
+from ipnext.spec.model import load_model_spec
+from ipnext.spec.settings import load_settings
+from ipnext.store.plans import PlanStore, StoredPlan
 
 REPO = Path(__file__).resolve().parents[2]
 RANKER = REPO / "examples" / "click_ranker" / "model.yaml"
@@ -238,7 +231,7 @@ def test_the_solve_activity_plans_without_the_down_region_and_stores_what_it_rel
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "ipnext.cli", *args], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "ipnext.client.cli", *args], capture_output=True, text=True, timeout=120
     )
 
 

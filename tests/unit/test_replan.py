@@ -24,12 +24,12 @@ from ipnext.activities.fleet import (
     SolveFleetInput,
     SolveFleetResult,
 )
-from ipnext.config import load_settings
-from ipnext.demand import DemandHistory, ModelDemand, SourceView, demand_report, plan_demand
+from ipnext.contracts.plan import DeploymentPlacement, Plan, merge_plans, placement_revision, plan_moves
 from ipnext.errors import IpnextError
-from ipnext.model import load_model_spec
-from ipnext.plan import DeploymentPlacement, Plan, merge_plans, placement_revision, plan_moves
-from ipnext.replan import PlanStore, StoredPlan, now
+from ipnext.policy.demand import DemandHistory, ModelDemand, SourceView, demand_report, plan_demand
+from ipnext.spec.model import load_model_spec
+from ipnext.spec.settings import load_settings
+from ipnext.store.plans import PlanStore, StoredPlan, now
 
 REPO = Path(__file__).resolve().parents[2]
 RANKER = REPO / "examples" / "click_ranker" / "model.yaml"
@@ -45,14 +45,14 @@ def _plan(replicas: dict[str, dict[str, dict[str, int]]], revision: int = 1) -> 
 
 @pytest.mark.parametrize(("text", "every"), [("90s", 90), ("30m", 1800), ("6h", 21600), ("1.5d", 129600)])
 def test_parse_every(text: str, every: int) -> None:
-    from ipnext.replan import parse_every
+    from ipnext.store.plans import parse_every
 
     assert parse_every(text) == timedelta(seconds=every)
 
 
 @pytest.mark.parametrize("text", ["6", "h", "10s", "6 hours", "-1h"])
 def test_parse_every_rejects_with_the_fix(text: str) -> None:
-    from ipnext.replan import parse_every
+    from ipnext.store.plans import parse_every
 
     with pytest.raises(IpnextError, match="--every"):
         parse_every(text)
@@ -79,7 +79,7 @@ def test_merge_plans() -> None:
 
 
 def test_plan_store_keeps_revisions_and_names_what_is_missing(tmp_path: Path) -> None:
-    from ipnext.replan import StoredPlan, now
+    from ipnext.store.plans import StoredPlan, now
 
     store = PlanStore(tmp_path)
     assert store.latest_revision() == 0
@@ -197,7 +197,7 @@ def test_solve_plans_observed_demand_above_the_budget_and_plan_show_flags_it(
     stored = PlanStore(tmp_path / "state").load()
     assert stored.demand == observed.demand
     shown = subprocess.run(
-        [sys.executable, "-m", "ipnext.cli", "--config", str(config), "plan", "show"],
+        [sys.executable, "-m", "ipnext.client.cli", "--config", str(config), "plan", "show"],
         capture_output=True,
         text=True,
         timeout=60,

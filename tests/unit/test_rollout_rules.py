@@ -10,18 +10,11 @@ import pytest
 from pydantic import ValidationError
 
 from ipnext.activities.freeze import load_freeze_calendar
-from ipnext.counters import SetCounters
+from ipnext.contracts.counters import SetCounters
+from ipnext.contracts.freeze import FreezeWindow, active_freeze
 from ipnext.errors import SpecError
-from ipnext.model import GateSpec
-from ipnext.rollout import (
-    FreezeWindow,
-    active_freeze,
-    evaluate_gates,
-    judge_window,
-    mix_weights,
-    scaled_replicas,
-    window_counters,
-)
+from ipnext.policy.gates import evaluate_gates, judge_window, mix_weights, scaled_replicas, window_counters
+from ipnext.spec.model import GateSpec
 
 GATES = [
     GateSpec(metric="error_rate", max=0.01),
@@ -175,8 +168,9 @@ def test_bad_freeze_windows_name_the_problem(tmp_path: Path) -> None:
 
 
 def test_watch_view_shows_each_changed_part_of_an_independent_rollout() -> None:
-    from ipnext.cli import render_rollout
-    from ipnext.rollout import RolloutState, RolloutStatus
+    from ipnext.client.cli.rollout import render_rollout
+    from ipnext.contracts.rollout import RolloutStatus
+    from ipnext.names import RolloutState
 
     status = RolloutStatus(
         model="m",

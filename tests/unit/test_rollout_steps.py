@@ -1,4 +1,4 @@
-"""The step arithmetic of a rollout (ipnext.rollout_steps): which steps it walks, what each
+"""The step arithmetic of a rollout (ipnext.policy.rollout_steps): which steps it walks, what each
 deploys and routes, and how much traffic a rollback moves back at once."""
 
 from __future__ import annotations
@@ -10,10 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ipnext.model import ModelSpec, SnapshotRef, SnapshotSet
-from ipnext.plan import DeploymentPlacement, Plan
-from ipnext.registry import RolloutInput
-from ipnext.rollout_steps import (
+from ipnext.contracts.plan import DeploymentPlacement, Plan
+from ipnext.contracts.rollout import RolloutInput
+from ipnext.policy.rollout_steps import (
     IDLE_SHARE,
     RolloutStep,
     carried_share,
@@ -30,6 +29,7 @@ from ipnext.rollout_steps import (
     step_routes,
     traffic_split,
 )
+from ipnext.spec.model import ModelSpec, SnapshotRef, SnapshotSet
 
 
 def spec(

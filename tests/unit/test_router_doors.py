@@ -13,13 +13,13 @@ import pytest
 from ray.serve.exceptions import BackPressureError
 from starlette.requests import Request
 
-from ipnext.contracts import poll_until
+from ipnext.contracts.router import RouterConfig
 from ipnext.errors import PartInputError
-from ipnext.model import RouterSpec
-from ipnext.rollout import RouterConfig
+from ipnext.names import poll_until
 from ipnext.serving import router as router_module
 from ipnext.serving.choices import VariantRouter
 from ipnext.serving.layout import RouterAppArgs, SetDescription
+from ipnext.spec.model import RouterSpec
 
 APP = "m.us-east.s1.r1"
 DEADLINE_S = 0.3
@@ -252,7 +252,7 @@ async def test_a_bug_in_the_router_itself_answers_500_without_its_insides(build:
 
 
 async def test_requests_are_counted_by_the_callers_source_region(build: Any) -> None:
-    """Observed demand (ipnext.demand): the SDK's `x-ipnext-source`, else the router's region;
+    """Observed demand (ipnext.policy.demand): the SDK's `x-ipnext-source`, else the router's region;
     a header that is not a region name is refused and counted nowhere."""
     router, _, _ = build(reply({"u": 1}), reply([0.5]))
     body = b'{"inputs": {"user": 1}}'

@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from ipnext.auth import KeyCheck, add_key
-from ipnext.model import RouterSpec
-from ipnext.rollout import ExperimentRoute, RouterConfig
+from ipnext.contracts.router import ExperimentRoute, RouterConfig
 from ipnext.serving import router as router_module
 from ipnext.serving.choices import VariantRouter
 from ipnext.serving.layout import RouterAppArgs, SetDescription
+from ipnext.spec.model import RouterSpec
+from ipnext.store.keys import KeyCheck, add_key
 from tests.unit.test_router_doors import Counted, FakeHandle, reply
 
 CONTROL, TREATMENT = "m.us-east.s1.r1", "m.us-east.s2.r1"

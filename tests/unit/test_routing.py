@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from ray.serve.schema import ServeDeploySchema
 from starlette.requests import Request
 
-from ipnext.plan import DeploymentPlacement, Plan
-from ipnext.routing import (
+from ipnext.contracts.plan import DeploymentPlacement, Plan
+from ipnext.contracts.routing import (
     RoutingDocument,
     RoutingTable,
     fallback_order,

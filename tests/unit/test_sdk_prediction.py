@@ -17,8 +17,9 @@ from typing import Any
 import httpx
 import pytest
 
-from ipnext.config import Settings
-from ipnext.entry.prediction import STALE_IF_ERROR_S
+from ipnext.client.prediction import STALE_IF_ERROR_S
+from ipnext.client.sdk import AsyncPredictionClient, Client, Prediction, PredictionClient
+from ipnext.contracts.routing import RoutingDocument, routing_model_of
 from ipnext.errors import (
     IpnextError,
     PredictionBadRequestError,
@@ -30,8 +31,7 @@ from ipnext.errors import (
     PredictionTransportError,
     ServingError,
 )
-from ipnext.routing import RoutingDocument, routing_model_of
-from ipnext.sdk import AsyncPredictionClient, Client, Prediction, PredictionClient
+from ipnext.spec.settings import Settings
 
 MODEL = "feed-ranker"
 URL = "http://serving.test"
@@ -699,7 +699,7 @@ async def test_a_proxy_that_keeps_no_route_fails_the_region_over_and_names_itsel
 ) -> None:
     """After PROXY_ROUTES_WAIT_S the proxy's 404 is the region's failure (the next region is
     asked), and for the document a clear error: the URL may not be ipnext's serving port."""
-    monkeypatch.setattr("ipnext.entry.prediction.PROXY_ROUTES_WAIT_S", 0.25)
+    monkeypatch.setattr("ipnext.client.prediction.PROXY_ROUTES_WAIT_S", 0.25)
     async with AsyncPredictionClient(URL, transport=httpx.MockTransport(serving.handle)) as aclient:
         await aclient.routing(MODEL)
         serving.unrouted = 3  # 0.1 + 0.2 s of pauses: given up before a third pause

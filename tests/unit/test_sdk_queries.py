@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from temporalio.client import WorkflowQueryFailedError
 
-from ipnext import sdk
+from ipnext.client import sdk
 from ipnext.errors import ServingError
 
 DEADLOCK = "[TMPRL1101] Potential deadlock detected: workflow didn't yield within 2 second(s)."

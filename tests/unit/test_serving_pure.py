@@ -17,13 +17,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from ray.serve.schema import ServeDeploySchema
 
-from ipnext.config import PartHealthCheckSettings
-from ipnext.counters import LATENCY_LAYOUT, LEGACY_BUCKETS_MS
-from ipnext.fleet import Fleet
-from ipnext.model import MAX_DEADLINE_SECONDS, ModelSpec, RouterSpec, SnapshotRef, SnapshotSet
-from ipnext.plan import Plan, PlanningProblem, demand_from_model
+from ipnext.contracts.counters import LATENCY_LAYOUT, LEGACY_BUCKETS_MS
+from ipnext.contracts.plan import Plan, PlanningProblem, demand_from_model
+from ipnext.contracts.router import RouterConfig
 from ipnext.planner import solve
-from ipnext.rollout import RouterConfig
 from ipnext.serving.layout import (
     PROXY_TIMEOUT_S,
     ROUTER_IMPORT_PATH,
@@ -42,6 +39,9 @@ from ipnext.serving.layout import (
 )
 from ipnext.serving.metrics import MetricsStore, SetCounters, percentile
 from ipnext.serving.traffic import PickedApps, all_finite, join_shards, pick_apps, pick_set
+from ipnext.spec.fleet import Fleet
+from ipnext.spec.model import MAX_DEADLINE_SECONDS, ModelSpec, RouterSpec, SnapshotRef, SnapshotSet
+from ipnext.spec.settings import PartHealthCheckSettings
 
 MODEL = "feed-ranker"
 PINNED = "/srv/ipnext/pinned"

@@ -12,11 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import spearmanr
 
-from ipnext.contracts import poll_until
-from ipnext.counters import OutcomeTotals, SetCounters
-from ipnext.rollout import RouterConfig, ShadowRoute
-from ipnext.serving.shadow_mirror import ShadowMirror
-from ipnext.shadow import (
+from ipnext.contracts.counters import OutcomeTotals, SetCounters
+from ipnext.contracts.router import RouterConfig, ShadowRoute
+from ipnext.names import poll_until
+from ipnext.policy.shadow import (
     DROPPED,
     compare_answers,
     flat_numbers,
@@ -25,6 +24,7 @@ from ipnext.shadow import (
     summarize_shadow,
     top_k_overlap,
 )
+from ipnext.serving.shadow_mirror import ShadowMirror
 
 pytestmark = pytest.mark.timeout(60)
 

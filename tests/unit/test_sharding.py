@@ -9,8 +9,11 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from ipnext.fleet import Fleet
-from ipnext.model import (
+from ipnext.contracts.plan import PlanningProblem, demand_from_model
+from ipnext.planner import solve
+from ipnext.serving.layout import render_set_app, set_app_plan
+from ipnext.spec.fleet import Fleet
+from ipnext.spec.model import (
     ModelSpec,
     SnapshotRef,
     SnapshotSet,
@@ -18,10 +21,7 @@ from ipnext.model import (
     check_factories,
     load_model_spec,
 )
-from ipnext.plan import PlanningProblem, demand_from_model
-from ipnext.planner import solve
-from ipnext.serving.layout import render_set_app, set_app_plan
-from ipnext.sharding import expand_shards, gather_shards
+from ipnext.spec.sharding import expand_shards, gather_shards
 
 REPO = Path(__file__).resolve().parents[2]
 SHARDED = REPO / "examples" / "request_ranker" / "model-sharded.yaml"

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from ipnext.errors import SnapshotError
-from ipnext.model import ModelSpec, SnapshotRef
-from ipnext.snapshots import (
+from ipnext.spec.model import ModelSpec, SnapshotRef
+from ipnext.store.snapshots import (
     MANIFEST,
     discover,
     folder_fingerprint,
@@ -29,7 +29,7 @@ from ipnext.snapshots import (
     sha256_file,
     write_snapshot,
 )
-from ipnext.validation import validate_snapshot
+from ipnext.store.validation import validate_snapshot
 
 WEIGHTS = {
     "embed": {"table": torch.arange(12, dtype=torch.float32).reshape(3, 4)},

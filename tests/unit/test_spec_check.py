@@ -20,11 +20,11 @@ from temporalio.testing import ActivityEnvironment
 from ipnext.activities import _context, spec_check
 from ipnext.activities.spec_check import CheckerError, check_factories_in_child, check_part_in_child
 from ipnext.activities.validate import ValidateSetInput, validate_model_spec, validate_snapshot_set
-from ipnext.config import ModelCodeSettings, Settings
-from ipnext.contracts import wait_until
+from ipnext.contracts.model import ValidateSpecInput
 from ipnext.errors import SnapshotError, SpecError
-from ipnext.model import ModelSpec
-from ipnext.registry import ValidateSpecInput
+from ipnext.names import wait_until
+from ipnext.spec.model import ModelSpec
+from ipnext.spec.settings import ModelCodeSettings, Settings
 from tests.unit.helpers import DEV_FLEET, Trained
 
 GIB = 1024**3

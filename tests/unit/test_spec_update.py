@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from ipnext.model import ModelSpec
-from ipnext.spec_update import VALUE_WIDTH, UpdateKind, diff_specs
-from ipnext.specio import parse_spec
+from ipnext.policy.spec_update import VALUE_WIDTH, UpdateKind, diff_specs
+from ipnext.spec.model import ModelSpec
+from ipnext.spec.reading import parse_spec
 from tests.unit.helpers import spec_dict
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
-from ipnext.config import Settings, load_settings
-from ipnext.devstack import scratch_config
+from ipnext.client.devstack.stack import scratch_config
+from ipnext.spec.settings import Settings, load_settings
 from tests.integration.stack_state import condensed, describe, model_lines, rollout_lines, stack_config_of
 
 REPO = Path(__file__).resolve().parents[2]

@@ -16,7 +16,7 @@ from temporalio.api.workflowservice.v1 import (
 )
 from temporalio.service import RPCError, RPCStatusCode
 
-from ipnext.temporal import stuck_reason
+from ipnext.client.temporal import stuck_reason
 
 RUNNING = WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_RUNNING
 

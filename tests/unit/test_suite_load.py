@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from ipnext.devstack import STACK_ID_ENV
+from ipnext.client.devstack.stack import STACK_ID_ENV
 from tests.suite_load import LoadRecord, live_stacks
 
 

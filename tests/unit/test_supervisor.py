@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ipnext.entry.supervisor import RestartBudget, Supervisor, read_status
+from ipnext.client.devstack.status_file import read_status
+from ipnext.client.devstack.supervisor import RestartBudget, Supervisor
 
 
 def test_the_budget_counts_restarts_in_a_sliding_window() -> None:
@@ -142,7 +143,7 @@ def test_a_regions_node_comes_back_only_while_its_head_is_up(tmp_path: Path) -> 
 
 
 def test_the_components_run_in_start_order_with_the_regions_nodes_after_the_head() -> None:
-    from ipnext.devstack import component_names
+    from ipnext.client.devstack.stack import component_names
 
     record = {"processes": {n: {} for n in ("worker", "node-eu-west", "ray", "temporal", "node-ap-south")}}
     assert component_names(record) == ["temporal", "ray", "node-ap-south", "node-eu-west", "worker"]

@@ -16,9 +16,9 @@ import pytest
 import yaml
 from temporalio.api.workflowservice.v1 import GetSystemInfoResponse
 
-from ipnext.config import Settings, TemporalSettings, TemporalTLSSettings, load_settings
+from ipnext.client.temporal import API_KEY_ENV, connect_client, temporal_connection
 from ipnext.errors import SpecError, TemporalConnectionError
-from ipnext.temporal import API_KEY_ENV, connect_client, temporal_connection
+from ipnext.spec.settings import Settings, TemporalSettings, TemporalTLSSettings, load_settings
 
 pytestmark = pytest.mark.timeout(60)
 

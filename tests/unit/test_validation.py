@@ -9,10 +9,10 @@ import pytest
 
 from ipnext.errors import SnapshotError
 from ipnext.examples.click_ranker.train import DEFAULT_CONFIG, train
-from ipnext.model import ModelSpec, SnapshotRef, SnapshotSetRequest
-from ipnext.snapshots import request_from_folder, sha256_file
-from ipnext.specio import parse_spec
-from ipnext.validation import complete_set, validate_snapshot
+from ipnext.spec.model import ModelSpec, SnapshotRef, SnapshotSetRequest
+from ipnext.spec.reading import parse_spec
+from ipnext.store.snapshots import request_from_folder, sha256_file
+from ipnext.store.validation import complete_set, validate_snapshot
 from tests.unit.helpers import MODEL, Trained, spec_dict
 
 
@@ -26,7 +26,7 @@ def narrow(tmp_path_factory: pytest.TempPathFactory) -> Trained:
 
 @pytest.fixture
 def store(tmp_path: Path) -> Path:
-    """The pinned store validation copies into (ipnext/pinned.py)."""
+    """The pinned store validation copies into (ipnext/store/pinned.py)."""
     return tmp_path / "pinned"
 
 

@@ -14,7 +14,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
-from ipnext.contracts import ARMS_KEY, MODEL_KEY, REGIONS_DOWN_KEY, STATE_KEY, TRAFFIC_KEY
+from ipnext.names import ARMS_KEY, MODEL_KEY, REGIONS_DOWN_KEY, STATE_KEY, TRAFFIC_KEY
 
 
 @pytest_asyncio.fixture(scope="package", loop_scope="session")

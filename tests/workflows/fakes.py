@@ -38,14 +38,16 @@ from ipnext.activities.validate import (
     VerifyPinnedInput,
     VerifyPinnedResult,
 )
-from ipnext.contracts import poll_until, rollout_workflow_id
-from ipnext.counters import OutcomeTotals, SetCounters
-from ipnext.model import ModelSpec, SnapshotRef, SnapshotSetRequest
-from ipnext.plan import DeploymentPlacement, Plan
-from ipnext.registry import ModelState, ModelWorkflowInput, PublishInput, ValidateSpecInput
-from ipnext.rollout import ExperimentRoute, FreezeOverride, FreezeWindow, RolloutStatus, ShadowRoute
-from ipnext.shadow import DROPPED, compare_answers
-from ipnext.worker import WORKFLOWS
+from ipnext.client.worker import WORKFLOWS
+from ipnext.contracts.counters import OutcomeTotals, SetCounters
+from ipnext.contracts.freeze import FreezeOverride, FreezeWindow
+from ipnext.contracts.model import ModelState, ModelWorkflowInput, PublishInput, ValidateSpecInput
+from ipnext.contracts.plan import DeploymentPlacement, Plan
+from ipnext.contracts.rollout import RolloutStatus
+from ipnext.contracts.router import ExperimentRoute, ShadowRoute
+from ipnext.names import poll_until, rollout_workflow_id
+from ipnext.policy.shadow import DROPPED, compare_answers
+from ipnext.spec.model import ModelSpec, SnapshotRef, SnapshotSetRequest
 
 # How long a test waits for a condition before it fails: ample for a loaded 2-core CI machine,
 # where a workflow task or an activity may wait seconds for a core.

@@ -29,8 +29,11 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from ipnext.activities.rollouts import RolloutActivities
-from ipnext.config import Settings, TemporalSettings
-from ipnext.contracts import (
+from ipnext.client.sdk import Client as IpnextClient
+from ipnext.client.worker import INTERCEPTORS, WORKFLOWS
+from ipnext.contracts.experiment import ExperimentStarted, StartExperimentInput
+from ipnext.contracts.model import DeleteInput, DeleteResult, ModelWorkflowInput, PublishResult
+from ipnext.names import (
     ARMS_KEY,
     MODEL_KEY,
     REGIONS_DOWN_KEY,
@@ -39,16 +42,7 @@ from ipnext.contracts import (
     model_workflow_id,
     rollout_workflow_id,
 )
-from ipnext.registry import (
-    DeleteInput,
-    DeleteResult,
-    ExperimentStarted,
-    ModelWorkflowInput,
-    PublishResult,
-    StartExperimentInput,
-)
-from ipnext.sdk import Client as IpnextClient
-from ipnext.worker import INTERCEPTORS, WORKFLOWS
+from ipnext.spec.settings import Settings, TemporalSettings
 
 from .fakes import SPEC, FakeServing, request, until, until_rollout
 

@@ -10,9 +10,9 @@ import asyncio
 import pytest
 from temporalio.client import Client
 
-from ipnext.contracts import RolloutState, poll_until
-from ipnext.registry import ApplyPlanInput, PublishResult
-from ipnext.rollout_steps import CAPACITY_MOVE_ATTEMPTS, capacity_retry
+from ipnext.contracts.model import ApplyPlanInput, PublishResult
+from ipnext.names import RolloutState, poll_until
+from ipnext.policy.rollout_steps import CAPACITY_MOVE_ATTEMPTS, capacity_retry
 
 from .fakes import FakeServing, plan_in, request, start, until, until_rollout, with_rollout
 

@@ -11,14 +11,14 @@ import sys
 import pytest
 from temporalio.client import Client
 
-from ipnext.devstack import free_port
+from ipnext.client.devstack.stack import free_port
 
 pytestmark = pytest.mark.timeout(120)
 
 
 async def _cli(temporal_address: str, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "IPNEXT_TEMPORAL__ADDRESS": temporal_address}
-    argv = [sys.executable, "-m", "ipnext.cli", *args]
+    argv = [sys.executable, "-m", "ipnext.client.cli", *args]
     return await asyncio.to_thread(subprocess.run, argv, env=env, capture_output=True, text=True, timeout=90)
 
 

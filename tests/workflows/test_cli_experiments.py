@@ -19,9 +19,10 @@ from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.worker import Worker
 
 from ipnext.activities.rollouts import RolloutActivities
-from ipnext.contracts import experiment_workflow_id, poll_until
-from ipnext.registry import ExperimentStatus, ModelWorkflowInput, PublishResult
-from ipnext.worker import WORKFLOWS
+from ipnext.client.worker import WORKFLOWS
+from ipnext.contracts.experiment import ExperimentStatus
+from ipnext.contracts.model import ModelWorkflowInput, PublishResult
+from ipnext.names import experiment_workflow_id, poll_until
 
 from .fakes import SPEC, WAIT_S, FakeServing, request, until
 
@@ -32,7 +33,7 @@ WINDOWS = 3  # experiment windows counted before on-call stops it: evidence enou
 
 async def cli(address: str, *args: str, command: str = "experiment") -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "IPNEXT_TEMPORAL__ADDRESS": address, "USER": "ann"}
-    argv = [sys.executable, "-m", "ipnext.cli", command, *args]
+    argv = [sys.executable, "-m", "ipnext.client.cli", command, *args]
     return await asyncio.to_thread(subprocess.run, argv, env=env, capture_output=True, text=True, timeout=90)
 
 

@@ -17,9 +17,9 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from ipnext.activities.rollouts import RolloutActivities
-from ipnext.contracts import poll_until, rollout_workflow_id
-from ipnext.registry import ModelWorkflowInput, PublishResult
-from ipnext.worker import WORKFLOWS
+from ipnext.client.worker import WORKFLOWS
+from ipnext.contracts.model import ModelWorkflowInput, PublishResult
+from ipnext.names import poll_until, rollout_workflow_id
 
 from .fakes import FakeServing, request, until, until_rollout, with_rollout
 
@@ -30,7 +30,7 @@ TEMPORAL = str(Path(sys.executable).parent / "temporal")
 
 async def _cli(address: str, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "IPNEXT_TEMPORAL__ADDRESS": address}
-    argv = [sys.executable, "-m", "ipnext.cli", *args]
+    argv = [sys.executable, "-m", "ipnext.client.cli", *args]
     return await asyncio.to_thread(subprocess.run, argv, env=env, capture_output=True, text=True, timeout=90)
 
 
@@ -52,7 +52,7 @@ async def test_status_says_its_age_and_warns_when_the_workflow_is_stuck(temporal
         await until_rollout(temporal, "wf-model@2", lambda s: "baking" in s.step)
         fresh = await _cli(address, "rollout", "status", "wf-model")
         got = await _cli(address, "model", "get", "wf-model")
-        # Three payloads: the one shape a signal handler cannot take (workflows/signals.py), so
+        # Three payloads: the one shape a signal handler cannot take (workflows/_signals.py), so
         # the rollout's workflow task fails, and fails again on every retry.
         proc = await asyncio.create_subprocess_exec(
             TEMPORAL,

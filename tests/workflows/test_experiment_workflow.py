@@ -15,11 +15,11 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.worker import Worker
 
 from ipnext.activities.rollouts import RolloutActivities
-from ipnext.contracts import ARMS_KEY, MODEL_KEY, STATE_KEY, SetStatus
-from ipnext.model import SnapshotRef, SnapshotSet
-from ipnext.plan import DeploymentPlacement, Plan
-from ipnext.registry import ExperimentInput, ExperimentStatus, StopExperimentInput
-from ipnext.worker import WORKFLOWS
+from ipnext.client.worker import WORKFLOWS
+from ipnext.contracts.experiment import ExperimentInput, ExperimentStatus, StopExperimentInput
+from ipnext.contracts.plan import DeploymentPlacement, Plan
+from ipnext.names import ARMS_KEY, MODEL_KEY, STATE_KEY, SetStatus
+from ipnext.spec.model import SnapshotRef, SnapshotSet
 
 from .fakes import SPEC, WAIT_S, FakeServing, until_idle, with_rollout
 
@@ -155,7 +155,8 @@ async def test_a_model_runs_its_experiment_and_holds_rollouts_and_checks_until_i
 ) -> None:
     from temporalio.client import WorkflowUpdateFailedError
 
-    from ipnext.registry import ExperimentStarted, ModelState, PublishResult, StartExperimentInput
+    from ipnext.contracts.experiment import ExperimentStarted, StartExperimentInput
+    from ipnext.contracts.model import ModelState, PublishResult
 
     from .fakes import request, until
     from .fakes import start as start_model
@@ -205,8 +206,9 @@ async def test_the_model_continues_as_new_while_its_experiment_runs_and_learns_i
     """A model whose history passes its (low) limit continues as new while its experiment runs;
     the latest run learns the end from the experiment's signal, or, for one terminated from the
     Temporal UI, by asking Temporal (`experiment_outcome`), and records it."""
-    from ipnext.contracts import poll_until
-    from ipnext.registry import ExperimentStarted, PublishResult, StartExperimentInput
+    from ipnext.contracts.experiment import ExperimentStarted, StartExperimentInput
+    from ipnext.contracts.model import PublishResult
+    from ipnext.names import poll_until
 
     from .fakes import request, until
     from .fakes import start as start_model
@@ -287,7 +289,8 @@ async def test_a_shadow_copies_requests_to_the_candidate_and_keeps_each_windows_
 
 async def experiment_started(handle: WorkflowHandle[Any, Any], duration_seconds: float) -> None:
     """v1 serving, v2 held, and experiment exp-1 (25% to v2) started on the model."""
-    from ipnext.registry import ExperimentStarted, PublishResult, StartExperimentInput
+    from ipnext.contracts.experiment import ExperimentStarted, StartExperimentInput
+    from ipnext.contracts.model import PublishResult
 
     from .fakes import request, until
 
@@ -315,8 +318,8 @@ async def test_replans_reach_both_arms_in_place_or_on_new_apps_while_the_experim
     model's plan is the new one. A replan to another region (new apps) is moved by the
     experiment: both arms' new apps, the routers switched with the same salt, then the routing,
     the old apps removed; the report counts both."""
-    from ipnext.contracts import poll_until
-    from ipnext.registry import ApplyPlanInput
+    from ipnext.contracts.model import ApplyPlanInput
+    from ipnext.names import poll_until
 
     from .fakes import plan_in, until
     from .fakes import start as start_model
@@ -386,7 +389,7 @@ async def test_a_move_of_the_arms_that_fails_leaves_them_and_the_replan_waits_fo
 ) -> None:
     """The treatment cannot come up on the new placement: what came up goes, the arms stay on
     their apps, and the model moves its capacity after the experiment ended."""
-    from ipnext.registry import ApplyPlanInput
+    from ipnext.contracts.model import ApplyPlanInput
 
     from .fakes import plan_in, until
     from .fakes import start as start_model

@@ -27,19 +27,12 @@ from ipnext.activities.fleet import (
     SolveFleetResult,
 )
 from ipnext.activities.regions import RegionActivities, RouteAroundInput, RouteAroundResult
-from ipnext.config import Settings
-from ipnext.contracts import (
-    FLEET_WORKFLOW_ID,
-    REGIONS_DOWN_KEY,
-    REPLAN_WORKFLOW_ID,
-    STATE_KEY,
-    FleetWorkflowNames,
-    Workflows,
-    poll_until,
-)
-from ipnext.entry.fleet import fleet_status, mark_region
-from ipnext.errors import IpnextError, RegionStateError
-from ipnext.regions import (
+from ipnext.client.fleet import fleet_status, mark_region
+from ipnext.client.sdk import Client as IpnextClient
+from ipnext.client.worker import WORKFLOWS
+from ipnext.contracts.fleet import (
+    FleetReplanInput,
+    FleetReplanResult,
     FleetStatus,
     FleetWorkflowInput,
     NodeSighting,
@@ -49,10 +42,18 @@ from ipnext.regions import (
     RegionsCheckResult,
     RegionUpInput,
 )
-from ipnext.registry import ModelWorkflowInput
-from ipnext.replan import FleetReplanInput, FleetReplanResult
-from ipnext.sdk import Client as IpnextClient
-from ipnext.worker import WORKFLOWS
+from ipnext.contracts.model import ModelWorkflowInput
+from ipnext.errors import IpnextError, RegionStateError
+from ipnext.names import (
+    FLEET_WORKFLOW_ID,
+    REGIONS_DOWN_KEY,
+    REPLAN_WORKFLOW_ID,
+    STATE_KEY,
+    FleetWorkflowNames,
+    Workflows,
+    poll_until,
+)
+from ipnext.spec.settings import Settings
 
 from .fakes import SPEC, WAIT_S
 

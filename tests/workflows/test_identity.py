@@ -18,13 +18,13 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer, Worker
 
 from ipnext.activities.rollouts import RolloutActivities
-from ipnext.config import Settings, TemporalSettings
-from ipnext.contracts import RolloutState, model_workflow_id, rollout_workflow_id
-from ipnext.identity import UNATTRIBUTED
-from ipnext.registry import ModelWorkflowInput, PublishResult
-from ipnext.rollout import AbortInput
-from ipnext.sdk import Client as IpnextClient
-from ipnext.worker import INTERCEPTORS, WORKFLOWS
+from ipnext.client.sdk import Client as IpnextClient
+from ipnext.client.worker import INTERCEPTORS, WORKFLOWS
+from ipnext.contracts.identity import UNATTRIBUTED
+from ipnext.contracts.model import ModelWorkflowInput, PublishResult
+from ipnext.contracts.rollout import AbortInput
+from ipnext.names import RolloutState, model_workflow_id, rollout_workflow_id
+from ipnext.spec.settings import Settings, TemporalSettings
 
 from .fakes import SPEC, FakeServing, request, until, until_rollout, with_rollout
 from .test_rollout_workflow import signal
@@ -42,7 +42,7 @@ def _replayer() -> Replayer:
 async def _cli(address: str, *args: str, identity: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("IPNEXT_") and k != "TEMPORAL_ADDRESS"}
     env |= {"IPNEXT_TEMPORAL__ADDRESS": address, "IPNEXT_TEMPORAL__IDENTITY": identity}
-    argv = [sys.executable, "-m", "ipnext.cli", *args]
+    argv = [sys.executable, "-m", "ipnext.client.cli", *args]
     return await asyncio.to_thread(subprocess.run, argv, env=env, capture_output=True, text=True, timeout=90)
 
 

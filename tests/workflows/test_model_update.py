@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
 
-from ipnext.model import ModelSpec
-from ipnext.registry import ModelState, PublishResult, UpdateModelInput, UpdateModelResult
+from ipnext.contracts.model import ModelState, PublishResult, UpdateModelInput, UpdateModelResult
+from ipnext.spec.model import ModelSpec
 
 from .fakes import SPEC, FakeServing, request, start, until
 

@@ -24,13 +24,13 @@ from ipnext.activities.fleet import (
     SolveFleetInput,
     SolveFleetResult,
 )
-from ipnext.contracts import REPLAN_SCHEDULE_ID, RolloutState, poll_until, rollout_workflow_id
-from ipnext.demand import SourceSizing, declared_only
-from ipnext.entry.schedules import ensure_replan_schedule, trigger_and_wait
-from ipnext.registry import ApplyPlanInput, ModelState, ModelWorkflowInput, PublishResult
-from ipnext.replan import FleetReplanInput, FleetReplanResult
-from ipnext.rollout import AbortInput
-from ipnext.worker import WORKFLOWS
+from ipnext.client.schedules import ensure_replan_schedule, trigger_and_wait
+from ipnext.client.worker import WORKFLOWS
+from ipnext.contracts.fleet import FleetReplanInput, FleetReplanResult, SourceSizing
+from ipnext.contracts.model import ApplyPlanInput, ModelState, ModelWorkflowInput, PublishResult
+from ipnext.contracts.rollout import AbortInput
+from ipnext.names import REPLAN_SCHEDULE_ID, RolloutState, poll_until, rollout_workflow_id
+from ipnext.policy.demand import declared_only
 
 from .fakes import SPEC, FakeServing, plan_in, request, start, until, until_rollout, with_rollout
 

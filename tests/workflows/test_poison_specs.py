@@ -21,11 +21,11 @@ from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
 from ipnext.activities.rollouts import RolloutActivities
-from ipnext.contracts import model_workflow_id
-from ipnext.fleet import load_fleet
-from ipnext.model import check_against_fleet
-from ipnext.registry import ValidateSpecInput
-from ipnext.worker import WORKFLOWS
+from ipnext.client.worker import WORKFLOWS
+from ipnext.contracts.model import ValidateSpecInput
+from ipnext.names import model_workflow_id
+from ipnext.spec.fleet import load_fleet
+from ipnext.spec.model import check_against_fleet
 
 from .fakes import SPEC, FakeServing
 
@@ -41,7 +41,7 @@ async def _cli(temporal: Client, queue: str, *args: str) -> subprocess.Completed
         "IPNEXT_TEMPORAL__ADDRESS": temporal.service_client.config.target_host,
         "IPNEXT_TEMPORAL__TASK_QUEUE": queue,
     }
-    argv = [sys.executable, "-m", "ipnext.cli", *args]
+    argv = [sys.executable, "-m", "ipnext.client.cli", *args]
     return await asyncio.to_thread(
         subprocess.run, argv, env=env, cwd=REPO, capture_output=True, text=True, timeout=120
     )

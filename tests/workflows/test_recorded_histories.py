@@ -15,7 +15,7 @@ from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
-from ipnext.worker import INTERCEPTORS, WORKFLOWS
+from ipnext.client.worker import INTERCEPTORS, WORKFLOWS
 
 HISTORIES = Path(__file__).parent / "histories"
 RECORDED = sorted(p.name for p in HISTORIES.glob("*.json"))

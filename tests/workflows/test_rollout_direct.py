@@ -12,12 +12,11 @@ import pytest
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.worker import Worker
 
-from ipnext.contracts import poll_until
-from ipnext.model import ModelSpec, SnapshotRef, SnapshotSet
-from ipnext.plan import DeploymentPlacement, Plan
-from ipnext.registry import RolloutInput, RolloutResult
-from ipnext.rollout import PauseInput, ResumeInput, RolloutState
-from ipnext.worker import WORKFLOWS
+from ipnext.client.worker import WORKFLOWS
+from ipnext.contracts.plan import DeploymentPlacement, Plan
+from ipnext.contracts.rollout import PauseInput, ResumeInput, RolloutInput, RolloutResult
+from ipnext.names import RolloutState, poll_until
+from ipnext.spec.model import ModelSpec, SnapshotRef, SnapshotSet
 
 from .fakes import SPEC, WAIT_S, FakeServing, until_status
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 import pytest
 from temporalio.client import Client
 
-from ipnext.registry import PublishResult
-from ipnext.rollout import PauseInput, ResumeInput, RolloutState
+from ipnext.contracts.model import PublishResult
+from ipnext.contracts.rollout import PauseInput, ResumeInput
+from ipnext.names import RolloutState
 
 from .fakes import FakeServing, request, start, until_reads, until_rollout, with_rollout
 from .test_rollout_workflow import roll_out_v2, rollout, serve_v1

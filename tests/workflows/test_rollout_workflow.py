@@ -14,15 +14,11 @@ from typing import Any
 import pytest
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 
-from ipnext.contracts import STATE_KEY, RolloutOutcome, poll_until, rollout_workflow_id
-from ipnext.model import RouterSpec
-from ipnext.registry import PublishResult, RolloutResult
-from ipnext.rollout import (
-    FreezeOverride,
-    FreezeWindow,
-    RolloutState,
-    RolloutStatus,
-)
+from ipnext.contracts.freeze import FreezeOverride, FreezeWindow
+from ipnext.contracts.model import PublishResult
+from ipnext.contracts.rollout import RolloutResult, RolloutStatus
+from ipnext.names import STATE_KEY, RolloutOutcome, RolloutState, poll_until, rollout_workflow_id
+from ipnext.spec.model import RouterSpec
 
 from .fakes import (
     WAIT_S,

@@ -23,15 +23,15 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from ipnext.activities.regions import RegionActivities
-from ipnext.config import RegionSettings, Settings, TemporalSettings, TemporalTLSSettings
-from ipnext.contracts import poll_until
-from ipnext.entry.fleet import ensure_fleet_workflow, mark_region
+from ipnext.client.fleet import ensure_fleet_workflow, mark_region
+from ipnext.client.sdk import Client as IpnextClient
+from ipnext.client.temporal import connect_client
+from ipnext.client.worker import INTERCEPTORS, WORKFLOWS
+from ipnext.contracts.fleet import RegionDownInput, RegionHealth
+from ipnext.contracts.identity import UNATTRIBUTED
 from ipnext.errors import TemporalConnectionError
-from ipnext.identity import UNATTRIBUTED
-from ipnext.regions import RegionDownInput, RegionHealth
-from ipnext.sdk import Client as IpnextClient
-from ipnext.temporal import connect_client
-from ipnext.worker import INTERCEPTORS, WORKFLOWS
+from ipnext.names import poll_until
+from ipnext.spec.settings import RegionSettings, Settings, TemporalSettings, TemporalTLSSettings
 
 from .fakes import SPEC
 from .test_fleet_workflow import FakeRegions, region, until
@@ -97,7 +97,7 @@ async def _cli(config: Path, *args: str, identity: str | None = None) -> subproc
     env["IPNEXT_CONFIG"] = str(config)
     if identity:
         env["IPNEXT_TEMPORAL__IDENTITY"] = identity
-    argv = [sys.executable, "-m", "ipnext.cli", *args]
+    argv = [sys.executable, "-m", "ipnext.client.cli", *args]
     return await asyncio.to_thread(subprocess.run, argv, env=env, capture_output=True, text=True, timeout=90)
 
 

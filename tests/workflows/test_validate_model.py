@@ -14,9 +14,9 @@ from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
 from ipnext.activities.validate import validate_model_spec
-from ipnext.contracts import Workflows, validate_workflow_id
-from ipnext.model import ModelSpec, load_model_spec
-from ipnext.registry import ValidateSpecInput
+from ipnext.contracts.model import ValidateSpecInput
+from ipnext.names import Workflows, validate_workflow_id
+from ipnext.spec.model import ModelSpec, load_model_spec
 from ipnext.workflows.validate_model_workflow import ValidateModelWorkflow
 
 REPO = Path(__file__).resolve().parents[2]

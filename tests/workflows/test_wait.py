@@ -24,13 +24,13 @@ from temporalio.client import WorkflowHandle
 from temporalio.worker import Worker
 
 from ipnext.activities.rollouts import RolloutActivities
-from ipnext.config import Settings
-from ipnext.contracts import RolloutState, model_workflow_id, poll_until
+from ipnext.client.sdk import Client
+from ipnext.client.worker import WORKFLOWS
+from ipnext.contracts.model import ModelWorkflowInput, PublishResult
+from ipnext.contracts.rollout import RolloutStatus
 from ipnext.errors import RolloutPausedError, RolloutStoppedError
-from ipnext.registry import ModelWorkflowInput, PublishResult
-from ipnext.rollout import RolloutStatus
-from ipnext.sdk import Client
-from ipnext.worker import WORKFLOWS
+from ipnext.names import RolloutState, model_workflow_id, poll_until
+from ipnext.spec.settings import Settings
 
 from .fakes import SPEC, FakeServing, request, until, until_rollout
 
@@ -172,7 +172,7 @@ async def test_publish_wait_prints_progress_and_exits_2_with_the_pause_reason(
     }
     (folder / "manifest.json").write_text(json.dumps(manifest))
     env = {**os.environ, "IPNEXT_TEMPORAL__ADDRESS": temporal.service_client.config.target_host}
-    argv = [sys.executable, "-m", "ipnext.cli", "snapshot", "publish", NAME, str(folder), "--wait"]
+    argv = [sys.executable, "-m", "ipnext.client.cli", "snapshot", "publish", NAME, str(folder), "--wait"]
     started = time.monotonic()
     done = await asyncio.to_thread(subprocess.run, argv, env=env, capture_output=True, text=True, timeout=90)
     print(f"`snapshot publish --wait` exited {done.returncode} after {time.monotonic() - started:.1f}s")

@@ -10,8 +10,8 @@ from temporalio.client import Client, WorkflowFailureError
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
-from ipnext.registry import ModelRecord, ModelWorkflowInput, ModelWorkflowResult
-from ipnext.worker import WORKFLOWS
+from ipnext.client.worker import WORKFLOWS
+from ipnext.contracts.model import ModelRecord, ModelWorkflowInput, ModelWorkflowResult
 
 from .fakes import SPEC, FakeServing
 

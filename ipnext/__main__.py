@@ -1,0 +1,5 @@
+"""`python -m ipnext`: the command line, as the `ipnext` script runs it."""
+
+from ipnext.client.cli import main
+
+main()
