@@ -14,20 +14,21 @@ model's plan is the new one. A move that fails, or that the experiment's end ove
 the replan pending until the end, when the control moves alone as any capacity move.
 
 One experiment at a time, against the serving set (control) and a set published with hold
-(treatment), split by unit or (a shadow) sent copies of the control's requests; it ends on its own (duration, guardrail, on-call stop) and reports to the model with
-the `experiment_ended` signal; after a continue-as-new the model also asks Temporal from time to
-time, so an experiment terminated from the UI is noticed. ModelWorkflow inherits this and keeps
-the handlers' declarations; nothing here runs outside a workflow.
+(treatment), split by unit or (a shadow) sent copies of the control's requests; it ends on its
+own (duration, guardrail, on-call stop) and reports to the model with the `experiment_ended`
+signal; after a continue-as-new the model also asks Temporal from time to time, so an experiment
+terminated from the UI is noticed. `Experiments` is ModelWorkflow's collaborator over its
+`ModelRun`: the workflow keeps the handlers' declarations and calls it; nothing here runs outside
+a workflow.
 """
 
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
 
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
-from temporalio.workflow import ChildWorkflowHandle, ParentClosePolicy
+from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
     from ipnext.activities import DEPLOY_TIMEOUT, HEARTBEAT_TIMEOUT, QUICK_TIMEOUT, RETRY
@@ -35,7 +36,6 @@ with workflow.unsafe.imports_passed_through():
     from ipnext.activities.serving import DeploySetInput, deploy_set_apps
     from ipnext.contracts.experiment import (
         ActiveExperiment,
-        ArmsMoved,
         ExperimentInput,
         ExperimentStarted,
         ExperimentStatus,
@@ -47,10 +47,10 @@ with workflow.unsafe.imports_passed_through():
     from ipnext.contracts.model import ApplyPlanInput, PublishResult
     from ipnext.names import ExperimentWorkflowNames, SetStatus, experiment_workflow_id
     from ipnext.policy.shadow import render_shadow
-    from ipnext.workflows._model_update import ModelUpdates
+    from ipnext.workflows._model_run import ModelRun
     from ipnext.workflows.experiment_workflow import ExperimentWorkflow
 
-__all__ = ["EXPERIMENTS_KEPT", "START_EXPERIMENT_EXAMPLE", "ModelExperiments"]
+__all__ = ["EXPERIMENTS_KEPT", "START_EXPERIMENT_EXAMPLE", "Experiments"]
 
 START_EXPERIMENT_EXAMPLE = (
     '{"name": "...", "treatment": "<model>@<n>", "duration_seconds": ..., "who": "..."}'
@@ -65,21 +65,20 @@ ARMS_MOVE_PATCH = "experiment-arms-take-capacity-moves"
 ARMS_MOVE_TIMEOUT = timedelta(minutes=30)
 
 
-class ModelExperiments(ModelUpdates):
-    """The experiment's start, wait and end; ModelWorkflow sets the state in its constructor."""
+class Experiments:
+    """The experiments and shadows of one model run: `refuse_start` and `start` (the Update),
+    `run` (the child from the model's loop to its end, a replan reaching both arms on the way),
+    `refuse_promote` and `promote` (a held set queued for a rollout)."""
 
-    _experiment_child: ChildWorkflowHandle[Any, ExperimentStatus] | None
-    _experiment_ended: ExperimentStatus | None
-    _experiment_stopping: bool  # a delete asked the running experiment to stop
-    _arms_refused: ApplyPlanInput | None  # a replan the arms could not take: it waits for the end
-    _arms_moved: ArmsMoved | None  # the experiment's answer to the latest move of its arms
+    def __init__(self, model: ModelRun) -> None:
+        self.model = model
 
-    def _arms_replan(self, moves: bool) -> ApplyPlanInput | None:
+    def arms_replan(self, moves: bool) -> ApplyPlanInput | None:
         """The pending replan the running experiment's arms take now, if there is one: any (with
         `moves`), or one they can take in place (runs from before moves of the arms)."""
-        r = self._record
+        r = self.model.record
         pending = r.pending_plan
-        if pending is None or pending is self._arms_refused or r.plan is None:
+        if pending is None or pending is self.model.arms_refused or r.plan is None:
             return None
         if not moves and not _in_place(pending, r.plan.revision):
             return None
@@ -88,11 +87,11 @@ class ModelExperiments(ModelUpdates):
     async def _replan_arms(self, active: ActiveExperiment, pending: ApplyPlanInput) -> None:
         """Both arms on the replanned placement: in place where it keeps the apps, else moved to
         new apps by the experiment (`_move_arms`)."""
-        r = self._record
+        r = self.model.record
         if r.plan is not None and not _in_place(pending, r.plan.revision):
             await self._move_arms(active, pending)
             return
-        control, treatment = self._find(active.control), self._find(active.treatment)
+        control, treatment = self.model.find(active.control), self.model.find(active.treatment)
         if control is None or treatment is None:
             return
         why = pending.cause or f"fleet plan {pending.fleet_revision}"
@@ -101,7 +100,7 @@ class ModelExperiments(ModelUpdates):
                 await workflow.execute_activity(
                     deploy_set_apps,
                     DeploySetInput(
-                        spec=self._spec, snapshot_set=snapshot_set, plan=pending.plan, scale=scale
+                        spec=self.model.spec, snapshot_set=snapshot_set, plan=pending.plan, scale=scale
                     ),
                     start_to_close_timeout=DEPLOY_TIMEOUT,
                     heartbeat_timeout=HEARTBEAT_TIMEOUT,
@@ -109,10 +108,10 @@ class ModelExperiments(ModelUpdates):
                     summary=f"{snapshot_set.id} at {scale:.0%} of the replanned placement ({why})",
                 )
         except ActivityError as err:
-            self._arms_refused = pending
+            self.model.arms_refused = pending
             workflow.logger.warning(
                 "%s: the experiment's arms could not take %s in place (%s): it waits for the end",
-                self._spec.name,
+                self.model.spec.name,
                 why,
                 err.cause or err,
             )
@@ -127,36 +126,36 @@ class ModelExperiments(ModelUpdates):
         pending: after the end it moves the control alone, as any capacity move."""
         why = pending.cause or f"fleet plan {pending.fleet_revision}"
         move = str(workflow.uuid4())
-        self._arms_moved = None
+        self.model.arms_moved = None
         await workflow.get_external_workflow_handle(active.workflow_id).signal(
             ExperimentWorkflowNames.MOVE_ARMS,
             MoveArmsInput(move=move, plan=pending.plan, down_regions=pending.down_regions, cause=why),
         )
-        every = timedelta(seconds=self._input.rollout_check_seconds)
+        every = timedelta(seconds=self.model.input.rollout_check_seconds)
         waited = workflow.now()
         while workflow.now() - waited < ARMS_MOVE_TIMEOUT:
             try:
                 await workflow.wait_condition(
                     lambda: (
-                        (self._arms_moved is not None and self._arms_moved.move == move)
-                        or self._experiment_ended is not None
-                        or self._experiment_done()
-                        or self._delete_by is not None
+                        (self.model.arms_moved is not None and self.model.arms_moved.move == move)
+                        or self.model.experiment_ended is not None
+                        or self.done()
+                        or self.model.delete_by is not None
                     ),
-                    timeout=every if self._experiment_child is None else ARMS_MOVE_TIMEOUT,
+                    timeout=every if self.model.experiment_child is None else ARMS_MOVE_TIMEOUT,
                 )
                 break
             except TimeoutError:  # after a continue-as-new no handle says it ended: ask Temporal
                 await self._poll_experiment(active)
-                if self._experiment_ended is not None:
+                if self.model.experiment_ended is not None:
                     break
-        answer = self._arms_moved
+        answer = self.model.arms_moved
         if answer is None or answer.move != move or answer.error:
-            self._arms_refused = pending
+            self.model.arms_refused = pending
             reason = answer.error if answer is not None and answer.move == move else "no answer"
             workflow.logger.warning(
                 "%s: the experiment's arms did not move to %s (%s): it waits for the end",
-                self._spec.name,
+                self.model.spec.name,
                 why,
                 reason,
             )
@@ -167,21 +166,21 @@ class ModelExperiments(ModelUpdates):
         self, active: ActiveExperiment, pending: ApplyPlanInput, apps: dict[str, str] | None
     ) -> None:
         """The model's plan is the replanned one (and its serving apps `apps`, when they moved)."""
-        r = self._record
+        r = self.model.record
         r.plan = pending.plan
         if apps is not None:
             r.serving_apps = dict(apps)
         if r.pending_plan is pending:  # a newer replan that came meanwhile stays pending
             r.pending_plan = None
         why = pending.cause or f"fleet plan {pending.fleet_revision}"
-        workflow.logger.info("%s: both arms of %s moved to %s", self._spec.name, active.name, why)
-        self._upsert_state()
+        workflow.logger.info("%s: both arms of %s moved to %s", self.model.spec.name, active.name, why)
+        self.model.upsert_state()
 
-    def _refuse_experiment(self, input: StartExperimentInput) -> None:
+    def refuse_start(self, input: StartExperimentInput) -> None:
         """Raise ApplicationError for an experiment that cannot start now (no I/O)."""
-        name, r = self._spec.name, self._record
+        name, r = self.model.spec.name, self.model.record
         why = ""
-        if self._delete_by is not None:
+        if self.model.delete_by is not None:
             why = "it is being deleted"
         elif r.serving_set is None:
             why = "nothing serves yet (the control is the serving set)"
@@ -193,7 +192,7 @@ class ModelExperiments(ModelUpdates):
             why = f"an experiment named {input.name!r} already ran: give this one its own name"
         if why:
             raise ApplicationError(f"model {name}: no experiment now: {why}.", type="ExperimentError")
-        treatment = self._find(input.treatment)
+        treatment = self.model.find(input.treatment)
         if treatment is None or treatment.status != SetStatus.HELD:
             held = [s.id for s in r.sets if s.status == SetStatus.HELD]
             raise ApplicationError(
@@ -202,41 +201,41 @@ class ModelExperiments(ModelUpdates):
                 type="ExperimentError",
             )
 
-    def _start_experiment(self, input: StartExperimentInput) -> ExperimentStarted:
+    def start(self, input: StartExperimentInput) -> ExperimentStarted:
         """Record the experiment for the loop to start (it starts children one at a time)."""
-        self._refuse_experiment(input)
-        r = self._record
+        self.refuse_start(input)
+        r = self.model.record
         active = ActiveExperiment(
-            workflow_id=experiment_workflow_id(self._spec.name, input.name),
+            workflow_id=experiment_workflow_id(self.model.spec.name, input.name),
             name=input.name,
             control=r.serving_set or "",
             treatment=input.treatment,
             start=input,
         )
         r.experiment = active
-        self._upsert_state()
+        self.model.upsert_state()
         return ExperimentStarted(
             workflow_id=active.workflow_id, control=active.control, treatment=active.treatment
         )
 
-    async def _run_experiment(self) -> None:
+    async def run(self) -> None:
         """Start the recorded experiment (unless a run before this one did) and wait for its end."""
-        r = self._record
+        r = self.model.record
         active = r.experiment
         control, treatment = (
-            self._find(active.control if active else None),
-            self._find(active.treatment if active else None),
+            self.model.find(active.control if active else None),
+            self.model.find(active.treatment if active else None),
         )
         if active is None or control is None or treatment is None or r.plan is None:
             r.experiment = None
             return
         if not active.started:
             start = active.start
-            self._experiment_ended = None
-            self._experiment_child = await workflow.start_child_workflow(
+            self.model.experiment_ended = None
+            self.model.experiment_child = await workflow.start_child_workflow(
                 ExperimentWorkflow.run,
                 ExperimentInput(
-                    spec=self._spec,
+                    spec=self.model.spec,
                     plan=r.plan,
                     name=active.name,
                     salt=str(workflow.uuid4()),
@@ -248,7 +247,7 @@ class ModelExperiments(ModelUpdates):
                     check_seconds=start.check_seconds,
                     alpha=start.alpha,
                     who=start.who,
-                    history_limit=max(50, self._input.history_limit),
+                    history_limit=max(50, self.model.input.history_limit),
                     mode=start.mode,
                     shadow_max_in_flight=start.shadow_max_in_flight,
                     unit=start.unit,
@@ -256,76 +255,88 @@ class ModelExperiments(ModelUpdates):
                 ),
                 id=active.workflow_id,
                 static_summary=(
-                    f"{self._spec.name}: {treatment.id} shadowing {control.id}"
+                    f"{self.model.spec.name}: {treatment.id} shadowing {control.id}"
                     if start.mode == "shadow"
-                    else f"{self._spec.name}: {control.id} against {treatment.id}"
+                    else f"{self.model.spec.name}: {control.id} against {treatment.id}"
                 ),
                 parent_close_policy=ParentClosePolicy.ABANDON,
             )
             r.experiment = active = active.model_copy(update={"started": True})
-            self._upsert_state()
+            self.model.upsert_state()
         every = (
             None
-            if self._experiment_child is not None
-            else timedelta(seconds=self._input.rollout_check_seconds)
+            if self.model.experiment_child is not None
+            else timedelta(seconds=self.model.input.rollout_check_seconds)
         )
-        self._experiment_stopping = False
-        self._arms_refused = None
+        self.model.experiment_stopping = False
+        self.model.arms_refused = None
         arms_follow = workflow.patched(ARMS_REPLAN_PATCH)
         arms_move = arms_follow and workflow.patched(ARMS_MOVE_PATCH)
-        while self._experiment_ended is None:
-            if self._delete_by is not None and not self._experiment_stopping:  # a delete ends it first
-                self._experiment_stopping = True
+        while self.model.experiment_ended is None:
+            if (
+                self.model.delete_by is not None and not self.model.experiment_stopping
+            ):  # a delete ends it first
+                self.model.experiment_stopping = True
                 await workflow.get_external_workflow_handle(active.workflow_id).signal(
                     ExperimentWorkflowNames.STOP,
-                    StopExperimentInput(who=self._delete_by, reason="the model is being deleted"),
+                    StopExperimentInput(who=self.model.delete_by, reason="the model is being deleted"),
                 )
             try:
                 await workflow.wait_condition(
                     lambda: (
-                        self._experiment_ended is not None
-                        or self._experiment_done()
-                        or self._may_continue()
-                        or (self._delete_by is not None and not self._experiment_stopping)
-                        or (arms_follow and self._arms_replan(arms_move) is not None)
+                        self.model.experiment_ended is not None
+                        or self.done()
+                        or self.model.may_continue()
+                        or (self.model.delete_by is not None and not self.model.experiment_stopping)
+                        or (arms_follow and self.arms_replan(arms_move) is not None)
                     ),
                     timeout=every,
                 )
             except TimeoutError:
                 await self._poll_experiment(active)
                 continue
-            replanned = self._arms_replan(arms_move) if arms_follow else None
-            if replanned is not None and self._experiment_ended is None and self._delete_by is None:
+            replanned = self.arms_replan(arms_move) if arms_follow else None
+            if replanned is not None and self.model.experiment_ended is None and self.model.delete_by is None:
                 await self._replan_arms(active, replanned)
                 continue
             if (
-                self._experiment_ended is None
-                and self._experiment_done()
-                and self._experiment_child is not None
+                self.model.experiment_ended is None
+                and self.done()
+                and self.model.experiment_child is not None
             ):
                 try:
-                    self._experiment_ended = self._experiment_child.result()
+                    self.model.experiment_ended = self.model.experiment_child.result()
                 except ChildWorkflowError as err:
-                    self._experiment_ended = self._experiment_lost(active, str(err.cause or err))
+                    self.model.experiment_ended = self.lost(active, str(err.cause or err))
                 continue
-            if self._experiment_ended is None and self._may_continue() and self._delete_by is None:
+            if (
+                self.model.experiment_ended is None
+                and self.model.may_continue()
+                and self.model.delete_by is None
+            ):
                 await workflow.wait_condition(
-                    lambda: workflow.all_handlers_finished() and self._publishing == 0
+                    lambda: workflow.all_handlers_finished() and self.model.publishing == 0
                 )
-                if self._experiment_ended is None and self._delete_by is None:
-                    workflow.continue_as_new(self._input.model_copy(update={"record": r, "spec": self._spec}))
-                every = every or timedelta(seconds=self._input.rollout_check_seconds)
-        ended, self._experiment_ended, self._experiment_child = self._experiment_ended, None, None
+                if self.model.experiment_ended is None and self.model.delete_by is None:
+                    workflow.continue_as_new(
+                        self.model.input.model_copy(update={"record": r, "spec": self.model.spec})
+                    )
+                every = every or timedelta(seconds=self.model.input.rollout_check_seconds)
+        ended, self.model.experiment_ended, self.model.experiment_child = (
+            self.model.experiment_ended,
+            None,
+            None,
+        )
         r.experiments = [*r.experiments, ended][-EXPERIMENTS_KEPT:]
         r.experiment = None
-        if ended.shadow is not None and self._find(active.treatment) is not None:
+        if ended.shadow is not None and self.model.find(active.treatment) is not None:
             # The candidate's evidence stays on its record (it stays held: promote rolls it out).
-            self._set_status(
+            self.model.set_status(
                 active.treatment, SetStatus.HELD, f"shadow {ended.name}: {render_shadow(ended.shadow)}"
             )
-        self._reconcile_due = True  # a lost experiment may have left routes behind: put them right
-        workflow.logger.info("model %s: experiment %s ended: %s", self._spec.name, ended.name, ended.end)
-        self._upsert_state()
+        self.model.reconcile_due = True  # a lost experiment may have left routes behind: put them right
+        workflow.logger.info("model %s: experiment %s ended: %s", self.model.spec.name, ended.name, ended.end)
+        self.model.upsert_state()
 
     async def _poll_experiment(self, active: ActiveExperiment) -> None:
         """Ask Temporal whether the experiment still runs (its end, when it has no handle here)."""
@@ -336,24 +347,24 @@ class ModelExperiments(ModelUpdates):
             retry_policy=RETRY,
             summary=f"is {active.workflow_id} still running?",
         )
-        if not outcome.running and self._experiment_ended is None:
-            self._experiment_ended = outcome.result or self._experiment_lost(active, outcome.how)
+        if not outcome.running and self.model.experiment_ended is None:
+            self.model.experiment_ended = outcome.result or self.lost(active, outcome.how)
 
-    def _promote(self, input: PromoteInput) -> PublishResult:
+    def promote(self, input: PromoteInput) -> PublishResult:
         """Queue a held set for its rollout, which runs through the normal steps and gates."""
-        self._refuse_promote(input)
+        self.refuse_promote(input)
         why = f": {input.reason}" if input.reason else ""
-        self._set_status(input.set_id, SetStatus.VALIDATED, f"promoted by {input.who}{why}")
-        self._record.queued.append(input.set_id)
-        self._upsert_state()
+        self.model.set_status(input.set_id, SetStatus.VALIDATED, f"promoted by {input.who}{why}")
+        self.model.record.queued.append(input.set_id)
+        self.model.upsert_state()
         return PublishResult(set_id=input.set_id, status="queued")
 
-    def _refuse_promote(self, input: PromoteInput) -> None:
-        r, name = self._record, self._spec.name
+    def refuse_promote(self, input: PromoteInput) -> None:
+        r, name = self.model.record, self.model.spec.name
         held = [s.id for s in r.sets if s.status == SetStatus.HELD]
-        found = self._find(input.set_id)
+        found = self.model.find(input.set_id)
         why = ""
-        if self._delete_by is not None:
+        if self.model.delete_by is not None:
             why = "it is being deleted"
         elif r.experiment is not None:
             why = f"experiment {r.experiment.name} runs: promote when it has ended"
@@ -364,19 +375,13 @@ class ModelExperiments(ModelUpdates):
         if why:
             raise ApplicationError(f"model {name}: nothing promoted: {why}.", type="ExperimentError")
 
-    def _set_status(self, set_id: str, status: SetStatus, detail: str = "") -> None:
-        raise NotImplementedError  # ModelWorkflow's
+    def done(self) -> bool:
+        return self.model.experiment_child is not None and self.model.experiment_child.done()
 
-    def _experiment_done(self) -> bool:
-        return self._experiment_child is not None and self._experiment_child.done()
-
-    def _may_continue(self) -> bool:
-        raise NotImplementedError  # ModelWorkflow's
-
-    def _experiment_lost(self, active: ActiveExperiment, how: str) -> ExperimentStatus:
+    def lost(self, active: ActiveExperiment, how: str) -> ExperimentStatus:
         """An experiment that ended without its report (terminated, failed): what the model knows."""
         end = f"ended without its report: {how}; the model's serving check puts its routers back"
-        return active.status(self._spec.name, "ended", "failed", end)
+        return active.status(self.model.spec.name, "ended", "failed", end)
 
 
 def _in_place(pending: ApplyPlanInput, revision: int) -> bool:

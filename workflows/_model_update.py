@@ -3,14 +3,14 @@
 The update is checked like a publish before anything changes: the worker checks the new spec
 against its fleet and imports its factories in a child process, places it again when capacity or
 parts change, and builds the serving set's snapshots under it when parts change. Only then is it
-applied, the lightest way that can (ipnext/policy/spec_update.py): in place (the spec is replaced and
-the serving check re-renders the serving set's apps), a capacity move to the new placement, or
+applied, the lightest way that can (ipnext/policy/spec_update.py): in place (the spec is
+replaced and the serving check re-renders the serving set's apps), a capacity move to the new placement, or
 a new set that rolls out through the normal steps and brings the new spec with it when it serves
 (`ModelRecord.spec_pending`; a rollback leaves the old spec). Every accepted update is in
 `ModelRecord.spec_changes` with who made it and its diff; the history holds each Update whole.
 
-ModelWorkflow inherits this and keeps the handlers' declarations; nothing here runs outside a
-workflow.
+`SpecUpdates` is ModelWorkflow's collaborator over its `ModelRun`: the workflow keeps the
+handlers' declarations and calls it; nothing here runs outside a workflow.
 """
 
 from __future__ import annotations
@@ -25,8 +25,6 @@ with workflow.unsafe.imports_passed_through():
     from ipnext.activities.validate import ValidateSetInput, validate_model_spec, validate_snapshot_set
     from ipnext.contracts.model import (
         ApplyPlanInput,
-        ModelRecord,
-        ModelWorkflowInput,
         SpecChange,
         SpecPending,
         UpdateModelInput,
@@ -37,42 +35,36 @@ with workflow.unsafe.imports_passed_through():
     from ipnext.names import SetStatus
     from ipnext.policy.spec_update import SpecDiff, UpdateKind, diff_specs
     from ipnext.spec.model import ModelSpec, SnapshotRef, SnapshotSet, SnapshotSetRequest
-    from ipnext.workflows._model_views import ModelViews
+    from ipnext.workflows._model_run import ModelRun
 
-__all__ = ["SPEC_CHANGES_KEPT", "UPDATE_EXAMPLE", "ModelUpdates", "as_update_error"]
+__all__ = ["SPEC_CHANGES_KEPT", "UPDATE_EXAMPLE", "SpecUpdates", "as_update_error"]
 
 UPDATE_EXAMPLE = '{"spec": {<the whole model spec>}, "who": "<who updates>"}'
 SPEC_CHANGES_KEPT = 50  # spec changes kept in the record (the history holds every one)
 
 
-class ModelUpdates(ModelViews):
-    """The update's check and its application; ModelWorkflow sets the state in its constructor."""
+class SpecUpdates:
+    """The `update_model` Update of one model run: `refuse` (its validator, no I/O), `apply` (the
+    check on the worker, then in place, a capacity move or a new set), and the end of an update
+    that rolls out (`end`, `rollout_specs`)."""
 
-    _spec: ModelSpec
-    _record: ModelRecord
-    _input: ModelWorkflowInput
-    _delete_by: str | None
-    _publishing: int  # handlers in flight that hold the run from continuing as new
-    _updating: bool  # an update is being checked: a second one is refused until it ends
-    _reconcile_due: bool
-
-    def _find(self, set_id: str | None) -> SnapshotSet | None:
-        raise NotImplementedError  # ModelWorkflow's
+    def __init__(self, model: ModelRun) -> None:
+        self.model = model
 
     # ---- the check without I/O (the Update's validator) ----------------------------------------
 
-    def _refuse_update(self, input: UpdateModelInput) -> SpecDiff:
+    def refuse(self, input: UpdateModelInput) -> SpecDiff:
         """Raise ApplicationError for an update that cannot be taken now; else its diff."""
-        name, r = self._spec.name, self._record
+        name, r = self.model.spec.name, self.model.record
         if input.spec.name != name:
             raise ApplicationError(
                 f"spec.name: an update keeps the model's name {name!r}, got {input.spec.name!r}. "
                 f"Fix: update model {input.spec.name!r} instead, or keep the name.",
                 type="SpecError",
             )
-        if self._delete_by is not None:
+        if self.model.delete_by is not None:
             raise ApplicationError(f"model {name} is being deleted", type="ModelNotFoundError")
-        if self._updating:
+        if self.model.updating:
             raise ApplicationError(
                 f"model {name}: another update is being checked. Fix: send this one when it ends.",
                 type="SpecError",
@@ -84,7 +76,7 @@ class ModelUpdates(ModelViews):
                 f"(`ipnext rollout status {name}`).",
                 type="SpecError",
             )
-        diff = diff_specs(self._spec, input.spec)
+        diff = diff_specs(self.model.spec, input.spec)
         if diff.kind == UpdateKind.NEW_SET and (r.queued or r.active_rollout is not None):
             # Queued sets were checked under the old spec, and a rollout's sets run under it.
             what = f"set {r.queued[-1]} is queued" if r.queued else "a rollout runs"
@@ -94,7 +86,7 @@ class ModelUpdates(ModelViews):
                 type="SpecError",
             )
         if diff.kind == UpdateKind.NEW_SET and r.serving_set is not None:
-            serving = self._find(r.serving_set)
+            serving = self.model.find(r.serving_set)
             have = set(serving.parts if serving else {}) | set(input.snapshots)
             missing = sorted(set(input.spec.parts) - have)
             if missing:
@@ -114,23 +106,23 @@ class ModelUpdates(ModelViews):
 
     # ---- the check with I/O, then the change (the Update's handler) -----------------------------
 
-    async def _apply_update(self, input: UpdateModelInput) -> UpdateModelResult:
-        diff = self._refuse_update(input)
-        name, r = self._spec.name, self._record
+    async def apply(self, input: UpdateModelInput) -> UpdateModelResult:
+        diff = self.refuse(input)
+        name, r = self.model.spec.name, self.model.record
         if diff.kind == UpdateKind.NONE:
             return UpdateModelResult(model=name, kind=diff.kind, changes=[], outcome="no change")
-        before = self._spec
-        self._updating = True
-        self._publishing += 1
+        before = self.model.spec
+        self.model.updating = True
+        self.model.publishing += 1
         try:
             plan, new_parts = await self._check_update(input, diff)
         except ActivityError as err:
             raise as_update_error(err) from None
         finally:
-            self._publishing -= 1
-            self._updating = False
+            self.model.publishing -= 1
+            self.model.updating = False
         # Asked again: a delete, a publish or a rollout may have started while the checks ran.
-        if self._refuse_update(input) != diff:
+        if self.refuse(input) != diff:
             raise ApplicationError(
                 f"model {name}: its spec changed while this update was checked. Fix: send it again.",
                 type="SpecError",
@@ -166,7 +158,7 @@ class ModelUpdates(ModelViews):
         workflow.logger.info(
             "model %s updated by %s (%s): %s", name, input.who, diff.kind, "; ".join(diff.changes)
         )
-        self._upsert_state()
+        self.model.upsert_state()
         return result
 
     async def _check_update(
@@ -175,7 +167,7 @@ class ModelUpdates(ModelViews):
         """The worker's checks: the spec (fleet, factories), its placement when capacity or parts
         change, and the serving set's snapshots built under it when parts change. Returns the
         placement (None: unchanged) and the new set's snapshots (None: no new set)."""
-        r, name = self._record, self._spec.name
+        r, name = self.model.record, self.model.spec.name
         await workflow.execute_activity(
             validate_model_spec,
             ValidateSpecInput(spec=input.spec),
@@ -193,7 +185,7 @@ class ModelUpdates(ModelViews):
                 summary=f"place {name} under its updated spec",
             )
             plan = plan.model_copy(update={"revision": placement_revision(r.plan, plan.deployments)})
-        serving = self._find(r.serving_set)
+        serving = self.model.find(r.serving_set)
         if diff.kind != UpdateKind.NEW_SET or serving is None:
             return plan, None
         parts = {p: input.snapshots.get(p) or serving.parts[p] for p in input.spec.parts}
@@ -215,10 +207,12 @@ class ModelUpdates(ModelViews):
         self, input: UpdateModelInput, diff: SpecDiff, number: int, plan: Plan | None
     ) -> UpdateModelResult:
         """In place or a capacity move (or any update while nothing serves): the spec now."""
-        r = self._record
-        self._spec = input.spec
-        self._reconcile_due = r.serving_set is not None
-        result = UpdateModelResult(model=self._spec.name, kind=diff.kind, changes=diff.changes, outcome="")
+        r = self.model.record
+        self.model.spec = input.spec
+        self.model.reconcile_due = r.serving_set is not None
+        result = UpdateModelResult(
+            model=self.model.spec.name, kind=diff.kind, changes=diff.changes, outcome=""
+        )
         if plan is None or (r.plan is not None and plan.deployments == r.plan.deployments):
             where = "" if plan is None else " (its placement is unchanged)"
             return result.model_copy(update={"outcome": f"applied in place{where}"})
@@ -250,12 +244,12 @@ class ModelUpdates(ModelViews):
     ) -> UpdateModelResult:
         """Parts or the DAG changed while a set serves: a new set under the new spec, queued with
         its placement; the spec changes when it serves."""
-        r = self._record
-        version = self._update_version(self._find(r.serving_set))
+        r = self.model.record
+        version = self._update_version(self.model.find(r.serving_set))
         set_number = r.next_number
         r.next_number += 1
         new = SnapshotSet(
-            id=f"{self._spec.name}@{set_number}",
+            id=f"{self.model.spec.name}@{set_number}",
             number=set_number,
             version=version,
             parts=parts,
@@ -271,7 +265,7 @@ class ModelUpdates(ModelViews):
                 plan=plan, fleet_revision=0, cause=f"model update {number} by {input.who}"
             )
         return UpdateModelResult(
-            model=self._spec.name,
+            model=self.model.spec.name,
             kind=diff.kind,
             changes=diff.changes,
             outcome=f"rolling out as {new.id}",
@@ -282,19 +276,19 @@ class ModelUpdates(ModelViews):
     def _update_version(self, serving: SnapshotSet | None) -> str:
         """The version label of an update's set: the serving set's, marked with the set number."""
         base = serving.version if serving is not None else "spec"
-        return f"{base[:100]}-spec{self._record.next_number}"
+        return f"{base[:100]}-spec{self.model.record.next_number}"
 
     # ---- a new set's update ends with its rollout ---------------------------------------------
 
-    def _end_spec_update(self, set_id: str, serves: bool, how: str) -> None:
+    def end(self, set_id: str, serves: bool, how: str) -> None:
         """The rollout of an update's set ended: its spec serves now, or the old one stays."""
-        r = self._record
+        r = self.model.record
         pending = r.spec_pending
         if pending is None or pending.set_id != set_id:
             return
         r.spec_pending = None
         if serves:
-            self._spec = pending.spec
+            self.model.spec = pending.spec
             outcome = f"applied: {set_id} serves"
         else:
             outcome = f"not applied: the rollout of {set_id} {how}; the old spec stays"
@@ -302,14 +296,14 @@ class ModelUpdates(ModelViews):
             c.model_copy(update={"outcome": outcome}) if c.number == pending.change else c
             for c in r.spec_changes
         ]
-        workflow.logger.info("model %s: update %d %s", self._spec.name, pending.change, outcome)
+        workflow.logger.info("model %s: update %d %s", self.model.spec.name, pending.change, outcome)
 
-    def _next_rollout_specs(self, set_id: str) -> tuple[ModelSpec, ModelSpec | None]:
+    def rollout_specs(self, set_id: str) -> tuple[ModelSpec, ModelSpec | None]:
         """(spec, old_spec) for a rollout of `set_id`: an update's set brings its spec."""
-        pending = self._record.spec_pending
+        pending = self.model.record.spec_pending
         if pending is not None and pending.set_id == set_id:
-            return pending.spec, self._spec
-        return self._spec, None
+            return pending.spec, self.model.spec
+        return self.model.spec, None
 
 
 def as_update_error(

@@ -391,7 +391,8 @@ class RolloutActions:
         outcome = RolloutOutcome.of(p.state)
         headline = f"**{p.state.value}**: {p.step}"
         if outcome is not None:  # Temporal's badge says COMPLETED whatever happened: say how
-            headline = f"**outcome: {outcome.value}** (traffic on the {'new' if outcome == 'completed' else 'previous'} set): {p.step}"
+            on = "new" if outcome == "completed" else "previous"
+            headline = f"**outcome: {outcome.value}** (traffic on the {on} set): {p.step}"
         lines = [
             headline,
             f"steps done: {p.steps_done}/{len(percents)} of {percents}",

@@ -445,7 +445,8 @@ class ExperimentWorkflow:
                 f"{n} {t.count}: mean {t.mean() or 0:.4g}" for n, t in sorted(counted.outcomes.items())
             )
             lines.append(
-                f"{arm}: {counted.requests} requests, {counted.errors} errors; {outcomes or 'no outcomes yet'}"
+                f"{arm}: {counted.requests} requests, {counted.errors} errors; "
+                f"{outcomes or 'no outcomes yet'}"
             )
         if input.mode == "shadow" and s.totals:
             whole = summarize_shadow(s.totals.get(TREATMENT, SetCounters()))

@@ -140,8 +140,9 @@ def _details(r: FleetReplanResult) -> str:
         lines.append(
             "planned for observed demand:\n"
             + "\n".join(
-                f"- {m}: {source} {s.planned_qps:g} qps (observed peak {s.observed_peak_qps or 0:g}, declared "
-                f"{s.declared_qps:g}{', OVER BUDGET' if s.over_budget else ''})"
+                f"- {m}: {source} {s.planned_qps:g} qps "
+                f"(observed peak {s.observed_peak_qps or 0:g}, declared {s.declared_qps:g}"
+                f"{', OVER BUDGET' if s.over_budget else ''})"
                 for m, d in sorted(observed.items())
                 for source, s in sorted(d.sources.items())
                 if s.used == "observed"

@@ -414,7 +414,8 @@ class FleetWorkflow:
         for replan in s.replans[-5:]:
             relaxed = f"; relaxed {len(replan.relaxed)}" if replan.relaxed else ""
             lines.append(
-                f"{replan.workflow_id}: {replan.outcome} (revision {replan.revision}{relaxed}) {replan.detail}"
+                f"{replan.workflow_id}: {replan.outcome} "
+                f"(revision {replan.revision}{relaxed}) {replan.detail}"
             )
         if s.last_check_error:
             lines.append(f"last check: {s.last_check_error}")

@@ -7,10 +7,12 @@ a non-retryable ApplicationError before changing any state. Sets published while
 a rollout runs are queued; when it ends the newest starts and older ones are
 recorded as superseded.
 
-One file over 600 lines on purpose: one workflow per module (CONVENTIONS), and every handler
-here (publish, delete, adopt, the rollout's end signal, the watcher's and the replan's calls)
-reads and writes the one `ModelRecord`; what it calls out to already lives in activities, and
-the rollout in its own workflow.
+Composed, not inherited: the run's state is one `ModelRun` (workflows/_model_run.py: the record,
+what only this run holds, the model's views), which the workflow shares with its collaborators
+`SpecUpdates` (the `update_model` Update, workflows/_model_update.py) and `Experiments`
+(experiments and shadows, workflows/_model_experiments.py). This module keeps every handler's
+declaration (Temporal reads them off the class), publish, delete, the rollout's life and the
+loop; what it calls out to lives in activities, and the rollout in its own workflow.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from temporalio.exceptions import (
     TerminatedError,
 )
 from temporalio.exceptions import TimeoutError as WorkflowTimeoutError
-from temporalio.workflow import ChildWorkflowHandle, ParentClosePolicy
+from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
     from ipnext.activities import (
@@ -69,8 +71,9 @@ with workflow.unsafe.imports_passed_through():
     from ipnext.names import ModelWorkflowNames, RolloutState, SetStatus, rollout_workflow_id
     from ipnext.policy.rollout_steps import CAPACITY_MOVE_ATTEMPTS, capacity_retry, rollout_history_limit
     from ipnext.spec.model import SnapshotSet
-    from ipnext.workflows._model_experiments import START_EXPERIMENT_EXAMPLE, ModelExperiments
-    from ipnext.workflows._model_update import UPDATE_EXAMPLE, as_update_error
+    from ipnext.workflows._model_experiments import START_EXPERIMENT_EXAMPLE, Experiments
+    from ipnext.workflows._model_run import ModelRun
+    from ipnext.workflows._model_update import UPDATE_EXAMPLE, SpecUpdates, as_update_error
     from ipnext.workflows._signals import NO_PAYLOAD, signal_input, update_input
     from ipnext.workflows.rollout_workflow import RolloutWorkflow
 
@@ -91,38 +94,23 @@ PROMOTE_EXAMPLE = '{"set_id": "<model>@<n>", "who": "<who promotes>"}'
 
 
 @workflow.defn
-class ModelWorkflow(ModelExperiments):
+class ModelWorkflow:
     @workflow.init
     def __init__(self, input: ModelWorkflowInput) -> None:
-        self._spec = input.spec
-        # The one state object, carried whole when the run continues as new.
-        self._record = input.record.model_copy(deep=True)
-        # What only this run's handlers and child hold: it continues as new only when none runs.
-        self._input = input
-        self._child: ChildWorkflowHandle[Any, RolloutResult] | None = None  # started by this run
-        self._ended: RolloutResult | None = None  # how the active rollout ended, once known
-        self._ended_outside = ""  # how it ended, when it ended without a result of its own
-        self._delete_by: str | None = None
-        self._removed_apps: list[str] | None = None
-        self._publishing = 0
-        self._updating = False
-        self._experiment_child = None  # started by this run
-        self._experiment_ended: ExperimentStatus | None = None
-        self._experiment_stopping = False
-        self._arms_refused = None  # a replan the experiment's arms could not take: it waits
-        self._arms_moved = None  # the experiment's answer to the latest move of its arms
-        # A serving model checks Serve against its record at the start of each run and after
-        # each rollout, then every `reconcile.interval_seconds` while idle.
-        self._reconcile_due = self._record.serving_set is not None
+        # The run's state, one object the handlers and collaborators share; its record is what
+        # continues as new.
+        self.model = ModelRun(input)
+        self.updates = SpecUpdates(self.model)  # the update_model Update: its check and application
+        self.experiments = Experiments(self.model)  # experiments and shadows, and a replan of their arms
 
     # ---- queries -------------------------------------------------------------------------
 
     @workflow.query(name=ModelWorkflowNames.GET)
     def get(self) -> ModelState:
-        r = self._record
+        r = self.model.record
         return ModelState(
-            spec=self._spec,
-            state=self._state(),
+            spec=self.model.spec,
+            state=self.model.state(),
             sets=list(r.sets),
             serving_set=r.serving_set,
             serving_apps=dict(r.serving_apps),
@@ -151,14 +139,14 @@ class ModelWorkflow(ModelExperiments):
         input = signal_input(raw, ApplyPlanInput, ModelWorkflowNames.APPLY_PLAN)
         if input is None:
             return
-        if self._delete_by is None:
-            self._record.pending_plan = input
+        if self.model.delete_by is None:
+            self.model.record.pending_plan = input
 
     @workflow.signal(name=ModelWorkflowNames.RECONCILE)
     def reconcile(self, _ignored: Any = None) -> None:
         """Check Serve against the record now, not at the next interval (a worker that starts
         sends this to every model: it may start because the stack restarted)."""
-        self._reconcile_due = True
+        self.model.reconcile_due = True
 
     @workflow.signal(name=ModelWorkflowNames.ROLLOUT_ENDED)
     def rollout_ended(self, raw: Any = NO_PAYLOAD, _extra: Any = None) -> None:
@@ -166,9 +154,9 @@ class ModelWorkflow(ModelExperiments):
         input = signal_input(raw, RolloutEnded, ModelWorkflowNames.ROLLOUT_ENDED)
         if input is None:  # the rollout_outcome poll still notices the end
             return
-        active = self._record.active_rollout
-        if active is not None and input.workflow_id == active.workflow_id and self._ended is None:
-            self._ended = input.result
+        active = self.model.record.active_rollout
+        if active is not None and input.workflow_id == active.workflow_id and self.model.ended is None:
+            self.model.ended = input.result
 
     # ---- publish -------------------------------------------------------------------------
 
@@ -179,13 +167,13 @@ class ModelWorkflow(ModelExperiments):
     @workflow.update(name=ModelWorkflowNames.PUBLISH)
     async def publish(self, raw: Any = NO_PAYLOAD, _extra: Any = None) -> PublishResult:
         input = update_input(raw, PublishInput, ModelWorkflowNames.PUBLISH, PUBLISH_EXAMPLE)
-        serving = self._find(self._record.serving_set)
-        self._publishing += 1
+        serving = self.model.find(self.model.record.serving_set)
+        self.model.publishing += 1
         try:
             validated = await workflow.execute_activity(
                 validate_snapshot_set,
                 ValidateSetInput(
-                    spec=self._spec,
+                    spec=self.model.spec,
                     request=input.request,
                     serving_parts=serving.parts if serving else None,
                 ),
@@ -197,18 +185,18 @@ class ModelWorkflow(ModelExperiments):
         except ActivityError as err:
             raise as_update_error(err, "validation could not run", "SnapshotError") from None
         finally:
-            self._publishing -= 1
-        if self._delete_by is not None:
+            self.model.publishing -= 1
+        if self.model.delete_by is not None:
             raise ApplicationError(
-                f"model {self._spec.name} is being deleted",
+                f"model {self.model.spec.name} is being deleted",
                 type="ModelNotFoundError",
                 non_retryable=True,
             )
-        number = self._record.next_number
-        self._record.next_number += 1
+        number = self.model.record.next_number
+        self.model.record.next_number += 1
         held = " and held: not rolled out (for an experiment or a shadow)" if input.hold else ""
         snapshot_set = SnapshotSet(
-            id=f"{self._spec.name}@{number}",
+            id=f"{self.model.spec.name}@{number}",
             number=number,
             version=input.request.version,
             parts=validated.parts,
@@ -216,12 +204,12 @@ class ModelWorkflow(ModelExperiments):
             published_at=workflow.now(),
             detail=f"published by {input.who}{held}",
         )
-        self._record.sets.append(snapshot_set)
+        self.model.record.sets.append(snapshot_set)
         if not input.hold:
-            self._record.queued.append(snapshot_set.id)
-        self._record.trim_sets(self._input.sets_kept)
+            self.model.record.queued.append(snapshot_set.id)
+        self.model.record.trim_sets(self.model.input.sets_kept)
         if input.freeze_override is not None:
-            self._record.freeze_overrides[snapshot_set.id] = input.freeze_override
+            self.model.record.freeze_overrides[snapshot_set.id] = input.freeze_override
         workflow.logger.info("published %s (%s) by %s", snapshot_set.id, input.request.version, input.who)
         return PublishResult(set_id=snapshot_set.id, status="held" if input.hold else "queued")
 
@@ -229,34 +217,37 @@ class ModelWorkflow(ModelExperiments):
     def _check_publish(self, raw: Any = NO_PAYLOAD, _extra: Any = None) -> None:
         input = update_input(raw, PublishInput, ModelWorkflowNames.PUBLISH, PUBLISH_EXAMPLE)
         request = input.request
-        if self._delete_by is not None:
-            raise ApplicationError(f"model {self._spec.name} is being deleted", type="ModelNotFoundError")
-        pending = self._record.spec_pending
+        if self.model.delete_by is not None:
+            raise ApplicationError(
+                f"model {self.model.spec.name} is being deleted", type="ModelNotFoundError"
+            )
+        pending = self.model.record.spec_pending
         if pending is not None:
             raise ApplicationError(
-                f"model {self._spec.name}: update {pending.change} of its spec is rolling out with set "
+                f"model {self.model.spec.name}: update {pending.change} of its spec is rolling out with set "
                 f"{pending.set_id}. Fix: publish when that rollout ends.",
                 type="SnapshotError",
             )
-        if request.model != self._spec.name:
+        if request.model != self.model.spec.name:
             raise ApplicationError(
-                f"model: the snapshot set is for {request.model!r}, not {self._spec.name!r}. "
+                f"model: the snapshot set is for {request.model!r}, not {self.model.spec.name!r}. "
                 f"Fix: publish it to model {request.model!r}.",
                 type="SnapshotError",
             )
-        unknown = sorted(set(request.parts) - set(self._spec.parts))
+        unknown = sorted(set(request.parts) - set(self.model.spec.parts))
         if unknown:
             raise ApplicationError(
-                f"parts: {unknown} are not parts of {self._spec.name} ({sorted(self._spec.parts)}).",
+                f"parts: {unknown} are not parts of {self.model.spec.name} "
+                f"({sorted(self.model.spec.parts)}).",
                 type="SnapshotError",
             )
-        if request.version in self._record.older_sets.versions:
+        if request.version in self.model.record.older_sets.versions:
             raise ApplicationError(
                 f"version: {request.version!r} was already published (an older set). "
                 "Fix: give every snapshot set a new version label.",
                 type="SnapshotError",
             )
-        for existing in self._record.sets:
+        for existing in self.model.record.sets:
             if existing.version == request.version:
                 raise ApplicationError(
                     f"version: {request.version!r} was already published as {existing.id}. "
@@ -269,11 +260,11 @@ class ModelWorkflow(ModelExperiments):
     @workflow.update(name=ModelWorkflowNames.UPDATE)
     async def update_model(self, raw: Any = NO_PAYLOAD, _extra: Any = None) -> UpdateModelResult:
         input = update_input(raw, UpdateModelInput, ModelWorkflowNames.UPDATE, UPDATE_EXAMPLE)
-        return await self._apply_update(input)
+        return await self.updates.apply(input)
 
     @update_model.validator
     def _validate_update(self, raw: Any = NO_PAYLOAD, _extra: Any = None) -> None:
-        self._refuse_update(update_input(raw, UpdateModelInput, ModelWorkflowNames.UPDATE, UPDATE_EXAMPLE))
+        self.updates.refuse(update_input(raw, UpdateModelInput, ModelWorkflowNames.UPDATE, UPDATE_EXAMPLE))
 
     # ---- experiments (workflows/_model_experiments.py) ------------------------------------
 
@@ -282,43 +273,49 @@ class ModelWorkflow(ModelExperiments):
         input = update_input(
             raw, StartExperimentInput, ModelWorkflowNames.START_EXPERIMENT, START_EXPERIMENT_EXAMPLE
         )
-        return self._start_experiment(input)
+        return self.experiments.start(input)
 
     @start_experiment.validator
     def _validate_experiment(self, raw: Any = NO_PAYLOAD, _extra: Any = None) -> None:
         name = ModelWorkflowNames.START_EXPERIMENT
-        self._refuse_experiment(update_input(raw, StartExperimentInput, name, START_EXPERIMENT_EXAMPLE))
+        self.experiments.refuse_start(update_input(raw, StartExperimentInput, name, START_EXPERIMENT_EXAMPLE))
 
     @workflow.update(name=ModelWorkflowNames.PROMOTE)
     def promote(self, raw: Any = NO_PAYLOAD, _extra: Any = None) -> PublishResult:
-        return self._promote(update_input(raw, PromoteInput, ModelWorkflowNames.PROMOTE, PROMOTE_EXAMPLE))
+        return self.experiments.promote(
+            update_input(raw, PromoteInput, ModelWorkflowNames.PROMOTE, PROMOTE_EXAMPLE)
+        )
 
     @promote.validator
     def _validate_promote(self, raw: Any = NO_PAYLOAD, _extra: Any = None) -> None:
-        self._refuse_promote(update_input(raw, PromoteInput, ModelWorkflowNames.PROMOTE, PROMOTE_EXAMPLE))
+        self.experiments.refuse_promote(
+            update_input(raw, PromoteInput, ModelWorkflowNames.PROMOTE, PROMOTE_EXAMPLE)
+        )
 
     @workflow.signal(name=ModelWorkflowNames.ARMS_MOVED)
     def arms_moved(self, raw: Any = NO_PAYLOAD, _extra: Any = None) -> None:
         """The running experiment's answer to a capacity move of its arms (`_move_arms`)."""
-        self._arms_moved = signal_input(raw, ArmsMoved, ModelWorkflowNames.ARMS_MOVED) or self._arms_moved
+        self.model.arms_moved = (
+            signal_input(raw, ArmsMoved, ModelWorkflowNames.ARMS_MOVED) or self.model.arms_moved
+        )
 
     @workflow.signal(name=ModelWorkflowNames.EXPERIMENT_ENDED)
     def experiment_ended(self, raw: Any = NO_PAYLOAD, _extra: Any = None) -> None:
         """The running experiment's own report of its end (any other is stale: ignored)."""
         input = signal_input(raw, ExperimentStatus, ModelWorkflowNames.EXPERIMENT_ENDED)
-        active = self._record.experiment
+        active = self.model.record.experiment
         if input is not None and active is not None and input.workflow_id == active.workflow_id:
-            self._experiment_ended = input
+            self.model.experiment_ended = input
 
     # ---- delete --------------------------------------------------------------------------
 
     @workflow.update(name=ModelWorkflowNames.DELETE)
     async def delete(self, raw: Any = NO_PAYLOAD, _extra: Any = None) -> DeleteResult:
         input = update_input(raw, DeleteInput, ModelWorkflowNames.DELETE, DELETE_EXAMPLE)
-        if self._delete_by is None:
-            self._delete_by = input.who
-        await workflow.wait_condition(lambda: self._removed_apps is not None)
-        return DeleteResult(model=self._spec.name, removed_apps=list(self._removed_apps or []))
+        if self.model.delete_by is None:
+            self.model.delete_by = input.who
+        await workflow.wait_condition(lambda: self.model.removed_apps is not None)
+        return DeleteResult(model=self.model.spec.name, removed_apps=list(self.model.removed_apps or []))
 
     @delete.validator
     def _check_delete(self, raw: Any = NO_PAYLOAD, _extra: Any = None) -> None:
@@ -329,48 +326,48 @@ class ModelWorkflow(ModelExperiments):
 
     @workflow.run
     async def run(self, input: ModelWorkflowInput) -> ModelWorkflowResult:
-        record = self._record
-        self._upsert_state()
+        record = self.model.record
+        self.model.upsert_state()
         if record.active_rollout is not None:  # a run continued as new while its rollout ran
             await self._await_rollout()
         if record.experiment is not None and record.experiment.started:  # likewise, an experiment
-            await self._run_experiment()
+            await self.experiments.run()
         if record.plan is None:
             record.plan = await workflow.execute_activity(
                 plan_placement,
-                PlanInput(spec=self._spec),
+                PlanInput(spec=self.model.spec),
                 start_to_close_timeout=QUICK_TIMEOUT,
                 retry_policy=RETRY,
-                summary=f"first placement of {self._spec.name}",
+                summary=f"first placement of {self.model.spec.name}",
             )
             await workflow.execute_activity_method(
                 WatchActivities.ensure_watch_schedule,
                 WatchScheduleInput(
-                    model=self._spec.name,
-                    interval_seconds=self._spec.watch.interval_seconds,
-                    enabled=self._spec.watch.enabled,
+                    model=self.model.spec.name,
+                    interval_seconds=self.model.spec.watch.interval_seconds,
+                    enabled=self.model.spec.watch.enabled,
                 ),
                 start_to_close_timeout=QUICK_TIMEOUT,
                 retry_policy=RETRY,
                 summary="watch schedule",
             )
         while True:
-            self._publish_details()
-            if self._reconcile_due and not self._has_work():
+            self.model.publish_details()
+            if self.model.reconcile_due and not self._has_work():
                 await self._reconcile()
                 continue
             try:
                 await workflow.wait_condition(
-                    lambda: self._has_work() or self._reconcile_due or self._history_full(),
+                    lambda: self._has_work() or self.model.reconcile_due or self.model.history_full(),
                     timeout=self._reconcile_every(),
                 )
             except TimeoutError:  # idle for an interval: check that Serve serves the record
-                self._reconcile_due = True
+                self.model.reconcile_due = True
                 continue
             if record.experiment is not None:  # rollouts, replans and checks wait for its end
-                await self._run_experiment()
+                await self.experiments.run()
                 continue
-            if self._delete_by is not None:
+            if self.model.delete_by is not None:
                 break
             if record.queued:
                 old_plan, replanned = record.plan, record.pending_plan
@@ -382,24 +379,26 @@ class ModelWorkflow(ModelExperiments):
                 pending, record.pending_plan = record.pending_plan, None
                 await self._move_capacity(pending)
                 continue
-            await workflow.wait_condition(lambda: workflow.all_handlers_finished() and self._publishing == 0)
-            if not record.queued and record.pending_plan is None and self._delete_by is None:
+            await workflow.wait_condition(
+                lambda: workflow.all_handlers_finished() and self.model.publishing == 0
+            )
+            if not record.queued and record.pending_plan is None and self.model.delete_by is None:
                 workflow.continue_as_new(
-                    self._input.model_copy(update={"record": record, "spec": self._spec})
+                    self.model.input.model_copy(update={"record": record, "spec": self.model.spec})
                 )
         return await self._delete()
 
     def _has_work(self) -> bool:
-        r = self._record
+        r = self.model.record
         busy = bool(r.queued) or r.pending_plan is not None or r.experiment is not None
-        return busy or self._delete_by is not None
+        return busy or self.model.delete_by is not None
 
     # ---- reconcile: Serve serves what the record says --------------------------------------
 
     def _reconcile_every(self) -> timedelta | None:
         """How long to wait idle before the next serving check (None: nothing serves). Models
         whose history predates the checks keep waiting as they did (a replay must match)."""
-        r = self._record
+        r = self.model.record
         if r.serving_set is None or r.plan is None or not r.serving_apps:
             return None
         if not workflow.patched(RECONCILE_PATCH):
@@ -410,9 +409,9 @@ class ModelWorkflow(ModelExperiments):
         """Check Serve against the record and push what it lost (activities/reconcile.py). A
         check that cannot run (Ray or the writer down through its few attempts) is recorded and
         tried again next interval; it never fails the model."""
-        self._reconcile_due = False
-        r = self._record
-        serving = self._find(r.serving_set)
+        self.model.reconcile_due = False
+        r = self.model.record
+        serving = self.model.find(r.serving_set)
         if serving is None or r.plan is None or not r.serving_apps or not workflow.patched(RECONCILE_PATCH):
             return
         done = r.reconcile
@@ -420,7 +419,7 @@ class ModelWorkflow(ModelExperiments):
             result = await workflow.execute_activity(
                 reconcile_serving,
                 ReconcileInput(
-                    spec=self._spec,
+                    spec=self.model.spec,
                     serving_set=serving,
                     plan=r.plan,
                     apps=dict(r.serving_apps),
@@ -433,7 +432,7 @@ class ModelWorkflow(ModelExperiments):
             )
         except ActivityError as err:
             why = str(err.cause or err)
-            workflow.logger.warning("serving check of %s failed: %s", self._spec.name, why)
+            workflow.logger.warning("serving check of %s failed: %s", self.model.spec.name, why)
             r.reconcile = done.model_copy(
                 update={"checks": done.checks + 1, "failures": done.failures + 1, "last_failure": why}
             )
@@ -444,7 +443,9 @@ class ModelWorkflow(ModelExperiments):
             "generation_floor": max([done.generation_floor, *result.generations.values()]),
         }
         if result.repaired:
-            workflow.logger.warning("serving of %s repaired: %s", self._spec.name, "; ".join(result.repaired))
+            workflow.logger.warning(
+                "serving of %s repaired: %s", self.model.spec.name, "; ".join(result.repaired)
+            )
             update |= {
                 "repairs": done.repairs + 1,
                 "last_repair": "; ".join(result.repaired),
@@ -453,25 +454,27 @@ class ModelWorkflow(ModelExperiments):
         r.reconcile = done.model_copy(update=update)
 
     async def _roll_out_newest(self, old_plan: Plan | None, replanned: ApplyPlanInput | None) -> None:
-        record = self._record
+        record = self.model.record
         newest_id = record.queued[-1]
         for older in record.queued[:-1]:
-            self._set_status(older, SetStatus.SUPERSEDED, f"superseded by {newest_id} before its rollout")
+            self.model.set_status(
+                older, SetStatus.SUPERSEDED, f"superseded by {newest_id} before its rollout"
+            )
         record.queued.clear()
-        new = self._find(newest_id)
-        old = self._find(record.serving_set)
+        new = self.model.find(newest_id)
+        old = self.model.find(record.serving_set)
         if new is None or record.plan is None:
             known = [s.id for s in record.sets]
             raise ApplicationError(
-                f"model {self._spec.name}: queued set {newest_id} is not one of its sets {known}"
+                f"model {self.model.spec.name}: queued set {newest_id} is not one of its sets {known}"
                 if new is None
-                else f"model {self._spec.name}: no placement plan to roll {newest_id} out on",
+                else f"model {self.model.spec.name}: no placement plan to roll {newest_id} out on",
                 type="ModelRecordError",
                 non_retryable=True,
             )
-        self._set_status(new.id, SetStatus.ROLLING_OUT)
-        child_id = rollout_workflow_id(self._spec.name, new.id)
-        spec, old_spec = self._next_rollout_specs(new.id)
+        self.model.set_status(new.id, SetStatus.ROLLING_OUT)
+        child_id = rollout_workflow_id(self.model.spec.name, new.id)
+        spec, old_spec = self.updates.rollout_specs(new.id)
         await self._run_rollout(
             RolloutInput(
                 spec=spec,
@@ -482,7 +485,7 @@ class ModelWorkflow(ModelExperiments):
                 old_apps=record.serving_apps,
                 old_plan=old_plan,
                 freeze_override=record.freeze_overrides.pop(new.id, None),
-                history_limit=rollout_history_limit(self._spec.rollout, self._input.history_limit),
+                history_limit=rollout_history_limit(self.model.spec.rollout, self.model.input.history_limit),
             ),
             ActiveRollout(
                 workflow_id=child_id,
@@ -491,36 +494,36 @@ class ModelWorkflow(ModelExperiments):
                 old_plan=old_plan,
                 replanned=replanned,
             ),
-            f"{self._spec.name}: {old.id if old else 'nothing'} -> {new.id} ({new.version})",
+            f"{self.model.spec.name}: {old.id if old else 'nothing'} -> {new.id} ({new.version})",
         )
 
     async def _move_capacity(self, pending: ApplyPlanInput) -> None:
         """Move the serving set to the replanned placement: its apps for the new plan revision
         come up, traffic moves to them, the old apps go (the RolloutWorkflow's cutover)."""
-        record = self._record
-        serving = self._find(record.serving_set)
+        record = self.model.record
+        serving = self.model.find(record.serving_set)
         if serving is None:  # nothing serves yet: the next rollout uses the new placement
             record.plan = pending.plan
-            self._upsert_state()
+            self.model.upsert_state()
             return
         if pending.attempt > 1 and not await self._before_retry(pending):
             return
         why = pending.cause or f"fleet plan {pending.fleet_revision}"
         tried = f", try {pending.attempt} of {CAPACITY_MOVE_ATTEMPTS}" if pending.attempt > 1 else ""
         where = f"placement revision {pending.plan.revision} ({why}{tried})"
-        child_id = f"{rollout_workflow_id(self._spec.name, serving.id)}/plan-r{pending.plan.revision}"
+        child_id = f"{rollout_workflow_id(self.model.spec.name, serving.id)}/plan-r{pending.plan.revision}"
         if pending.attempt > 1:
             child_id += f"-try{pending.attempt}"
         await self._run_rollout(
             RolloutInput(
-                spec=self._spec,
+                spec=self.model.spec,
                 plan=pending.plan,
                 new_set=serving,
                 old_set=serving,
                 old_apps=record.serving_apps,
                 kind="capacity",
                 old_plan=record.plan,
-                history_limit=rollout_history_limit(self._spec.rollout, self._input.history_limit),
+                history_limit=rollout_history_limit(self.model.spec.rollout, self.model.input.history_limit),
                 down_regions=list(pending.down_regions) if workflow.patched(DOWN_REGIONS_PATCH) else [],
             ),
             ActiveRollout(
@@ -532,7 +535,7 @@ class ModelWorkflow(ModelExperiments):
                 move=pending,
                 detail=where,
             ),
-            f"{self._spec.name}: {serving.id} to {where}",
+            f"{self.model.spec.name}: {serving.id} to {where}",
         )
 
     async def _before_retry(self, pending: ApplyPlanInput) -> bool:
@@ -542,13 +545,13 @@ class ModelWorkflow(ModelExperiments):
         goes first, and the move waits as the pending plan (a queued set comes up on it)."""
         try:
             await workflow.wait_condition(
-                self._has_work, timeout=timedelta(seconds=self._record.reconcile.interval_seconds)
+                self._has_work, timeout=timedelta(seconds=self.model.record.reconcile.interval_seconds)
             )
         except TimeoutError:
             return True
-        if self._record.pending_plan is None:
-            self._record.pending_plan = pending
-        self._upsert_state()
+        if self.model.record.pending_plan is None:
+            self.model.record.pending_plan = pending
+        self.model.upsert_state()
         return False
 
     # ---- a rollout child: started, awaited (across continue-as-new), recorded -----------------
@@ -557,13 +560,13 @@ class ModelWorkflow(ModelExperiments):
         """Start the child RolloutWorkflow and wait for its end. The child is abandoned, not
         terminated, when this run closes: the model may continue as new while it runs."""
         old, new = input.old_set, input.new_set
-        self._record.rollout = self._rollout_status(
+        self.model.record.rollout = self.model.rollout_status(
             active.workflow_id, RolloutState.RUNNING, [], "", old, new
         )
-        self._record.active_rollout = active
-        self._ended = None
-        self._upsert_state()
-        self._child = await workflow.start_child_workflow(
+        self.model.record.active_rollout = active
+        self.model.ended = None
+        self.model.upsert_state()
+        self.model.child = await workflow.start_child_workflow(
             RolloutWorkflow.run,
             input,
             id=active.workflow_id,
@@ -578,14 +581,18 @@ class ModelWorkflow(ModelExperiments):
         from asking Temporal every `rollout_check_seconds` (a rollout terminated or cancelled
         from the Temporal UI sends no signal). A history grown past its limit continues as new
         on the way, the rollout still running."""
-        active = self._record.active_rollout
+        active = self.model.record.active_rollout
         if active is None:
             return
-        every = None if self._child is not None else timedelta(seconds=self._input.rollout_check_seconds)
-        while self._ended is None:
+        every = (
+            None
+            if self.model.child is not None
+            else timedelta(seconds=self.model.input.rollout_check_seconds)
+        )
+        while self.model.ended is None:
             try:
                 await workflow.wait_condition(
-                    lambda: self._ended is not None or self._child_done() or self._may_continue(),
+                    lambda: self.model.ended is not None or self._child_done() or self.model.may_continue(),
                     timeout=every,
                 )
             except TimeoutError:  # no signal yet: ask Temporal how the rollout is
@@ -596,28 +603,30 @@ class ModelWorkflow(ModelExperiments):
                     retry_policy=RETRY,
                     summary=f"is {active.workflow_id} still running?",
                 )
-                if not outcome.running and self._ended is None:
-                    self._ended = outcome.result or self._ended_without_result(outcome.how)
+                if not outcome.running and self.model.ended is None:
+                    self.model.ended = outcome.result or self._ended_without_result(outcome.how)
                 continue
-            if self._ended is None and self._child is not None and self._child_done():
+            if self.model.ended is None and self.model.child is not None and self._child_done():
                 try:
-                    self._ended = self._child.result()
+                    self.model.ended = self.model.child.result()
                 except ChildWorkflowError as err:
-                    self._ended = self._ended_without_result(_ended_outside(active.workflow_id, err))
+                    self.model.ended = self._ended_without_result(_ended_outside(active.workflow_id, err))
                 continue
-            if self._ended is None and self._may_continue():
+            if self.model.ended is None and self.model.may_continue():
                 await workflow.wait_condition(
-                    lambda: workflow.all_handlers_finished() and self._publishing == 0
+                    lambda: workflow.all_handlers_finished() and self.model.publishing == 0
                 )
-                if self._ended is None and self._delete_by is None:
+                if self.model.ended is None and self.model.delete_by is None:
                     workflow.logger.info("model continues as new while %s runs", active.workflow_id)
                     workflow.continue_as_new(
-                        self._input.model_copy(update={"record": self._record, "spec": self._spec})
+                        self.model.input.model_copy(
+                            update={"record": self.model.record, "spec": self.model.spec}
+                        )
                     )
-                every = every or timedelta(seconds=self._input.rollout_check_seconds)
-        outside = self._ended_outside
-        self._finish_rollout(active, self._ended)
-        self._ended_outside = ""
+                every = every or timedelta(seconds=self.model.input.rollout_check_seconds)
+        outside = self.model.ended_outside
+        self._finish_rollout(active, self.model.ended)
+        self.model.ended_outside = ""
         if outside and workflow.patched(RESTORE_PATCH):
             await self._restore_serving(active, outside)
 
@@ -627,7 +636,7 @@ class ModelWorkflow(ModelExperiments):
         (at a generation above the one each router holds, so above every one the rollout
         applied) and the set back to its plan's size, now rather than at the next interval. What
         it did, or why it could not, goes on the set's and the rollout's record."""
-        r = self._record
+        r = self.model.record
         serving, before = r.serving_set, r.reconcile
         await self._reconcile()
         after = r.reconcile
@@ -643,33 +652,33 @@ class ModelWorkflow(ModelExperiments):
         else:
             done = f"the routers were on {serving} already"
         detail = f"{how}; {done}; its new set's apps may still run, with no traffic (remove them by hand)"
-        workflow.logger.warning("model %s: %s", self._spec.name, detail)
-        self._set_status(active.new_set, self._set_of(active.new_set), detail)
+        workflow.logger.warning("model %s: %s", self.model.spec.name, detail)
+        self.model.set_status(active.new_set, self._set_of(active.new_set), detail)
         if r.rollout is not None and r.rollout.workflow_id == active.workflow_id:
             r.rollout = r.rollout.model_copy(update={"detail": detail})
-        self._upsert_state()
+        self.model.upsert_state()
 
     def _set_of(self, set_id: str) -> SetStatus:
-        found = self._find(set_id)
+        found = self.model.find(set_id)
         return found.status if found is not None else SetStatus.FAILED
 
     def _ended_without_result(self, how: str) -> RolloutResult:
-        self._ended_outside = how
-        return RolloutResult.ended_outside(self._record.serving_apps, how)
+        self.model.ended_outside = how
+        return RolloutResult.ended_outside(self.model.record.serving_apps, how)
 
     def _finish_rollout(self, active: ActiveRollout, result: RolloutResult) -> None:
-        record = self._record
+        record = self.model.record
         record.active_rollout = None
-        self._child, self._ended = None, None
-        self._reconcile_due = True
+        self.model.child, self.model.ended = None, None
+        self.model.reconcile_due = True
         if result.generations and max(result.generations) > record.reconcile.generation_floor:
             record.reconcile = record.reconcile.model_copy(
                 update={"generation_floor": max(result.generations)}
             )
-        old, new = self._find(active.old_set), self._find(active.new_set)
+        old, new = self.model.find(active.old_set), self.model.find(active.new_set)
         if new is None:
             raise ApplicationError(
-                f"model {self._spec.name}: rollout {active.workflow_id} ended for {active.new_set}, "
+                f"model {self.model.spec.name}: rollout {active.workflow_id} ended for {active.new_set}, "
                 f"which is not one of its sets {[s.id for s in record.sets]}",
                 type="ModelRecordError",
                 non_retryable=True,
@@ -677,20 +686,20 @@ class ModelWorkflow(ModelExperiments):
         if result.status is not None:  # the rollout's own last word: steps, split, gates, pauses
             record.rollout = result.status.model_copy(update={"detail": result.detail or active.detail})
         else:
-            record.rollout = self._rollout_status(
+            record.rollout = self.model.rollout_status(
                 active.workflow_id, result.state, result.generations, result.detail or active.detail, old, new
             )
         done = result.state == RolloutState.COMPLETED
         if active.kind != "capacity":
-            self._end_spec_update(new.id, done, result.state.value)
+            self.updates.end(new.id, done, result.state.value)
         if active.kind == "capacity":
             if done and active.new_plan is not None:
                 record.plan = active.new_plan
                 record.serving_apps = dict(result.apps)
             elif (
                 record.pending_plan is None  # a newer placement waits: it replaces this one
-                and self._delete_by is None
-                and not self._ended_outside  # terminated or cancelled from the UI: on-call's call
+                and self.model.delete_by is None
+                and not self.model.ended_outside  # terminated or cancelled from the UI: on-call's call
                 and (retry := capacity_retry(active.move, result.state)) is not None
                 and workflow.patched(CAPACITY_RETRY_PATCH)
             ):
@@ -710,69 +719,49 @@ class ModelWorkflow(ModelExperiments):
                 )
         elif done:
             if old is not None:
-                self._set_status(old.id, SetStatus.RETIRED, f"replaced by {new.id}")
-            self._set_status(new.id, SetStatus.SERVING)
+                self.model.set_status(old.id, SetStatus.RETIRED, f"replaced by {new.id}")
+            self.model.set_status(new.id, SetStatus.SERVING)
             record.serving_set = new.id
             record.serving_apps = dict(result.apps)
         else:  # failed, rolled_back, aborted or refused: the old set serves as before
-            self._set_status(new.id, SetStatus(result.state.value), result.detail)
+            self.model.set_status(new.id, SetStatus(result.state.value), result.detail)
             if active.old_plan is not None and record.serving_apps:
                 record.plan = active.old_plan  # the old apps still run on the placement they had
             if active.replanned is not None and record.pending_plan is None and record.serving_apps:
                 record.pending_plan = active.replanned  # the serving set moves to it next
-        self._record.trim_sets(self._input.sets_kept)
-        self._upsert_state()
-
-    def _may_continue(self) -> bool:
-        """The history is full and nothing holds this run (a delete waits for the rollout)."""
-        return self._delete_by is None and self._history_full()
+        self.model.record.trim_sets(self.model.input.sets_kept)
+        self.model.upsert_state()
 
     def _child_done(self) -> bool:
-        return self._child is not None and self._child.done()
-
-    def _history_full(self) -> bool:
-        info = workflow.info()
-        return (
-            info.is_continue_as_new_suggested()
-            or info.get_current_history_length() >= self._input.history_limit
-        )
+        return self.model.child is not None and self.model.child.done()
 
     async def _delete(self) -> ModelWorkflowResult:
-        self._upsert_state()
+        self.model.upsert_state()
         removed = await workflow.execute_activity(
             teardown_model,
-            TeardownInput(model=self._spec.name),
+            TeardownInput(model=self.model.spec.name),
             start_to_close_timeout=DEPLOY_TIMEOUT,
             retry_policy=RETRY,
-            summary=f"tear down serving of {self._spec.name}",
+            summary=f"tear down serving of {self.model.spec.name}",
         )
         await workflow.execute_activity_method(
             WatchActivities.ensure_watch_schedule,
-            WatchScheduleInput(model=self._spec.name, interval_seconds=60, enabled=False),
+            WatchScheduleInput(model=self.model.spec.name, interval_seconds=60, enabled=False),
             start_to_close_timeout=QUICK_TIMEOUT,
             retry_policy=RETRY,
             summary="remove watch schedule",
         )
-        self._record.serving_apps = {}
-        self._record.serving_set = None
-        self._removed_apps = removed.removed
+        self.model.record.serving_apps = {}
+        self.model.record.serving_set = None
+        self.model.removed_apps = removed.removed
         await workflow.wait_condition(workflow.all_handlers_finished)
         return ModelWorkflowResult(
-            model=self._spec.name,
-            deleted_by=self._delete_by or "",
-            sets=len(self._record.sets) + self._record.older_sets.count,
+            model=self.model.spec.name,
+            deleted_by=self.model.delete_by or "",
+            sets=len(self.model.record.sets) + self.model.record.older_sets.count,
         )
 
     # ---- helpers -------------------------------------------------------------------------
-
-    def _find(self, set_id: str | None) -> SnapshotSet | None:
-        return next((s for s in self._record.sets if s.id == set_id), None)
-
-    def _set_status(self, set_id: str, status: SetStatus, detail: str = "") -> None:
-        self._record.sets = [
-            s.model_copy(update={"status": status, "detail": detail or s.detail}) if s.id == set_id else s
-            for s in self._record.sets
-        ]
 
 
 def _ended_outside(child_id: str, err: ChildWorkflowError) -> str:

@@ -27,9 +27,10 @@ weight change when the old set's current replicas can carry it at full load (els
 they can, then the rest once it is scaled back up), the old set returns to its full size, and
 the new set's apps go last.
 
-Signals `pause`, `resume`, `abort`, `override_freeze`; query `status`. While paused, gates are still evaluated and
-a breach still rolls back; on resume the bake of the current step restarts. Temporal's cancellation
-(the UI's "Request Cancellation", `temporal workflow cancel`) is an abort: the rollout rolls back
+Signals `pause`, `resume`, `abort`, `override_freeze`; query `status`. While paused, gates are
+still evaluated and a breach still rolls back; on resume the bake of the current step restarts.
+Temporal's cancellation (the UI's "Request Cancellation", `temporal workflow cancel`) is an
+abort: the rollout rolls back
 the same way, then ends `cancelled`. Whatever happened, the workflow completes (Temporal's green
 COMPLETED means "ran to its end"); its result's `outcome` says how. A freeze window
 (config `freeze_calendar`) refuses the start, and holds a running rollout at the end of its
