@@ -64,6 +64,12 @@ class ModelRun:
         """The history is full and nothing holds this run (a delete waits for the rollout)."""
         return self.delete_by is None and self.history_full()
 
+    def has_work(self) -> bool:
+        """Something the loop must do: a queued set, a replanned placement, an experiment, a delete."""
+        r = self.record
+        busy = bool(r.queued) or r.pending_plan is not None or r.experiment is not None
+        return busy or self.delete_by is not None
+
     def history_full(self) -> bool:
         info = workflow.info()
         return (
