@@ -105,7 +105,8 @@ class RefusedSnapshots:
 
 
 class WatchActivities:
-    """Activities that talk to Temporal itself (Schedules, the model's Update), sharing the worker's client."""
+    """Activities that talk to Temporal itself (Schedules, the model's Update),
+    sharing the worker's client."""
 
     def __init__(self, client: Client) -> None:
         self._client = client

@@ -1,4 +1,5 @@
-"""Kernel benchmark on a CUDA GPU: TFLOP/s of ipnext.kernels against PyTorch baselines measured in the same run.
+"""Kernel benchmark on a CUDA GPU: TFLOP/s of ipnext.kernels against PyTorch baselines
+measured in the same run.
 
     .venv/bin/python bench/kernels.py            # the whole grid (several minutes: autotuning per shape)
     .venv/bin/python bench/kernels.py --quick    # a short subset
@@ -143,7 +144,8 @@ def paged_case(dtype_name: str, longest: int, generator: torch.Generator) -> dic
 
 def grouped_case(dtype_name: str, groups: int, max_size: int, generator: torch.Generator) -> dict[str, Any]:
     dtype = DTYPES[dtype_name]
-    # m (tokens routed to an expert, rows of a feature) is anything; k and n (model widths) are multiples of 16.
+    # m (tokens routed to an expert, rows of a feature) is anything;
+    # k and n (model widths) are multiples of 16.
     m = torch.randint(128, max_size + 1, (groups,), generator=generator)
     k, n = (torch.randint(8, max_size // 16 + 1, (groups,), generator=generator) * 16 for _ in range(2))
     shapes = torch.stack([m, k, n], dim=1).tolist()
@@ -204,7 +206,7 @@ def bench_grouped_gemm(quick: bool) -> list[dict[str, Any]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a short subset of every table")
     parser.add_argument("--only", nargs="*", choices=["attention", "paged", "grouped"], default=None)
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "kernels.json")

@@ -243,7 +243,13 @@ def main():
     options = {"max_num_seqs": spec["max_num_seqs"]} if spec["max_num_seqs"] else {}
     if spec["prefix_cache"] is not None:
         options["enable_prefix_caching"] = spec["prefix_cache"]
-    llm = LLM(model=spec["folder"], skip_tokenizer_init=True, dtype="float32", max_model_len=spec["context"], **options)
+    llm = LLM(
+        model=spec["folder"],
+        skip_tokenizer_init=True,
+        dtype="float32",
+        max_model_len=spec["context"],
+        **options,
+    )
     llm.generate([TokensPrompt(prompt_token_ids=[5] * 16)], SamplingParams(max_tokens=4), use_tqdm=False)
     engine = llm.llm_engine
 
@@ -426,7 +432,8 @@ def main() -> None:
             b = workload_b(args.seed + 1, max(BATCH, int(120 * scale)), rate)
             got = {"saturation_rps": round(saturation, 2), "rate_rps": round(rate, 2)}
             print(
-                f"workload B: saturation {saturation:.2f} requests/s without the prefix cache; {len(b)} at {rate:.2f}/s"
+                f"workload B: saturation {saturation:.2f} requests/s without the prefix cache; "
+                f"{len(b)} at {rate:.2f}/s"
             )
             engines = [
                 ("ipnext", lambda cached: run_ipnext(folder, b, threads=args.threads, prefix_cache=cached))
@@ -509,7 +516,8 @@ def main() -> None:
                 )
                 got[f"{name} ttft_p50_ratio"] = round(ratio, 2)
                 print(
-                    f"  {name}: TTFT p50 of later turns {ratio:.2f}x lower with the prefix cache (goal 3x for ipnext)"
+                    f"  {name}: TTFT p50 of later turns {ratio:.2f}x lower with the prefix cache "
+                    "(goal 3x for ipnext)"
                 )
             results["C"] = got
 

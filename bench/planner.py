@@ -15,7 +15,8 @@ A run the clock cut prints "stopped by the clock". The plain MIP and the replan 
 MIPs are not the planner's and stop on their time limits as before.
 
 Prints one line per (row, method) and writes bench/results/planner.json (the replan rows alone:
-bench/results/planner-replan.json; with --repeat, bench/results/planner-repeat.json). A replan row: a start plan; every (model, source) demand
+bench/results/planner-replan.json; with --repeat, bench/results/planner-repeat.json). A replan row:
+a start plan; every (model, source) demand
 times a factor drawn from [0.95, 1.05] (a model's parts share it: `generator.changed_demand`);
 the from-scratch optimum of the new demand (an exact MIP); the fewest units any plan within 1%
 of that optimum moves against the start plan (an exact MIP; where it cannot close in the time
@@ -236,9 +237,14 @@ def _replan_line(r: dict[str, Any]) -> str:
     """One table row: deployments, seed, cost / optimum, moved / fewest moves, the two goals."""
     fewest = r["fewest_moves"]
     reference = fewest["moved_units"] if fewest["exact"] else f"bound {fewest['bound']:.1f}"
+    vs_bound = (
+        ""
+        if r["optimum"]["exact"]
+        else " (vs best known; vs bound " + format(r["cost_ratio_to_bound"], ".4f") + ")"
+    )
     return (
         f"replan {r['deployments']:>4} seed {r['seed']}: cost/opt {r['cost_ratio']:.4f}"
-        f"{'' if r['optimum']['exact'] else ' (vs best known; vs bound ' + format(r['cost_ratio_to_bound'], '.4f') + ')'}"
+        f"{vs_bound}"
         f" [{'pass' if r['cost_goal'] else 'FAIL'}], moved {r['ipnext']['moved_units']} vs fewest {reference}"
         f" = {r['moves_ratio'] if r['moves_ratio'] is None else format(r['moves_ratio'], '.3f')}"
         f" [{'pass' if r['moves_goal'] else 'FAIL'}]; one-objective baseline: cost/opt"
@@ -340,7 +346,10 @@ def main() -> None:
         "--repeat",
         type=int,
         default=1,
-        help="solve each row's instance this many times with ipnext alone: plans found, gaps, objectives' spread",
+        help=(
+            "solve each row's instance this many times with ipnext alone: "
+            "plans found, gaps, objectives' spread"
+        ),
     )
     parser.add_argument(
         "--out", type=Path, help="default bench/results/planner.json (planner-replan.json for --rows replan)"

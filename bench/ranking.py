@@ -118,8 +118,10 @@ def measure_model(counts: list[int], repeats: int) -> dict[str, Any]:
             rows.append(row)
             print(
                 f"{n:5d} candidates: request {row['request_ms']:.2f} ms, naive {row['naive_ms']:.1f} ms, "
-                f"speedup {speedup:.1f}x; FLOPs U={row['user_tower_mflop']} M, C={row['per_candidate_mflop']} M "
-                f"-> theoretical {theoretical:.1f}x (measured/theoretical {row['speedup_over_theoretical']}); "
+                f"speedup {speedup:.1f}x; FLOPs U={row['user_tower_mflop']} M, "
+                f"C={row['per_candidate_mflop']} M "
+                f"-> theoretical {theoretical:.1f}x "
+                f"(measured/theoretical {row['speedup_over_theoretical']}); "
                 f"GFLOP/s request {row['request_gflops_per_s']}, naive {row['naive_gflops_per_s']}"
             )
     return {"threads": torch.get_num_threads(), "config": c.as_dict(), "rows": rows}
@@ -280,7 +282,8 @@ async def measure_serving(rate: float, seconds: float, candidates: int, concurre
                 await ipn.publish_model(ModelSpec.model_validate(data))
                 published = await ipn.publish_snapshot(name, root / name / "v1", who="bench")
                 print(
-                    f"router bound {bound}: {name} published as {published.set_id}, waiting until it serves ..."
+                    f"router bound {bound}: {name} published as {published.set_id}, "
+                    "waiting until it serves ..."
                 )
                 await ipn.wait_until_serving(name, published.set_id, timeout_s=300)
                 url = f"{settings.serve_url}/us-east/models/{name}/predict"
@@ -293,7 +296,8 @@ async def measure_serving(rate: float, seconds: float, candidates: int, concurre
                 r["dense_mean_batch"] = round(calls / batches, 2) if batches else None
                 results["router_bound"][str(bound)] = r
                 print(
-                    f"router bound {bound}: {r['answered']} answered in {r['seconds']} s by {concurrency} callers "
+                    f"router bound {bound}: {r['answered']} answered in {r['seconds']} s "
+                    f"by {concurrency} callers "
                     f"({r['per_s']}/s), p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms, failed {r['failed']}, "
                     f"dense mean batch {r['dense_mean_batch']}"
                 )

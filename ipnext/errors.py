@@ -22,12 +22,15 @@ IpnextError
 │       │   ├── PredictionOverloadedError   HTTP 503/429: shed at once; `.retry_after_s` says when to retry
 │       │   └── PredictionDeadlineError     HTTP 504: no answer within the model's deadline
 │       └── PredictionTransportError    no HTTP answer: connection refused, timeout, broken stream
-├── PartInputError         a request's inputs do not fit a part: the caller's mistake (HTTP 400; also a ValueError)
-├── GenerationError        a generative part failed one answer: the server's fault (HTTP 500, counted; also a RuntimeError)
+├── PartInputError         a request's inputs do not fit a part: the caller's mistake
+│                          (HTTP 400; also a ValueError)
+├── GenerationError        a generative part failed one answer: the server's fault
+│                          (HTTP 500, counted; also a RuntimeError)
 ├── StackError             the dev stack could not start or stop
 │   └── TemporalConnectionError  Temporal refused or did not answer the connection (address, TLS, key)
 ├── RegionStateError       a region change was refused: unknown region, no who or reason, the last region up
-├── KernelInputError       a kernel got a tensor of the wrong shape, dtype, device or range (also a ValueError)
+├── KernelInputError       a kernel got a tensor of the wrong shape, dtype, device or range
+│                          (also a ValueError)
 └── KernelBackendError     backend="triton" was asked for where the kernel cannot run (also a RuntimeError)
 """
 

@@ -1,4 +1,5 @@
-"""Forward attention with an online softmax (FlashAttention style): the checked wrapper and its torch reference.
+"""Forward attention with an online softmax (FlashAttention style):
+the checked wrapper and its torch reference.
 
 Covers self-attention, prefill over a cached prefix and decode (n_q <= n_kv, the causal mask aligned to
 the end), a sliding window on top of the causal mask, and grouped-query attention (heads a multiple of
@@ -42,7 +43,8 @@ def attention(
     multiple of kv_heads (query head h reads key/value head h // (heads // kv_heads)). With `causal`,
     query i sees keys 0 .. n_kv - n_q + i, so n_q < n_kv is prefill over a cached prefix and n_q = 1
     is decode; causal needs n_q <= n_kv. `window` (causal only) narrows that to the `window` keys
-    ending at the query's own: keys n_kv - n_q + i - window + 1 .. n_kv - n_q + i. head_dim is 16, 32, 64 or 128; dtype float16, bfloat16 or
+    ending at the query's own: keys n_kv - n_q + i - window + 1 .. n_kv - n_q + i.
+    head_dim is 16, 32, 64 or 128; dtype float16, bfloat16 or
     float32 (products and sums in float32); `scale` defaults to 1/sqrt(head_dim). Returns a tensor of
     q's shape and dtype.
 

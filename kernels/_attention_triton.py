@@ -1,4 +1,5 @@
-"""The fused attention forward kernel: one program per (query tile, batch x head), online softmax over key tiles.
+"""The fused attention forward kernel: one program per (query tile, batch x head),
+online softmax over key tiles.
 
 Scores live only as one BLOCK_M x BLOCK_N tile in registers; the running row maximum and row sum
 rescale the float32 accumulator as each key tile arrives, so no n_q x n_kv matrix is ever stored.

@@ -122,5 +122,6 @@ def default_scale(scale: float | None, head_dim: int) -> float:
 
 
 def tf32_allowed() -> bool:
-    """float32 inputs multiply in TF32 only where torch would, so the kernels match torch.matmul's precision."""
+    """float32 inputs multiply in TF32 only where torch would,
+    so the kernels match torch.matmul's precision."""
     return torch.get_float32_matmul_precision() != "highest"

@@ -1,4 +1,5 @@
-"""Many independent matmuls of different shapes in one kernel launch: the checked wrapper and its torch reference.
+"""Many independent matmuls of different shapes in one kernel launch:
+the checked wrapper and its torch reference.
 
 Meant for many small per-feature or per-expert GEMMs, where a launch per matmul costs more than the math.
 """

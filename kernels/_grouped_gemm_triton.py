@@ -35,7 +35,8 @@ def _grouped_gemm(
     FIELDS: tl.constexpr,
     ELEMENT: tl.constexpr,  # the element type of every a, b and c
     PRECISION: tl.constexpr,
-    ALIGN: tl.constexpr,  # 0, or the elements in 16 bytes when every operand is row-major and aligned to 16 bytes
+    # 0, or the elements in 16 bytes when every operand is row-major and aligned to 16 bytes
+    ALIGN: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,

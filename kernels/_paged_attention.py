@@ -43,7 +43,8 @@ def paged_attention(
     scale: float | None = None,
     backend: str | None = None,
 ) -> torch.Tensor:
-    """One decode step of attention for a batch of sequences of different lengths, keys read from a paged cache.
+    """One decode step of attention for a batch of sequences of different lengths,
+    keys read from a paged cache.
 
     q is (num_seqs, heads, head_dim), one query token per sequence; k_cache and v_cache are
     (num_blocks, kv_heads, block_size, head_dim), heads a multiple of kv_heads; block_table is

@@ -1,4 +1,5 @@
-"""The paged decode attention kernel: one program per (sequence, key/value head), all of its query heads at once.
+"""The paged decode attention kernel: one program per (sequence, key/value head),
+all of its query heads at once.
 
 The query heads that share a key/value head form the rows of one tile, so each cached key is read
 once per group; key tiles gather their tokens through the block table, whatever the cache block size.

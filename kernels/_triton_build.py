@@ -1,4 +1,5 @@
-"""Builds each Triton kernel twice, compiled for CUDA tensors and interpreted for CPU tensors, with autotuning.
+"""Builds each Triton kernel twice, compiled for CUDA tensors and interpreted for CPU tensors,
+with autotuning.
 
 `triton.jit` decides between the two from TRITON_INTERPRET when a kernel is defined, so under
 `make test` (which exports it) a GPU would run interpreted, where bfloat16 is computed wrongly.

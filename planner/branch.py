@@ -77,7 +77,8 @@ def branched_bound(
         scored.append((min(_side_lp(master, s).objective for s in sides), sides))
     estimate, sides = max(scored, key=lambda item: item[0])
     log.debug(
-        "master LP %.3f; branch on block %d, pool %d (units <= %d | >= %d): the sides' LPs over known columns %.3f",
+        "master LP %.3f; branch on block %d, pool %d (units <= %d | >= %d): "
+        "the sides' LPs over known columns %.3f",
         lp.objective,
         sides[0].block,
         sides[0].pool,

@@ -37,7 +37,8 @@ deployments in 30 s. So:
 Work. Every step stops at its share of the work limit (work.py: rounds, DP steps, HiGHS nodes
 and simplex iterations, each charged by what it was given or its size, never by how long it
 took), so the plan depends on the problem and the limit alone; the wall clock is the user's
-outer stop, and a result it cut says so. A pricing round that runs out of work keeps, for the blocks it did not reach, their last placement and the best bound proven
+outer stop, and a result it cut says so. A pricing round that runs out of work keeps, for the
+blocks it did not reach, their last placement and the best bound proven
 at prices no higher than the current ones (valid because a block's priced optimum never
 falls when prices rise; see rounds.Rounds). In pricing rounds a block the fast solver cannot prove
 keeps its answer and its (looser) bound: HiGHS takes 0.4-3 s on such a block (a 1,000-
@@ -53,7 +54,8 @@ a way to fit the pools, so its prices are real duals from the first round rather
 slack's. Two more things there. A round priced while the master's columns do not fit the
 pools (past SLACK_WORK_BLOCKS, when that repair failed, until the rounds find columns that
 fit) gives the fast solver only SLACK_WORK per block: its prices are the slack's, its bound
-far below zero whatever it proves, and what it must find is placements that fit. And the fast solver's unproven placements can cost far more than the
+far below zero whatever it proves, and what it must find is placements that fit. And the fast
+solver's unproven placements can cost far more than the
 optimum, so HiGHS runs twice more: on the loosest blocks of the first round whose prices the
 columns fit (`_loosest_by_mip`), and, once the workers' tightened blocks are in, their
 placements join the columns and the plan is chosen again (`_chosen_again`).

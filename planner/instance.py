@@ -158,10 +158,11 @@ def compile_problem(problem: PlanningProblem) -> Instance:
             budget = min(deps[i].latency_budget_ms for i in active)
             targets = [r for r in hosts if fleet.latency(regions[s], regions[r]) <= budget]
             if not targets:
+                nearest = min((fleet.latency(regions[s], regions[r]) for r in hosts), default=float("inf"))
                 raise InfeasiblePlanError(
                     f"{_label(deps, members)}: no region within latency_budget_ms={budget:g} of source "
                     f"{regions[s]!r} can host it (nearest host is "
-                    f"{min((fleet.latency(regions[s], regions[r]) for r in hosts), default=float('inf')):g} ms away).",
+                    f"{nearest:g} ms away).",
                     field="latency_budget_ms",
                     value=budget,
                     fix="raise the latency budget or add pools near the source",

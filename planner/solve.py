@@ -30,7 +30,8 @@ __all__ = ["STOPPED_BY_CLOCK", "solve"]
 STOPPED_BY_CLOCK = "stopped by the clock: not reproducible"
 
 # Instances up to this many variables are first solved whole by the exact MIP, in this share of
-# the work limit (the shares below were measured as shares of the time limit). When it does not close, its best plan and bound are kept beside the
+# the work limit (the shares below were measured as shares of the time limit). When it does not
+# close, its best plan and bound are kept beside the
 # decomposition's (a replan's first phase then has a plan even when the decomposition, with less
 # time, finds none). From scratch, instances of 100 deployments closed in 0.1-2.5 s here, and the
 # one that did not had no plan after 60 s: there its 40% left the decomposition 0.21% over its
@@ -116,7 +117,10 @@ def solve(problem: PlanningProblem, options: SolveOptions | None = None) -> Plan
             out = "time" if budget.stopped_by_clock else "work"
             method = f"the LP relaxation's optimum; the plan: {result.first_plan}, the pricing out of {out}"
         else:
-            method = f"Lagrangian bound at the column generation's best pool prices (block MIPs, {result.iterations} rounds)"
+            method = (
+                "Lagrangian bound at the column generation's best pool prices "
+                f"(block MIPs, {result.iterations} rounds)"
+            )
             if result.branch:
                 method += f", the smaller of its two sides' when branched on {result.branch}"
             if result.first_plan:

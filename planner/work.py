@@ -22,7 +22,8 @@ charged where it is counted: a block placed, a swap weighed.
 
 The rates, measured on the 2-core machine the bench rows come from (CPU time, one core, a
 100-deployment instance of the bench's shape, seed 0): one DP unit took 4.3 us (146,583 units in
-0.63 s over its 73 blocks, three times); HiGHS nodes on the hardest blocks of the 1,000-deployment row 0.1-0.3 ms
+0.63 s over its 73 blocks, three times);
+HiGHS nodes on the hardest blocks of the 1,000-deployment row 0.1-0.3 ms
 (25-75 units) past roots of 0.15-0.4 s on matrices of 188-966 nonzeros, the whole 100-deployment
 MIP's root 1.8 s on 5,429 nonzeros (76 units per nonzero), its LP relaxation 12 ms in about
 1,000 iterations (HiGHS) and 22 ms in 1,000-3,000 (GLOP): 3-5 units an iteration. So
@@ -30,7 +31,8 @@ MIP's root 1.8 s on 5,429 nonzeros (76 units per nonzero), its LP relaxation 12 
 costs more per unit, as the Python around the solvers (building models, the master's
 bookkeeping, reading answers back) is charged only in part: the 100-deployment bench row on
 1.9M units took 19.5 s of CPU in one process, 10.3 us a unit, and on 5.59M units with two
-workers (finished MIPs then charged 100 a nonzero) 38.9 s of CPU in all, 7.0 us a unit (CPU time, which the load of a busy host does not
+workers (finished MIPs then charged 100 a nonzero) 38.9 s of CPU in all, 7.0 us a unit
+(CPU time, which the load of a busy host does not
 stretch: its wall times there were 95 s and 289 s).
 
 Sub-budgets take a share of their parent: `share` of what is left now, `until` up to a share of

@@ -121,7 +121,8 @@ class PartHostArgs(Frozen):
         str  # the replica loads `<pinned_store>/<sha256 path>` (ipnext/store/pinned.py), never `uri`
     )
     checkpoint: bool = False  # a checkpoint folder: sha256 names its pinned file list (CheckpointFiles)
-    # Where a part that measures itself (its TTFT and ITL) pushes its histograms: this region's metrics actor, this app.
+    # Where a part that measures itself (its TTFT and ITL) pushes its histograms:
+    # this region's metrics actor, this app.
     region: str = ""
     app: str = ""
     batching: BatchingSpec | None = None

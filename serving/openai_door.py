@@ -95,7 +95,8 @@ class OpenAIDoor:
             if document is None or not document.generative:
                 raise OpenAIError(
                     404,
-                    f"model {parsed.model!r} is not served here as a generative model (GET /v1/models lists them)",
+                    f"model {parsed.model!r} is not served here as a generative model "
+                    "(GET /v1/models lists them)",
                     param="model",
                     code="model_not_found",
                 )

@@ -73,7 +73,8 @@ class LoadRecord:
             return f"at {peak.at_s / 60:.1f} min (stacks then: {peak.detail})"
 
         return [
-            f"{self.samples} samples, one every {SAMPLE_S:g} s over {(time.monotonic() - self.started) / 60:.1f} min "
+            f"{self.samples} samples, one every {SAMPLE_S:g} s "
+            f"over {(time.monotonic() - self.started) / 60:.1f} min "
             f"on {os.cpu_count()} cores",
             f"peak load average (1 min): {self.load.value:.1f} {at(self.load)}",
             f"peak live stack processes: {int(self.processes.value)} {at(self.processes)}",

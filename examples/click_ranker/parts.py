@@ -68,7 +68,8 @@ def _load(module: nn.Module, prefix: str, weights: dict[str, torch.Tensor], part
         if tuple(got.shape) != tuple(tensor.shape) or got.dtype != tensor.dtype:
             raise SnapshotError(
                 f"{part}: tensor {prefix + name!r} is {str(got.dtype).removeprefix('torch.')}"
-                f"{list(got.shape)}, the part expects {str(tensor.dtype).removeprefix('torch.')}{list(tensor.shape)}"
+                f"{list(got.shape)}, the part expects "
+                f"{str(tensor.dtype).removeprefix('torch.')}{list(tensor.shape)}"
             )
     extra = sorted(set(weights) - {prefix + n for n in expected})
     if extra:

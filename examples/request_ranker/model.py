@@ -106,7 +106,8 @@ class RankingConfig:
         head_dim = made.dim // made.heads
         if head_dim not in (16, 32, 64, 128):
             raise SpecError(
-                f"{where}.heads: head size dim/heads = {head_dim}; the attention kernel takes 16, 32, 64 or 128.",
+                f"{where}.heads: head size dim/heads = {head_dim}; "
+                "the attention kernel takes 16, 32, 64 or 128.",
                 field=f"{where}.heads",
                 value=made.heads,
                 fix="choose dim and heads so that dim/heads is 16, 32, 64 or 128",

@@ -312,7 +312,8 @@ def _check_weights(
         got_dtype = str(got.dtype).removeprefix("torch.")
         if got_dtype != dtype or tuple(got.shape) != shape:
             raise SnapshotError(
-                f"{part}: tensor {name!r} is {got_dtype}{list(got.shape)}, the part expects {dtype}{list(shape)}"
+                f"{part}: tensor {name!r} is {got_dtype}{list(got.shape)}, "
+                f"the part expects {dtype}{list(shape)}"
             )
     extra = sorted(set(weights) - set(expected))
     if extra:

@@ -72,7 +72,10 @@ async def fleet_status(client: Client) -> FleetStatus:
             raise IpnextError(
                 f"the {FLEET_WORKFLOW_ID!r} workflow is not running (its last run is "
                 f"{described.status.name if described.status else 'unknown'}).",
-                fix="start the worker (`ipnext dev up`, or `python -m ipnext.client.worker`): it starts the workflow",
+                fix=(
+                    "start the worker (`ipnext dev up`, or `python -m ipnext.client.worker`): "
+                    "it starts the workflow"
+                ),
             )
         status: FleetStatus = await handle.query(FleetWorkflowNames.REGIONS, result_type=FleetStatus)
     except RPCError as err:
@@ -105,6 +108,9 @@ def _not_running(err: RPCError) -> IpnextError:
     if err.status == RPCStatusCode.NOT_FOUND:
         return IpnextError(
             f"the {FLEET_WORKFLOW_ID!r} workflow does not run ({err.message}).",
-            fix="start the worker (`ipnext dev up`, or `python -m ipnext.client.worker`): it starts the workflow",
+            fix=(
+                "start the worker (`ipnext dev up`, or `python -m ipnext.client.worker`): "
+                "it starts the workflow"
+            ),
         )
     return IpnextError(f"the {FLEET_WORKFLOW_ID!r} workflow did not answer: {err.message}")

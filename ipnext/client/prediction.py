@@ -352,7 +352,8 @@ class AsyncPredictionClient:
         order = fallback_order(document, source, key, self._rng)
         if not order:
             raise PredictionNotFoundError(
-                f"model {document.model!r} routes no traffic anywhere (routing generation {document.generation}).",
+                f"model {document.model!r} routes no traffic anywhere "
+                f"(routing generation {document.generation}).",
                 model=document.model,
                 fix="wait until a snapshot set serves (`ipnext model get " + document.model + "`)",
             )
@@ -718,7 +719,10 @@ def _document(response: httpx.Response, model: str, url: str) -> RoutingDocument
             f"(within {PROXY_ROUTES_WAIT_S:.0f}s): {response.text[:200]}",
             status_code=404,
             model=model,
-            fix="check that the URL is ipnext's serving port, and that the routing app is up (`ipnext dev status`)",
+            fix=(
+                "check that the URL is ipnext's serving port, "
+                "and that the routing app is up (`ipnext dev status`)"
+            ),
         )
     if response.status_code == 404:
         raise PredictionNotFoundError(

@@ -484,7 +484,8 @@ class Client:
         behind does: the rollout stays paused, and the error's `fix` says how it goes on
         (`stop_on_pause=False` waits through pauses; `through_traffic_pause=True`, for a caller
         that sends the model traffic itself, waits through ipnext's own pause for too little
-        traffic, which that traffic ends, and still stops on any other); `RolloutStoppedError` when it ends without
+        traffic, which that traffic ends, and still stops on any other);
+        `RolloutStoppedError` when it ends without
         the set serving (rolled back, aborted, failed, refused, superseded; its detail says
         why); `ServingError` when `timeout_s` runs out (naming where the rollout is).
         `on_progress` is called with the running rollout's status (the set's own, or the one it
@@ -729,7 +730,10 @@ def progress_line(status: RolloutStatus) -> str:
     """A rollout's progress on one line: state, step, split, and the gates' latest readings (what
     `ipnext snapshot publish --wait` prints at each change)."""
     split = ", ".join(f"{k} {v:g}%" for k, v in sorted(status.traffic_percent.items())) or "none"
-    line = f"{status.workflow_id or status.set_id} {status.state.value}: {status.step or 'starting'}; traffic {split}"
+    line = (
+        f"{status.workflow_id or status.set_id} {status.state.value}: "
+        f"{status.step or 'starting'}; traffic {split}"
+    )
     if status.part_traffic:
         line += "; parts on the new set " + ", ".join(f"{k} {v:g}%" for k, v in status.part_traffic.items())
     if status.gates:
@@ -759,7 +763,10 @@ def paused_error(name: str, status: RolloutStatus, waiting_for: str | None = Non
             f"`ipnext rollout override-freeze {name} --reason R --who W` lets it through now"
         )
     elif who == IPNEXT and reason == NEEDS_ATTENTION:
-        fix = f"its rollback cannot complete: read `ipnext rollout status {name}`, fix it, then `ipnext rollout resume {name}` retries"
+        fix = (
+            f"its rollback cannot complete: read `ipnext rollout status {name}`, fix it, "
+            f"then `ipnext rollout resume {name}` retries"
+        )
     else:
         fix = f"`ipnext rollout resume {name}` goes on (the step bakes again), or {abort}"
     behind = f"{waiting_for} is queued behind it: " if waiting_for not in (None, status.set_id) else ""

@@ -161,7 +161,8 @@ class StartExperimentInput(Frozen):
         for name in metrics:
             if not re.fullmatch(r"[a-z][a-z0-9_]{0,62}", name):  # as the feedback route reads them
                 raise ValueError(
-                    f"{name!r} is not an outcome name: lowercase letters, digits and _, as the feedback names it (click)"
+                    f"{name!r} is not an outcome name: lowercase letters, digits and _, "
+                    "as the feedback names it (click)"
                 )
         return metrics
 

@@ -368,7 +368,10 @@ def import_checkpoint(
             "in it), so the snapshot watch finds it and its manifest names nothing outside it.",
             field="folder",
             value=str(checkpoint),
-            fix=f"move the folder to <snapshot root>/{model}/{version}/ (or .../{version}/{part}/) and run this again",
+            fix=(
+                f"move the folder to <snapshot root>/{model}/{version}/ "
+                f"(or .../{version}/{part}/) and run this again"
+            ),
         )
     names = sorted(p.name for p in checkpoint.iterdir() if p.is_file() and not p.is_symlink())
     taken = [n for n in names if n.endswith(CHECKPOINT_SUFFIXES) and not n.startswith(".") and n != MANIFEST]
@@ -377,7 +380,8 @@ def import_checkpoint(
     if "config.json" not in taken or not any(n.endswith(".safetensors") for n in taken):
         pickled = [n for n in left_out if n.endswith((".bin", ".pt", ".pth", ".pkl", ".ckpt"))]
         raise SnapshotError(
-            f"{checkpoint}: a checkpoint needs config.json and safetensors weights; found {taken or 'neither'}"
+            f"{checkpoint}: a checkpoint needs config.json and safetensors weights; "
+            f"found {taken or 'neither'}"
             + (f" (and {pickled}: pickled weights are never read)" if pickled else ""),
             field="folder",
             value=str(checkpoint),

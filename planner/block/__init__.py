@@ -10,7 +10,8 @@ a block with no feasible placement, and when its work budget ran out before any 
 found; the caller then uses the MIP (which also explains an infeasible block).
 
 Why this shape. A block is tiny (in the fleets we plan: up to 16 regions, 4 traffic sources,
-3 members, 3 hardware options per member and region) but the MIP is slow on it (big-M links between y and x, and
+3 members, 3 hardware options per member and region) but the MIP is slow on it
+(big-M links between y and x, and
 survive_region_loss, which makes HiGHS branch for seconds). Its structure lets a dynamic
 program over the regions solve it exactly instead:
 

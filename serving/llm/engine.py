@@ -265,7 +265,8 @@ class LLMEngine:
         if longest > self.model.max_seq_len:
             raise ValueError(
                 f"max_tokens: prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) = {longest} "
-                f"exceeds the model's max_seq_len {self.model.max_seq_len}; lower max_tokens or shorten the prompt"
+                f"exceeds the model's max_seq_len {self.model.max_seq_len}; "
+                "lower max_tokens or shorten the prompt"
             )
         blocks = math.ceil(longest / self.config.block_size)
         if blocks > self.cache.pool.num_blocks:

@@ -154,7 +154,8 @@ def _rope(raw: dict[str, Any]) -> tuple[float, Llama3Rope | None]:
     factor = scaling.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))
     if factor != 1.0:
         raise CheckpointError(
-            f"{CONFIG_FILE}: partial_rotary_factor {factor} is not served (rotary positions on the whole head only)",
+            f"{CONFIG_FILE}: partial_rotary_factor {factor} is not served "
+            "(rotary positions on the whole head only)",
             field="partial_rotary_factor",
         )
     if kind == "default":

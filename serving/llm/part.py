@@ -136,7 +136,8 @@ class LLMPart:
         self.config = LLMPartConfig.model_validate(config)
         if self.config.model is not None:
             raise ValueError(
-                "config.model: a Hugging Face checkpoint brings its own shape (config.json); remove config.model"
+                "config.model: a Hugging Face checkpoint brings its own shape (config.json); "
+                "remove config.model"
             )
         if not all(isinstance(data, bytes) for data in weights.values()):
             raise ValueError(
@@ -245,7 +246,8 @@ def _piece(delta: TextDelta) -> dict[str, Any]:
 
 # What a caller is told to send when a field is refused: every field's type and bounds.
 _BOUNDS = (
-    '{"prompt": "..." or "messages": [{"role": "user", "content": "..."}], "max_tokens": 64, "temperature": 0, "top_p": 1, "stop": [], "seed": null}: '
+    '{"prompt": "..." or "messages": [{"role": "user", "content": "..."}], '
+    '"max_tokens": 64, "temperature": 0, "top_p": 1, "stop": [], "seed": null}: '
     "max_tokens an integer >= 1 (prompt tokens + max_tokens within the model's context), temperature "
     f"a finite number >= 0 (below {GREEDY_BELOW:g}: greedy), top_p a number in (0, 1], stop up to "
     f"{MAX_STOP_STRINGS} strings of 1 to {MAX_STOP_LENGTH} characters, seed an integer in "

@@ -8,7 +8,8 @@ On one CPU thread a 16-row step's matmuls took 30% less time so than against the
 (out, in) tensors one by one. Where torch has oneDNN, each matrix is also prepacked for it at load
 (`_Linear`): on an AMD EPYC, where torch's default GEMM (MKL) runs a slow path, a 16-row
 product took 2.5x less time so, and a 16-sequence decode step of bench/llm.py's model 9.8 ms
-instead of 16.3 (one thread). Attention is per kind: all one-token (decode) rows in one `ipnext.kernels.paged_attention`
+instead of 16.3 (one thread).
+Attention is per kind: all one-token (decode) rows in one `ipnext.kernels.paged_attention`
 call over the block tables, each prefill chunk through `ipnext.kernels.attention` over its
 cached prefix plus the chunk (causal, aligned to the end).
 """

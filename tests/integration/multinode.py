@@ -1,6 +1,7 @@
 """A dev stack of real nodes for region drills: a Ray head and one Ray node per region of the
 3-region fleet in examples/planning/fleet-3-regions.yaml (`ipnext dev up --nodes per-region`), on
-ports and in a state folder of its own, beside the session's single-node stack. Test modules import the fixture
+ports and in a state folder of its own, beside the session's single-node stack.
+Test modules import the fixture
 `per_region_stack` (module-scoped: one stack per module that uses it) and the helpers."""
 
 from __future__ import annotations

@@ -233,7 +233,10 @@ def _serve_apps(settings: Settings) -> None:
         for deployment, d in sorted(app.deployments.items()):
             replicas = ", ".join(f"{word(s)} {n}" for s, n in sorted(d.replica_states.items()))
             _say(
-                f"    {deployment}: {word(d.status)} ({word(d.status_trigger)}; {replicas}) {(d.message or '')[:400]}".rstrip()
+                (
+                    f"    {deployment}: {word(d.status)} ({word(d.status_trigger)}; {replicas}) "
+                    f"{(d.message or '')[:400]}"
+                ).rstrip()
             )
 
 

@@ -235,7 +235,8 @@ async def vllm_metrics_check(stack: Settings, model: str) -> None:
     assert grew("vllm:e2e_request_latency_seconds_count") == n
     print(
         f"GET /metrics: {len(names)} vLLM names for {model}; {n} requests added "
-        f"{grew('vllm:prompt_tokens_total'):.0f} prompt and {grew('vllm:generation_tokens_total'):.0f} generation "
+        f"{grew('vllm:prompt_tokens_total'):.0f} prompt and "
+        f"{grew('vllm:generation_tokens_total'):.0f} generation "
         "tokens, their usage summed"
     )
 

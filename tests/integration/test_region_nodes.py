@@ -185,7 +185,8 @@ async def test_a_lost_region_is_routed_around_replanned_without_and_returns(
                 answered = _answered_after(load, killed, lost)
                 print(
                     f"{lost} killed: every source answered again from a surviving region "
-                    f"{max(answered.values()):.2f}s later ({', '.join(f'{s} {t:.2f}s' for s, t in answered.items())})"
+                    f"{max(answered.values()):.2f}s later "
+                    f"({', '.join(f'{s} {t:.2f}s' for s, t in answered.items())})"
                 )
                 # The fleet workflow finds the region down (its node is dead) and replans without it.
                 status = await poll_until(
@@ -217,14 +218,17 @@ async def test_a_lost_region_is_routed_around_replanned_without_and_returns(
                 # found and killed (a second or more on a loaded machine) was in flight at it.
                 in_flight = [c for c in load.calls if c.started < dead and (c.ended or 1e12) > killed]
                 assert all(c in in_flight for c in after_kill), [
-                    f"sent {c.started - killed:+.2f}s after the kill began (it took {dead - killed:.2f}s): {c.error}"
+                    f"sent {c.started - killed:+.2f}s after the kill began "
+                    f"(it took {dead - killed:.2f}s): {c.error}"
                     for c in after_kill
                     if c not in in_flight
                 ][:5]
                 print(
-                    f"found down and replanned {detected_s:.1f}s after the kill (plan revision {replan.revision}, "
+                    f"found down and replanned {detected_s:.1f}s after the kill "
+                    f"(plan revision {replan.revision}, "
                     f"relaxed {replan.relaxed}); serving only from {survivor} {moved_s:.1f}s after it; "
-                    f"{len(after_kill)} failed of {len(in_flight)} in flight at the kill (it took {dead - killed:.2f}s)"
+                    f"{len(after_kill)} failed of {len(in_flight)} in flight at the kill "
+                    f"(it took {dead - killed:.2f}s)"
                 )
 
                 # The node comes back: the region comes up, the return replan moves capacity back.
@@ -252,8 +256,10 @@ async def test_a_lost_region_is_routed_around_replanned_without_and_returns(
                 assert failed_back == [], [c.error for c in failed_back[:5]]
                 await _routers_healthy(settings, model_name)
                 print(
-                    f"{lost} back: serving from {sorted(returned.state.serving_apps)} {returned_s:.1f}s after "
-                    f"the node started, both routers healthy; {len([c for c in load.calls if c.started >= back])} "
+                    f"{lost} back: serving from {sorted(returned.state.serving_apps)} "
+                    f"{returned_s:.1f}s after "
+                    "the node started, both routers healthy; "
+                    f"{len([c for c in load.calls if c.started >= back])} "
                     f"requests, none failed; {len(load.calls)} requests in all"
                 )
 
@@ -291,9 +297,12 @@ async def test_a_lost_region_is_routed_around_replanned_without_and_returns(
                 again = await _serving_on(client, model_name, set(SOURCES), held_down.plan_revision, up_at)
                 await _routers_healthy(settings, model_name)
                 print(
-                    f"on-call: {lost} down, serving only from {survivor} {down_s:.1f}s later; up, serving from "
-                    f"{sorted(again.state.serving_apps)} {time.monotonic() - up_at:.1f}s later, both routers healthy; "
-                    f"{len(load.failed(since=oncall))} of {len([c for c in load.calls if c.started >= oncall])} "
+                    f"on-call: {lost} down, serving only from {survivor} {down_s:.1f}s later; "
+                    "up, serving from "
+                    f"{sorted(again.state.serving_apps)} {time.monotonic() - up_at:.1f}s later, "
+                    "both routers healthy; "
+                    f"{len(load.failed(since=oncall))} of "
+                    f"{len([c for c in load.calls if c.started >= oncall])} "
                     "requests failed meanwhile"
                 )
         await client.delete_model(model_name)

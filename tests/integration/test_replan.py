@@ -139,7 +139,8 @@ async def test_scheduled_replan_moves_capacity_and_shows_the_plan(
             state = await moved(client, model_name, 3, started)
         assert load.failed() == [], load.failed()[:3]
         print(
-            f"hardware move of {model_name}: {time.perf_counter() - started:.1f}s, {len(load.answers)} predictions"
+            f"hardware move of {model_name}: {time.perf_counter() - started:.1f}s, "
+            f"{len(load.answers)} predictions"
         )
         assert state.serving_apps == {"eu-west": f"{model_name}.eu-west.s1.r3"}
         assert set(state.plan.deployments[f"{model_name}/dense"].replicas["eu-west"]) == {"cpu-highmem"}
@@ -253,7 +254,8 @@ async def test_observed_demand_above_the_declared_peak_sizes_the_next_replan(
         )
         east = seen.sources["us-east"]
         print(
-            f"observed: {east.requests} requests ({len(answered)} of {len(statuses)} answered), peak {east.peak_qps:g} qps over "
+            f"observed: {east.requests} requests ({len(answered)} of {len(statuses)} answered), "
+            f"peak {east.peak_qps:g} qps over "
             f"{seen.window_seconds:g} s windows (declared {DECLARED_QPS:g}), "
             f"{time.perf_counter() - started:.1f}s"
         )

@@ -1,5 +1,6 @@
 """Gradual rollouts on the real dev stack under a closed-loop load: a bad snapshot is rolled
-back by the gates (with the Serve writer and the metrics actor killed in its bake), on-call pauses and resumes through the `ipnext rollout` CLI, and a rollout
+back by the gates (with the Serve writer and the metrics actor killed in its bake), on-call pauses
+and resumes through the `ipnext rollout` CLI, and a rollout
 goes on where it was after its worker is killed and after the Temporal server restarts."""
 
 from __future__ import annotations
@@ -130,7 +131,8 @@ async def test_bad_snapshot_is_rolled_back_by_the_gates_with_the_writer_and_metr
         f"({bad_before_kill} canary answers before); v1's files rewritten and deleted and its "
         f"{len(replicas_killed)} part replicas killed at {replicas_killed_at:.1f} s ({len(old_failed)} "
         f"requests to v1 failed while they restarted); rolled back with v1 at full replicas at "
-        f"{rolled_back_at:.1f} s; {len(load.answers)} requests, {len(load.failed())} failed before, none after"
+        f"{rolled_back_at:.1f} s; {len(load.answers)} requests, "
+        f"{len(load.failed())} failed before, none after"
     )
     await client.delete_model(model_name)
 

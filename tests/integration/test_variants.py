@@ -198,7 +198,8 @@ async def test_requests_land_on_their_variant_and_fall_back_without_failing(
         await client.wait_until_serving(model_name, second.set_id, timeout_s=240)
     by_set = Counter((a.set, a.variant) for a in load.answers)
     print(
-        f"rollout of {second.set_id} under mixed load: {len(load.answers)} requests, by (set, variant) {by_set}"
+        f"rollout of {second.set_id} under mixed load: {len(load.answers)} requests, "
+        f"by (set, variant) {by_set}"
     )
     assert load.failed() == [], load.failed()[:3]
     for answer in load.answers:

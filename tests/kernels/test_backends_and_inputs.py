@@ -1,5 +1,6 @@
 """Which path each call takes (`backend=`), what happens where Triton cannot run, and the input checks:
-every bad argument is a ValueError whose message starts with the argument's name and says what was expected."""
+every bad argument is a ValueError whose message starts with the argument's name
+and says what was expected."""
 
 from __future__ import annotations
 

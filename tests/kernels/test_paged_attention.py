@@ -26,7 +26,8 @@ CONTEXT_LENS = [37, 1, 0, 70, 16]
 def paged_inputs(
     heads: int, kv_heads: int, block_size: int, head_dim: int, dtype: torch.dtype, device: str, seed: int = 0
 ) -> tuple[torch.Tensor, ...]:
-    """q, caches and a shuffled block table; table entries past each context are -1, which must never be read."""
+    """q, caches and a shuffled block table;
+    table entries past each context are -1, which must never be read."""
     rng = torch.Generator().manual_seed(seed)
     lens = torch.tensor(CONTEXT_LENS, dtype=torch.int32)
     max_blocks = -(-max(CONTEXT_LENS) // block_size) + 1

@@ -111,7 +111,8 @@ def test_fleet_scale_replan_moves_no_more_than_one_objective(
     plan = solve(problem, work_options(20, workers=1, exact_fallback=False))
     assert check_plan(problem, plan) == []
     print(
-        f"seed {seed}: cost/optimum {plan.cost / optimum:.4f}, moved {plan.moved_units} (one objective {before})"
+        f"seed {seed}: cost/optimum {plan.cost / optimum:.4f}, moved {plan.moved_units} "
+        f"(one objective {before})"
     )
     assert plan.cost <= (1 + REPLAN_COST_SLACK) * optimum * (1 + 1e-9)
     assert plan.moved_units == _moved(problem, start, plan) <= before

@@ -79,7 +79,8 @@ def test_a_logs_looping_traceback_is_cut_so_what_the_worker_did_shows() -> None:
             "    if not check_obj_ref_ready_nowait(self._pending_metrics_push_ref):",
             "           ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^",
             f"ValueError: An application is trying to access a Ray object whose owner is unknown({owner} ).",
-            f"ERROR 2026-12-06 01:37:{second:02d},779 serve 1016 -- Failed to run metrics task 'push_metrics'",
+            f"ERROR 2026-12-06 01:37:{second:02d},779 serve 1016 -- "
+            "Failed to run metrics task 'push_metrics'",
         ]
     lines = condensed(said + loop)
     assert lines[:2] == said  # what the worker did, still in a tail of a few lines

@@ -50,7 +50,7 @@ async def test_replanned_placement_moves_capacity_make_before_break(temporal: Cl
     assert state.pending_plan is None
 
 
-async def test_a_plan_made_without_a_down_region_never_deploys_routes_or_waits_there_and_the_return_brings_it_back(
+async def test_a_plan_without_a_down_region_never_deploys_routes_or_waits_there_and_the_return_brings_it_back(
     temporal: Client,
 ) -> None:
     fake = FakeServing()

@@ -16,7 +16,8 @@ The treatment (a shadow's candidate) is a set published with `ipnext snapshot pu
 named by its set id (MODEL@4) or its version (v4); the control is the set that serves
 (`@current`). `--treatment MODEL@4 --split 50` says the same as `--arms` and `--split 50/50`.
 `--unit` names what a request's `unit` field holds (arms are assigned per unit); `--metric`
-(repeatable) names the outcomes the winner is decided on (default: every outcome fed back). A shadow is an experiment in shadow mode: the control answers
+(repeatable) names the outcomes the winner is decided on (default: every outcome fed back).
+A shadow is an experiment in shadow mode: the control answers
 every caller, and the routers send a copy of `--percent` of the requests to the candidate after
 answering, comparing the two answers. Errors are one line (what failed, the fix), exit 2, as for every verb.
 """
@@ -196,22 +197,26 @@ def run_shadow_command(args: argparse.Namespace, settings: Settings) -> None:
     result = asyncio.run(_act(settings, args, ask, who))
     if args.verb == "start":
         print(
-            f"shadow {ask.name if ask else ''} of {args.model}: {args.percent:g}% of {result.control}'s requests copied to {result.treatment}"
+            f"shadow {ask.name if ask else ''} of {args.model}: "
+            f"{args.percent:g}% of {result.control}'s requests copied to {result.treatment}"
         )
         print(f"  workflow {result.workflow_id}; `ipnext shadow status {args.model}` follows it")
         return
     if result.mode != "shadow":
         raise IpnextError(
-            f"{result.name} of {args.model} is an experiment, not a shadow: `ipnext experiment status {args.model}` shows it."
+            f"{result.name} of {args.model} is an experiment, not a shadow: "
+            f"`ipnext experiment status {args.model}` shows it."
         )
     if getattr(args, "json", False):
         print(json.dumps(result.model_dump(mode="json"), indent=2))
         return
     print(
-        f"shadow {result.name} of {result.model}: {result.phase}{', ' + result.outcome if result.outcome else ''}"
+        f"shadow {result.name} of {result.model}: "
+        f"{result.phase}{', ' + result.outcome if result.outcome else ''}"
     )
     print(
-        f"  {result.arms.get('treatment')} shadowing {result.arms.get('control')} ({result.treatment_percent:g}% copied)"
+        f"  {result.arms.get('treatment')} shadowing {result.arms.get('control')} "
+        f"({result.treatment_percent:g}% copied)"
     )
     if result.end:
         print(f"  {result.end}")
@@ -260,7 +265,8 @@ def run_experiment_command(args: argparse.Namespace, settings: Settings) -> None
         print(json.dumps(result.model_dump(mode="json"), indent=2))
         return
     print(
-        f"experiment {result.name} of {result.model}: {result.phase}{', ' + result.outcome if result.outcome else ''}"
+        f"experiment {result.name} of {result.model}: "
+        f"{result.phase}{', ' + result.outcome if result.outcome else ''}"
     )
     if result.end:
         print(f"  {result.end}")

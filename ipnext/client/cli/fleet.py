@@ -73,7 +73,8 @@ def _fleet(args: argparse.Namespace, settings: Settings) -> None:
     print(f"{result.region} is {result.health.value} ({result.detail})")
     if result.replan:
         print(
-            f"replan {result.replan}: see `ipnext fleet regions`, then `ipnext plan show`; {settings.ui_url}/workflows"
+            f"replan {result.replan}: see `ipnext fleet regions`, then `ipnext plan show`; "
+            f"{settings.ui_url}/workflows"
         )
 
 

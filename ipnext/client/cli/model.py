@@ -66,7 +66,8 @@ def _model(args: argparse.Namespace, settings: Settings) -> None:
         view = asyncio.run(with_client(settings, lambda c: c.model_demand(args.name, window)))
         print(
             f"{view.model}: observed over {view.window_seconds:g} s windows, "
-            f"{view.history_seconds:.0f} s of history, from routers in {', '.join(view.regions) or 'no region'}"
+            f"{view.history_seconds:.0f} s of history, "
+            f"from routers in {', '.join(view.regions) or 'no region'}"
         )
         print(f"{'source':16} {'declared qps':>12} {'now qps':>9} {'peak qps':>9} {'requests':>9}")
         for source, seen in view.sources.items():

@@ -119,7 +119,8 @@ def import_hf(args: argparse.Namespace, settings: Settings) -> None:
     )
     entry = manifest.parts[args.part]
     print(
-        f"wrote {where / 'manifest.json'}: part {args.part} = {len(entry.files or {})} files, sha256 {entry.sha256}"
+        f"wrote {where / 'manifest.json'}: part {args.part} = {len(entry.files or {})} files, "
+        f"sha256 {entry.sha256}"
     )
     if left_out:
         print(f"left out (never read): {', '.join(left_out)}")

@@ -268,14 +268,16 @@ class DevStack:
             )
         if mode == "per-region" and self.settings.ray.address is not None:
             raise StackError(
-                f"--nodes per-region starts a Ray cluster of its own, but ray.address is {self.settings.ray.address}.",
+                "--nodes per-region starts a Ray cluster of its own, "
+                f"but ray.address is {self.settings.ray.address}.",
                 field="nodes",
                 fix="unset RAY_ADDRESS (ray.address), or leave --nodes out to use that cluster",
             )
         if self.is_up():
             running = self.read_record() or {}
             self.log(
-                f"ipnext dev stack is already up, {running.get('nodes', 'single')} nodes (state in {self.state_dir})"
+                f"ipnext dev stack is already up, {running.get('nodes', 'single')} nodes "
+                f"(state in {self.state_dir})"
             )
             if not self.supervised():  # the supervisor died: the stack is up, supervise it again
                 self._start_supervisor(
@@ -516,7 +518,8 @@ class DevStack:
             wait_until(ready_or_dead, bool, timeout_s=START_TIMEOUT_S, interval_s=0.2, what=name)
         except PollTimeoutError:
             raise StackError(
-                f"{name} did not become ready in {START_TIMEOUT_S:.0f}s; see {record['processes'][name]['log']}"
+                f"{name} did not become ready in {START_TIMEOUT_S:.0f}s; "
+                f"see {record['processes'][name]['log']}"
             ) from None
 
     def _start_temporal(self, env: dict[str, str], record: dict[str, Any]) -> None:
@@ -552,7 +555,8 @@ class DevStack:
     def _start_ray(self, env: dict[str, str], record: dict[str, Any]) -> None:
         if _port_open(self.settings.serve.host, self.settings.serve.port):
             raise StackError(
-                f"port {self.settings.serve.host}:{self.settings.serve.port} is taken, so Ray Serve cannot listen there.",
+                f"port {self.settings.serve.host}:{self.settings.serve.port} is taken, "
+                "so Ray Serve cannot listen there.",
                 fix="stop what holds it or set serve.port in ipnext.yaml (IPNEXT_SERVE__PORT)",
             )
         self.settings.ray_address_file.unlink(missing_ok=True)
@@ -581,7 +585,8 @@ class DevStack:
                     raise
                 self._kill_ray_leftovers(record)
                 self.log(
-                    f"  ray's head timed out in Ray's own startup (a busy machine): starting it again ({attempt + 1}/{RAY_START_ATTEMPTS})"
+                    "  ray's head timed out in Ray's own startup (a busy machine): "
+                    f"starting it again ({attempt + 1}/{RAY_START_ATTEMPTS})"
                 )
         self.log(f"  ray cluster up at {self.settings.ray_address()} (pid {proc.pid})")
         if per_region:

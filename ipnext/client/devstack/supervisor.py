@@ -6,7 +6,8 @@ shutdown. Every `CHECK_INTERVAL_S` it looks at the stack's record (`<state>/dev.
 component whose process is gone is started again the way `dev up` started it (a Ray head that
 died takes its leftover processes with it first; it comes back at a new address, which the
 worker follows; a per-region stack's nodes come back with it, joined to the new head). A region's
-node is started again only while the head is up and not held. What it did is in `<state>/supervisor.json`, which `ipnext dev status` shows.
+node is started again only while the head is up and not held.
+What it did is in `<state>/supervisor.json`, which `ipnext dev status` shows.
 
 Bounded: a component that needs more than `RESTART_LIMIT` restarts in `RESTART_WINDOW_S` is
 left down and marked `gave_up` (a crash loop is a bug to read in its log, not something to
