@@ -11,8 +11,10 @@ import contextlib
 import logging
 import signal
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from temporalio.client import Client
 from temporalio.service import RPCError
@@ -64,16 +66,45 @@ INTERCEPTORS = [ReadIdentity()]
 ACTIVITY_THREADS = 8
 
 
+def worker_activities(client: Client) -> list[Callable[..., Any]]:
+    """Every activity the worker runs: the module-level ones, and those bound to the Temporal
+    client they call (Schedules, other workflows' outcomes)."""
+    watch = WatchActivities(client)
+    fleet = FleetActivities(client)
+    rollouts = RolloutActivities(client)
+    regions = RegionActivities(client)
+    return [
+        validate_model_spec,
+        validate_snapshot_set,
+        verify_pinned_set,
+        plan_placement,
+        discover_snapshots,
+        deploy_set_apps,
+        route_traffic,
+        read_metrics,
+        freeze_windows,
+        remove_apps,
+        teardown_model,
+        reconcile_serving,
+        rollouts.rollout_outcome,
+        rollouts.experiment_outcome,
+        watch.ensure_watch_schedule,
+        watch.publish_new_snapshots,
+        fleet.collect_models,
+        read_observed_demand,
+        solve_fleet_plan,
+        check_regions,
+        regions.route_around_regions,
+        regions.cancel_scheduled_replan,
+    ]
+
+
 async def run_worker(
     settings: Settings, ready_file: Path | None = None, stop: asyncio.Event | None = None
 ) -> None:
     client = await connect_client(settings)
     # What the log shows of the connection: TLS or not, a key or not (never the key).
     logging.getLogger(__name__).info("connected to Temporal at %s", temporal_connection(settings).describe())
-    watch = WatchActivities(client)
-    fleet = FleetActivities(client)
-    rollouts = RolloutActivities(client)
-    regions = RegionActivities(client)
     stop = stop or asyncio.Event()
     # The factory checker starts beside the worker's own start; a check waits for it if need be.
     threading.Thread(target=_warm_checker, name="factory-checker", daemon=True).start()
@@ -83,30 +114,7 @@ async def run_worker(
                 client,
                 task_queue=settings.temporal.task_queue,
                 workflows=WORKFLOWS,
-                activities=[
-                    validate_model_spec,
-                    validate_snapshot_set,
-                    verify_pinned_set,
-                    plan_placement,
-                    discover_snapshots,
-                    deploy_set_apps,
-                    route_traffic,
-                    read_metrics,
-                    freeze_windows,
-                    remove_apps,
-                    teardown_model,
-                    reconcile_serving,
-                    rollouts.rollout_outcome,
-                    rollouts.experiment_outcome,
-                    watch.ensure_watch_schedule,
-                    watch.publish_new_snapshots,
-                    fleet.collect_models,
-                    read_observed_demand,
-                    solve_fleet_plan,
-                    check_regions,
-                    regions.route_around_regions,
-                    regions.cancel_scheduled_replan,
-                ],
+                activities=worker_activities(client),
                 activity_executor=executor,
                 interceptors=INTERCEPTORS,
             )
