@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-# The repo's own Python: the card's folders, the ground and entry tiers, tests and benchmarks
+# The repo's own Python: the card's folders, ipnext/'s packages by role, tests and benchmarks
 # (ipnext/<folder> are symlinks to the card's folders, so ipnext/ is walked without following them).
 FOLDERS = ("ipnext", "workflows", "activities", "planner", "serving", "kernels", "examples", "tests", "bench")
 HARD_LIMIT = 800
