@@ -96,6 +96,22 @@ def test_every_public_name_resolves_to_the_object_its_module_defines() -> None:
         ipnext.Clinet  # noqa: B018
 
 
+def test_the_type_checkers_imports_name_the_same_homes_as_the_lazy_map() -> None:
+    """`ipnext/__init__.py` names each export three times (`__all__`, the TYPE_CHECKING imports
+    type checkers read, the lazy map): the three must agree."""
+    tree = ast.parse((REPO / "ipnext" / "__init__.py").read_text())
+    checked = {
+        alias.name: node.module
+        for block in tree.body
+        if isinstance(block, ast.If) and getattr(block.test, "id", "") == "TYPE_CHECKING"
+        for node in block.body
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+    assert checked == ipnext._EXPORTS
+    assert sorted([*checked, "__version__"]) == sorted(ipnext.__all__)
+
+
 def _literal_all(path: Path) -> list[str] | None:
     for node in ast.parse(path.read_text()).body:
         if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "__all__" for t in node.targets):
