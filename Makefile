@@ -1,4 +1,4 @@
-# The README's two commands: `make demo` and `make test`. Both build .venv/ from nothing.
+# The README's two commands: `make demo` and `make test` (and `make docs`). Each builds .venv/ from nothing.
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
@@ -10,7 +10,7 @@ ARGS ?=
 export TRITON_INTERPRET := 1
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: demo test lint types unit venv clean
+.PHONY: demo test lint types docs unit venv clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -33,10 +33,15 @@ lint: $(STAMP)
 types: $(STAMP)
 	$(BIN)/mypy -p ipnext
 
+docs: $(STAMP)
+	@# The site (mkdocs.yml, docs/) into site/; `make test` builds it too, with --strict, in
+	@# tests/unit/test_docs.py.
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 test: lint types
 	@# Two workers; tests/conftest.py hands them work units (each half of the drills on a stack of its own).
 	@# Short tracebacks: a failed drill's stack report (its own section) then shows in a log's first screens.
 	$(BIN)/pytest -n 2 -ra --tb=short --durations=25 $(ARGS)
 
 clean:
-	rm -rf $(VENV) .ipnext .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .ipnext .pytest_cache .mypy_cache .ruff_cache site

@@ -1,7 +1,7 @@
 """A random Hugging Face checkpoint, written by `transformers` itself, with a small tokenizer and
-a chat template: what the README's checkpoint walkthrough imports and serves, since no model
-hub is reachable from the machines this was built on. A downloaded checkpoint takes its place
-with the same commands.
+a chat template: what the LLM guide's checkpoint walkthrough (docs/guides/llm.md) imports and
+serves, since no model hub is reachable from the machines this was built on. A downloaded
+checkpoint takes its place with the same commands.
 
     python -m ipnext.examples.llm.random_checkpoint .ipnext/snapshots/chat-lm/v1 --seed 1
 

@@ -84,7 +84,7 @@ class TemporalSettings(_Section):
     # every call. Never the key itself in this file; IPNEXT_TEMPORAL_API_KEY overrides the file.
     api_key_file: Path | None = None
     # What the SDK and CLI claim to be, in the `ipnext-identity` header and as the Temporal
-    # client identity (None: <OS user>@<host>). A claim, not authentication: see the README.
+    # client identity (None: <OS user>@<host>). A claim, not authentication: see docs/operations/security.md.
     identity: str | None = Field(default=None, min_length=1, max_length=200)
 
 

@@ -234,7 +234,8 @@ def read_manifest(folder: Path) -> Manifest:
 
 
 def _manifest_error(file: Path, err: ValidationError) -> SnapshotError:
-    """A manifest field that does not read, named (e.g. `version`, whose grammar the README gives)."""
+    """A manifest field that does not read, named (e.g. `version`, whose grammar
+    docs/reference/parts-and-snapshots.md gives)."""
     first = err.errors(include_url=False)[0]
     field = ".".join(str(p) for p in first["loc"]) or MANIFEST
     fix = (

@@ -99,7 +99,8 @@ def add_update_parser(model_verbs: Any) -> None:
     """The `update` verb under `ipnext model`."""
     update = model_verbs.add_parser(
         "update",
-        help="change a model's spec: in place, a capacity move, or a new set rolled out (see README)",
+        help="change a model's spec: in place, a capacity move, or a new set rolled out "
+        "(docs/guides/rollouts.md)",
     )
     update.add_argument("-f", "--file", type=Path, required=True, help="the whole new model.yaml")
     update.add_argument(
