@@ -41,7 +41,7 @@ def test_the_site_builds_strict(tmp_path: Path) -> None:
 
 
 def _copy_site(tmp_path: Path) -> Path:
-    shutil.copytree(REPO / "docs", tmp_path / "docs")
+    shutil.copytree(REPO / "docs", tmp_path / "docs", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(REPO / "mkdocs.yml", tmp_path / "mkdocs.yml")
     return tmp_path / "mkdocs.yml"
 
@@ -56,6 +56,30 @@ def test_a_planted_broken_link_or_anchor_fails_the_build(tmp_path: Path) -> None
     index.write_text(original + "\nSee [a gone section](concepts.md#no-such-section).\n")
     built = _build(config, tmp_path / "site")
     assert built.returncode != 0 and "no-such-section" in built.stdout + built.stderr
+
+
+def test_generated_reference_covers_every_command_and_a_bad_marker_fails(tmp_path: Path) -> None:
+    """The CLI page is generated from the parser (every noun and verb), the file pages from the
+    schemas; a marker naming no model fails the build rather than leaving a hole."""
+    built = _build(REPO / "mkdocs.yml", tmp_path / "site")
+    assert built.returncode == 0, built.stdout + built.stderr
+    cli_page = (tmp_path / "site" / "reference" / "cli" / "index.html").read_text()
+    for verb in (
+        "ipnext model publish",
+        "ipnext snapshot import-hf",
+        "ipnext fleet region down",
+        "ipnext demo",
+    ):
+        assert verb in cli_page, verb
+    assert (
+        "parts.&lt;name&gt;.factory"
+        in (tmp_path / "site" / "reference" / "model-yaml" / "index.html").read_text()
+    )
+    config = _copy_site(tmp_path / "planted")
+    page = tmp_path / "planted" / "docs" / "reference" / "settings.md"
+    page.write_text(page.read_text() + "\n<!-- generated: fields ipnext.spec.settings.GoneSettings -->\n")
+    built = _build(config, tmp_path / "planted" / "site")
+    assert built.returncode != 0 and "GoneSettings" in built.stdout + built.stderr
 
 
 def _literal_all(path: Path) -> list[str] | None:
