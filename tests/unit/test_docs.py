@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from .test_architecture_doc import SPAN, defines, module_file
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,11 +35,18 @@ def _build(config: Path, out: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_the_site_builds_strict(tmp_path: Path) -> None:
-    built = _build(REPO / "mkdocs.yml", tmp_path / "site")
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The real site, built once with --strict for the tests that read it."""
+    out = tmp_path_factory.mktemp("docs") / "site"
+    built = _build(REPO / "mkdocs.yml", out)
     assert built.returncode == 0, built.stdout + built.stderr
-    assert (tmp_path / "site" / "index.html").is_file()
-    assert (tmp_path / "site" / "guides" / "rollouts" / "index.html").is_file()
+    return out
+
+
+def test_the_site_builds_strict(site: Path) -> None:
+    assert (site / "index.html").is_file()
+    assert (site / "guides" / "rollouts" / "index.html").is_file()
 
 
 def _copy_site(tmp_path: Path) -> Path:
@@ -50,20 +59,19 @@ def test_a_planted_broken_link_or_anchor_fails_the_build(tmp_path: Path) -> None
     config = _copy_site(tmp_path)
     index = tmp_path / "docs" / "index.md"
     original = index.read_text()
-    index.write_text(original + "\nSee [the gone page](guides/no-such-page.md).\n")
+    index.write_text(
+        original
+        + "\nSee [the gone page](guides/no-such-page.md) and [a gone section](concepts.md#no-such-section).\n"
+    )
     built = _build(config, tmp_path / "site")
-    assert built.returncode != 0 and "no-such-page.md" in built.stdout + built.stderr
-    index.write_text(original + "\nSee [a gone section](concepts.md#no-such-section).\n")
-    built = _build(config, tmp_path / "site")
-    assert built.returncode != 0 and "no-such-section" in built.stdout + built.stderr
+    said = built.stdout + built.stderr
+    assert built.returncode != 0 and "no-such-page.md" in said and "no-such-section" in said, said
 
 
-def test_generated_reference_covers_every_command_and_a_bad_marker_fails(tmp_path: Path) -> None:
+def test_generated_reference_covers_every_command_and_a_bad_marker_fails(site: Path, tmp_path: Path) -> None:
     """The CLI page is generated from the parser (every noun and verb), the file pages from the
     schemas; a marker naming no model fails the build rather than leaving a hole."""
-    built = _build(REPO / "mkdocs.yml", tmp_path / "site")
-    assert built.returncode == 0, built.stdout + built.stderr
-    cli_page = (tmp_path / "site" / "reference" / "cli" / "index.html").read_text()
+    cli_page = (site / "reference" / "cli" / "index.html").read_text()
     for verb in (
         "ipnext model publish",
         "ipnext snapshot import-hf",
@@ -71,10 +79,15 @@ def test_generated_reference_covers_every_command_and_a_bad_marker_fails(tmp_pat
         "ipnext demo",
     ):
         assert verb in cli_page, verb
-    assert (
-        "parts.&lt;name&gt;.factory"
-        in (tmp_path / "site" / "reference" / "model-yaml" / "index.html").read_text()
-    )
+    assert "parts.&lt;name&gt;.factory" in (site / "reference" / "model-yaml" / "index.html").read_text()
+    sdk_page = (site / "reference" / "sdk" / "index.html").read_text()
+    for method in (
+        "Client.publish_model",
+        "Client.wait_until_serving",
+        "Client.delete_model",
+        "PredictionClient",
+    ):
+        assert 'id="ipnext.client.' in sdk_page and method in sdk_page, method
     config = _copy_site(tmp_path / "planted")
     page = tmp_path / "planted" / "docs" / "reference" / "settings.md"
     page.write_text(page.read_text() + "\n<!-- generated: fields ipnext.spec.settings.GoneSettings -->\n")
