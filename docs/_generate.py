@@ -3,6 +3,7 @@ it at build time, so they cannot drift. A page asks for one with a marker line:
 
     <!-- generated: cli -->                            every command, from the CLI's own parser
     <!-- generated: fields ipnext.spec.model.ModelSpec -->   every field of a file, from its pydantic schema
+    <!-- generated: benches -->                        every benchmark in bench/, from its docstring
 
 A marker that names nothing fails the build (mkdocs --strict turns the hook's error into a failure).
 """
@@ -10,16 +11,45 @@ A marker that names nothing fails the build (mkdocs --strict turns the hook's er
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib
 import json
 import re
+from pathlib import Path
 from typing import Any
 
-MARKER = re.compile(r"^<!-- generated: (cli|fields (\S+)) -->$", re.M)
+MARKER = re.compile(r"^<!-- generated: (cli|benches|fields (\S+)) -->$", re.M)
+REPO = Path(__file__).resolve().parents[1]
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
-    return MARKER.sub(lambda m: cli_reference() if m[1] == "cli" else fields_reference(m[2]), markdown)
+    def generate(m: re.Match[str]) -> str:
+        if m[1] == "cli":
+            return cli_reference()
+        if m[1] == "benches":
+            return benches()
+        return fields_reference(m[2])
+
+    return MARKER.sub(generate, markdown)
+
+
+# ---- benchmarks -------------------------------------------------------------------------------
+
+
+def benches() -> str:
+    """Each bench/*.py that writes results: what it measures (its docstring's first paragraph),
+    how to run it, and the results files it leaves in bench/results/."""
+    out = []
+    for script in sorted((REPO / "bench").glob("*.py")):
+        text = script.read_text()
+        summary = (ast.get_docstring(ast.parse(text)) or "").split("\n\n")[0]
+        results = sorted(set(re.findall(r"bench/results/([a-z0-9-]+\.json)", text)))
+        out += [f"## `bench/{script.name}`", "", " ".join(summary.split()), ""]
+        if "ArgumentParser" in text:  # a command (the others are its helpers)
+            out += ["```sh", f".venv/bin/python bench/{script.name} --help", "```", ""]
+        if results:
+            out += ["Results: " + ", ".join(f"`bench/results/{name}`" for name in results) + ".", ""]
+    return "\n".join(out)
 
 
 # ---- the CLI ----------------------------------------------------------------------------------

@@ -80,6 +80,9 @@ def test_generated_reference_covers_every_command_and_a_bad_marker_fails(site: P
     ):
         assert verb in cli_page, verb
     assert "parts.&lt;name&gt;.factory" in (site / "reference" / "model-yaml" / "index.html").read_text()
+    bench_page = (site / "benchmarks" / "index.html").read_text()
+    for script in (REPO / "bench").glob("*.py"):
+        assert f"bench/{script.name}" in bench_page, script.name
     sdk_page = (site / "reference" / "sdk" / "index.html").read_text()
     for method in (
         "Client.publish_model",
