@@ -439,7 +439,7 @@ class Router:
         self, inputs: Any, key: str | None = None, source: str | None = None, unit: str | None = None
     ) -> tuple[dict[str, Any], int]:
         """One request through the DAG, within the deadline. What counts against the set is the
-        table of docs/ARCHITECTURE.md: a caller's mistake (400) does not; a part's failure, a
+        table of docs/architecture/contracts.md: a caller's mistake (400) does not; a part's failure, a
         part's full queue (503) and a passed deadline (504) do. `source` as for `stream`."""
         self.admit(source)
         picked = self._pick(key, unit)

@@ -10,7 +10,8 @@ from functools import cache
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-DOC = REPO / "docs" / "ARCHITECTURE.md"
+# The map: the overview and its pages.
+DOCS = [REPO / "docs" / "ARCHITECTURE.md", *sorted((REPO / "docs" / "architecture").glob("*.md"))]
 LAYER_FOLDERS = ("workflows", "activities", "planner", "serving", "kernels", "examples")
 # ipnext/'s packages by role: a short name (`counters.SetCounters`) may live in any of them.
 ROLE_PACKAGES = ("spec", "contracts", "policy", "store", "client")
@@ -93,10 +94,10 @@ def stale(span: str) -> str | None:
 
 
 def test_every_name_in_the_map_exists() -> None:
-    spans = SPAN.findall(DOC.read_text())
+    spans = [span for doc in DOCS for span in SPAN.findall(doc.read_text())]
     assert len(spans) > 100, "the map lost its names?"
     problems = sorted({f"`{s}`: {why}" for s in spans if (why := stale(s))})
-    assert not problems, "docs/ARCHITECTURE.md names what does not exist:\n" + "\n".join(problems)
+    assert not problems, "the architecture pages name what does not exist:\n" + "\n".join(problems)
 
 
 def test_the_checker_catches_a_stale_name() -> None:

@@ -1,6 +1,6 @@
 """The router's answers, what it counts, and its deadline, on the real `Router` class with fake
 part handles at the Serve seam (`serve.get_deployment_handle`) and the metrics seams stubbed:
-the table of docs/ARCHITECTURE.md ("what counts against a set"), row by row."""
+the table of docs/architecture/contracts.md ("what counts against a set"), row by row."""
 
 from __future__ import annotations
 
