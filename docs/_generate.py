@@ -105,9 +105,9 @@ def _command(path: str, parser: argparse.ArgumentParser, help_text: str, out: li
 
 
 def cli_reference() -> str:
-    from ipnext.client.cli import _parser
+    from ipnext.client.cli import parser as cli_parser
 
-    root = _parser()
+    root = cli_parser()
     out: list[str] = []
     helps = _helps(root)
     for noun, parser in _subparsers(root).items():

@@ -28,6 +28,7 @@ from ipnext.serving.llm.model import Decoder
 from ipnext.serving.llm.text import TextCodec
 from ipnext.spec.model import load_model_spec
 from ipnext.spec.settings import Settings
+from tests.docs_examples import example, substituted
 
 from .conftest import keyed
 from .test_doors import counted
@@ -326,6 +327,18 @@ async def test_llm_streams_frees_cancelled_blocks_and_rolls_out_under_streaming_
             pass
     # The same model through the OpenAI door, with the official client; its figures under vLLM's names.
     await openai_checks(stack, model_name, first.set_id, net, codec)
+    # The LLM guide's example, as its page writes it but for this stack's address, key and model.
+    code = substituted(
+        example("llm-openai-chat"),
+        {
+            "http://127.0.0.1:8000/v1": f"{stack.serve_url}/v1",
+            'open(".ipnext/api-key")': f"open({str(stack.api_key_file())!r})",
+            'model="tiny-lm"': f"model={model_name!r}",
+        },
+    )
+    scope: dict[str, Any] = {}
+    await asyncio.to_thread(exec, compile(code, "docs/guides/llm.md", "exec"), scope)
+    assert scope["reply"].system_fingerprint == first.set_id and scope["reply"].usage.completion_tokens > 0
     await vllm_metrics_check(stack, model_name)
     async with httpx.AsyncClient(base_url=stack.serve_url, headers=keyed(stack), timeout=60) as http:
         # 2. A client that goes away mid-stream: its sequence stops and its blocks come back.

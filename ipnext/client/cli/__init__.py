@@ -41,13 +41,14 @@ from ipnext.client.cli import (
 from ipnext.errors import IpnextError
 from ipnext.spec.settings import load_settings
 
-__all__ = ["main"]
+__all__ = ["main", "parser"]
 
 # In the order `ipnext --help` lists them.
 NOUNS = (dev, model, snapshot, experiment, rollout, predict, auth, serve, plan, fleet, demo)
 
 
-def _parser() -> argparse.ArgumentParser:
+def parser() -> argparse.ArgumentParser:
+    """The whole `ipnext` parser: every noun and verb (the docs generate the CLI reference from it)."""
     parser = argparse.ArgumentParser(
         prog="ipnext", description="ipnext: publish, validate, plan, roll out and serve models"
     )
@@ -70,7 +71,7 @@ def _one_line(err: BaseException) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = _parser().parse_args(argv)
+    args = parser().parse_args(argv)
     code = 0
     try:
         settings = load_settings(args.config)
