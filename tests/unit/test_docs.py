@@ -19,7 +19,7 @@ from .test_architecture_doc import SPAN, defines, module_file
 REPO = Path(__file__).resolve().parents[2]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 MENTION = re.compile(r"^ipnext(\.[A-Za-z_]\w*)+(\(.*\))?$")
-FILE_SUFFIX = re.compile(r"\.(ya?ml|json|py|md|txt|toml)$")
+FILE_SUFFIX = re.compile(r"\.(ya?ml|json|py|md|txt|toml|c)$")
 
 
 def _build(config: Path, out: Path) -> subprocess.CompletedProcess[str]:
@@ -168,3 +168,29 @@ def test_the_readme_is_a_front_page_that_links_into_the_site() -> None:
     assert len(links) > 15
     missing = [link for link in links if not (REPO / link).exists()]
     assert not missing, missing
+
+
+ARCHITECTURE_PAGES = [REPO / "docs" / "ARCHITECTURE.md", *sorted((REPO / "docs" / "architecture").glob("*.md"))]
+PRIVATE = re.compile(r"(^|\.)_[A-Za-z]\w*(\.|$)")
+
+
+def private_names(text: str) -> list[str]:
+    """The spans of `text` that name a private function, method or attribute (`x._y`, `_y`);
+    files (`workflows/_signals.py`) and dunders are not names of helpers."""
+    found = []
+    for span in SPAN.findall(text):
+        name = span.split("(")[0].strip()
+        if "/" in name or " " in name or FILE_SUFFIX.search(name) or name.startswith("__"):
+            continue
+        if PRIVATE.search(name):
+            found.append(span)
+    return found
+
+
+def test_the_architecture_map_names_public_seams_not_private_helpers() -> None:
+    problems = {p.name: names for p in ARCHITECTURE_PAGES if (names := private_names(p.read_text()))}
+    assert not problems, f"name the public seam instead: {problems}"
+    assert private_names("see `RolloutWorkflow._check_serving` and `decompose._first_plan()`") == [
+        "RolloutWorkflow._check_serving",
+        "decompose._first_plan()",
+    ]
