@@ -170,7 +170,10 @@ def test_the_readme_is_a_front_page_that_links_into_the_site() -> None:
     assert not missing, missing
 
 
-ARCHITECTURE_PAGES = [REPO / "docs" / "ARCHITECTURE.md", *sorted((REPO / "docs" / "architecture").glob("*.md"))]
+ARCHITECTURE_PAGES = [
+    REPO / "docs" / "ARCHITECTURE.md",
+    *sorted((REPO / "docs" / "architecture").glob("*.md")),
+]
 PRIVATE = re.compile(r"(^|\.)_[A-Za-z]\w*(\.|$)")
 
 
