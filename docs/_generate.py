@@ -4,6 +4,7 @@ it at build time, so they cannot drift. A page asks for one with a marker line:
     <!-- generated: cli -->                            every command, from the CLI's own parser
     <!-- generated: fields ipnext.spec.model.ModelSpec -->   every field of a file, from its pydantic schema
     <!-- generated: benches -->                        every benchmark in bench/, from its docstring
+    <!-- generated: http-routes -->                    every HTTP route, from ipnext.contracts.http_routes
 
 A marker that names nothing fails the build (mkdocs --strict turns the hook's error into a failure).
 """
@@ -18,7 +19,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-MARKER = re.compile(r"^<!-- generated: (cli|benches|fields (\S+)) -->$", re.M)
+MARKER = re.compile(r"^<!-- generated: (cli|benches|http-routes|fields (\S+)) -->$", re.M)
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -28,6 +29,8 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
             return cli_reference()
         if m[1] == "benches":
             return benches()
+        if m[1] == "http-routes":
+            return http_routes()
         return fields_reference(m[2])
 
     return MARKER.sub(generate, markdown)
@@ -50,6 +53,25 @@ def benches() -> str:
         if results:
             out += ["Results: " + ", ".join(f"`bench/results/{name}`" for name in results) + ".", ""]
     return "\n".join(out)
+
+
+# ---- the HTTP routes -------------------------------------------------------------------------
+
+
+def http_routes() -> str:
+    """The route table the routers dispatch on, one row per route, grouped by the app answering."""
+    from ipnext.contracts.http_routes import ROUTES
+
+    apps = {
+        "router": "a model's router in a region, mounted at `/<region>/models/<model>`",
+        "routing": "the routing app: routing documents, the OpenAI door, the engine metrics",
+        "serve": "Ray Serve's own proxy",
+    }
+    out = ["| method | path | answered by | what | answers |", "|---|---|---|---|---|"]
+    for route in ROUTES:
+        path = route.path.replace("{", "<").replace("}", ">")
+        out.append(f"| {route.method} | `{path}` | {apps[route.app]} | {route.what} | {route.answers} |")
+    return "\n".join(out) + "\n"
 
 
 # ---- the CLI ----------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
 from ipnext.contracts.counters import OutcomeTotals, SetCounters
+from ipnext.contracts.http_routes import router_route
 from ipnext.contracts.router import RouterConfig
 from ipnext.errors import PartInputError
 from ipnext.policy.demand import SOURCE_HEADER, valid_source
@@ -222,15 +223,15 @@ class Router:
                 refused = self._keys.refuse(request.headers.get("authorization"), self._model)
                 if refused is not None:
                     return _answer(*_refusal(*refused))
-            path = request.url.path.rstrip("/")
-            if request.method == "GET" and path.endswith("/demand"):
+            route = router_route(request.method, request.url.path, self._model)  # contracts.http_routes
+            if route is None:
+                return _answer(*_refusal(404, "use POST .../predict (or .../feedback, GET .../demand)"))
+            if route.leaf == "demand":
                 return await self._demand_answer(request)
-            if request.method == "GET" and not path.endswith("/predict"):
+            if route.leaf == "":
                 return JSONResponse(self.state())
-            if request.method == "POST" and path.endswith("/feedback"):
+            if route.leaf == "feedback":
                 return _answer(*self.feedback(await self._read_body(request)))
-            if request.method != "POST" or not path.endswith("/predict"):
-                return _answer(*_refusal(404, "use POST .../predict (or .../feedback)"))
             source = request.headers.get(SOURCE_HEADER) or self._region
             if not valid_source(source):
                 return _answer(*_refusal(400, f"{SOURCE_HEADER}: {source[:80]!r} is not a region name"))

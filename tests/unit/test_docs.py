@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from ipnext.contracts.http_routes import ROUTES
+
 from .test_architecture_doc import SPAN, defines, module_file
 
 REPO = Path(__file__).resolve().parents[2]
@@ -89,6 +91,9 @@ def test_generated_reference_covers_every_command_and_a_bad_marker_fails(site: P
     bench_page = (site / "benchmarks" / "index.html").read_text()
     for script in (REPO / "bench").glob("*.py"):
         assert f"bench/{script.name}" in bench_page, script.name
+    http_page = (site / "reference" / "http" / "index.html").read_text()
+    for route in ROUTES:
+        assert route.path.replace("{", "&lt;").replace("}", "&gt;") in http_page, route.path
     sdk_page = (site / "reference" / "sdk" / "index.html").read_text()
     for method in (
         "Client.publish_model",
