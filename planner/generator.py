@@ -2,21 +2,27 @@
 deployments shaped like real models (a few hardware options, traffic from a few sources,
 groups of parts that share routing, some needing several regions or to survive a region loss).
 
-`utilization` sets total pool capacity against an estimate of what the demand needs, so 0.9
-gives nearly full pools that couple every deployment.
+`generate` makes the bench's rows: `utilization` sets total pool capacity against an estimate
+of what the demand needs, so 0.9 gives nearly full pools that couple every deployment, but
+nothing proves such an instance feasible. `family` makes instances that are feasible by
+construction: it plants a placement first (each deployment on a hardware option and in regions
+drawn at random, not where the prices would put it), sizes the pools from what that placement
+uses plus a little slack, and returns the placement as the certificate. `planner.validate.
+check_plan` checks it; the planner never does.
 """
 
 from __future__ import annotations
 
 import math
 import random
+from dataclasses import dataclass
 
-from ipnext.contracts.plan import PlanningProblem
+from ipnext.contracts.plan import DeploymentPlacement, Plan, PlanningProblem
 from ipnext.spec.demand_file import DeploymentDemand
 from ipnext.spec.fleet import Fleet, HardwareClass, Pool
 from ipnext.spec.model import HardwareOption
 
-__all__ = ["changed_demand", "generate"]
+__all__ = ["FamilyInstance", "changed_demand", "family", "generate"]
 
 
 def generate(
@@ -123,3 +129,129 @@ def changed_demand(problem: PlanningProblem, seed: int, change: float = 0.05) ->
             demand[source] = qps * factors[key]
         deployments.append(dep.model_copy(update={"demand_qps": demand}))
     return problem.model_copy(update={"deployments": deployments})
+
+
+@dataclass(frozen=True)
+class FamilyInstance:
+    """An instance of the family with its certificate: `planted` fits every pool and constraint
+    of `problem` (its cost is an upper bound of the optimum); `fullness` is the share of all
+    pool units the planted plan uses."""
+
+    seed: int
+    problem: PlanningProblem
+    planted: Plan
+    fullness: float
+
+
+def _plane(rng: random.Random, regions: int) -> tuple[list[str], dict[str, dict[str, float]]]:
+    names = [f"r{i}" for i in range(regions)]
+    points = {r: (rng.uniform(0, 100), rng.uniform(0, 100)) for r in names}
+    latency = {s: {r: round(1 + math.dist(points[s], points[r]) * 1.2, 1) for r in names} for s in names}
+    return names, latency
+
+
+def family(
+    seed: int,
+    *,
+    deployments: int | None = None,
+    regions: int | None = None,
+    hardware: int | None = None,
+    fullness: float | None = None,
+) -> FamilyInstance:
+    """One instance of the family, drawn from `seed`: 100-1,000 deployments, 4-16 regions, 2-4
+    hardware classes and pools from comfortable (50%) to 98% full unless given; about a third
+    of the parts in groups of 2-3, min_regions 1-3, a third surviving a region loss, and latency
+    budgets at most 15% above what the planted routing needs (often exactly that)."""
+    rng = random.Random(seed)
+    n_deployments = deployments if deployments is not None else rng.randint(100, 1000)
+    n_regions = regions if regions is not None else rng.randint(4, 16)
+    n_hardware = hardware if hardware is not None else rng.randint(2, 4)
+    target = fullness if fullness is not None else rng.uniform(0.5, 0.98)
+    region_names, latency = _plane(rng, n_regions)
+    hw_names = [f"{'gpu' if i % 2 else 'cpu'}{i}" for i in range(n_hardware)]
+    hw_speed = {h: rng.choice([1.0, 2.0, 4.0, 8.0]) for h in hw_names}
+    hw_units = {h: rng.choice([1, 2, 4]) for h in hw_names}
+
+    demands: list[DeploymentDemand] = []
+    placements: dict[str, DeploymentPlacement] = {}
+    used: dict[tuple[str, str], int] = {}
+    while len(demands) < n_deployments:
+        size = min(rng.choice([2, 3]), n_deployments - len(demands)) if rng.random() < 0.3 else 1
+        group = f"g{len(demands)}" if size > 1 else None
+        sources = rng.sample(region_names, k=min(n_regions, rng.choice([1, 1, 2, 3, 4])))
+        qps = {s: round(rng.lognormvariate(4.5, 1.2), 1) for s in sources}
+        min_regions = min(n_regions, rng.choice([1, 1, 1, 2, 2, 3]))
+        survive = rng.random() < 0.3
+        headroom = rng.choice([0.1, 0.2, 0.3])
+        # Where the group serves: each source's home, one of its three nearest regions (not
+        # always the nearest), then more regions at random up to what min_regions and
+        # survive_region_loss need. The budget is what the homes need, plus 0-15%.
+        home = {s: rng.choice(sorted(region_names, key=lambda r: latency[s][r])[:3]) for s in sources}
+        serving = sorted(set(home.values()))
+        need = max(min_regions, 2 if survive else 1) + (1 if rng.random() < 0.2 else 0)
+        others = [r for r in region_names if r not in serving]
+        rng.shuffle(others)
+        serving += others[: max(0, min(n_regions, need) - len(serving))]
+        tight = max(latency[s][home[s]] for s in sources)
+        budget = math.ceil(tight * (1.0 if rng.random() < 0.4 else rng.uniform(1.0, 1.15)) * 10) / 10
+        fractions = {s: {home[s]: 1.0} for s in sources}
+        routed = {r: sum(q for s, q in qps.items() if home[s] == r) for r in serving}
+        for _ in range(size):
+            options = rng.sample(hw_names, k=rng.randint(1, min(3, n_hardware)))
+            base_qps = rng.lognormvariate(4.0, 0.8)
+            offer = {
+                h: HardwareOption(
+                    units=hw_units[h] * rng.choice([1, 1, 2]), qps=round(base_qps * hw_speed[h], 1)
+                )
+                for h in options
+            }
+            name = f"d{len(demands)}"
+            demands.append(
+                DeploymentDemand(
+                    name=name,
+                    hardware=offer,
+                    demand_qps=qps,
+                    latency_budget_ms=budget,
+                    headroom=headroom,
+                    min_regions=min_regions,
+                    survive_region_loss=survive,
+                    group=group,
+                )
+            )
+            chosen = rng.choice(options)  # the planted option: drawn, not the cheapest
+            per_replica = (1 - headroom) * offer[chosen].qps
+            replicas = {r: max(1, math.ceil(routed[r] / per_replica - 1e-9)) for r in serving}
+            if survive:  # the capacity outside any one region covers the whole demand
+                total = sum(qps.values())
+                while True:
+                    lost = max(serving, key=lambda r: replicas[r])
+                    short = total - per_replica * (sum(replicas.values()) - replicas[lost])
+                    if short <= 1e-9:
+                        break
+                    replicas[min((r for r in serving if r != lost), key=lambda r: replicas[r])] += 1
+            placements[name] = DeploymentPlacement(
+                replicas={r: {chosen: n} for r, n in replicas.items()}, fractions=fractions
+            )
+            for r, n in replicas.items():
+                used[(r, chosen)] = used.get((r, chosen), 0) + n * offer[chosen].units
+
+    pools = []
+    cost = {h: hw_speed[h] * rng.uniform(0.8, 1.2) for h in hw_names}
+    for r in region_names:
+        for h in hw_names:
+            taken = used.get((r, h), 0)
+            units = max(taken, math.ceil(taken / target)) if taken else rng.randint(1, 4)
+            pools.append(
+                Pool(region=r, hardware=h, units=units, unit_cost=round(cost[h] * rng.uniform(0.9, 1.1), 3))
+            )
+    fleet = Fleet(
+        regions=region_names,
+        hardware={h: HardwareClass(kind="gpu" if h.startswith("gpu") else "cpu") for h in hw_names},
+        pools=pools,
+        latency_ms=latency,
+    )
+    problem = PlanningProblem(fleet=fleet, deployments=demands)
+    unit_cost = {(p.region, p.hardware): p.unit_cost for p in pools}
+    planted_cost = sum(units * unit_cost[key] for key, units in used.items())
+    planted = Plan(deployments=placements, cost=round(planted_cost, 6), solver="planted")
+    return FamilyInstance(seed, problem, planted, sum(used.values()) / sum(p.units for p in pools))
