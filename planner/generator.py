@@ -5,10 +5,11 @@ groups of parts that share routing, some needing several regions or to survive a
 `generate` makes the bench's rows: `utilization` sets total pool capacity against an estimate
 of what the demand needs, so 0.9 gives nearly full pools that couple every deployment, but
 nothing proves such an instance feasible. `family` makes instances that are feasible by
-construction: it plants a placement first (each deployment on a hardware option and in regions
-drawn at random, not where the prices would put it), sizes the pools from what that placement
-uses plus a little slack, and returns the placement as the certificate. `planner.validate.
-check_plan` checks it; the planner never does.
+construction: it plants a placement first (each deployment on the option that is cheapest
+under perturbed prices and in regions drawn near its sources, not where the true prices put
+it), sizes the pools from what that placement uses plus a little slack, and returns the
+placement as the certificate, which `planner.validate.check_plan` checks; the planner never
+does.
 """
 
 from __future__ import annotations
@@ -171,6 +172,7 @@ def family(
     hw_names = [f"{'gpu' if i % 2 else 'cpu'}{i}" for i in range(n_hardware)]
     hw_speed = {h: rng.choice([1.0, 2.0, 4.0, 8.0]) for h in hw_names}
     hw_units = {h: rng.choice([1, 2, 4]) for h in hw_names}
+    cost = {h: hw_speed[h] * rng.uniform(0.8, 1.2) for h in hw_names}
 
     demands: list[DeploymentDemand] = []
     placements: dict[str, DeploymentPlacement] = {}
@@ -218,7 +220,12 @@ def family(
                     group=group,
                 )
             )
-            chosen = rng.choice(options)  # the planted option: drawn, not the cheapest
+            # The planted option: the cheapest per QPS under prices perturbed by up to 25%, so the
+            # planted plan is nearly efficient (the pools it fills bind a good plan too) but not
+            # what the true prices want.
+            chosen = min(
+                options, key=lambda h: offer[h].units * cost[h] / offer[h].qps * rng.uniform(0.75, 1.25)
+            )
             per_replica = (1 - headroom) * offer[chosen].qps
             replicas = {r: max(1, math.ceil(routed[r] / per_replica - 1e-9)) for r in serving}
             if survive:  # the capacity outside any one region covers the whole demand
@@ -236,7 +243,6 @@ def family(
                 used[(r, chosen)] = used.get((r, chosen), 0) + n * offer[chosen].units
 
     pools = []
-    cost = {h: hw_speed[h] * rng.uniform(0.8, 1.2) for h in hw_names}
     for r in region_names:
         for h in hw_names:
             taken = used.get((r, h), 0)
