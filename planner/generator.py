@@ -26,6 +26,30 @@ from ipnext.spec.model import HardwareOption
 __all__ = ["FamilyInstance", "changed_demand", "family", "generate"]
 
 
+def _plane(rng: random.Random, regions: int) -> tuple[list[str], dict[str, dict[str, float]]]:
+    names = [f"r{i}" for i in range(regions)]
+    points = {r: (rng.uniform(0, 100), rng.uniform(0, 100)) for r in names}
+    latency = {s: {r: round(1 + math.dist(points[s], points[r]) * 1.2, 1) for r in names} for s in names}
+    return names, latency
+
+
+def _offer(
+    rng: random.Random, options: list[str], base_qps: float, units: dict[str, int], speed: dict[str, float]
+) -> dict[str, HardwareOption]:
+    """A deployment's hardware options: the class's units (once or twice) and its speed's QPS."""
+    return {
+        h: HardwareOption(units=units[h] * rng.choice([1, 1, 2]), qps=round(base_qps * speed[h], 1))
+        for h in options
+    }
+
+
+def _fleet(
+    regions: list[str], hardware: list[str], pools: list[Pool], latency: dict[str, dict[str, float]]
+) -> Fleet:
+    kinds = {h: HardwareClass(kind="gpu" if h.startswith("gpu") else "cpu") for h in hardware}
+    return Fleet(regions=regions, hardware=kinds, pools=pools, latency_ms=latency)
+
+
 def generate(
     seed: int,
     deployments: int,
@@ -36,13 +60,8 @@ def generate(
     group_share: float = 0.3,
 ) -> PlanningProblem:
     rng = random.Random(seed)
-    region_names = [f"r{i}" for i in range(regions)]
+    region_names, latency = _plane(rng, regions)
     hw_names = [f"{'gpu' if i % 2 else 'cpu'}{i}" for i in range(hardware)]
-    points = {r: (rng.uniform(0, 100), rng.uniform(0, 100)) for r in region_names}
-    latency = {
-        s: {r: round(1 + math.dist(points[s], points[r]) * 1.2, 1) for r in region_names}
-        for s in region_names
-    }
     hw_speed = {h: rng.choice([1.0, 2.0, 4.0, 8.0]) for h in hw_names}
     hw_units = {h: rng.choice([1, 2, 4]) for h in hw_names}
 
@@ -64,12 +83,7 @@ def generate(
             demands.append(
                 DeploymentDemand(
                     name=f"d{len(demands)}",
-                    hardware={
-                        h: HardwareOption(
-                            units=hw_units[h] * rng.choice([1, 1, 2]), qps=round(base_qps * hw_speed[h], 1)
-                        )
-                        for h in options
-                    },
+                    hardware=_offer(rng, options, base_qps, hw_units, hw_speed),
                     demand_qps=qps,
                     latency_budget_ms=budget,
                     headroom=headroom,
@@ -105,12 +119,7 @@ def generate(
                     region=r, hardware=h, units=units, unit_cost=round(rng.uniform(0.8, 1.2) * hw_speed[h], 3)
                 )
             )
-    fleet = Fleet(
-        regions=region_names,
-        hardware={h: HardwareClass(kind="gpu" if h.startswith("gpu") else "cpu") for h in hw_names},
-        pools=pools,
-        latency_ms=latency,
-    )
+    fleet = _fleet(region_names, hw_names, pools, latency)
     return PlanningProblem(fleet=fleet, deployments=demands)
 
 
@@ -142,13 +151,6 @@ class FamilyInstance:
     problem: PlanningProblem
     planted: Plan
     fullness: float
-
-
-def _plane(rng: random.Random, regions: int) -> tuple[list[str], dict[str, dict[str, float]]]:
-    names = [f"r{i}" for i in range(regions)]
-    points = {r: (rng.uniform(0, 100), rng.uniform(0, 100)) for r in names}
-    latency = {s: {r: round(1 + math.dist(points[s], points[r]) * 1.2, 1) for r in names} for s in names}
-    return names, latency
 
 
 def family(
@@ -201,12 +203,7 @@ def family(
         for _ in range(size):
             options = rng.sample(hw_names, k=rng.randint(1, min(3, n_hardware)))
             base_qps = rng.lognormvariate(4.0, 0.8)
-            offer = {
-                h: HardwareOption(
-                    units=hw_units[h] * rng.choice([1, 1, 2]), qps=round(base_qps * hw_speed[h], 1)
-                )
-                for h in options
-            }
+            offer = _offer(rng, options, base_qps, hw_units, hw_speed)
             name = f"d{len(demands)}"
             demands.append(
                 DeploymentDemand(
@@ -250,12 +247,7 @@ def family(
             pools.append(
                 Pool(region=r, hardware=h, units=units, unit_cost=round(cost[h] * rng.uniform(0.9, 1.1), 3))
             )
-    fleet = Fleet(
-        regions=region_names,
-        hardware={h: HardwareClass(kind="gpu" if h.startswith("gpu") else "cpu") for h in hw_names},
-        pools=pools,
-        latency_ms=latency,
-    )
+    fleet = _fleet(region_names, hw_names, pools, latency)
     problem = PlanningProblem(fleet=fleet, deployments=demands)
     unit_cost = {(p.region, p.hardware): p.unit_cost for p in pools}
     planted_cost = sum(units * unit_cost[key] for key, units in used.items())
