@@ -7,6 +7,8 @@ plain MIP of the same formulation (HiGHS, same time limit), all in this process.
     .venv/bin/python bench/planner.py --rows replan   # the replan goal: 20 and 100 deployments, seeds 1-5
     .venv/bin/python bench/planner.py --rows replan --replan-sizes 20 --seeds 2 --churn 0.5
     .venv/bin/python bench/planner.py --rows 300-tight --repeat 10   # the same solve 10 times
+    .venv/bin/python bench/planner.py --family 40     # 40 fresh instances of the family, 60 s each
+    .venv/bin/python bench/planner.py --family --family-seeds 17 912   # those instances again
 
 Every row has a work limit (the planner's work units, planner/work.py: the same row gives the
 same plan on any machine) and a time limit, the outer stop; `--repeat` runs on the work limit
@@ -33,6 +35,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
+
+from planner_family import FAMILY_WORK, run_family  # bench/ is the script's directory
 
 from ipnext.contracts.plan import PlanningProblem, SolveOptions, plan_moves
 from ipnext.errors import InfeasiblePlanError, PlanningTimeoutError
@@ -352,9 +356,30 @@ def main() -> None:
         ),
     )
     parser.add_argument(
+        "--family",
+        type=int,
+        nargs="?",
+        const=40,
+        help="instead of the rows, this many fresh instances of the family (planner_family.py; default 40)",
+    )
+    parser.add_argument(
+        "--family-tight", type=int, default=20, help="of the family's instances, how many 90-98%% full"
+    )
+    parser.add_argument("--family-seeds", type=int, nargs="*", help="the family's seeds (default: fresh)")
+    parser.add_argument(
         "--out", type=Path, help="default bench/results/planner.json (planner-replan.json for --rows replan)"
     )
     args = parser.parse_args()
+    if args.family is not None or args.family_seeds:
+        limit = args.time_limit or 60.0
+        result = run_family(
+            args.family or 40, args.family_tight, args.family_seeds, limit, args.work_limit or FAMILY_WORK
+        )
+        out = args.out or Path("bench/results/planner-family.json")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2))
+        print(f"wrote {out}")
+        return
     default = (
         "planner-replan" if args.rows == ["replan"] else "planner-repeat" if args.repeat > 1 else "planner"
     )

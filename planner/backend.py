@@ -10,9 +10,18 @@ import numpy as np
 from ortools.linear_solver.python import model_builder as mb
 
 from ipnext.planner.formulation import BlockModel
-from ipnext.planner.work import LP_ITERATION_WORK, Budget, Clock, lp_charge, mip_charge, mip_nodes
+from ipnext.planner.work import (
+    LP_ITERATION_WORK,
+    MIP_BASE_WORK,
+    MIP_NNZ_WORK,
+    Budget,
+    Clock,
+    lp_charge,
+    mip_charge,
+    mip_nodes,
+)
 
-__all__ = ["Solution", "solve_model"]
+__all__ = ["Solution", "root_work", "solve_model"]
 
 
 @dataclass
@@ -24,6 +33,14 @@ class Solution:
     pool_duals: dict[tuple[int, int], float]
     work: int = 0  # what the call was charged (work.py)
     clock: bool = False  # the outer clock stopped it before it finished
+
+
+def root_work(model: BlockModel) -> int:
+    """What HiGHS's root (presolve, the LP, cuts, heuristics) of the model costs, in work
+    units: the node limit does not bound it, so a MIP given less than this may run far past
+    its work (and the clock) before the first node. Callers that can do without a MIP skip
+    one given less (see work.py for the rate)."""
+    return MIP_BASE_WORK + MIP_NNZ_WORK * int(model.matrix.nnz)
 
 
 def solve_model(

@@ -269,9 +269,9 @@ def greedy_columns(
         swapped = swap_columns(inst, master, plan, left, budget.share(SWAP_SHARE))
         if swapped is not None:
             return swapped
-    placed, why = place_one_by_one(inst, left, np.maximum(residual, 0.0), churn, prices, plan, budget)
-    log.debug("one by one: %d blocks, %s", len(left), why or "placed")
-    if placed is None:
+    done = place_one_by_one(inst, left, np.maximum(residual, 0.0), churn, prices, plan, budget)
+    log.debug("one by one: %d blocks, %s", len(left), done.why or "placed")
+    if done.placed is None:
         return None
-    plan.update(placed)
+    plan.update(done.placed)
     return plan

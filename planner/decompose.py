@@ -49,7 +49,7 @@ rounds.Reuse).
 
 At fleet scale (past FLEET_BLOCKS) the LP relaxation is too large to round into a first plan,
 so the first round's answers, made to fit by repair (at congestion prices first past
-CONGESTION_FIRST_BLOCKS), are it (`_fitted_first_round`); its columns also give the master LP
+CONGESTION_FIRST_BLOCKS, first_plan.py), are it; its columns also give the master LP
 a way to fit the pools, so its prices are real duals from the first round rather than the
 slack's. Two more things there. A round priced while the master's columns do not fit the
 pools (past SLACK_WORK_BLOCKS, when that repair failed, until the rounds find columns that
@@ -73,26 +73,24 @@ from dataclasses import dataclass
 import numpy as np
 
 from ipnext.errors import InfeasiblePlanError, PlanningTimeoutError
-from ipnext.planner.backend import solve_model
 from ipnext.planner.block.common import WORK_BUDGET
 from ipnext.planner.branch import branched_bound
 from ipnext.planner.columns import cheaper_from_columns, enrich, from_columns
-from ipnext.planner.formulation import build
+from ipnext.planner.first_plan import first_plan, fitted_first_round, lp_start
 from ipnext.planner.improve import TIGHTEN_FLEET_WORK, improve, loose, plan_cost, tighten, tightened
 from ipnext.planner.instance import Instance
 from ipnext.planner.master import Master
 from ipnext.planner.pool import Jobs, Pool, gather
-from ipnext.planner.pricing import BlockChoice, block_names, choices_from_values, usage_of
-from ipnext.planner.repair import OUT_OF_TIME, first_plan_repair
+from ipnext.planner.pricing import BlockChoice, block_names
+from ipnext.planner.repair import OUT_OF_TIME
 from ipnext.planner.rounds import Reuse, Rounds
-from ipnext.planner.work import UNITS_PER_SECOND, Budget
+from ipnext.planner.work import Budget
 
 __all__ = ["BlockChoice", "Decomposition", "decompose"]
 
 log = logging.getLogger(__name__)
 
 SMOOTHING = 0.5
-LP_ROUNDINGS = 4
 ENRICH_SHARE = 0.25  # of the work left after pricing, for more columns near the best prices
 # Of the work limit, the most the first plan (LP rounding, repaired) may take before pricing starts.
 FIRST_PLAN_SHARE = 0.3
@@ -100,9 +98,6 @@ MAX_SLACK_RAISES = 6  # then the columns are taken not to fit: repair decides, o
 # A branch for a better bound (branch.py): on instances of at most FLEET_BLOCKS blocks whose
 # master LP fits the pools, in this share of the work left after the plan is built.
 BRANCH_SHARE = 0.35
-# Larger LPs take most of the time limit (1,000 deployments: GLOP unfinished in 9 s).
-LP_PRICES_MAX_OPTIONS = 20_000
-LP_PRICES_SHARE = 0.25  # of the pricing's work, the most the whole model's LP relaxation takes
 # At fleet scale the plan is chosen again once the workers' exact block answers are in (every
 # one is waited for: each is work-limited). The workers get the loosest blocks whose MIPs'
 # work together is at most this share of the work left when they are sent (they run beside
@@ -123,14 +118,6 @@ SLACK_WORK = 5_000
 # round on both rows, and only a fleet whose first plan's repair failed has rounds priced at
 # the slack's prices.
 SLACK_WORK_BLOCKS = 3_000
-# A fleet's first round's answers are repaired at congestion prices first past this many blocks
-# (`repair.first_plan_repair`); up to it, at the first prices first. On the 10,000 row (6,885
-# blocks) only the congestion prices place them (55 s; at zero prices the evictions went on past
-# 300 s). On the 1,000 row (701 blocks) both do (4 s and 10 s); the plans the rounds then made
-# from the zero-price one were 3.27-3.87% over their bounds in five runs, from the congestion
-# one 3.84-3.98% in four. The runs vary that much from timing alone, but until more runs
-# tell them apart that row keeps the repair it was measured with.
-CONGESTION_FIRST_BLOCKS = 3_000
 
 
 @dataclass
@@ -173,13 +160,13 @@ def decompose(
     iteration = 0
     pricing = budget.until(pricing_share)
     with Pool(inst, workers) as pool:
-        start = _lp_prices(inst, churn, pricing)
+        start = lp_start(inst, churn, pricing)
         prices = start.prices
         for c in start.columns:
             master.add(c, c.cost)
         # The anytime plan: whatever happens later, this one is returned if nothing better is.
-        first, first_how = _first_plan(inst, start, churn, budget.until(FIRST_PLAN_SHARE))
-        log.debug("first plan: %s (%d units)", first_how, budget.spent)
+        first, first_how = first_plan(inst, start, churn, budget.until(FIRST_PLAN_SHARE), budget)
+        _first_plan_logged(first is not None, first_how, budget)
         # The first round must answer every block (each needs a column and a bound); later
         # rounds stop at the pricing's share and carry the blocks they did not reach.
         round_started = budget.spent
@@ -199,8 +186,8 @@ def decompose(
         if first is None and inst.fleet and not start.rounded:
             # No LP rounding at fleet scale: the first round's answers, made to fit.
             # It may take what work is left: without it there is no plan until the columns fit.
-            first, first_how = _fitted_first_round(inst, choices, churn, prices, budget)
-            log.debug("first plan: %s (%d units)", first_how, budget.spent)
+            first, first_how = fitted_first_round(inst, choices, churn, prices, budget)
+            _first_plan_logged(first is not None, first_how, budget)
             for c in (first or {}).values():
                 master.add(c, c.cost)
         branch: str | None = None
@@ -369,6 +356,13 @@ def decompose(
     return Decomposition(choices=plan, lower_bound=best, iterations=iteration, first_plan=how, branch=branch)
 
 
+def _first_plan_logged(found: bool, how: str, budget: Budget) -> None:
+    """The first plan's record, at debug level; `found` and `work` travel as the record's
+    attributes (`first_plan`, `work`): the bench times the first plan by them."""
+    extra = {"first_plan": found, "work": budget.spent}
+    log.debug("first plan: %s (%d units)", how, budget.spent, extra=extra)
+
+
 def _by_clock(budget: Budget) -> str:
     return " (stopped by the clock: not reproducible)" if budget.stopped_by_clock else ""
 
@@ -445,124 +439,3 @@ def _chosen_again(
         plan_cost(plan),
     )
     return again if plan_cost(again) < plan_cost(plan) - 1e-9 else plan
-
-
-@dataclass
-class LPStart:
-    """What the whole model's LP relaxation gives the decomposition before any pricing round."""
-
-    prices: np.ndarray
-    columns: list[BlockChoice]
-    rounded: list[dict[int, BlockChoice]]  # each rounding's whole plan, in the order made
-    bound: float | None  # the LP's optimum, a lower bound of the MIP's; None when unsolved
-
-
-def _lp_prices(inst: Instance, churn: float, budget: Budget) -> LPStart:
-    """First pool prices: the duals of the whole model's LP relaxation, when it is small enough
-    to solve in a fraction of the time (zero prices otherwise). Near-full pools are then
-    priced from the first round, instead of after many rounds of overfull columns.
-
-    Also a column per block from the LP's solution, replicas rounded up: each is a valid
-    placement of its block (rounding up only adds capacity, and a region holds replicas of
-    every member wherever the LP put any), and together they sit close to what fits the
-    pools, which the blocks' own optima at any single prices often do not."""
-    prices = np.zeros_like(inst.pool_units)
-    if len(inst.opt_d) > LP_PRICES_MAX_OPTIONS:
-        return LPStart(prices, [], [], None)
-    started = budget.spent
-    lp_budget = budget.share(LP_PRICES_SHARE)
-    model = build(inst, list(range(len(inst.blocks))), pool_capacity=inst.pool_units, churn_cost=churn)
-    limit = max(UNITS_PER_SECOND, lp_budget.left())
-    sol = solve_model(model, relax=True, solver="glop", work=limit, budget=budget)
-    bound = None
-    if sol.status == "optimal":  # the duals of an unfinished LP are no prices
-        for (r, h), dual in sol.pool_duals.items():
-            prices[r, h] = dual
-        bound = float(sol.objective)
-    log.debug(
-        "LP relaxation %s in %d units: %.3f, %d pools priced",
-        sol.status,
-        budget.spent - started,
-        sol.objective,
-        int((prices > 0).sum()),
-    )
-    columns: list[BlockChoice] = []
-    plans: list[dict[int, BlockChoice]] = []
-    blocks = list(range(len(inst.blocks)))
-    capacity = inst.pool_units.copy()
-    # Rounding up overfills pools that the LP filled; solve again with those pools shrunk by
-    # the overflow, a few times, so that some rounded plan fits (near-full pools need it).
-    for attempt in range(LP_ROUNDINGS):
-        if sol.values is None:
-            break
-        values = sol.values.copy()
-        values[: model.n_x] = np.ceil(values[: model.n_x] - 1e-6)
-        rounded = choices_from_values(inst, model, values, churn, blocks)
-        columns.extend(rounded.values())
-        plans.append(rounded)
-        overflow = np.maximum(usage_of(inst, rounded) - inst.pool_units, 0.0)
-        log.debug("LP rounding %d: overflows pools by %g units", attempt + 1, overflow.sum())
-        if not overflow.any() or lp_budget.exhausted():
-            break
-        capacity = np.maximum(capacity - overflow, 0.0)
-        model = build(inst, blocks, pool_capacity=capacity, churn_cost=churn)
-        sol = solve_model(model, relax=True, solver="glop", work=limit, budget=budget)
-    return LPStart(prices, columns, plans, bound)
-
-
-def _first_plan(
-    inst: Instance, start: LPStart, churn: float, budget: Budget
-) -> tuple[dict[int, BlockChoice] | None, str]:
-    """A plan that fits the pools, made in the first seconds so that a work limit never leaves
-    the planner with nothing: the LP rounding that overflows the pools least, repaired (blocks
-    taken off the overfull pools and placed again in the capacity the others leave: one at a
-    time at congestion prices, else as `repair` does, see `repair.first_plan_repair`). None,
-    with why, when there is no rounding (an LP too large to solve) or the repair does not
-    finish in `budget`."""
-    if not start.rounded:
-        return None, "no LP rounding (the LP relaxation is too large or unsolved)"
-    started = budget.spent
-
-    def overflow(plan: dict[int, BlockChoice]) -> float:
-        return float(np.maximum(usage_of(inst, plan) - inst.pool_units, 0.0).sum())
-
-    least = min(start.rounded, key=overflow)
-    if overflow(least) == 0.0:
-        return least, "the LP relaxation rounded up"
-    try:
-        plan = first_plan_repair(inst, least, churn, budget, start.prices)
-    except (PlanningTimeoutError, InfeasiblePlanError) as err:
-        return None, f"the LP rounding's repair found nothing in {budget.spent - started:,} work units: {err}"
-    return plan, f"the LP relaxation rounded up and repaired in {budget.spent - started:,} work units"
-
-
-def _fitted_first_round(
-    inst: Instance, choices: dict[int, BlockChoice], churn: float, prices: np.ndarray, budget: Budget
-) -> tuple[dict[int, BlockChoice] | None, str]:
-    """A fleet's first plan: the first pricing round's answers (every block at its cheapest at
-    the first prices, which overfill the cheap pools), repaired one block at a time, at
-    congestion prices or at the first prices (`CONGESTION_FIRST_BLOCKS` says which is tried
-    first; the joint MIP over hundreds of blocks finds nothing in time at this size: 34 s for
-    nothing on the 1,000-deployment row). Its columns fit the pools, so the master LP has
-    prices, not the slack's, from the first round on. On the bench's fleet rows (zero first
-    prices) the repair takes 7.5 s at 1,000 deployments (196 blocks to place, at the first
-    prices; 3.9 s at congestion prices) and 55 s at 10,000 (1,540, at congestion prices),
-    where the first plan used to wait for the columns to fit (213 s). None, with why, when the
-    repair does not finish in `budget`."""
-    started = budget.spent
-    try:
-        plan = first_plan_repair(
-            inst,
-            choices,
-            churn,
-            budget,
-            prices,
-            joint=False,
-            congestion_first=len(inst.blocks) > CONGESTION_FIRST_BLOCKS,
-        )
-    except PlanningTimeoutError as err:
-        why = err.message.removeprefix(f"{OUT_OF_TIME}: ").rstrip(".")
-        return None, f"the first round's answers were not repaired in time ({why})"
-    except InfeasiblePlanError as err:
-        return None, f"the first round's answers could not be repaired ({err.message.rstrip('.')})"
-    return plan, f"the first round's answers, repaired in {budget.spent - started:,} work units"

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ipnext.errors import InfeasiblePlanError
-from ipnext.planner.backend import solve_model
+from ipnext.planner.backend import root_work, solve_model
 from ipnext.planner.block import solve_block_fast
 from ipnext.planner.block.common import WORK_BUDGET
 from ipnext.planner.formulation import BlockModel, build
@@ -232,6 +232,8 @@ def place_jointly(
     it found no placement in its work, at most `JOINT_REPAIR_WORK`), charged to `budget`."""
     joint = build(inst, movers, pool_capacity=residual, churn_cost=churn)
     limit = max(UNITS_PER_SECOND, budget.cap(JOINT_REPAIR_WORK))
+    if limit < root_work(joint):
+        return None  # its root alone would outrun the work: on 300-deployment instances, the clock
     sol = solve_model(joint, work=limit, budget=budget, relative_gap=1e-4)
     if sol.values is None:
         return None

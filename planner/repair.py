@@ -5,12 +5,14 @@ ejection chain; when nothing fits, the error names the shortfall."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
 from ipnext.errors import InfeasiblePlanError, PlanningTimeoutError
 from ipnext.planner.block import search_block
 from ipnext.planner.block.common import WORK_BUDGET
+from ipnext.planner.complete import complete, shortfall
 from ipnext.planner.instance import Instance
 from ipnext.planner.pricing import (
     BlockChoice,
@@ -23,7 +25,16 @@ from ipnext.planner.pricing import (
 )
 from ipnext.planner.work import UNITS_PER_SECOND, Budget
 
-__all__ = ["FIRST_PLAN_SCARCITY", "OUT_OF_TIME", "first_plan_repair", "place_one_by_one", "repair"]
+__all__ = [
+    "FIRST_PLAN_SCARCITY",
+    "OUT_OF_TIME",
+    "SCRATCH_SCARCITY",
+    "Unplaced",
+    "first_plan_repair",
+    "from_scratch",
+    "place_one_by_one",
+    "repair",
+]
 
 OUT_OF_TIME = "no plan that fits the pools within the work limit"
 REPAIR_BLOCK_WORK = 2 * UNITS_PER_SECOND  # a block's MIP in the room left (once 2 s)
@@ -43,6 +54,16 @@ RETRY_WORK = 5 * WORK_BUDGET
 # The placements also cost less (1,000: 46,485 against 48,196). 0.1 evicted 6 and 8 blocks,
 # 0.5 and 1.0 none but cost more (48,264, 49,985).
 FIRST_PLAN_SCARCITY = 0.2
+# The ejection chain gives up after this many evictions per block it was given (plus 20), and
+# the completing MIPs (complete.py) place what is left.
+EJECTIONS_PER_BLOCK = 1
+# A plan from scratch (`from_scratch`) places every block at congestion prices this steep: with
+# the pools empty at first, a gentle price lets the first blocks take the cheap pools that the
+# later ones need. From scratch at 1.0, a 682-block, 98%-full instance of the family was
+# placed in 3.4 M work units (17.7 s), at 0.2 in 17 M (56 s, most of it evictions); the
+# 300-tight family's seed 2, which the LP rounding's repair could not place, in 0.45 M at 1.0
+# and not at 0.5.
+SCRATCH_SCARCITY = 1.0
 
 
 def repair(
@@ -54,13 +75,16 @@ def repair(
     *,
     joint: bool = True,
     scarcity: float = 0.0,
+    complete_rest: bool = True,
 ) -> dict[int, BlockChoice]:
     """Make the choices fit the pools. Blocks are taken off the overfull pools and re-placed
     into the capacity the others leave, together by one MIP (hard pool rows, in at most
     `JOINT_SHARE` of the work; not with `joint=False`) or, if that cannot finish in time, one
     by one, largest first (with pool prices raised by `scarcity` as pools fill, see
-    `place_one_by_one`). When they cannot fit, the circle widens: every block on the
-    congested hardware classes, then every block."""
+    `place_one_by_one`). The joint MIP's circle widens when it finds nothing: every block on
+    the congested hardware classes, then every block. What the one-by-one placement cannot
+    place, `complete.complete` does, or proves that nothing can (with `complete_rest=False`,
+    `Unplaced` instead, out of work too, for a caller with another way to try first)."""
     used = usage_of(inst, choices)
     if (used <= inst.pool_units + 1e-9).all():
         return dict(choices)
@@ -71,35 +95,41 @@ def repair(
         [b for b, c in choices.items() if any(inst.opt_h[o] in congested_hw for o in c.x)],
         list(choices),
     ]
-    last_error = ""
     # The joint MIPs share the first part of the work: one that runs to the end would leave
     # nothing for the one-by-one placement, which the fast solver makes in milliseconds a block
     # (300-tight in 60 s: "repair still had 208 of 208 blocks to place", none tried).
     started = budget.spent
     joint_budget = budget.share(JOINT_SHARE)
-    for jointly in (True, False) if joint else (False,):
-        for movers in circles:
-            kept = {b: c for b, c in choices.items() if b not in set(movers)}
-            residual = np.maximum(inst.pool_units - usage_of(inst, kept), 0.0)
-            if jointly:
-                if joint_budget.exhausted():
-                    continue
-                placed = place_jointly(inst, movers, residual, churn, joint_budget)
-            else:
-                placed, last_error = place_one_by_one(
-                    inst, movers, residual, churn, prices, kept, budget, scarcity=scarcity
-                )
-                if placed is None and last_error.startswith(OUT_OF_TIME):
-                    # A wider circle needs more work still; the message says how far this one got.
-                    raise PlanningTimeoutError(
-                        f"{last_error[:-1]} after {budget.spent - started:,} work units of repair"
-                        f"{_BY_CLOCK if budget.stopped_by_clock else ''}.",
-                        fix=_MORE,
-                    )
-            if placed is not None:
-                kept.update(placed)
-                return kept
-    raise InfeasiblePlanError(last_error or "pools: the blocks cannot be placed within the pools' capacity.")
+    for movers in circles if joint else []:
+        if joint_budget.exhausted():
+            break
+        kept = {b: c for b, c in choices.items() if b not in set(movers)}
+        residual = np.maximum(inst.pool_units - usage_of(inst, kept), 0.0)
+        placed = place_jointly(inst, movers, residual, churn, joint_budget)
+        if placed is not None:
+            kept.update(placed)
+            return kept
+    # One by one, the blocks off the overfull pools; what that leaves, the completing MIPs
+    # place with more and more of the others freed (complete.py), to a plan or a proof.
+    movers = circles[0]
+    kept = {b: c for b, c in choices.items() if b not in set(movers)}
+    residual = np.maximum(inst.pool_units - usage_of(inst, kept), 0.0)
+    done = place_one_by_one(inst, movers, residual, churn, prices, kept, budget, scarcity=scarcity)
+    if done.placed is not None:
+        kept.update(done.placed)
+        return kept
+    partial = {**kept, **done.partial}
+    if not complete_rest:
+        raise Unplaced(done.why, partial, done.left)
+    if done.why.startswith(OUT_OF_TIME):
+        gap = shortfall(inst, partial, done.left, churn)
+        raise PlanningTimeoutError(
+            f"{done.why[:-1]} after {budget.spent - started:,} work units of repair"
+            f"{_BY_CLOCK if budget.stopped_by_clock else ''}; {gap.describe()}.",
+            fix=f"{_MORE}; or {gap.fix()}",
+        )
+    placed_all, _ = complete(inst, partial, done.left, churn, budget)
+    return placed_all
 
 
 _BY_CLOCK = " (stopped by the clock: not reproducible)"
@@ -119,21 +149,67 @@ def first_plan_repair(
     """The repair of a first plan, two ways: one block at a time at congestion prices
     (`FIRST_PLAN_SCARCITY`), and `repair` as before (the joint MIP, not with `joint=False`,
     then one at a time at `prices`). The second runs when the first cannot place the blocks
-    (its ejection chain gives up); `congestion_first` says which goes first. Placed at
+    (its ejection chain gives up), and then the completing MIPs (complete.py) place what it
+    cannot; `congestion_first` says which goes first. Placed at
     congestion prices, 300-tight's LP rounding is repaired in 9.5 s, where the joint MIP and
     the placement at the LP's prices after it found nothing in 16 s. On small instances they
     are not always better: on 22 instances of 40-60 deployments, 4-6 regions, pools 70-80%
     full, they evicted fewer blocks in 6 (two placed only with them), more in 2 (one placed
     only without them). Out of time, it raises as `repair` does."""
-    ways = [
-        lambda: repair(inst, choices, churn, budget, prices, joint=False, scarcity=FIRST_PLAN_SCARCITY),
-        lambda: repair(inst, choices, churn, budget, prices, joint=joint),
-    ]
-    first, second = ways if congestion_first else ways[::-1]
+
+    def congested(complete_rest: bool) -> dict[int, BlockChoice]:
+        return repair(
+            inst,
+            choices,
+            churn,
+            budget,
+            prices,
+            joint=False,
+            scarcity=FIRST_PLAN_SCARCITY,
+            complete_rest=complete_rest,
+        )
+
+    def plain(complete_rest: bool) -> dict[int, BlockChoice]:
+        return repair(inst, choices, churn, budget, prices, joint=joint, complete_rest=complete_rest)
+
+    first, second = (congested, plain) if congestion_first else (plain, congested)
     try:
-        return first()
+        return first(False)  # what it cannot place, the second way tries before the completing MIPs
     except InfeasiblePlanError:
-        return second()
+        return second(True)
+
+
+def from_scratch(
+    inst: Instance, churn: float, budget: Budget, *, complete_rest: bool = True
+) -> dict[int, BlockChoice]:
+    """A plan built from empty pools: every block placed one at a time, largest first, at
+    congestion prices (`SCRATCH_SCARCITY`), and what the ejection chain cannot place by the
+    completing MIPs (complete.py; with `complete_rest=False`, `Unplaced` instead, also when
+    the placement runs out of work). Needs no LP and no pricing round. Raises as `complete`
+    does, or PlanningTimeoutError when the placement runs out of work."""
+    zero = np.zeros_like(inst.pool_units)
+    blocks = list(range(len(inst.blocks)))
+    done = place_one_by_one(
+        inst, blocks, inst.pool_units.copy(), churn, zero, {}, budget, scarcity=SCRATCH_SCARCITY
+    )
+    if done.placed is not None:
+        return done.placed
+    if not complete_rest:
+        raise Unplaced(done.why, done.partial, done.left)
+    if done.why.startswith(OUT_OF_TIME):
+        gap = shortfall(inst, done.partial, done.left, churn)
+        raise PlanningTimeoutError(f"{done.why[:-1]}; {gap.describe()}.", fix=f"{_MORE}; or {gap.fix()}")
+    return complete(inst, done.partial, done.left, churn, budget)[0]
+
+
+class Unplaced(InfeasiblePlanError):
+    """The one-by-one placement gave up (its ejection chain or its work ran out) before the
+    completing MIPs were asked: `placed` fits the pools, `left` are the blocks it did not place."""
+
+    def __init__(self, why: str, placed: dict[int, BlockChoice], left: list[int]) -> None:
+        super().__init__(why)
+        self.placed = placed
+        self.left = left
 
 
 def _minimal_movers(inst: Instance, choices: dict[int, BlockChoice], used: np.ndarray) -> list[int]:
@@ -168,7 +244,7 @@ def place_one_by_one(
     budget: Budget | None = None,
     *,
     scarcity: float = 0.0,
-) -> tuple[dict[int, BlockChoice] | None, str]:
+) -> OneByOne:
     """Place blocks one at a time into `residual`, largest first (by the fewest units a block
     could need: placed while there is most room, the large ones leave the small the gaps, as in
     first-fit decreasing). For the 196 blocks off the 1,000-deployment row's overfull pools,
@@ -178,7 +254,7 @@ def place_one_by_one(
     again: a bounded ejection chain. With `scarcity` > 0 each block is placed at `prices` plus a
     congestion price on every pool (`FIRST_PLAN_SCARCITY`'s comment), so few blocks need
     evicting; the placements keep no bound (it would be at those prices) and are priced at
-    `prices`. Returns the placements, or None and why."""
+    `prices`. Returns the placements, or None, why, and where it stopped (`OneByOne`)."""
     budget = budget if budget is not None else Budget(1 << 62)
     residual = residual.copy()
     placed: dict[int, BlockChoice] = {}
@@ -200,12 +276,13 @@ def place_one_by_one(
 
     queue = sorted(movers, key=lambda b: -need(b))
     evictions = 0
-    limit = 5 * len(movers) + 20
+    limit = EJECTIONS_PER_BLOCK * len(movers) + 20
     while queue:
         if budget.exhausted():
             # Evicted blocks queue again, so more may be left than were given ("7 of 5").
             given = f"{len(movers)} given" + (f", {evictions} evictions" if evictions else "")
-            return None, f"{OUT_OF_TIME}: repair still had {len(queue)} blocks to place ({given})."
+            why = f"{OUT_OF_TIME}: repair still had {len(queue)} blocks to place ({given})."
+            return OneByOne(None, why, placed, queue)
         b = queue.pop(0)
         budget.spend(PLACE_WORK)
         mip_work = max(MIN_REPAIR_BLOCK_WORK, budget.cap(REPAIR_BLOCK_WORK))
@@ -229,7 +306,7 @@ def place_one_by_one(
                 if any((int(inst.opt_r[o]), int(inst.opt_h[o])) in pools for o in c.x)
             ]
             if not holders or evictions >= limit:
-                return None, _shortfall(inst, b, residual)
+                return OneByOne(None, _shortfall(inst, b, residual), placed, [b, *queue])
             holders.sort(key=lambda item: -flexibility(item[0].block))
             for c, owner in holders[:2]:
                 del owner[c.block]
@@ -242,7 +319,19 @@ def place_one_by_one(
         placed[b] = choice
         for o, n in choice.x.items():
             residual[inst.opt_r[o], inst.opt_h[o]] -= n * inst.opt_units[o]
-    return placed, ""
+    return OneByOne(placed, "", placed, [])
+
+
+@dataclass
+class OneByOne:
+    """What `place_one_by_one` did: `placed` is every block's placement, or None, with `why`,
+    when it gave up; then `partial` holds what it had placed and `left` the blocks it had not
+    (the `kept` it was given lost the blocks it evicted)."""
+
+    placed: dict[int, BlockChoice] | None
+    why: str
+    partial: dict[int, BlockChoice]
+    left: list[int]
 
 
 def _congestion(inst: Instance, residual: np.ndarray, scarcity: float) -> np.ndarray:

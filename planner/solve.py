@@ -12,12 +12,13 @@ optimum needs."""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Literal
 
 from ipnext.contracts.plan import DeploymentPlacement, Plan, PlanningProblem, SolveOptions
 from ipnext.errors import PlanningTimeoutError
 from ipnext.planner.backend import solve_model
-from ipnext.planner.decompose import decompose
+from ipnext.planner.decompose import Decomposition, decompose
 from ipnext.planner.formulation import build
 from ipnext.planner.instance import Instance, compile_problem
 from ipnext.planner.moves import fewer_moves, fewest_moves, moved_units_of
@@ -29,13 +30,10 @@ __all__ = ["STOPPED_BY_CLOCK", "solve"]
 # What a plan's method says when the time limit, not the work limit, cut a phase of its solve.
 STOPPED_BY_CLOCK = "stopped by the clock: not reproducible"
 
+# The measurements behind each value below: docs/architecture/planner.md, "The solve's shares".
 # Instances up to this many variables are first solved whole by the exact MIP, in this share of
-# the work limit (the shares below were measured as shares of the time limit). When it does not
-# close, its best plan and bound are kept beside the
-# decomposition's (a replan's first phase then has a plan even when the decomposition, with less
-# time, finds none). From scratch, instances of 100 deployments closed in 0.1-2.5 s here, and the
-# one that did not had no plan after 60 s: there its 40% left the decomposition 0.21% over its
-# bound, against 0.12% with the whole limit, so a solve from scratch gives the MIP less.
+# the work limit; when it does not close, its best plan and bound are a candidate beside the
+# decomposition's.
 EXACT_MAX_VARIABLES = 1500
 EXACT_SHARE = {"replan": 0.4, "scratch": 0.2}
 # A replan may cost this share more than the proven lower bound of the cheapest plan (so at
@@ -43,20 +41,27 @@ EXACT_SHARE = {"replan": 0.4, "scratch": 0.2}
 REPLAN_COST_SLACK = 0.01
 # Up to this many options the second phase tries the whole fewest-moves MIP before neighbourhoods.
 WHOLE_MOVES_MAX_OPTIONS = 20_000
-# Of a replan's work left on the scalable path, the first phase's share. The whole fewest-moves
-# MIP closed in about a second at 100 deployments, but needed more on a loaded machine (with
-# 15% of 30 s left it moved 5x the fewest); at fleet scale the first phase keeps what it had
-# before the second existed (1,000 deployments on 2 loaded cores: a plan from scratch took 57
-# s of 60, and a replan with 90% of the time found none), and the second runs in the time
-# kept for writing the plan, less 2% of the limit.
+# Of a replan's work left on the scalable path, the first phase's share (whole fewest-moves MIP,
+# or neighbourhoods at fleet scale, where the second runs in the work kept for writing the plan).
 REPLAN_SCRATCH_SHARE = {"whole": 0.6, "neighbourhoods": 1.0}
-# Of the decomposition's work, the pricing rounds' share. Past FLEET_BLOCKS blocks, once the
-# master's columns fit the pools, more: the plan is then the master's whole blocks and a greedy
-# choice for the few it mixes (seconds), and every round lifts the bound (the 1,000-deployment
-# row: 6.3-10% at 0.55, 5.1% at 0.7, the same 5.0-5.2% at 0.8). Columns that do not fit leave
-# most blocks to be placed one at a time, which at 10,000 deployments took more than 108 s.
+# Of the decomposition's work, the pricing rounds' share; past FLEET_BLOCKS blocks, once the
+# master's columns fit the pools, more.
 PRICING_SHARE = 0.55
 PRICING_SHARE_FLEET = 0.7
+
+
+Solver = Literal["exact-mip", "ipnext-lagrangian"]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A plan one method found and the lower bound of the cost it proved, said for people in
+    `method` and by name in `solver`; `solve` returns the cheapest plan with the highest bound."""
+
+    choices: dict[int, BlockChoice]
+    bound: float
+    method: str
+    solver: Solver
 
 
 def solve(problem: PlanningProblem, options: SolveOptions | None = None) -> Plan:
@@ -69,7 +74,7 @@ def solve(problem: PlanningProblem, options: SolveOptions | None = None) -> Plan
     replan = churn > 0
     blocks = list(range(len(inst.blocks)))
     end = budget.until(0.95)  # the rest is the fleet second phase's reserve
-    unfinished: tuple[dict[int, BlockChoice], float] | None = None  # an exact MIP's best and bound
+    unfinished: Candidate | None = None  # an exact MIP's best plan and bound when it did not close
     if options.exact_fallback:
         # A replan's first phase is the cheapest plan: no churn in the objective.
         whole = build(inst, blocks, pool_capacity=inst.pool_units, churn_cost=0.0 if replan else churn)
@@ -79,13 +84,16 @@ def solve(problem: PlanningProblem, options: SolveOptions | None = None) -> Plan
             sol = solve_model(whole, work=work, budget=budget, relative_gap=1e-9)
             if sol.status == "optimal" and sol.values is not None:
                 choices = choices_from_values(inst, whole, sol.values, churn, blocks)
-                method = "exact MIP (HiGHS), solved to optimality"
+                exact = Candidate(choices, sol.bound, "exact MIP (HiGHS), solved to optimality", "exact-mip")
                 if replan:
                     choices = _fewer_moves(inst, choices, sol.bound, churn, end)
                     method = f"exact MIP (HiGHS) of the cost, solved to optimality{_SECOND_PHASE}"
-                return _plan(inst, choices, churn, sol.bound, method, started, budget)
+                    exact = Candidate(choices, sol.bound, method, "exact-mip")
+                return _plan(inst, exact, churn, started, budget)
             if sol.values is not None:  # kept beside the decomposition's, and for a replan's first phase
-                unfinished = (choices_from_values(inst, whole, sol.values, churn, blocks), sol.bound)
+                choices = choices_from_values(inst, whole, sol.values, churn, blocks)
+                method = "exact MIP (HiGHS) of the cost, stopped at its work limit"
+                unfinished = Candidate(choices, max(sol.bound, 0.0), method, "exact-mip")  # costs are >= 0
     # Prices move for a little over half the work left, the bound is tightened and the plan
     # repaired in the rest; 5% stays in reserve. A replan's first phase has a share.
     # At fleet scale a replan's first phase is the one-objective replan (cost + churn x moves):
@@ -109,35 +117,45 @@ def solve(problem: PlanningProblem, options: SolveOptions | None = None) -> Plan
     except PlanningTimeoutError:
         if unfinished is None or fleet_scale:
             raise
-        choices, bound = unfinished[0], max(unfinished[1], 0.0)  # costs are never negative
-        method = "exact MIP (HiGHS) of the cost, stopped at its work limit"
+        chosen = unfinished
     else:
-        choices, bound = result.choices, result.lower_bound
-        if result.iterations == 0 and result.first_plan:  # the first pricing round ran out of work
-            out = "time" if budget.stopped_by_clock else "work"
-            method = f"the LP relaxation's optimum; the plan: {result.first_plan}, the pricing out of {out}"
-        else:
-            method = (
-                "Lagrangian bound at the column generation's best pool prices "
-                f"(block MIPs, {result.iterations} rounds)"
-            )
-            if result.branch:
-                method += f", the smaller of its two sides' when branched on {result.branch}"
-            if result.first_plan:
-                method += f"; the plan: {result.first_plan} (the columns' was not better in its work)"
+        found = [_decomposed(result, budget)]
         if unfinished is not None and not fleet_scale:  # the better plan and bound of the two
-            if _total_cost(inst, unfinished[0]) < _total_cost(inst, choices):
-                choices = unfinished[0]
-            if unfinished[1] > bound:
-                bound = unfinished[1]
-                method = "exact MIP (HiGHS) of the cost, stopped at its work limit"
+            found.append(unfinished)
+        chosen = _chosen(inst, found)
+    choices, bound, method = chosen.choices, chosen.bound, chosen.method
     if fleet_scale:  # the bound is the one objective's, no bound of the cost
         choices = _fewer_moves(inst, choices, 0.0, churn, budget.until(0.98))
         method += f", then fewer moved units within {50 * REPLAN_COST_SLACK:g}% of that plan's cost"
     elif replan:
         choices = _fewer_moves(inst, choices, bound, churn, end)
         method += _SECOND_PHASE
-    return _plan(inst, choices, churn, bound, method, started, budget)
+    return _plan(inst, Candidate(choices, bound, method, chosen.solver), churn, started, budget)
+
+
+def _decomposed(result: Decomposition, budget: Budget) -> Candidate:
+    """The decomposition's plan and bound as a candidate (decompose.py says what each means)."""
+    if result.iterations == 0 and result.first_plan:  # the first pricing round ran out of work
+        out = "time" if budget.stopped_by_clock else "work"
+        method = f"the LP relaxation's optimum; the plan: {result.first_plan}, the pricing out of {out}"
+    else:
+        method = (
+            "Lagrangian bound at the column generation's best pool prices "
+            f"(block MIPs, {result.iterations} rounds)"
+        )
+        if result.branch:
+            method += f", the smaller of its two sides' when branched on {result.branch}"
+        if result.first_plan:
+            method += f"; the plan: {result.first_plan} (the columns' was not better in its work)"
+    return Candidate(result.choices, result.lower_bound, method, "ipnext-lagrangian")
+
+
+def _chosen(inst: Instance, candidates: list[Candidate]) -> Candidate:
+    """The cheapest plan of the candidates with the highest bound any of them proved (every
+    bound is a lower bound of the same optimum); the method and solver are the bound's."""
+    cheapest = min(candidates, key=lambda c: _total_cost(inst, c.choices))
+    highest = max(candidates, key=lambda c: c.bound)
+    return Candidate(cheapest.choices, highest.bound, highest.method, highest.solver)
 
 
 _SECOND_PHASE = f", then the fewest moved units found within {100 * REPLAN_COST_SLACK:g}% of its bound"
@@ -178,15 +196,8 @@ def _total_cost(inst: Instance, choices: dict[int, BlockChoice]) -> float:
     return float(sum(inst.opt_cost[o] * n for c in choices.values() for o, n in c.x.items()))
 
 
-def _plan(
-    inst: Instance,
-    choices: dict[int, BlockChoice],
-    churn: float,
-    bound: float,
-    method: str,
-    started: float,
-    budget: Budget | None = None,
-) -> Plan:
+def _plan(inst: Instance, chosen: Candidate, churn: float, started: float, budget: Budget) -> Plan:
+    choices, bound, method = chosen.choices, chosen.bound, chosen.method
     placements: dict[str, DeploymentPlacement] = {}
     cost = 0.0
     moved = 0
@@ -217,16 +228,14 @@ def _plan(
     gap = 0.0 if gap < 1e-9 else gap  # solver tolerance, not a gap
     used = usage_of(inst, choices)
     assert (used <= inst.pool_units + 1e-6).all()  # repair guarantees it; a violation is a bug here
-    stopped_by: Literal["work", "clock"] | None = None
-    if budget is not None:
-        stopped_by = "clock" if budget.stopped_by_clock else "work"
-        if stopped_by == "clock":
-            method += f"; {STOPPED_BY_CLOCK}"
+    stopped_by: Literal["work", "clock"] = "clock" if budget.stopped_by_clock else "work"
+    if stopped_by == "clock":
+        method += f"; {STOPPED_BY_CLOCK}"
     return Plan(
         deployments=placements,
         cost=round(cost, 6),
         moved_units=moved,
-        solver="ipnext-lagrangian" if "Lagrangian" in method else "exact-mip",
+        solver=chosen.solver,
         revision=(inst.problem.current.revision + 1) if inst.problem.current else 1,
         objective=round(objective, 6),
         lower_bound=round(bound, 6),
@@ -235,5 +244,5 @@ def _plan(
         solve_seconds=round(time.monotonic() - started, 3),
         status="optimal" if gap <= 1e-9 else "feasible",
         stopped_by=stopped_by,
-        work_units=budget.spent if budget is not None else None,
+        work_units=budget.spent,
     )

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ipnext.contracts.plan import Plan
 from ipnext.errors import PlanningTimeoutError
 from ipnext.planner import check_plan, pricing, solve
 from ipnext.planner.columns import cheaper_from_columns, enrich, greedy_columns, swap_columns
@@ -23,7 +24,7 @@ from ipnext.planner.master import Master
 from ipnext.planner.pool import PARALLEL_MIN_BLOCKS, Pool
 from ipnext.planner.pricing import BlockChoice, _rounded_relaxation, solve_block, usage_of
 from ipnext.planner.rounds import Reuse, Rounds
-from ipnext.planner.solve import _plan
+from ipnext.planner.solve import Candidate, _plan
 from ipnext.planner.work import UNITS_PER_SECOND, Budget
 from tests.unit.helpers import work_options
 
@@ -113,7 +114,7 @@ def _assert_valid_alone(inst: Instance, choice: BlockChoice) -> None:
     routes = {int(t): (int(sub.route_s[t]), int(sub.route_r[t])) for t in sub.routes_of[0]}
     f = {t: shares[key] for t, key in routes.items() if key in shares}
     x = {options[o]: n for o, n in choice.x.items()}
-    plan = _plan(sub, {0: BlockChoice(0, x, f, 0.0, 0.0, choice.cost)}, 0.0, 0.0, "test", time.monotonic())
+    plan = _as_plan(sub, {0: BlockChoice(0, x, f, 0.0, 0.0, choice.cost)})
     assert check_plan(alone, plan) == [], choice.block
 
 
@@ -166,7 +167,7 @@ def test_greedy_columns_fit_the_pools() -> None:
     )
     assert plan is not None and sorted(plan) == list(range(len(inst.blocks)))
     assert (usage_of(inst, plan) <= inst.pool_units + 1e-9).all()
-    report = _plan(inst, plan, 0.0, 0.0, "test", time.monotonic())
+    report = _as_plan(inst, plan)
     assert check_plan(inst.problem, report) == []
 
 
@@ -194,7 +195,7 @@ def test_choosing_again_from_every_column_keeps_the_cheaper_plan_and_fits_the_po
     again = cheaper_from_columns(inst, master, dear, Budget(60 * UNITS_PER_SECOND))
     assert plan_cost(again) == pytest.approx(plan_cost(cheapest))
     assert (usage_of(inst, again) <= inst.pool_units + 1e-9).all()
-    assert check_plan(inst.problem, _plan(inst, again, 0.0, 0.0, "test", time.monotonic())) == []
+    assert check_plan(inst.problem, _as_plan(inst, again)) == []
     assert plan_cost(cheapest) <= plan_cost(greedy) + 1e-6
     assert cheaper_from_columns(inst, master, cheapest, Budget(60 * UNITS_PER_SECOND)) is cheapest  # kept
 
@@ -259,7 +260,7 @@ def test_improving_two_neighbourhoods_at_once_keeps_the_plan_within_the_pools() 
     assert result.tried >= 2  # the first two disjoint neighbourhoods went to the workers together
     assert (usage_of(inst, better) <= inst.pool_units + 1e-9).all()
     assert sum(c.cost for c in better.values()) < sum(c.cost for c in start.values())
-    assert check_plan(inst.problem, _plan(inst, better, 0.0, 0.0, "test", time.monotonic())) == []
+    assert check_plan(inst.problem, _as_plan(inst, better)) == []
 
 
 HOLDER = """
@@ -442,22 +443,24 @@ def test_swapping_columns_makes_an_overfull_choice_fit() -> None:
     assert plan is not None and sorted(plan) == blocks
     assert all(any(master.columns[c].choice is plan[b] for c in master.of_block[b]) for b in blocks)
     assert (usage_of(inst, plan) <= inst.pool_units + 1e-9).all()
-    assert check_plan(inst.problem, _plan(inst, plan, 0.0, 0.0, "test", time.monotonic())) == []
+    assert check_plan(inst.problem, _as_plan(inst, plan)) == []
     assert swap_columns(inst, master, kept, left, Budget(0)) is None
 
 
 def test_at_fleet_scale_the_first_round_made_to_fit_is_the_plan_when_the_columns_give_none(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Without an LP rounding (the LP relaxation is too large at fleet scale: made so here) the
-    first round's answers, repaired, are the first plan: they fit the pools, and when choosing
-    from the columns then runs out of time the solve returns that plan, never nothing. The
-    repair runs at congestion prices first, as on a fleet past CONGESTION_FIRST_BLOCKS (the
-    repair at the first prices has its own tests in test_repair.py)."""
+    """Without an LP rounding (the LP relaxation is too large at fleet scale: made so here) and
+    without a plan from scratch (made to fail here: see the next test), the first round's
+    answers, repaired, are the first plan: they fit the pools, and when choosing from the
+    columns then runs out of time the solve returns that plan, never nothing. The repair runs
+    at congestion prices first, as on a fleet past CONGESTION_FIRST_BLOCKS (the repair at the
+    first prices has its own tests in test_repair.py)."""
     monkeypatch.setattr(importlib.import_module("ipnext.planner.instance"), "FLEET_BLOCKS", 0)
     decompose_module = importlib.import_module("ipnext.planner.decompose")
-    monkeypatch.setattr(decompose_module, "LP_PRICES_MAX_OPTIONS", 0)
-    monkeypatch.setattr(decompose_module, "CONGESTION_FIRST_BLOCKS", 0)
+    first_plan_module = importlib.import_module("ipnext.planner.first_plan")
+    monkeypatch.setattr(first_plan_module, "LP_PRICES_MAX_OPTIONS", 0)
+    monkeypatch.setattr(first_plan_module, "CONGESTION_FIRST_BLOCKS", 0)
     repair_module = importlib.import_module("ipnext.planner.repair")
     scarcities: list[float] = []
     real_repair = repair_module.repair
@@ -468,7 +471,7 @@ def test_at_fleet_scale_the_first_round_made_to_fit_is_the_plan_when_the_columns
 
     monkeypatch.setattr(repair_module, "repair", repair_spy)
     firsts: list[tuple[Instance, dict[int, BlockChoice] | None, str]] = []
-    real_first = decompose_module._fitted_first_round
+    real_first = decompose_module.fitted_first_round
 
     def first_spy(inst: Instance, *args: object) -> tuple[dict[int, BlockChoice] | None, str]:
         plan, how = real_first(inst, *args)  # type: ignore[arg-type]
@@ -478,8 +481,13 @@ def test_at_fleet_scale_the_first_round_made_to_fit_is_the_plan_when_the_columns
     def out_of_time(*args: object) -> None:
         raise PlanningTimeoutError("no plan that fits the pools within the time limit: test")
 
-    monkeypatch.setattr(decompose_module, "_fitted_first_round", first_spy)
+    def nothing_from_scratch(inst: Instance, *args: object, **kwargs: object) -> None:
+        raise repair_module.Unplaced("test", {}, list(range(len(inst.blocks))))
+
+    monkeypatch.setattr(decompose_module, "fitted_first_round", first_spy)
     monkeypatch.setattr(decompose_module, "from_columns", out_of_time)
+    monkeypatch.setattr(first_plan_module, "from_scratch", nothing_from_scratch)
+    monkeypatch.setattr(first_plan_module, "complete", out_of_time)
     problem = generate(2, 100, 4, 2, utilization=0.6)
     plan = solve(problem, work_options(10, exact_fallback=False, workers=2))
     assert len(firsts) == 1, firsts
@@ -491,3 +499,26 @@ def test_at_fleet_scale_the_first_round_made_to_fit_is_the_plan_when_the_columns
     assert "the first round's answers, repaired" in plan.lower_bound_method, plan.lower_bound_method
     assert plan.objective <= plan_cost(first) + 1e-6  # that plan, or a better one from improvement
     assert scarcities[:1] == [repair_module.FIRST_PLAN_SCARCITY], scarcities
+
+
+def _as_plan(inst: Instance, choices: dict[int, BlockChoice]) -> Plan:
+    """The choices written as a plan (for check_plan), as solve() writes its own."""
+    return _plan(inst, Candidate(choices, 0.0, "test", "ipnext-lagrangian"), 0.0, time.monotonic(), Budget(1))
+
+
+def test_without_an_lp_rounding_the_first_plan_is_built_from_scratch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fleet (no LP rounding) gets its first plan before the first pricing round, every block
+    placed one at a time at congestion prices: when choosing from the columns then runs out of
+    time, that plan comes back, and it fits the pools."""
+    monkeypatch.setattr(importlib.import_module("ipnext.planner.instance"), "FLEET_BLOCKS", 0)
+    decompose_module = importlib.import_module("ipnext.planner.decompose")
+    monkeypatch.setattr(importlib.import_module("ipnext.planner.first_plan"), "LP_PRICES_MAX_OPTIONS", 0)
+
+    def out_of_time(*args: object) -> None:
+        raise PlanningTimeoutError("no plan that fits the pools within the time limit: test")
+
+    monkeypatch.setattr(decompose_module, "from_columns", out_of_time)
+    problem = generate(2, 100, 4, 2, utilization=0.6)
+    plan = solve(problem, work_options(10, exact_fallback=False, workers=2))
+    assert check_plan(problem, plan) == []
+    assert "the plan: placed from scratch in" in plan.lower_bound_method, plan.lower_bound_method

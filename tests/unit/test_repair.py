@@ -101,10 +101,11 @@ def test_congestion_prices_place_each_block_once_where_zero_prices_evict(
     placements = {}
     for scarcity in (0.0, repair_module.FIRST_PLAN_SCARCITY):
         asked.clear()
-        placed, why = repair_module.place_one_by_one(
+        done = repair_module.place_one_by_one(
             inst, movers, residual, 0.0, prices, dict(kept), scarcity=scarcity
         )
-        assert placed is not None, why
+        placed = done.placed
+        assert placed is not None, done.why
         placements[scarcity] = (len(asked), placed)
     evicting, _ = placements[0.0]
     once, placed = placements[repair_module.FIRST_PLAN_SCARCITY]
@@ -135,11 +136,16 @@ def test_a_first_plan_is_repaired_the_other_way_when_the_first_way_cannot_place_
     monkeypatch: pytest.MonkeyPatch, congestion_first: bool
 ) -> None:
     """`first_plan_repair` tries the congestion prices and the old repair in the order asked,
-    the second only when the first finds no placement; out of time it stops at once."""
+    the second only when the first finds no placement, and only the second ends in the
+    completing MIPs; out of time it stops at once."""
     calls: list[tuple[float, bool]] = []
+    completing: list[bool] = []
 
-    def first_way_fails(*args: Any, joint: bool = True, scarcity: float = 0.0) -> dict[int, Any]:
+    def first_way_fails(
+        *args: Any, joint: bool = True, scarcity: float = 0.0, complete_rest: bool = True
+    ) -> dict[int, Any]:
         calls.append((scarcity, joint))
+        completing.append(complete_rest)
         if len(calls) == 1:
             raise InfeasiblePlanError("pools: no room (test)")
         return {}
@@ -148,6 +154,7 @@ def test_a_first_plan_is_repaired_the_other_way_when_the_first_way_cannot_place_
     repair_module.first_plan_repair(None, {}, 0.0, 0.0, None, congestion_first=congestion_first)  # type: ignore[arg-type]
     congestion, old = (repair_module.FIRST_PLAN_SCARCITY, False), (0.0, True)
     assert calls == ([congestion, old] if congestion_first else [old, congestion])
+    assert completing == [False, True]
 
     def out_of_time(*args: Any, **kwargs: Any) -> dict[int, Any]:
         calls.append((-1.0, False))

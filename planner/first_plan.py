@@ -1,0 +1,228 @@
+"""The anytime plan (decompose.py's first plan): made before the pricing rounds, so that a
+work limit never leaves the planner with nothing, and returned when nothing better is ready.
+
+`lp_start` solves the whole model's LP relaxation when it is small enough (its duals are the
+first pool prices, its bound the first bound) and rounds it up a few times. `first_plan`
+then tries three ways, each only when the one before gives up: that rounding repaired one
+block at a time at congestion prices; a plan from scratch (`repair.from_scratch`); the
+completing MIPs (complete.py) over what the furthest of those two left. A fleet has no LP
+rounding and starts from scratch; when that fails too, `fitted_first_round` repairs the first
+pricing round's answers.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+from ipnext.errors import InfeasiblePlanError, PlanningTimeoutError
+from ipnext.planner.backend import solve_model
+from ipnext.planner.complete import complete
+from ipnext.planner.formulation import build
+from ipnext.planner.instance import Instance
+from ipnext.planner.pricing import BlockChoice, choices_from_values, usage_of
+from ipnext.planner.repair import (
+    FIRST_PLAN_SCARCITY,
+    OUT_OF_TIME,
+    Unplaced,
+    first_plan_repair,
+    from_scratch,
+    repair,
+)
+from ipnext.planner.work import UNITS_PER_SECOND, Budget
+
+__all__ = ["LPStart", "first_plan", "fitted_first_round", "lp_start"]
+
+log = logging.getLogger("ipnext.planner.decompose")  # one logger for the decomposition's story
+
+LP_ROUNDINGS = 4
+# Larger LPs take most of the time limit (1,000 deployments: GLOP unfinished in 9 s).
+LP_PRICES_MAX_OPTIONS = 20_000
+LP_PRICES_SHARE = 0.25  # of the pricing's work, the most the whole model's LP relaxation takes
+# Of the first plan's work, the LP rounding's repair takes at most a third, the plan from
+# scratch at most half of what is then left (two thirds of all without a rounding), and the
+# completing MIPs the rest: an ejection
+# chain that goes round the same pools must leave the MIPs the work to finish (on a
+# 300-deployment instance 90% full, the repair and the plan from scratch went round for all
+# of it and left 52 and 36 blocks).
+FIRST_WAY_SHARE = 1 / 3
+SCRATCH_SHARE = 0.5
+# Without a plan from those two, the completing MIPs may take the decomposition's work up to
+# this share of it: a plan comes before a better bound (the LP relaxation's stands in).
+COMPLETE_SHARE = 0.7
+# A fleet's first round's answers are repaired at congestion prices first past this many blocks
+# (`repair.first_plan_repair`); up to it, at the first prices first. On the 10,000 row (6,885
+# blocks) only the congestion prices place them (55 s; at zero prices the evictions went on past
+# 300 s). On the 1,000 row (701 blocks) both do (4 s and 10 s); the plans the rounds then made
+# from the zero-price one were 3.27-3.87% over their bounds in five runs, from the congestion
+# one 3.84-3.98% in four. The runs vary that much from timing alone, but until more runs
+# tell them apart that row keeps the repair it was measured with.
+CONGESTION_FIRST_BLOCKS = 3_000
+
+
+@dataclass
+class LPStart:
+    """What the whole model's LP relaxation gives the decomposition before any pricing round."""
+
+    prices: np.ndarray
+    columns: list[BlockChoice]
+    rounded: list[dict[int, BlockChoice]]  # each rounding's whole plan, in the order made
+    bound: float | None  # the LP's optimum, a lower bound of the MIP's; None when unsolved
+
+
+def lp_start(inst: Instance, churn: float, budget: Budget) -> LPStart:
+    """First pool prices: the duals of the whole model's LP relaxation, when it is small enough
+    to solve in a fraction of the time (zero prices otherwise). Near-full pools are then
+    priced from the first round, instead of after many rounds of overfull columns.
+
+    Also a column per block from the LP's solution, replicas rounded up: each is a valid
+    placement of its block (rounding up only adds capacity, and a region holds replicas of
+    every member wherever the LP put any), and together they sit close to what fits the
+    pools, which the blocks' own optima at any single prices often do not."""
+    prices = np.zeros_like(inst.pool_units)
+    if len(inst.opt_d) > LP_PRICES_MAX_OPTIONS:
+        return LPStart(prices, [], [], None)
+    started = budget.spent
+    lp_budget = budget.share(LP_PRICES_SHARE)
+    model = build(inst, list(range(len(inst.blocks))), pool_capacity=inst.pool_units, churn_cost=churn)
+    limit = max(UNITS_PER_SECOND, lp_budget.left())
+    sol = solve_model(model, relax=True, solver="glop", work=limit, budget=budget)
+    bound = None
+    if sol.status == "optimal":  # the duals of an unfinished LP are no prices
+        for (r, h), dual in sol.pool_duals.items():
+            prices[r, h] = dual
+        bound = float(sol.objective)
+    log.debug(
+        "LP relaxation %s in %d units: %.3f, %d pools priced",
+        sol.status,
+        budget.spent - started,
+        sol.objective,
+        int((prices > 0).sum()),
+    )
+    columns: list[BlockChoice] = []
+    plans: list[dict[int, BlockChoice]] = []
+    blocks = list(range(len(inst.blocks)))
+    capacity = inst.pool_units.copy()
+    # Rounding up overfills pools that the LP filled; solve again with those pools shrunk by
+    # the overflow, a few times, so that some rounded plan fits (near-full pools need it).
+    for attempt in range(LP_ROUNDINGS):
+        if sol.values is None:
+            break
+        values = sol.values.copy()
+        values[: model.n_x] = np.ceil(values[: model.n_x] - 1e-6)
+        rounded = choices_from_values(inst, model, values, churn, blocks)
+        columns.extend(rounded.values())
+        plans.append(rounded)
+        overflow = np.maximum(usage_of(inst, rounded) - inst.pool_units, 0.0)
+        log.debug("LP rounding %d: overflows pools by %g units", attempt + 1, overflow.sum())
+        if not overflow.any() or lp_budget.exhausted():
+            break
+        capacity = np.maximum(capacity - overflow, 0.0)
+        model = build(inst, blocks, pool_capacity=capacity, churn_cost=churn)
+        sol = solve_model(model, relax=True, solver="glop", work=limit, budget=budget)
+    return LPStart(prices, columns, plans, bound)
+
+
+def first_plan(
+    inst: Instance, start: LPStart, churn: float, budget: Budget, whole: Budget
+) -> tuple[dict[int, BlockChoice] | None, str]:
+    """A plan that fits the pools, made in the first seconds so that a work limit never leaves
+    the planner with nothing. Three ways, each only when the one before gives up: the LP
+    rounding that overflows the pools least, repaired (the blocks off the overfull pools
+    placed again one at a time at congestion prices, in the capacity the others leave); a
+    plan built from scratch, every block one at a time at steeper congestion prices
+    (`repair.from_scratch`); the completing MIPs (complete.py) over what the one of those two
+    that got furthest left, which may take up to `COMPLETE_SHARE` of the decomposition's
+    `whole` budget (a plan first: the LP's bound stands in for the pricing's). None, with
+    why, when none finishes. (No joint MIP
+    here: its root node is not bounded by the work, and on 300-deployment instances it took
+    the whole 60 s clock for nothing.)"""
+    started = budget.spent
+    unplaced: list[Unplaced] = []
+    tried: list[str] = []
+    if not start.rounded:
+        tried.append("no LP rounding (the LP relaxation is too large or unsolved)")
+    else:
+
+        def overflow(plan: dict[int, BlockChoice]) -> float:
+            return float(np.maximum(usage_of(inst, plan) - inst.pool_units, 0.0).sum())
+
+        least = min(start.rounded, key=overflow)
+        if overflow(least) == 0.0:
+            return least, "the LP relaxation rounded up"
+        try:
+            plan = repair(
+                inst,
+                least,
+                churn,
+                budget.share(FIRST_WAY_SHARE),
+                start.prices,
+                joint=False,
+                scarcity=FIRST_PLAN_SCARCITY,
+                complete_rest=False,
+            )
+        except Unplaced as err:
+            unplaced.append(err)
+            tried.append(f"the LP rounding's repair left {len(err.left)} blocks")
+        except PlanningTimeoutError as err:
+            return (
+                None,
+                f"the LP rounding's repair found nothing in {budget.spent - started:,} work units: {err}",
+            )
+        else:
+            return plan, f"the LP relaxation rounded up and repaired in {budget.spent - started:,} work units"
+    try:
+        plan = from_scratch(inst, churn, budget, complete_rest=False)
+    except Unplaced as err:
+        unplaced.append(err)
+        tried.append(f"placed from scratch, {len(err.left)} blocks were left")
+    except PlanningTimeoutError as err:
+        return (
+            None,
+            f"{'; '.join(tried)}; from scratch, nothing in {budget.spent - started:,} work units: {err}",
+        )
+    else:
+        return plan, f"placed from scratch in {budget.spent - started:,} work units ({'; '.join(tried)})"
+    fewest = min(unplaced, key=lambda err: len(err.left))
+    try:
+        plan, how = complete(inst, fewest.placed, fewest.left, churn, whole.until(COMPLETE_SHARE))
+    except (PlanningTimeoutError, InfeasiblePlanError) as err:
+        return None, f"{'; '.join(tried)}; nothing in {budget.spent - started:,} work units: {err}"
+    return plan, (
+        f"{'; '.join(tried)}; the {len(fewest.left)} left placed by exact MIPs ({how.describe()}), in "
+        f"{budget.spent - started:,} work units"
+    )
+
+
+def fitted_first_round(
+    inst: Instance, choices: dict[int, BlockChoice], churn: float, prices: np.ndarray, budget: Budget
+) -> tuple[dict[int, BlockChoice] | None, str]:
+    """A fleet's first plan: the first pricing round's answers (every block at its cheapest at
+    the first prices, which overfill the cheap pools), repaired one block at a time, at
+    congestion prices or at the first prices (`CONGESTION_FIRST_BLOCKS` says which is tried
+    first; the joint MIP over hundreds of blocks finds nothing in time at this size: 34 s for
+    nothing on the 1,000-deployment row). Its columns fit the pools, so the master LP has
+    prices, not the slack's, from the first round on. On the bench's fleet rows (zero first
+    prices) the repair takes 7.5 s at 1,000 deployments (196 blocks to place, at the first
+    prices; 3.9 s at congestion prices) and 55 s at 10,000 (1,540, at congestion prices),
+    where the first plan used to wait for the columns to fit (213 s). None, with why, when the
+    repair does not finish in `budget`."""
+    started = budget.spent
+    try:
+        plan = first_plan_repair(
+            inst,
+            choices,
+            churn,
+            budget,
+            prices,
+            joint=False,
+            congestion_first=len(inst.blocks) > CONGESTION_FIRST_BLOCKS,
+        )
+    except PlanningTimeoutError as err:
+        why = err.message.removeprefix(f"{OUT_OF_TIME}: ").rstrip(".")
+        return None, f"the first round's answers were not repaired in time ({why})"
+    except InfeasiblePlanError as err:
+        return None, f"the first round's answers could not be repaired ({err.message.rstrip('.')})"
+    return plan, f"the first round's answers, repaired in {budget.spent - started:,} work units"

@@ -1,0 +1,93 @@
+"""The completing MIPs (planner/complete.py): what repair leaves is placed by an exact MIP,
+with placed blocks freed when the blocks left do not fit beside them, and when nothing fits
+the error proves it and names the pool short and by how much."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ipnext.contracts.plan import PlanningProblem
+from ipnext.planner.backend import solve_model
+from ipnext.planner.complete import NoPlacementError, complete
+from ipnext.planner.formulation import build
+from ipnext.planner.instance import Instance, compile_problem
+from ipnext.planner.pricing import BlockChoice, choices_from_values, usage_of
+from ipnext.planner.work import UNITS_PER_SECOND, Budget
+from ipnext.spec.demand_file import DeploymentDemand
+from ipnext.spec.fleet import Fleet, HardwareClass, Pool
+from ipnext.spec.model import HardwareOption
+
+
+def _problem(far_units: int) -> PlanningProblem:
+    """Two regions, one hardware class. `wide` may serve from either region (its budget
+    reaches both); `near` only from r0. Each needs two replicas, and two fill r0."""
+    fleet = Fleet(
+        regions=["r0", "r1"],
+        hardware={"cpu": HardwareClass(kind="cpu")},
+        pools=[
+            Pool(region="r0", hardware="cpu", units=2, unit_cost=1.0),
+            Pool(region="r1", hardware="cpu", units=far_units, unit_cost=2.0),
+        ],
+        latency_ms={"r0": {"r0": 1.0, "r1": 20.0}, "r1": {"r0": 20.0, "r1": 1.0}},
+    )
+
+    def deployment(name: str, budget: float, qps: float) -> DeploymentDemand:
+        return DeploymentDemand(
+            name=name,
+            hardware={"cpu": HardwareOption(units=1, qps=10.0)},
+            demand_qps={"r0": qps},
+            latency_budget_ms=budget,
+            headroom=0.0,
+        )
+
+    return PlanningProblem(
+        fleet=fleet, deployments=[deployment("wide", 30.0, 20.0), deployment("near", 5.0, 20.0)]
+    )
+
+
+def _wide_in_r0(inst: Instance) -> dict[int, BlockChoice]:
+    """`wide` placed where it blocks `near`: both its replicas in r0 (r1 closed to it)."""
+    only_r0 = inst.pool_units.copy()
+    only_r0[inst.regions.index("r1"), :] = 0
+    model = build(inst, [0], pool_capacity=only_r0)
+    sol = solve_model(model, work=UNITS_PER_SECOND)
+    assert sol.values is not None
+    return choices_from_values(inst, model, sol.values, 0.0, [0])
+
+
+def test_blocks_that_do_not_fit_beside_the_placed_ones_free_their_neighbours() -> None:
+    inst = compile_problem(_problem(far_units=2))
+    placed = _wide_in_r0(inst)
+    assert (usage_of(inst, placed) == [[2], [0]]).all()
+    plan, how = complete(inst, placed, [1], 0.0, Budget(10 * UNITS_PER_SECOND))
+    assert sorted(plan) == [0, 1]
+    assert (usage_of(inst, plan) <= inst.pool_units + 1e-9).all()
+    # `near` alone in what `wide` left: infeasible; with `wide` freed, wide moves to r1.
+    assert [n for n, _ in how.steps] == [1, 2]
+    assert how.steps[0][1] == "infeasible" and how.steps[1][1] in ("optimal", "feasible")
+    r1 = inst.regions.index("r1")
+    assert sum(n for o, n in plan[0].x.items() if inst.opt_r[o] == r1) == 2
+
+
+def test_when_no_placement_fits_the_last_mip_proves_it_and_names_the_pool_short() -> None:
+    inst = compile_problem(_problem(far_units=1))
+    placed = _wide_in_r0(inst)
+    with pytest.raises(NoPlacementError) as caught:
+        complete(inst, placed, [1], 0.0, Budget(10 * UNITS_PER_SECOND))
+    message = caught.value.message
+    assert "the exact MIP over every one of them proved it" in message, message
+    assert "r0/cpu by 2 units" in message, message  # near's two replicas, beside wide's two
+    assert caught.value.fix == "add capacity (r0/cpu +2)"
+
+
+def test_out_of_work_it_says_what_it_tried_and_what_would_fix_it() -> None:
+    inst = compile_problem(_problem(far_units=2))
+    placed = _wide_in_r0(inst)
+    budget = Budget(0)
+    with pytest.raises(Exception) as caught:
+        complete(inst, placed, [1], 0.0, budget)
+    assert type(caught.value).__name__ == "PlanningTimeoutError"
+    assert "1 blocks not placed (near); pools short: r0/cpu by 2 units" in str(caught.value)
+    assert "--work-limit" in str(caught.value.fix)  # type: ignore[attr-defined]
+    assert np.isfinite(inst.pool_units).all()
