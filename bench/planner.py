@@ -328,6 +328,13 @@ def main() -> None:
     parser.add_argument("--rows", nargs="*", default=list(ROWS), choices=list(ROWS))
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
+        "--methods",
+        nargs="*",
+        default=["ipnext", "first-fit", "plain-mip"],
+        choices=["ipnext", "first-fit", "plain-mip"],
+        help="which of the row methods to run (default: all three)",
+    )
+    parser.add_argument(
         "--time-limit", type=float, help="every row's time limit, in seconds (default: the row's)"
     )
     parser.add_argument(
@@ -408,7 +415,7 @@ def main() -> None:
         if args.repeat > 1:
             results.append(_repeated(row, problem, limit, work, args.repeat))
             continue
-        for method in ("ipnext", "first-fit", "plain-mip"):
+        for method in args.methods:
             if method == "ipnext":
                 run = _ours(problem, limit, work)
             elif method == "first-fit":

@@ -22,7 +22,7 @@ from ipnext.planner.backend import root_work, solve_model
 from ipnext.planner.block import search_block
 from ipnext.planner.formulation import build
 from ipnext.planner.instance import Instance
-from ipnext.planner.pricing import BlockChoice, block_names, choices_from_values, usage_of
+from ipnext.planner.pricing import BlockChoice, alone_infeasible, block_names, choices_from_values, usage_of
 from ipnext.planner.work import UNITS_PER_SECOND, Budget
 
 __all__ = ["COMPLETE_GAP", "Completion", "NoPlacementError", "Shortfall", "complete", "shortfall"]
@@ -63,6 +63,7 @@ class Shortfall:
     short: dict[tuple[str, str], float]  # (region, hardware) -> units missing
     blocks: list[str]
     placed: int  # of `blocks`, how many the estimate placed (the largest)
+    alone: list[str]  # why each block that fits nowhere even with the pools to itself does not
 
     def describe(self) -> str:
         pools = ", ".join(f"{r}/{h} by {units:g} units" for (r, h), units in sorted(self.short.items()))
@@ -71,11 +72,18 @@ class Shortfall:
         where = f"pools short: {pools}" if pools else "no pool is short for their cheapest placements alone"
         if self.placed < len(self.blocks):
             where += f" (for the {self.placed} largest of them)"
-        return f"{len(self.blocks)} blocks not placed ({names}); {where}"
+        alone = "".join(f"; {why.rstrip('.')}" for why in self.alone)
+        return f"{len(self.blocks)} blocks not placed ({names}){alone}; {where}"
 
     def fix(self) -> str:
         more = ", ".join(f"{r}/{h} +{math.ceil(units)}" for (r, h), units in sorted(self.short.items()))
-        return f"add capacity ({more})" if more else "loosen the blocks' latency budgets or min_regions"
+        fixes = [f"add capacity ({more})"] if more else []
+        if self.alone or not more:
+            fixes.append(
+                "lower the demand of the blocks that fit nowhere, or loosen their latency budgets "
+                "or min_regions"
+            )
+        return "; or ".join(fixes)
 
 
 def complete(
@@ -152,9 +160,12 @@ def shortfall(inst: Instance, placed: dict[int, BlockChoice], left: list[int], c
     largest = sorted(left, key=lambda b: -float(inst.total_demand[inst.blocks[b]].sum()))[:SHORTFALL_BLOCKS]
     zero = np.zeros_like(inst.pool_units)
     estimated = 0
+    alone: list[str] = []
     for b in largest:
-        answer, _ = search_block(inst, b, zero, churn)
-        if answer is None:  # the fast solver could not answer it in its budget: not counted
+        answer, none_fits = search_block(inst, b, zero, churn)
+        if answer is None:  # no placement at all (said why), or none in the fast solver's budget
+            if none_fits:
+                alone.append(alone_infeasible(inst, b))
             continue
         estimated += 1
         for o, n in answer.x.items():
@@ -163,4 +174,4 @@ def shortfall(inst: Instance, placed: dict[int, BlockChoice], left: list[int], c
     short = {
         (inst.regions[int(r)], inst.hardware[int(h)]): float(over[r, h]) for r, h in np.argwhere(over > 1e-9)
     }
-    return Shortfall(short, [block_names(inst, b) for b in left], estimated)
+    return Shortfall(short, [block_names(inst, b) for b in left], estimated, alone)

@@ -19,7 +19,7 @@ import numpy as np
 
 from ipnext.errors import InfeasiblePlanError, PlanningTimeoutError
 from ipnext.planner.backend import solve_model
-from ipnext.planner.complete import complete
+from ipnext.planner.complete import NoPlacementError, complete
 from ipnext.planner.formulation import build
 from ipnext.planner.instance import Instance
 from ipnext.planner.pricing import BlockChoice, choices_from_values, usage_of
@@ -136,7 +136,8 @@ def first_plan(
     (`repair.from_scratch`); the completing MIPs (complete.py) over what the one of those two
     that got furthest left, which may take up to `COMPLETE_SHARE` of the decomposition's
     `whole` budget (a plan first: the LP's bound stands in for the pricing's). None, with
-    why, when none finishes. (No joint MIP
+    why, when none finishes; NoPlacementError when the last MIP proves that no plan exists.
+    (No joint MIP
     here: its root node is not bounded by the work, and on 300-deployment instances it took
     the whole 60 s clock for nothing.)"""
     started = budget.spent
@@ -188,6 +189,8 @@ def first_plan(
     fewest = min(unplaced, key=lambda err: len(err.left))
     try:
         plan, how = complete(inst, fewest.placed, fewest.left, churn, whole.until(COMPLETE_SHARE))
+    except NoPlacementError:
+        raise  # proven over every block and the whole pools: no plan exists, nothing else to try
     except (PlanningTimeoutError, InfeasiblePlanError) as err:
         return None, f"{'; '.join(tried)}; nothing in {budget.spent - started:,} work units: {err}"
     return plan, (

@@ -108,7 +108,7 @@ def _solve_block(
     sol = solve_model(model, work=mip_work, budget=spent, relative_gap=1e-9)
     if sol.values is None:
         if residual is None and sol.status == "infeasible":
-            raise InfeasiblePlanError(_alone_infeasible(inst, block))
+            raise InfeasiblePlanError(alone_infeasible(inst, block))
         if fast is not None:  # HiGHS found nothing in time: the fast solver's best and bound
             return priced_choice(
                 inst, block, fast.x, fast.f, fast.objective, max(fast.bound, sol.bound), churn
@@ -244,7 +244,7 @@ def block_names(inst: Instance, block: int) -> str:
     return ", ".join(inst.problem.deployments[i].name for i in inst.blocks[block])
 
 
-def _alone_infeasible(inst: Instance, block: int) -> str:
+def alone_infeasible(inst: Instance, block: int) -> str:
     """Why a block cannot be placed even with the whole fleet to itself."""
     lines = []
     for i in inst.blocks[block]:

@@ -18,6 +18,7 @@ from typing import Literal
 from ipnext.contracts.plan import DeploymentPlacement, Plan, PlanningProblem, SolveOptions
 from ipnext.errors import PlanningTimeoutError
 from ipnext.planner.backend import solve_model
+from ipnext.planner.complete import NoPlacementError, shortfall
 from ipnext.planner.decompose import Decomposition, decompose
 from ipnext.planner.formulation import build
 from ipnext.planner.instance import Instance, compile_problem
@@ -90,6 +91,13 @@ def solve(problem: PlanningProblem, options: SolveOptions | None = None) -> Plan
                     method = f"exact MIP (HiGHS) of the cost, solved to optimality{_SECOND_PHASE}"
                     exact = Candidate(choices, sol.bound, method, "exact-mip")
                 return _plan(inst, exact, churn, started, budget)
+            if sol.status == "infeasible":  # proven over every block and the whole pools
+                gap = shortfall(inst, {}, blocks, churn)
+                raise NoPlacementError(
+                    f"pools: no placement of the {len(blocks)} blocks fits them (the exact MIP over every "
+                    f"one of them proved it); {gap.describe()}.",
+                    fix=gap.fix(),
+                )
             if sol.values is not None:  # kept beside the decomposition's, and for a replan's first phase
                 choices = choices_from_values(inst, whole, sol.values, churn, blocks)
                 method = "exact MIP (HiGHS) of the cost, stopped at its work limit"

@@ -56,9 +56,31 @@ def test_plan_solve_names_what_cannot_be_met(tmp_path: Path) -> None:
     demand.write_text(yaml.safe_dump(data))
     done = plan_solve("--demand", str(demand), "--out", str(tmp_path / "plan.json"))
     assert done.returncode == 2
-    assert (
-        "InfeasiblePlanError" in done.stderr
-        and "ads-scorer/main" in done.stderr
+    assert (  # NoPlacementError: the InfeasiblePlanError that the exact MIP proved
+        "NoPlacementError" in done.stderr
+        and "ads-scorer/main needs 100000 QPS" in done.stderr
         and "short by" in done.stderr
-    )
+    ), done.stderr
+    assert not (tmp_path / "plan.json").exists()
+
+
+def test_plan_solve_proves_when_the_pools_cannot_hold_the_demand_and_names_the_pool_short(
+    tmp_path: Path,
+) -> None:
+    """Each deployment fits alone, the two together do not: the exact MIP over every block
+    proves it, and the error names the pool short by how many units and the capacity that
+    would fix it."""
+    data = yaml.safe_load(DEMAND.read_text())
+    scorer = next(d for d in data["deployments"] if d["name"] == "ads-scorer/main")
+    option = scorer["hardware"]["cpu-std"]
+    # 5 replicas, 10 of the 16 cpu-std units in us-east, the one region its budget reaches.
+    scorer["demand_qps"] = {"us-east": 5 * option["qps"] * (1 - scorer.get("headroom", 0.0))}
+    data["deployments"].append({**scorer, "name": "ads-scorer/copy"})
+    demand = tmp_path / "demand.yaml"
+    demand.write_text(yaml.safe_dump(data))
+    done = plan_solve("--demand", str(demand), "--out", str(tmp_path / "plan.json"), "--time-limit", "60")
+    assert done.returncode == 2, done.stderr
+    assert "NoPlacementError" in done.stderr and "proved it" in done.stderr, done.stderr
+    assert "pools short: us-east/cpu-std by" in done.stderr, done.stderr
+    assert "add capacity (us-east/cpu-std +" in done.stderr, done.stderr
     assert not (tmp_path / "plan.json").exists()
