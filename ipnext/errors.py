@@ -49,6 +49,7 @@ __all__ = [
     "ModelExistsError",
     "ModelNotFoundError",
     "ModelRecordError",
+    "NoPlacementError",
     "PartInputError",
     "PlanningTimeoutError",
     "PredictionBadRequestError",
@@ -133,6 +134,11 @@ class ModelRecordError(IpnextError):
 
 class InfeasiblePlanError(IpnextError):
     """No placement meets every constraint; the message names the one that fails."""
+
+
+class NoPlacementError(InfeasiblePlanError):
+    """The exact MIP over every block proved that no placement fits the pools; the message
+    names the pools short and by how much."""
 
 
 class PlanningTimeoutError(IpnextError):

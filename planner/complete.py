@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ipnext.errors import InfeasiblePlanError, PlanningTimeoutError
+from ipnext.errors import NoPlacementError, PlanningTimeoutError
 from ipnext.planner.backend import root_work, solve_model
 from ipnext.planner.block import search_block
 from ipnext.planner.formulation import build
@@ -25,7 +25,7 @@ from ipnext.planner.instance import Instance
 from ipnext.planner.pricing import BlockChoice, alone_infeasible, block_names, choices_from_values, usage_of
 from ipnext.planner.work import UNITS_PER_SECOND, Budget
 
-__all__ = ["COMPLETE_GAP", "Completion", "NoPlacementError", "Shortfall", "complete", "shortfall"]
+__all__ = ["COMPLETE_GAP", "Completion", "Shortfall", "complete", "shortfall"]
 
 # The completing MIPs stop within this share of their optimum: a plan that fits is what they
 # are for; improvement (improve.py) makes it cheaper afterwards.
@@ -40,10 +40,6 @@ GROWTH = 2
 # fast block solver alone: a report must not take the time a plan needed (every block of a
 # 1,000-deployment fleet's repair by the block solver and its MIP took 18 s).
 SHORTFALL_BLOCKS = 25
-
-
-class NoPlacementError(InfeasiblePlanError):
-    """The exact MIP over every block given proved that no placement of them fits the pools."""
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ipnext.errors import InfeasiblePlanError, PlanningTimeoutError
+from ipnext.errors import InfeasiblePlanError, NoPlacementError, PlanningTimeoutError
 from ipnext.planner.backend import solve_model
-from ipnext.planner.complete import NoPlacementError, complete
+from ipnext.planner.complete import complete
 from ipnext.planner.formulation import build
 from ipnext.planner.instance import Instance
 from ipnext.planner.pricing import BlockChoice, choices_from_values, usage_of
@@ -41,17 +41,20 @@ LP_ROUNDINGS = 4
 # Larger LPs take most of the time limit (1,000 deployments: GLOP unfinished in 9 s).
 LP_PRICES_MAX_OPTIONS = 20_000
 LP_PRICES_SHARE = 0.25  # of the pricing's work, the most the whole model's LP relaxation takes
-# Of the first plan's work, the LP rounding's repair takes at most a third, the plan from
-# scratch at most half of what is then left (two thirds of all without a rounding), and the
-# completing MIPs the rest: an ejection
-# chain that goes round the same pools must leave the MIPs the work to finish (on a
-# 300-deployment instance 90% full, the repair and the plan from scratch went round for all
-# of it and left 52 and 36 blocks).
+# Of the first plan's work, the LP rounding's repair takes at most a third and the plan from
+# scratch the rest: an ejection chain that goes round the same pools must leave the other way
+# its turn (on a 300-deployment instance 90% full, the repair went round for all of it and
+# left 132 blocks, where the plan from scratch then placed every block in 0.45 M units).
 FIRST_WAY_SHARE = 1 / 3
-SCRATCH_SHARE = 0.5
 # Without a plan from those two, the completing MIPs may take the decomposition's work up to
-# this share of it: a plan comes before a better bound (the LP relaxation's stands in).
+# this share of it: a plan comes before a better bound (the LP relaxation's stands in). At
+# the first plan's 30%, one of 20 small nearly-full instances of the property test had none.
 COMPLETE_SHARE = 0.7
+# A fleet past this many blocks (no LP rounding) skips the plan from scratch: at 6,885 blocks
+# (the 10,000 row) it would cost about a pricing round's work (31-51 s) before the first
+# round, whose answers repaired at congestion prices were that row's measured first plan
+# (55 s). The plan from scratch was measured up to 682 blocks (3.4 M units, 17.7 s).
+SCRATCH_MAX_BLOCKS = 3_000
 # A fleet's first round's answers are repaired at congestion prices first past this many blocks
 # (`repair.first_plan_repair`); up to it, at the first prices first. On the 10,000 row (6,885
 # blocks) only the congestion prices place them (55 s; at zero prices the evictions went on past
@@ -164,26 +167,20 @@ def first_plan(
                 scarcity=FIRST_PLAN_SCARCITY,
                 complete_rest=False,
             )
-        except Unplaced as err:
+        except Unplaced as err:  # out of its work too: it gives up with what it placed
             unplaced.append(err)
             tried.append(f"the LP rounding's repair left {len(err.left)} blocks")
-        except PlanningTimeoutError as err:
-            return (
-                None,
-                f"the LP rounding's repair found nothing in {budget.spent - started:,} work units: {err}",
-            )
         else:
             return plan, f"the LP relaxation rounded up and repaired in {budget.spent - started:,} work units"
+    if not start.rounded and len(inst.blocks) > SCRATCH_MAX_BLOCKS:
+        # A plan from scratch costs about a pricing round, which a fleet this large needs
+        # anyway: its first plan is that round's answers, repaired (fitted_first_round).
+        return None, f"{tried[0]}; past {SCRATCH_MAX_BLOCKS:,} blocks, no plan from scratch"
     try:
         plan = from_scratch(inst, churn, budget, complete_rest=False)
-    except Unplaced as err:
+    except Unplaced as err:  # out of its work too
         unplaced.append(err)
         tried.append(f"placed from scratch, {len(err.left)} blocks were left")
-    except PlanningTimeoutError as err:
-        return (
-            None,
-            f"{'; '.join(tried)}; from scratch, nothing in {budget.spent - started:,} work units: {err}",
-        )
     else:
         return plan, f"placed from scratch in {budget.spent - started:,} work units ({'; '.join(tried)})"
     fewest = min(unplaced, key=lambda err: len(err.left))

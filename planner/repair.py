@@ -175,7 +175,7 @@ def first_plan_repair(
     first, second = (congested, plain) if congestion_first else (plain, congested)
     try:
         return first(False)  # what it cannot place, the second way tries before the completing MIPs
-    except InfeasiblePlanError:
+    except (Unplaced, InfeasiblePlanError):
         return second(True)
 
 
@@ -202,12 +202,14 @@ def from_scratch(
     return complete(inst, done.partial, done.left, churn, budget)[0]
 
 
-class Unplaced(InfeasiblePlanError):
+class Unplaced(Exception):
     """The one-by-one placement gave up (its ejection chain or its work ran out) before the
-    completing MIPs were asked: `placed` fits the pools, `left` are the blocks it did not place."""
+    completing MIPs were asked: `placed` fits the pools, `left` are the blocks it did not place.
+    Planner-internal: its callers (first_plan_repair, first_plan) always catch it."""
 
     def __init__(self, why: str, placed: dict[int, BlockChoice], left: list[int]) -> None:
         super().__init__(why)
+        self.message = why
         self.placed = placed
         self.left = left
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ipnext.contracts.plan import DeploymentPlacement, Plan, PlanningProblem, SolveOptions
-from ipnext.errors import PlanningTimeoutError
+from ipnext.errors import NoPlacementError, PlanningTimeoutError
 from ipnext.planner.backend import solve_model
-from ipnext.planner.complete import NoPlacementError, shortfall
+from ipnext.planner.complete import shortfall
 from ipnext.planner.decompose import Decomposition, decompose
 from ipnext.planner.formulation import build
 from ipnext.planner.instance import Instance, compile_problem

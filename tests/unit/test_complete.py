@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from ipnext.contracts.plan import PlanningProblem
+from ipnext.errors import NoPlacementError
 from ipnext.planner.backend import solve_model
-from ipnext.planner.complete import NoPlacementError, complete
+from ipnext.planner.complete import complete
 from ipnext.planner.formulation import build
 from ipnext.planner.instance import Instance, compile_problem
 from ipnext.planner.pricing import BlockChoice, choices_from_values, usage_of
