@@ -177,7 +177,7 @@ def first_plan(
         # anyway: its first plan is that round's answers, repaired (fitted_first_round).
         return None, f"{tried[0]}; past {SCRATCH_MAX_BLOCKS:,} blocks, no plan from scratch"
     try:
-        plan = from_scratch(inst, churn, budget, complete_rest=False)
+        plan = from_scratch(inst, churn, budget)
     except Unplaced as err:  # out of its work too
         unplaced.append(err)
         tried.append(f"placed from scratch, {len(err.left)} blocks were left")

@@ -179,27 +179,19 @@ def first_plan_repair(
         return second(True)
 
 
-def from_scratch(
-    inst: Instance, churn: float, budget: Budget, *, complete_rest: bool = True
-) -> dict[int, BlockChoice]:
+def from_scratch(inst: Instance, churn: float, budget: Budget) -> dict[int, BlockChoice]:
     """A plan built from empty pools: every block placed one at a time, largest first, at
-    congestion prices (`SCRATCH_SCARCITY`), and what the ejection chain cannot place by the
-    completing MIPs (complete.py; with `complete_rest=False`, `Unplaced` instead, also when
-    the placement runs out of work). Needs no LP and no pricing round. Raises as `complete`
-    does, or PlanningTimeoutError when the placement runs out of work."""
+    congestion prices (`SCRATCH_SCARCITY`). Needs no LP and no pricing round. When the
+    ejection chain or the work runs out, `Unplaced` says what was placed and what was not
+    (first_plan.py then hands the rest to the completing MIPs)."""
     zero = np.zeros_like(inst.pool_units)
     blocks = list(range(len(inst.blocks)))
     done = place_one_by_one(
         inst, blocks, inst.pool_units.copy(), churn, zero, {}, budget, scarcity=SCRATCH_SCARCITY
     )
-    if done.placed is not None:
-        return done.placed
-    if not complete_rest:
+    if done.placed is None:
         raise Unplaced(done.why, done.partial, done.left)
-    if done.why.startswith(OUT_OF_TIME):
-        gap = shortfall(inst, done.partial, done.left, churn)
-        raise PlanningTimeoutError(f"{done.why[:-1]}; {gap.describe()}.", fix=f"{_MORE}; or {gap.fix()}")
-    return complete(inst, done.partial, done.left, churn, budget)[0]
+    return done.placed
 
 
 class Unplaced(Exception):
