@@ -3,11 +3,11 @@ work limit never leaves the planner with nothing, and returned when nothing bett
 
 `lp_start` solves the whole model's LP relaxation when it is small enough (its duals are the
 first pool prices, its bound the first bound) and rounds it up a few times. `first_plan`
-then tries three ways, each only when the one before gives up: that rounding repaired one
-block at a time at congestion prices; a plan from scratch (`repair.from_scratch`); the
-completing MIPs (complete.py) over what the furthest of those two left. A fleet has no LP
-rounding and starts from scratch; when that fails too, `fitted_first_round` repairs the first
-pricing round's answers.
+then tries, each only when the one before gives up: the rounding that overflows the pools
+least, its blocks off the overfull pools placed again by the completing MIPs (complete.py);
+a plan from scratch (`repair.from_scratch`), completed the same way. A fleet has no LP rounding and
+starts from scratch; when that fails too, `fitted_first_round` repairs the first pricing
+round's answers.
 """
 
 from __future__ import annotations
@@ -23,14 +23,7 @@ from ipnext.planner.complete import complete
 from ipnext.planner.formulation import build
 from ipnext.planner.instance import Instance
 from ipnext.planner.pricing import BlockChoice, choices_from_values, usage_of
-from ipnext.planner.repair import (
-    FIRST_PLAN_SCARCITY,
-    OUT_OF_TIME,
-    Unplaced,
-    first_plan_repair,
-    from_scratch,
-    repair,
-)
+from ipnext.planner.repair import OUT_OF_TIME, Unplaced, first_plan_repair, from_scratch, minimal_movers
 from ipnext.planner.work import UNITS_PER_SECOND, Budget
 
 __all__ = ["LPStart", "first_plan", "fitted_first_round", "lp_start"]
@@ -41,14 +34,9 @@ LP_ROUNDINGS = 4
 # Larger LPs take most of the time limit (1,000 deployments: GLOP unfinished in 9 s).
 LP_PRICES_MAX_OPTIONS = 20_000
 LP_PRICES_SHARE = 0.25  # of the pricing's work, the most the whole model's LP relaxation takes
-# Of the first plan's work, the LP rounding's repair takes at most a third and the plan from
-# scratch the rest: an ejection chain that goes round the same pools must leave the other way
-# its turn (on a 300-deployment instance 90% full, the repair went round for all of it and
-# left 132 blocks, where the plan from scratch then placed every block in 0.45 M units).
-FIRST_WAY_SHARE = 1 / 3
-# Without a plan from those two, the completing MIPs may take the decomposition's work up to
-# this share of it: a plan comes before a better bound (the LP relaxation's stands in). At
-# the first plan's 30%, one of 20 small nearly-full instances of the property test had none.
+# The completing MIPs may take the decomposition's work up to this share of it: a plan comes
+# before a better bound (the LP relaxation's stands in). At the first plan's 30%, one of 20
+# small nearly-full instances of the property test had none.
 COMPLETE_SHARE = 0.7
 # A fleet past this many blocks (no LP rounding) skips the plan from scratch: at 6,885 blocks
 # (the 10,000 row) it would cost about a pricing round's work (31-51 s) before the first
@@ -124,7 +112,9 @@ def lp_start(inst: Instance, churn: float, budget: Budget) -> LPStart:
             break
         capacity = np.maximum(capacity - overflow, 0.0)
         model = build(inst, blocks, pool_capacity=capacity, churn_cost=churn)
-        sol = solve_model(model, relax=True, solver="glop", work=limit, budget=budget)
+        # Only its values are used (the prices are the first LP's duals): HiGHS's simplex,
+        # 1.3-1.6 s where GLOP took 4.8 s on 679- and 702-deployment instances.
+        sol = solve_model(model, relax=True, solver="highs", work=limit, budget=budget)
     return LPStart(prices, columns, plans, bound)
 
 
@@ -132,20 +122,21 @@ def first_plan(
     inst: Instance, start: LPStart, churn: float, budget: Budget, whole: Budget
 ) -> tuple[dict[int, BlockChoice] | None, str]:
     """A plan that fits the pools, made in the first seconds so that a work limit never leaves
-    the planner with nothing. Three ways, each only when the one before gives up: the LP
-    rounding that overflows the pools least, repaired (the blocks off the overfull pools
-    placed again one at a time at congestion prices, in the capacity the others leave); a
-    plan built from scratch, every block one at a time at steeper congestion prices
-    (`repair.from_scratch`); the completing MIPs (complete.py) over what the one of those two
-    that got furthest left, which may take up to `COMPLETE_SHARE` of the decomposition's
-    `whole` budget (a plan first: the LP's bound stands in for the pricing's). None, with
-    why, when none finishes; NoPlacementError when the last MIP proves that no plan exists.
-    (No joint MIP
-    here: its root node is not bounded by the work, and on 300-deployment instances it took
-    the whole 60 s clock for nothing.)"""
+    the planner with nothing. Each way only when the one before gives up: the LP rounding that
+    overflows the pools least, with the blocks off its overfull pools (`repair.minimal_movers`)
+    placed again by the completing MIPs (complete.py), which free more of the others as they
+    need; a plan built from scratch, every block one at a time at congestion prices
+    (`repair.from_scratch`), with what it left placed by the completing MIPs when they did not
+    run yet (no LP rounding). The completing MIPs may take up to `COMPLETE_SHARE` of the
+    decomposition's `whole` budget (a plan first: the LP's bound stands in for the pricing's).
+    None, with why, when none finishes; NoPlacementError when a completing MIP proves that no
+    plan exists. (Before the completing MIPs, the rounding's movers were placed again one at a
+    time at congestion prices, on up to a third of the first plan's work: on six 415-802-
+    deployment instances 92-95% full, the first plans came at 19-43 s that way, at 10-24 s
+    without it, on the 2-core machine's 60 s clock.)"""
     started = budget.spent
-    unplaced: list[Unplaced] = []
     tried: list[str] = []
+    completed = False  # whether the completing MIPs had their turn
     if not start.rounded:
         tried.append("no LP rounding (the LP relaxation is too large or unsolved)")
     else:
@@ -154,24 +145,17 @@ def first_plan(
             return float(np.maximum(usage_of(inst, plan) - inst.pool_units, 0.0).sum())
 
         least = min(start.rounded, key=overflow)
-        if overflow(least) == 0.0:
+        over = overflow(least)
+        if over == 0.0:
             return least, "the LP relaxation rounded up"
-        try:
-            plan = repair(
-                inst,
-                least,
-                churn,
-                budget.share(FIRST_WAY_SHARE),
-                start.prices,
-                joint=False,
-                scarcity=FIRST_PLAN_SCARCITY,
-                complete_rest=False,
-            )
-        except Unplaced as err:  # out of its work too: it gives up with what it placed
-            unplaced.append(err)
-            tried.append(f"the LP rounding's repair left {len(err.left)} blocks")
-        else:
-            return plan, f"the LP relaxation rounded up and repaired in {budget.spent - started:,} work units"
+        movers = minimal_movers(inst, least, usage_of(inst, least))
+        kept = {b: c for b, c in least.items() if b not in set(movers)}
+        tried.append(f"the LP rounding overfilled pools by {over:g} units ({len(movers)} blocks off them)")
+        done, why = _completed(inst, kept, movers, churn, whole, started, budget, tried)
+        if done is not None:
+            return done, why
+        tried.append(why)
+        completed = True
     if not start.rounded and len(inst.blocks) > SCRATCH_MAX_BLOCKS:
         # A plan from scratch costs about a pricing round, which a fleet this large needs
         # anyway: its first plan is that round's answers, repaired (fitted_first_round).
@@ -179,20 +163,35 @@ def first_plan(
     try:
         plan = from_scratch(inst, churn, budget)
     except Unplaced as err:  # out of its work too
-        unplaced.append(err)
         tried.append(f"placed from scratch, {len(err.left)} blocks were left")
-    else:
-        return plan, f"placed from scratch in {budget.spent - started:,} work units ({'; '.join(tried)})"
-    fewest = min(unplaced, key=lambda err: len(err.left))
+        if completed:  # the completing MIPs had their work: what is left of it is the rounds'
+            return None, f"{'; '.join(tried)}; nothing in {budget.spent - started:,} work units"
+        done, why = _completed(inst, err.placed, err.left, churn, whole, started, budget, tried)
+        return done, why if done is not None else f"{'; '.join(tried)}; {why}"
+    return plan, f"placed from scratch in {budget.spent - started:,} work units ({'; '.join(tried)})"
+
+
+def _completed(
+    inst: Instance,
+    placed: dict[int, BlockChoice],
+    left: list[int],
+    churn: float,
+    whole: Budget,
+    started: int,
+    budget: Budget,
+    tried: list[str],
+) -> tuple[dict[int, BlockChoice] | None, str]:
+    """The blocks `left` placed beside `placed` by the completing MIPs (complete.py) on up to
+    `COMPLETE_SHARE` of the decomposition's `whole` budget: the plan, or None and why."""
     try:
-        plan, how = complete(inst, fewest.placed, fewest.left, churn, whole.until(COMPLETE_SHARE))
+        plan, how = complete(inst, placed, left, churn, whole.until(COMPLETE_SHARE))
     except NoPlacementError:
         raise  # proven over every block and the whole pools: no plan exists, nothing else to try
     except (PlanningTimeoutError, InfeasiblePlanError) as err:
-        return None, f"{'; '.join(tried)}; nothing in {budget.spent - started:,} work units: {err}"
+        return None, f"the completing MIPs found nothing in {budget.spent - started:,} work units: {err}"
     return plan, (
-        f"{'; '.join(tried)}; the {len(fewest.left)} left placed by exact MIPs ({how.describe()}), in "
-        f"{budget.spent - started:,} work units"
+        f"{'; '.join(tried)}; the {len(left)} left placed by exact MIPs ({how.describe()}), "
+        f"in {budget.spent - started:,} work units"
     )
 
 

@@ -32,6 +32,7 @@ __all__ = [
     "Unplaced",
     "first_plan_repair",
     "from_scratch",
+    "minimal_movers",
     "place_one_by_one",
     "repair",
 ]
@@ -91,7 +92,7 @@ def repair(
     overfull = [(int(r), int(h)) for r, h in np.argwhere(used > inst.pool_units + 1e-9)]
     congested_hw = {h for _, h in overfull}
     circles = [
-        _minimal_movers(inst, choices, used),
+        minimal_movers(inst, choices, used),
         [b for b, c in choices.items() if any(inst.opt_h[o] in congested_hw for o in c.x)],
         list(choices),
     ]
@@ -206,7 +207,7 @@ class Unplaced(Exception):
         self.left = left
 
 
-def _minimal_movers(inst: Instance, choices: dict[int, BlockChoice], used: np.ndarray) -> list[int]:
+def minimal_movers(inst: Instance, choices: dict[int, BlockChoice], used: np.ndarray) -> list[int]:
     """Blocks off each overfull pool, biggest users first, only until it fits."""
     used = used.copy()
     movers: list[int] = []

@@ -1,8 +1,11 @@
 """The completing MIPs (planner/complete.py): what repair leaves is placed by an exact MIP,
-with placed blocks freed when the blocks left do not fit beside them, and when nothing fits
-the error proves it and names the pool short and by how much."""
+with the placed blocks the elastic LP moves freed first (or, without it, the neighbours of
+the blocks left, more each time they do not fit), and when nothing fits the error proves it
+and names the pool short and by how much."""
 
 from __future__ import annotations
+
+import importlib
 
 import numpy as np
 import pytest
@@ -11,7 +14,9 @@ from ipnext.contracts.plan import PlanningProblem
 from ipnext.errors import NoPlacementError
 from ipnext.planner.backend import solve_model
 from ipnext.planner.complete import complete
+from ipnext.planner.first_plan import first_plan, lp_start
 from ipnext.planner.formulation import build
+from ipnext.planner.generator import family
 from ipnext.planner.instance import Instance, compile_problem
 from ipnext.planner.pricing import BlockChoice, choices_from_values, usage_of
 from ipnext.planner.work import UNITS_PER_SECOND, Budget
@@ -57,20 +62,49 @@ def _wide_in_r0(inst: Instance) -> dict[int, BlockChoice]:
     return choices_from_values(inst, model, sol.values, 0.0, [0])
 
 
-def test_blocks_that_do_not_fit_beside_the_placed_ones_free_their_neighbours() -> None:
+def test_the_elastic_lp_frees_the_placed_block_in_the_way() -> None:
     inst = compile_problem(_problem(far_units=2))
     placed = _wide_in_r0(inst)
     assert (usage_of(inst, placed) == [[2], [0]]).all()
     plan, how = complete(inst, placed, [1], 0.0, Budget(10 * UNITS_PER_SECOND))
     assert sorted(plan) == [0, 1]
     assert (usage_of(inst, plan) <= inst.pool_units + 1e-9).all()
-    # `near` alone in what `wide` left: infeasible; with `wide` freed, wide moves to r1.
-    assert [n for n, _ in how.steps] == [1, 2]
-    assert how.steps[0][1] == "infeasible" and how.steps[1][1] in ("optimal", "feasible")
+    # The LP moves `wide` out of r0, so the first MIP places both: wide in r1, near in r0.
+    assert how.movers == 1 and [n for n, _ in how.steps] == [2], how
     r1 = inst.regions.index("r1")
     assert sum(n for o, n in plan[0].x.items() if inst.opt_r[o] == r1) == 2
 
 
+@pytest.fixture
+def no_elastic_lp(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The completion as on a fleet too large for the elastic LP: neighbours freed in rings."""
+    monkeypatch.setattr(importlib.import_module("ipnext.planner.complete"), "ELASTIC_MAX_OPTIONS", 0)
+
+
+@pytest.mark.usefixtures("no_elastic_lp")
+def test_without_the_elastic_lp_blocks_that_do_not_fit_free_their_neighbours() -> None:
+    inst = compile_problem(_problem(far_units=2))
+    placed = _wide_in_r0(inst)
+    plan, how = complete(inst, placed, [1], 0.0, Budget(10 * UNITS_PER_SECOND))
+    assert sorted(plan) == [0, 1]
+    assert (usage_of(inst, plan) <= inst.pool_units + 1e-9).all()
+    # `near` alone in what `wide` left: infeasible; with `wide` freed, wide moves to r1.
+    assert how.movers == 0 and [n for n, _ in how.steps] == [1, 2]
+    assert how.steps[0][1] == "infeasible" and how.steps[1][1] in ("optimal", "feasible")
+
+
+def test_when_even_the_lp_relaxation_has_no_placement_it_says_so_and_names_the_pool_short() -> None:
+    inst = compile_problem(_problem(far_units=1))
+    placed = _wide_in_r0(inst)
+    with pytest.raises(NoPlacementError) as caught:
+        complete(inst, placed, [1], 0.0, Budget(10 * UNITS_PER_SECOND))
+    message = caught.value.message
+    assert "even the LP relaxation of the whole model has none" in message, message
+    assert "r0/cpu by 2 units" in message, message  # near's two replicas, beside wide's two
+    assert caught.value.fix == "add capacity (r0/cpu +2)"
+
+
+@pytest.mark.usefixtures("no_elastic_lp")
 def test_when_no_placement_fits_the_last_mip_proves_it_and_names_the_pool_short() -> None:
     inst = compile_problem(_problem(far_units=1))
     placed = _wide_in_r0(inst)
@@ -78,7 +112,7 @@ def test_when_no_placement_fits_the_last_mip_proves_it_and_names_the_pool_short(
         complete(inst, placed, [1], 0.0, Budget(10 * UNITS_PER_SECOND))
     message = caught.value.message
     assert "the exact MIP over every one of them proved it" in message, message
-    assert "r0/cpu by 2 units" in message, message  # near's two replicas, beside wide's two
+    assert "r0/cpu by 2 units" in message, message
     assert caught.value.fix == "add capacity (r0/cpu +2)"
 
 
@@ -92,3 +126,16 @@ def test_out_of_work_it_says_what_it_tried_and_what_would_fix_it() -> None:
     assert "1 blocks not placed (near); pools short: r0/cpu by 2 units" in str(caught.value)
     assert "--work-limit" in str(caught.value.fix)  # type: ignore[attr-defined]
     assert np.isfinite(inst.pool_units).all()
+
+
+def test_the_first_plan_places_what_the_lp_rounding_overfills_by_the_completing_mips() -> None:
+    """A small family instance 97% full whose LP rounding overfills two pools: the blocks off
+    them are placed again by the completing MIPs, with the placed blocks the elastic LP moves
+    freed beside them, and the plan fits every pool."""
+    inst = compile_problem(family(8, deployments=60, regions=4, hardware=2, fullness=0.97).problem)
+    budget = Budget(40 * UNITS_PER_SECOND)
+    plan, how = first_plan(inst, lp_start(inst, 0.0, budget), 0.0, budget, budget)
+    assert plan is not None, how
+    assert sorted(plan) == list(range(len(inst.blocks)))
+    assert (usage_of(inst, plan) <= inst.pool_units + 1e-9).all()
+    assert "the LP rounding overfilled pools by" in how and "the elastic LP moved" in how, how

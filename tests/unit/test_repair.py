@@ -65,7 +65,7 @@ def test_without_the_joint_mip_repair_places_one_by_one_and_stops_at_the_first_c
     assert (usage_of(inst, repaired) <= inst.pool_units + 1e-9).all()
     assert sorted(repaired) == sorted(start)
 
-    movers = repair_module._minimal_movers(inst, start, usage_of(inst, start))
+    movers = repair_module.minimal_movers(inst, start, usage_of(inst, start))
     assert 0 < len(movers) < len(start)  # the first circle is not every block
     with pytest.raises(PlanningTimeoutError) as caught:
         repair_module.repair(inst, start, 0.0, Budget(0), prices, joint=False)
@@ -87,7 +87,7 @@ def test_congestion_prices_place_each_block_once_where_zero_prices_evict(
     choices = {b: solve_block(inst, b, prices, 0.0, 5 * UNITS_PER_SECOND) for b in range(len(inst.blocks))}
     start = {b: c for b, c in choices.items() if c is not None}
     assert len(start) == len(inst.blocks)
-    movers = repair_module._minimal_movers(inst, start, usage_of(inst, start))
+    movers = repair_module.minimal_movers(inst, start, usage_of(inst, start))
     kept = {b: c for b, c in start.items() if b not in set(movers)}
     residual = np.maximum(inst.pool_units - usage_of(inst, kept), 0.0)
     asked: list[int] = []
