@@ -93,26 +93,26 @@ def test_without_the_elastic_lp_blocks_that_do_not_fit_free_their_neighbours() -
     assert how.steps[0][1] == "infeasible" and how.steps[1][1] in ("optimal", "feasible")
 
 
-def test_when_even_the_lp_relaxation_has_no_placement_it_says_so_and_names_the_pool_short() -> None:
+@pytest.mark.parametrize(
+    ("elastic", "proof"),
+    [
+        (True, "even the LP relaxation of the whole model has none"),
+        (False, "the exact MIP over every one of them proved it"),
+    ],
+    ids=["by-the-elastic-lp", "by-the-last-mip"],
+)
+def test_when_no_placement_fits_it_is_proven_and_the_pool_short_is_named(
+    elastic: bool, proof: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not elastic:  # as on a fleet too large for the elastic LP: the MIP over every block proves it
+        monkeypatch.setattr(importlib.import_module("ipnext.planner.complete"), "ELASTIC_MAX_OPTIONS", 0)
     inst = compile_problem(_problem(far_units=1))
     placed = _wide_in_r0(inst)
     with pytest.raises(NoPlacementError) as caught:
         complete(inst, placed, [1], 0.0, Budget(10 * UNITS_PER_SECOND))
     message = caught.value.message
-    assert "even the LP relaxation of the whole model has none" in message, message
+    assert proof in message, message
     assert "r0/cpu by 2 units" in message, message  # near's two replicas, beside wide's two
-    assert caught.value.fix == "add capacity (r0/cpu +2)"
-
-
-@pytest.mark.usefixtures("no_elastic_lp")
-def test_when_no_placement_fits_the_last_mip_proves_it_and_names_the_pool_short() -> None:
-    inst = compile_problem(_problem(far_units=1))
-    placed = _wide_in_r0(inst)
-    with pytest.raises(NoPlacementError) as caught:
-        complete(inst, placed, [1], 0.0, Budget(10 * UNITS_PER_SECOND))
-    message = caught.value.message
-    assert "the exact MIP over every one of them proved it" in message, message
-    assert "r0/cpu by 2 units" in message, message
     assert caught.value.fix == "add capacity (r0/cpu +2)"
 
 
