@@ -117,10 +117,11 @@ def complete(
     budget: Budget,
 ) -> tuple[dict[int, BlockChoice], Completion]:
     """Every block placed: `placed` (which fit the pools) and the blocks `left`, by MIPs over
-    `left` and progressively more of `placed`. Raises NoPlacementError when the MIP over
-    every block given proves that no placement fits, PlanningTimeoutError when `budget` runs
-    out first; both name the shortfall."""
-    placed = {b: c for b, c in placed.items() if b not in set(left)}
+    `left` and progressively more of `placed` (first those the elastic LP moves, `lp_movers`).
+    Raises NoPlacementError when that LP, or the MIP over every block given, proves that no
+    placement fits, PlanningTimeoutError when `budget` runs out first; both name the shortfall."""
+    left_set = set(left)
+    placed = {b: c for b, c in placed.items() if b not in left_set}
     movers = lp_movers(inst, placed, churn, budget)
     if movers is None:
         gap = shortfall(inst, placed, left, churn)
@@ -129,13 +130,15 @@ def complete(
             f"LP relaxation of the whole model has none); {gap.describe()}.",
             fix=gap.fix(),
         )
-    order = movers + [b for b in _neighbours(inst, placed, left) if b not in set(movers)]
+    moved = set(movers)
+    order = movers + [b for b in _neighbours(inst, placed, left) if b not in moved]
     steps: list[tuple[int, str]] = []
     freed = len(movers)
     while True:
         whole = freed >= len(order)
         free = list(left) + order[:freed]
-        kept = {b: c for b, c in placed.items() if b not in set(free)}
+        freed_set = set(free)
+        kept = {b: c for b, c in placed.items() if b not in freed_set}
         residual = np.maximum(inst.pool_units - usage_of(inst, kept), 0.0)
         if budget.exhausted():
             break
@@ -250,7 +253,8 @@ def shortfall(inst: Instance, placed: dict[int, BlockChoice], left: list[int], c
     """The pools that the blocks `left` (the `SHORTFALL_BLOCKS` largest), each at its cheapest
     placement with the pools ignored, overfill on top of `placed`, and by how many units:
     capacity that would let those placements stand (other placements may need less)."""
-    used = usage_of(inst, {b: c for b, c in placed.items() if b not in set(left)})
+    left_set = set(left)
+    used = usage_of(inst, {b: c for b, c in placed.items() if b not in left_set})
     largest = sorted(left, key=lambda b: -float(inst.total_demand[inst.blocks[b]].sum()))[:SHORTFALL_BLOCKS]
     zero = np.zeros_like(inst.pool_units)
     estimated = 0

@@ -149,7 +149,8 @@ def first_plan(
         if over == 0.0:
             return least, "the LP relaxation rounded up"
         movers = minimal_movers(inst, least, usage_of(inst, least))
-        kept = {b: c for b, c in least.items() if b not in set(movers)}
+        off = set(movers)
+        kept = {b: c for b, c in least.items() if b not in off}
         tried.append(f"the LP rounding overfilled pools by {over:g} units ({len(movers)} blocks off them)")
         done, why = _completed(inst, kept, movers, churn, whole, started, budget, tried)
         if done is not None:
