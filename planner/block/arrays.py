@@ -13,12 +13,13 @@ import numpy as np
 
 from ipnext.planner.block.bounds import LagTerm
 from ipnext.planner.block.common import MAX_OPTIONS, TOL, Chosen, Outcome, below
-from ipnext.planner.block.dominance import first_unique, nondominated_np
+from ipnext.planner.block.dominance import dominance_work, first_unique, nondominated_np
 from ipnext.planner.block.run import Run
 
 # What a region adds to the states: (candidate states, their costs, two tags per state that
-# name where it came from, what the layer keeps to decode them, work done).
-Expansion = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, Any, int]
+# name where it came from, what the layer keeps to decode them, work done); None when making
+# them would take more work than the room it was given.
+Expansion = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, Any, int] | None
 # A layer as kept: the tags of its states and what the expansion kept.
 Layer = tuple[np.ndarray, np.ndarray, Any]
 Ref = tuple[int, int, int]  # (region, tags) of the best finished state
@@ -217,12 +218,14 @@ def _search_layers(
     beam: int,
     incumbent: float,
     budget: int,
-    expand: Callable[[int, np.ndarray, np.ndarray, float], Expansion],
+    expand: Callable[[int, np.ndarray, np.ndarray, float, int], Expansion],
     visit: Visit,
 ) -> Outcome:
     """The DP a region at a time: `expand` gives the states region j makes of the layer's
     (with those that leave it out); the finished ones update the incumbent, the others are
-    pruned by bound and dominance."""
+    pruned by bound and dominance. Each step is checked against the budget before it runs,
+    not after: one layer can hold hundreds of thousands of states, and a search that stops
+    there returns the least bound of the states it holds."""
     data = np_data(run)
     top = data.top
     x = np.zeros((1, len(top)))
@@ -233,7 +236,11 @@ def _search_layers(
     work = 0
     peak = 1
     for j in range(len(run.regs)):
-        y, cy, tag_a, tag_b, kept, spent = expand(j, x, cost, best_cost)
+        grown = expand(j, x, cost, best_cost, budget - work)
+        if grown is None:
+            left = float((cost + data.lower(x, j)).min()) if len(cost) else math.inf
+            return Outcome(best_cost, _decode(best_ref, layers, visit), work, peak, min(left, best_cost))
+        y, cy, tag_a, tag_b, kept, spent = grown
         work += spent
         done = (y >= top).all(axis=1)
         if done.any():
@@ -246,11 +253,17 @@ def _search_layers(
         sel = cy + lb < below(best_cost)
         y, cy, tag_a, tag_b, lb = y[sel], cy[sel], tag_a[sel], tag_b[sel], lb[sel]
         order = np.argsort(cy + lb if beam else cy, kind="stable")
-        y, cy, tag_a, tag_b = y[order], cy[order], tag_a[order], tag_b[order]
+        y, cy, tag_a, tag_b, lb = y[order], cy[order], tag_a[order], tag_b[order], lb[order]
         first = first_unique(y)
-        y, cy, tag_a, tag_b = y[first], cy[first], tag_a[first], tag_b[first]
+        y, cy, tag_a, tag_b, lb = y[first], cy[first], tag_a[first], tag_b[first], lb[first]
+        if work + len(cy) + dominance_work(len(cy)) > budget:
+            # bounded by the states the dominance check would have thinned (a state it drops
+            # is never the cheaper way)
+            layers.append((tag_a[:0], tag_b[:0], kept))  # what decoding a state of j reads
+            left = float((cy + lb).min()) if len(cy) else math.inf
+            return Outcome(best_cost, _decode(best_ref, layers, visit), work, peak, min(left, best_cost))
         keep = nondominated_np(y, beam)
-        work += len(cy) + len(cy) ** 2 // 256
+        work += len(cy) + dominance_work(len(cy))
         x, cost = y[keep], cy[keep]
         layers.append((tag_a[keep], tag_b[keep], kept))
         peak = max(peak, len(cost))
@@ -284,9 +297,11 @@ def _search_options(run: Run, beam: int, incumbent: float, budget: int) -> Outco
     A state's tags: its parent, and the option (-1: left out)."""
     data = np_data(run)
 
-    def expand(j: int, x: np.ndarray, cost: np.ndarray, best_cost: float) -> Expansion:
+    def expand(j: int, x: np.ndarray, cost: np.ndarray, best_cost: float, room: int) -> Expansion:
         add, add_cost = data.opt_add[j], data.opt_cost[j]
         n, m, d = len(cost), len(add_cost), x.shape[1]
+        if n * m > room:
+            return None
         y = np.concatenate([x, (x[:, None, :] + add[None, :, :]).reshape(n * m, d)])
         cy = np.concatenate([cost, (cost[:, None] + add_cost[None, :]).ravel()])
         par = np.concatenate([np.arange(n), np.repeat(np.arange(n), m)])
@@ -314,12 +329,14 @@ def _search_staged(run: Run, beam: int, incumbent: float, budget: int) -> Outcom
     n_con, n_sv, tied = blk.n_con, blk.n_sv, blk.ns_tied
     snap = data.snap
 
-    def expand(j: int, x: np.ndarray, cost: np.ndarray, best_cost: float) -> Expansion:
+    def expand(j: int, x: np.ndarray, cost: np.ndarray, best_cost: float, room: int) -> Expansion:
         rr = run.regs[j]
         g = rr.g
         rowmask = data.rowmask[j]
         cut = below(best_cost)
         n = len(cost)
+        if n * len(rr.lopts) > room:
+            return None
         # stage 0: presence, and L with the members tied to it
         if tied:
             ells = np.asarray([lo[0] for lo in rr.lopts])
@@ -350,6 +367,8 @@ def _search_staged(run: Run, beam: int, incumbent: float, budget: int) -> Outcom
             lcs = np.asarray([lv[1] for lv in lev])
             qs = np.asarray([lv[2] for lv in lev], dtype=np.int64)
             nz, m = len(cz), len(caps)
+            if work + nz * m > room:
+                return None
             ii = np.repeat(np.arange(nz), m)
             qq = np.tile(np.arange(m), nz)
             if tied:
@@ -396,8 +415,10 @@ def _search_staged(run: Run, beam: int, incumbent: float, budget: int) -> Outcom
                 ii[first],
                 qq[first],
             )
+            if work + len(cz2) + dominance_work(len(cz2)) > room:
+                return None
             keep = nondominated_np(key, 0)
-            work += len(cz2) + len(cz2) ** 2 // 256
+            work += len(cz2) + dominance_work(len(cz2))
             z, cz, extra = z2[keep], cz2[keep], extra2[keep]
             stages.append((ii[keep], qs[qq[keep]]))
         # the layer: regions left out, and those placed

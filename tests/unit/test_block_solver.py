@@ -16,8 +16,9 @@ import pytest
 from ipnext.contracts.plan import DeploymentPlacement, Plan, PlanningProblem
 from ipnext.planner.backend import solve_model
 from ipnext.planner.block import FastResult, search_block, solve_block_fast
+from ipnext.planner.block.common import WORK_BUDGET
 from ipnext.planner.formulation import build
-from ipnext.planner.generator import generate
+from ipnext.planner.generator import family, generate
 from ipnext.planner.instance import Instance, compile_problem
 from ipnext.planner.work import UNITS_PER_SECOND
 
@@ -232,3 +233,47 @@ def test_caps_give_the_optimum_within_a_residual_and_prove_when_nothing_fits() -
         else:
             assert res.bound <= sol.objective * (1 + REL) + REL, f"block {b}"
     assert compared >= 8 and proofs >= 2, (compared, proofs)
+
+
+# Pool prices from the second pricing round of family(308037416) (pools not named are 0). At
+# them, block 73's array search grows a layer of 343,080 states: checked against its budget
+# only after the layer, it charged 23M work units (1,150 times the block's budget of 20,000),
+# which ended the whole planner's work limit on one block.
+WIDE_LAYER_PRICES = {
+    (0, 0): 0.06300000000000085,
+    (0, 1): 0.1455000000000006,
+    (0, 3): 0.05266082532504003,
+    (1, 0): 0.08233030592734238,
+    (1, 1): 0.059500000000000546,
+    (1, 3): 0.1646170589228358,
+    (2, 0): 0.0073303059273425245,
+    (3, 0): 0.0753303059273428,
+    (3, 1): 0.1204999999999997,
+    (3, 2): 0.16149999999999964,
+    (3, 3): 0.1669691588274695,
+    (4, 1): 0.14000000000000207,
+    (4, 2): 0.08293098900206396,
+    (5, 1): 0.09550000000000028,
+    (5, 2): 0.1099066663961164,
+    (5, 3): 0.13996915882746874,
+    (6, 0): 0.10533030592734328,
+    (6, 3): 0.08614796773331235,
+    (7, 2): 0.0028964835031025597,
+}
+
+
+def test_a_wide_layer_stops_at_the_budget_and_still_brackets_the_optimum() -> None:
+    """The array search checks each layer's work before it does it: a block whose next layer
+    would be far over the budget stops there, within its budget, with a bound and a
+    placement that bracket the MIP optimum."""
+    inst = compile_problem(family(308037416).problem)
+    prices = np.zeros_like(inst.pool_units)
+    for (r, h), p in WIDE_LAYER_PRICES.items():
+        prices[r, h] = p
+    res = solve_block_fast(inst, 73, prices, 0.0, budget=WORK_BUDGET)
+    assert res is not None
+    assert res.work <= WORK_BUDGET, res.work
+    assert _violations(inst, 73, prices, 0.0, res) == []
+    optimum = _mip_optimum(inst, 73, prices, 0.0)
+    assert optimum is not None
+    assert res.bound <= optimum * (1 + REL) + REL <= res.objective * (1 + REL) + 2 * REL
