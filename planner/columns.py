@@ -66,11 +66,14 @@ def from_columns(
     churn: float,
     prices: np.ndarray,
     budget: Budget,
+    *,
+    explain: bool = True,
 ) -> dict[int, BlockChoice]:
     """A plan out of the columns: blocks the master LP takes whole keep that column; the few it
     mixes get theirs from an IP over their columns in the capacity left; if that has no
     solution, an IP over every block's columns, then a greedy choice (`greedy_columns`); if
-    the columns cannot fit at all, the greedy choice over every block, then repair."""
+    the columns cannot fit at all, the greedy choice over every block, then repair (`explain`
+    as there)."""
     heaviest: dict[int, tuple[float, int]] = {}
     for c, w in enumerate(lp.weights):
         b = master.columns[c].block
@@ -112,7 +115,7 @@ def from_columns(
             log.debug("plan: every block greedily (the columns do not fit the pools)")
             return placed
     log.debug("plan: repair (%d mixed blocks, slack %.3g)", len(mixed), lp.slack)
-    return repair(inst, rounded, churn, budget, prices)
+    return repair(inst, rounded, churn, budget, prices, explain=explain)
 
 
 def sum_units(master: Master, cols: list[int], size: int) -> np.ndarray:

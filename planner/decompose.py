@@ -301,7 +301,7 @@ def decompose(
         jobs = submit() if lp.slack <= 1e-9 else None
         how: str | None = None
         try:
-            plan = from_columns(inst, master, lp, churn, prices, budget)
+            plan = from_columns(inst, master, lp, churn, prices, budget, explain=first is None)
         except PlanningTimeoutError as err:
             if first is None:
                 raise PlanningTimeoutError(
@@ -428,7 +428,7 @@ def _chosen_again(
     if lp.slack > 1e-9:
         return plan
     try:
-        again = from_columns(inst, master, lp, churn, prices, budget)
+        again = from_columns(inst, master, lp, churn, prices, budget, explain=False)
     except (PlanningTimeoutError, InfeasiblePlanError):
         return plan
     log.debug(

@@ -478,7 +478,10 @@ def test_at_fleet_scale_the_first_round_made_to_fit_is_the_plan_when_the_columns
         firsts.append((inst, plan, how))
         return plan, how
 
-    def out_of_time(*args: object) -> None:
+    explained: list[object] = []
+
+    def out_of_time(*args: object, **kwargs: object) -> None:
+        explained.append(kwargs.get("explain"))
         raise PlanningTimeoutError("no plan that fits the pools within the time limit: test")
 
     def nothing_from_scratch(inst: Instance, *args: object, **kwargs: object) -> None:
@@ -499,6 +502,7 @@ def test_at_fleet_scale_the_first_round_made_to_fit_is_the_plan_when_the_columns
     assert "the first round's answers, repaired" in plan.lower_bound_method, plan.lower_bound_method
     assert plan.objective <= plan_cost(first) + 1e-6  # that plan, or a better one from improvement
     assert scarcities[:1] == [repair_module.FIRST_PLAN_SCARCITY], scarcities
+    assert explained[-1] is False  # with a first plan to return, no shortfall is estimated
 
 
 def _as_plan(inst: Instance, choices: dict[int, BlockChoice]) -> Plan:
@@ -514,7 +518,7 @@ def test_without_an_lp_rounding_the_first_plan_is_built_from_scratch(monkeypatch
     decompose_module = importlib.import_module("ipnext.planner.decompose")
     monkeypatch.setattr(importlib.import_module("ipnext.planner.first_plan"), "LP_PRICES_MAX_OPTIONS", 0)
 
-    def out_of_time(*args: object) -> None:
+    def out_of_time(*args: object, **kwargs: object) -> None:
         raise PlanningTimeoutError("no plan that fits the pools within the time limit: test")
 
     monkeypatch.setattr(decompose_module, "from_columns", out_of_time)

@@ -72,6 +72,16 @@ def test_without_the_joint_mip_repair_places_one_by_one_and_stops_at_the_first_c
     message = caught.value.message
     assert f"repair still had {len(movers)} blocks to place ({len(movers)} given) after" in message, message
     assert "work units of repair" in message
+    assert "short" in message, message  # the shortfall's estimate, pools or blocks
+
+    # A caller with a plan to fall back on is not kept past the clock by the estimate.
+    def no_estimate(*args: object) -> None:
+        raise AssertionError("the shortfall was estimated")
+
+    monkeypatch.setattr(repair_module, "shortfall", no_estimate)
+    with pytest.raises(PlanningTimeoutError) as caught:
+        repair_module.repair(inst, start, 0.0, Budget(0), prices, joint=False, explain=False)
+    assert f"repair still had {len(movers)} blocks to place" in caught.value.message
 
 
 def test_congestion_prices_place_each_block_once_where_zero_prices_evict(
