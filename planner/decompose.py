@@ -68,6 +68,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -169,10 +170,11 @@ def decompose(
         _first_plan_logged(first is not None, first_how, budget)
         # The first round must answer every block (each needs a column and a bound); later
         # rounds stop at the pricing's share and carry the blocks they did not reach.
-        round_started = budget.spent
+        round_started, round_clock = budget.spent, time.monotonic()
         choices = pool.solve(blocks, prices, churn, refine=False, budget=budget)
         first_round_work = budget.spent - round_started
         per_block = first_round_work / max(1, len(choices))  # a round's pace, in work
+        per_block_s = (time.monotonic() - round_clock) / max(1, len(choices))  # and in time
         missing = [b for b in blocks if b not in choices]
         if missing:
             if first is not None and start.bound is not None:
@@ -224,7 +226,15 @@ def decompose(
                     "iteration %d: %d blocks would not be priced in the work left", iteration, len(stale)
                 )
                 break
-            round_started = budget.spent
+            if inst.fleet and lp.slack <= 1e-9 and until.clock_cuts(per_block_s * len(stale)):
+                # The same when the clock, not the work, will stop the solve: without this a
+                # 751-deployment instance priced to 51 s of its 60, and the plan from the
+                # columns ran out of time (its first plan came back, 22% over its bound).
+                log.debug(
+                    "iteration %d: %d blocks would not be priced in the time left", iteration, len(stale)
+                )
+                break
+            round_started, round_clock = budget.spent, time.monotonic()
             fitted = lp.slack <= 1e-9
             # While the columns do not fit, a round's bound is of no use (the prices are the
             # slack's, and the bound far below zero): at fleet scale its blocks need placements
@@ -233,6 +243,7 @@ def decompose(
             fresh = pool.solve(stale, prices, churn, refine=False, budget=until, work=work)
             if fresh:
                 per_block = (budget.spent - round_started) / len(fresh)
+                per_block_s = (time.monotonic() - round_clock) / len(fresh)
             if inst.fleet and fitted and not mipped and len(fresh) == len(stale):
                 # The first round at prices the columns fit: its loosest blocks by the MIP too.
                 fast_work = budget.spent - round_started

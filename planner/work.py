@@ -38,7 +38,11 @@ stretch: its wall times there were 95 s and 289 s).
 Sub-budgets take a share of their parent: `share` of what is left now, `until` up to a share of
 the parent's whole (the old "deadline = start + share x limit"); what a child spends its parents
 spend too. The clock (`Clock`) is shared by a ledger and all its children: it never shortens a
-budget, it only stops the solve, and then `Clock.fired` says the result is not reproducible.
+budget, it stops the solve, and then `Clock.fired` says the result is not reproducible. One
+exception: when the pace so far says the clock will stop the solve before the work runs out,
+`Budget.clock_cuts` lets a phase decline a step that would end past its share of the time
+(the fleet's pricing rounds ask it), and `Clock.steered` then says so; a solve the work
+limit ends is never steered.
 """
 
 from __future__ import annotations
@@ -78,10 +82,13 @@ class Clock:
 
     deadline: float = math.inf
     fired: bool = False
+    start: float = 0.0  # when the span began (`after`)
+    steered: bool = False  # a phase was cut short for time before the stop (`Budget.clock_cuts`)
 
     @classmethod
     def after(cls, seconds: float) -> Clock:
-        return cls(time.monotonic() + seconds)
+        now = time.monotonic()
+        return cls(now + seconds, start=now)
 
     def passed(self) -> bool:
         """Whether the outer stop is past (recorded: the result is then the clock's)."""
@@ -107,10 +114,11 @@ class Budget:
         self._counter = [0]  # shared by a root and its children
         self._start = 0
         self._end = max(0, int(total))
+        self._root_end = self._end  # the work limit of the whole ledger
 
     def _child(self, end: float) -> Budget:
         child = Budget.__new__(Budget)
-        child.clock, child._counter = self.clock, self._counter
+        child.clock, child._counter, child._root_end = self.clock, self._counter, self._root_end
         child._start = self._counter[0]
         child._end = max(child._start, min(self._end, int(end)))
         return child
@@ -154,9 +162,31 @@ class Budget:
         elsewhere (a worker process), whose spend the caller charges here when it comes back."""
         return Budget(self.left() if units is None else units, self.clock)
 
+    def clock_cuts(self, seconds: float) -> bool:
+        """Whether a step of about `seconds` should not start, because the clock will stop the
+        solve before its work limit runs out (at the pace so far: work spent over the time
+        since the clock started) and the step would end past this budget's end put on the
+        clock (the same share of the clock's span as of the ledger's work limit). Then the
+        phases keep their shares of the time the solve has, not only of its work. When the
+        work would run out first, the clock decides nothing and the answer is False. A True
+        marks the clock as having steered the solve: the result is the clock's, not
+        reproducible, though the solve goes on."""
+        clock = self.clock
+        now = time.monotonic()
+        spent, elapsed = self._counter[0], now - clock.start
+        if clock.deadline == math.inf or spent <= 0 or elapsed <= 0 or self._root_end <= 0:
+            return False
+        if now + (self._root_end - spent) * elapsed / spent <= clock.deadline:
+            return False
+        end_at = clock.start + self._end / self._root_end * (clock.deadline - clock.start)
+        if now + seconds <= end_at:
+            return False
+        clock.steered = True
+        return True
+
     @property
     def stopped_by_clock(self) -> bool:
-        return self.clock.fired
+        return self.clock.fired or self.clock.steered
 
 
 def mip_nodes(nnz: int, limit: int) -> int:

@@ -4,6 +4,7 @@ clock is only the outer stop, and a solve it cut says so."""
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import json
 import os
@@ -16,7 +17,7 @@ import pytest
 
 from ipnext.contracts.plan import SolveOptions
 from ipnext.errors import PlanningTimeoutError
-from ipnext.planner import solve, work
+from ipnext.planner import check_plan, solve, work
 from ipnext.planner.generator import generate
 from ipnext.planner.solve import STOPPED_BY_CLOCK
 from ipnext.planner.work import Budget, Clock
@@ -115,3 +116,61 @@ def test_a_child_budget_is_a_deadline_on_the_work_counter() -> None:
     assert half.exhausted() and not root.exhausted() and root.left() == 250
     assert root.detached().left() == 250 and root.detached(7).left() == 7
     assert not root.stopped_by_clock
+
+
+class _Frozen:
+    """A clock that reads what it is set to."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def test_the_clock_cuts_a_phase_only_when_it_will_stop_the_solve(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`clock_cuts`: while the work would run out before the clock (at the pace so far), the
+    clock decides nothing; when the clock will stop the solve, a step that would end past the
+    budget's end put on the clock (the same share of the clock's span as of the work limit)
+    does not start, and the solve is then the clock's."""
+    fake = _Frozen(100.0)
+    monkeypatch.setattr(work, "time", fake)
+    root = Budget(1_000, Clock.after(20.0))  # the clock's span: 100 s to 120 s
+    pricing = root.until(0.6)  # ends at 600 units, so at 112 s on the clock
+    fake.now = 110.0
+    root.spend(900)  # 90 units a second: the last 100 units come at 111.1 s, before the clock
+    assert not pricing.clock_cuts(1_000.0) and not root.stopped_by_clock
+
+    fake.now = 110.0
+    slow = Budget(1_000, Clock(deadline=120.0, start=100.0))
+    slow_pricing = slow.until(0.6)
+    slow.spend(100)  # 10 units a second: the work would last to 200 s, the clock stops at 120 s
+    assert not slow_pricing.clock_cuts(1.5)  # ends at 111.5 s, before 112 s
+    assert not slow.stopped_by_clock
+    assert slow_pricing.clock_cuts(2.5)  # would end at 112.5 s
+    assert slow.stopped_by_clock and not slow.exhausted()  # the solve goes on: it was steered
+    assert not Budget(1_000, Clock()).clock_cuts(1e9)  # no clock, nothing to steer by
+
+
+def test_at_fleet_scale_a_round_the_clock_has_no_time_for_is_not_started(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """When the clock says the next round would end past the pricing's share of the time the
+    solve has, the rounds stop there (as they do for the work): the plan still comes from the
+    columns, fits, and says that the clock made it."""
+    monkeypatch.setattr(importlib.import_module("ipnext.planner.instance"), "FLEET_BLOCKS", 0)
+    asked: list[float] = []
+
+    def no_time(self: Budget, seconds: float) -> bool:
+        asked.append(seconds)
+        self.clock.steered = True
+        return True
+
+    monkeypatch.setattr(Budget, "clock_cuts", no_time)
+    problem = generate(2, 30, 4, 2, utilization=0.6)
+    options = SolveOptions(time_limit_s=600, work_limit=1_000_000, exact_fallback=False, workers=1)
+    plan = solve(problem, options)
+    assert asked and all(s >= 0 for s in asked)
+    assert check_plan(problem, plan) == []
+    assert plan.stopped_by == "clock"
+    assert plan.lower_bound_method.endswith(f"; {STOPPED_BY_CLOCK}"), plan.lower_bound_method
