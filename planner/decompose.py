@@ -168,6 +168,8 @@ def decompose(
         # The anytime plan: whatever happens later, this one is returned if nothing better is.
         first, first_how = first_plan(inst, start, churn, budget.until(FIRST_PLAN_SHARE), budget)
         _first_plan_logged(first is not None, first_how, budget)
+        for c in (first or {}).values():  # columns that fit the pools together: no slack needed
+            master.add(c, c.cost)
         # The first round must answer every block (each needs a column and a bound); later
         # rounds stop at the pricing's share and carry the blocks they did not reach.
         round_started, round_clock = budget.spent, time.monotonic()

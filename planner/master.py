@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
-from ipnext.planner.backend import solve_model
+from ipnext.planner.backend import root_work, solve_model
 from ipnext.planner.formulation import BlockModel
 from ipnext.planner.instance import Instance
 from ipnext.planner.pricing import BlockChoice
@@ -156,9 +156,13 @@ class Master:
     ) -> dict[int, int] | None:
         """One column for each of `blocks` within `residual` (flat, per pool) at least cost:
         block -> column index, or None if none was found in `work` units (charged to `budget`,
-        else to the master's)."""
+        else to the master's). An IP whose root alone costs more than `work` (`root_work`) is
+        not started: HiGHS's root is not bounded by nodes, and the IP over the 2,319 columns
+        of the 1,000 row's 701 blocks, given 1 s of work, ran 9.9 s into the clock for nothing."""
         cols = [c for b in blocks for c in self.of_block[b]]
         model, _ = self._model(cols, residual, with_slack=False, integral=True)
+        if work < root_work(model):
+            return None
         budget = budget if budget is not None else self.budget
         sol = solve_model(model, work=work, budget=budget, relative_gap=1e-6)
         if sol.values is None:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -510,13 +511,51 @@ def _as_plan(inst: Instance, choices: dict[int, BlockChoice]) -> Plan:
     return _plan(inst, Candidate(choices, 0.0, "test", "ipnext-lagrangian"), 0.0, time.monotonic(), Budget(1))
 
 
+def test_an_ip_whose_root_costs_more_than_its_work_is_not_started(monkeypatch: pytest.MonkeyPatch) -> None:
+    """HiGHS's root is not bounded by its node limit: an IP over the columns given less work
+    than its root costs (`root_work`) answers None without running."""
+    inst, master, _ = _columns_at_several_prices()
+    blocks = list(range(len(inst.blocks)))
+    master_module = importlib.import_module("ipnext.planner.master")
+    real = master_module.solve_model
+    ran: list[int] = []
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        ran.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(master_module, "solve_model", counted)
+    assert master.solve_ip(blocks, inst.pool_units.ravel(), 1_000) is None
+    assert ran == []
+    master.solve_ip(blocks, inst.pool_units.ravel(), 30 * UNITS_PER_SECOND)
+    assert ran == [1]
+
+
 def test_without_an_lp_rounding_the_first_plan_is_built_from_scratch(monkeypatch: pytest.MonkeyPatch) -> None:
     """A fleet (no LP rounding) gets its first plan before the first pricing round, every block
     placed one at a time at congestion prices: when choosing from the columns then runs out of
-    time, that plan comes back, and it fits the pools."""
+    time, that plan comes back, and it fits the pools. Its placements are the master's
+    columns from the start, so the master LP fits the pools without slack from then on."""
     monkeypatch.setattr(importlib.import_module("ipnext.planner.instance"), "FLEET_BLOCKS", 0)
     decompose_module = importlib.import_module("ipnext.planner.decompose")
     monkeypatch.setattr(importlib.import_module("ipnext.planner.first_plan"), "LP_PRICES_MAX_OPTIONS", 0)
+    firsts: list[dict[int, BlockChoice]] = []
+    real_first = decompose_module.first_plan
+
+    def first_spy(*args: Any) -> Any:
+        plan, how = real_first(*args)
+        firsts.append(plan)
+        return plan, how
+
+    added: list[BlockChoice] = []
+    real_add = Master.add
+
+    def add_spy(self: Master, choice: BlockChoice, cost: float) -> Any:
+        added.append(choice)
+        return real_add(self, choice, cost)
+
+    monkeypatch.setattr(decompose_module, "first_plan", first_spy)
+    monkeypatch.setattr(Master, "add", add_spy)
 
     def out_of_time(*args: object, **kwargs: object) -> None:
         raise PlanningTimeoutError("no plan that fits the pools within the time limit: test")
@@ -526,3 +565,5 @@ def test_without_an_lp_rounding_the_first_plan_is_built_from_scratch(monkeypatch
     plan = solve(problem, work_options(10, exact_fallback=False, workers=2))
     assert check_plan(problem, plan) == []
     assert "the plan: placed from scratch in" in plan.lower_bound_method, plan.lower_bound_method
+    assert firsts and firsts[0] is not None
+    assert all(any(c is a for a in added) for c in firsts[0].values())
