@@ -235,11 +235,14 @@ def _search_layers(
     best_ref: Ref | None = None
     work = 0
     peak = 1
+
+    def cut_short(left: float) -> Outcome:  # the best so far, and the least bound of what is left
+        return Outcome(best_cost, _decode(best_ref, layers, visit), work, peak, min(left, best_cost))
+
     for j in range(len(run.regs)):
         grown = expand(j, x, cost, best_cost, budget - work)
         if grown is None:
-            left = float((cost + data.lower(x, j)).min()) if len(cost) else math.inf
-            return Outcome(best_cost, _decode(best_ref, layers, visit), work, peak, min(left, best_cost))
+            return cut_short(float((cost + data.lower(x, j)).min()) if len(cost) else math.inf)
         y, cy, tag_a, tag_b, kept, spent = grown
         work += spent
         done = (y >= top).all(axis=1)
@@ -260,16 +263,14 @@ def _search_layers(
             # bounded by the states the dominance check would have thinned (a state it drops
             # is never the cheaper way)
             layers.append((tag_a[:0], tag_b[:0], kept))  # what decoding a state of j reads
-            left = float((cy + lb).min()) if len(cy) else math.inf
-            return Outcome(best_cost, _decode(best_ref, layers, visit), work, peak, min(left, best_cost))
+            return cut_short(float((cy + lb).min()) if len(cy) else math.inf)
         keep = nondominated_np(y, beam)
         work += len(cy) + dominance_work(len(cy))
         x, cost = y[keep], cy[keep]
         layers.append((tag_a[keep], tag_b[keep], kept))
         peak = max(peak, len(cost))
         if work > budget:
-            left = float((cost + data.lower(x, j + 1)).min()) if len(cost) else math.inf
-            return Outcome(best_cost, _decode(best_ref, layers, visit), work, peak, min(left, best_cost))
+            return cut_short(float((cost + data.lower(x, j + 1)).min()) if len(cost) else math.inf)
         if not len(cost):
             break
     return Outcome(best_cost, _decode(best_ref, layers, visit), work, peak, math.inf)
