@@ -49,6 +49,11 @@ REPLAN_SCRATCH_SHARE = {"whole": 0.6, "neighbourhoods": 1.0}
 # master's columns fit the pools, more.
 PRICING_SHARE = 0.55
 PRICING_SHARE_FLEET = 0.7
+# The search stops this share of `time_limit_s` before it, so that the step in flight when the
+# clock fires and the plan's assembly end inside the limit, not past it: measured past the
+# search's stop, 0.04-0.18 s on 60 s solves of 160-820 deployments on a quiet host (0.3%), and
+# 6.9 s of a 600 s one beside a full test run at load 12-27 (1.1%).
+FINISH_SHARE = 0.02
 
 
 Solver = Literal["exact-mip", "ipnext-lagrangian"]
@@ -68,7 +73,7 @@ class Candidate:
 def solve(problem: PlanningProblem, options: SolveOptions | None = None) -> Plan:
     options = options or SolveOptions()
     started = time.monotonic()  # for the plan's solve_seconds: a report, never a limit
-    budget = Budget(options.work_limit, Clock.after(options.time_limit_s))
+    budget = Budget(options.work_limit, Clock.after((1 - FINISH_SHARE) * options.time_limit_s))
     total = budget.total
     inst = compile_problem(problem)
     churn = options.churn_cost if problem.current is not None else 0.0

@@ -89,6 +89,23 @@ def test_a_solve_the_clock_cut_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
     assert on_work.stopped_by == "work" and STOPPED_BY_CLOCK not in on_work.lower_bound_method
 
 
+def test_the_search_stops_before_the_time_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The solve's outer stop is FINISH_SHARE of the time limit before it, so the step in flight
+    and the plan's assembly end inside the limit (the bench measures how far inside)."""
+    solve_module = importlib.import_module("ipnext.planner.solve")
+    asked: list[float] = []
+
+    def after(seconds: float) -> Clock:
+        asked.append(seconds)
+        return Clock()
+
+    monkeypatch.setattr(solve_module.Clock, "after", staticmethod(after))
+    options = SolveOptions(time_limit_s=60, work_limit=200_000, workers=1)
+    solve(generate(1, 12, 4, 2, utilization=0.3), options)
+    assert 0 < solve_module.FINISH_SHARE < 0.1
+    assert asked == [pytest.approx(60 * (1 - solve_module.FINISH_SHARE))]
+
+
 def test_no_plan_before_the_clock_says_the_clock_ran_out() -> None:
     """A clock that has passed before the first round: no plan, and the error names the clock
     (and the time limit as the fix), not the work limit it never reached."""
