@@ -36,7 +36,7 @@ import pytest
 from ipnext.spec.settings import Settings
 from ipnext.store.ray_token import ensure_ray_token, use_ray_auth
 
-from .suite_load import LoadSampler
+from .suite_load import LoadSampler, UnitTimeline
 
 # Ray's token authentication for every stack of the run (each makes its own cluster): one token
 # file, because Ray reads the token once per process and a test process reaches several stacks.
@@ -120,12 +120,28 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
 
 _SAMPLER_KEY = pytest.StashKey[LoadSampler]()
+_TIMELINE_KEY = pytest.StashKey[UnitTimeline]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
     # Only the process that runs the session samples: xdist's workers carry `workerinput`.
     if not hasattr(config, "workerinput"):
         config.stash[_SAMPLER_KEY] = LoadSampler().start()
+        config.stash[_TIMELINE_KEY] = UnitTimeline()
+        config.pluginmanager.register(_TimelinePlugin(config.stash[_TIMELINE_KEY]), "ipnext-unit-timeline")
+
+
+class _TimelinePlugin:
+    """Feeds the controller's test reports (each names the xdist worker that ran it) into the
+    timeline printed at the end."""
+
+    def __init__(self, timeline: UnitTimeline) -> None:
+        self.timeline = timeline
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        node = getattr(report, "node", None)  # xdist's worker controller; absent without -n
+        worker = node.gateway.id if node is not None else "main"
+        self.timeline.add(work_unit(report.nodeid), worker, report.start, report.stop, report.when == "call")
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
@@ -134,4 +150,7 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         return
     terminalreporter.section("machine load during the run")
     for line in sampler.stop().lines():
+        terminalreporter.write_line(line)
+    terminalreporter.section("work units by worker")
+    for line in config.stash[_TIMELINE_KEY].lines():
         terminalreporter.write_line(line)

@@ -109,3 +109,51 @@ class LoadSampler:
             self._take()
             if self._stop.wait(self._interval_s):
                 return
+
+
+@dataclass
+class UnitSpan:
+    worker: str
+    start: float  # epoch seconds, as pytest's reports carry them
+    stop: float
+    tests: int = 0
+
+
+class UnitTimeline:
+    """Which worker ran each work unit (tests/conftest.py), from when to when, built from the
+    test reports' start and stop: the run's critical path, so the next balancing of the units
+    reads a timeline, not a guess from --durations."""
+
+    SHOWN_S = 30.0  # units shorter than this are summed per worker, not listed
+
+    def __init__(self) -> None:
+        self._spans: dict[str, UnitSpan] = {}
+
+    def add(self, unit: str, worker: str, start: float, stop: float, test_done: bool) -> None:
+        span = self._spans.setdefault(unit, UnitSpan(worker, start, stop))
+        span.start, span.stop = min(span.start, start), max(span.stop, stop)
+        span.tests += int(test_done)
+
+    def lines(self) -> list[str]:
+        if not self._spans:
+            return []
+        origin = min(s.start for s in self._spans.values())
+        out = []
+        for worker in sorted({s.worker for s in self._spans.values()}):
+            mine = sorted(
+                ((unit, s) for unit, s in self._spans.items() if s.worker == worker), key=lambda p: p[1].start
+            )
+            short = [s for _, s in mine if s.stop - s.start < self.SHOWN_S]
+            busy = sum(s.stop - s.start for _, s in mine)
+            end = max(s.stop for _, s in mine) - origin
+            out.append(f"{worker}: ends at {end / 60:.1f} min, busy {busy / 60:.1f} min in {len(mine)} units")
+            for unit, s in mine:
+                if s.stop - s.start >= self.SHOWN_S:
+                    out.append(
+                        f"  {(s.start - origin) / 60:5.1f}-{(s.stop - origin) / 60:5.1f} min "
+                        f"{unit} ({s.tests} tests)"
+                    )
+            if short:
+                seconds = sum(s.stop - s.start for s in short)
+                out.append(f"  and {len(short)} units under {self.SHOWN_S:g} s each, {seconds:.0f} s in all")
+        return out

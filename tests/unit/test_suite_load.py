@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from ipnext.client.devstack.stack import STACK_ID_ENV
-from tests.suite_load import LoadRecord, live_stacks
+from tests.suite_load import LoadRecord, UnitTimeline, live_stacks
 
 
 def test_live_stacks_counts_the_processes_that_carry_a_stack_id() -> None:
@@ -37,3 +37,18 @@ def test_the_record_keeps_each_peak_and_the_stacks_seen_then() -> None:
     assert record.stacks.value == 2
     lines = record.lines()
     assert lines[1].startswith("peak load average (1 min): 9.5") and "peak stacks at once: 2" in lines[3]
+
+
+def test_the_timeline_puts_each_unit_on_its_worker_and_sums_the_short_ones() -> None:
+    timeline = UnitTimeline()
+    timeline.add("integration", "gw0", 1000.0, 1010.0, test_done=False)  # a setup
+    timeline.add("integration", "gw0", 1010.0, 1600.0, test_done=True)
+    timeline.add("tests/unit/test_a.py", "gw1", 1000.0, 1005.0, test_done=True)
+    timeline.add("tests/unit/test_b.py", "gw1", 1005.0, 1012.0, test_done=True)
+    timeline.add("integration-b", "gw1", 1012.0, 1900.0, test_done=True)
+    lines = timeline.lines()
+    assert lines[0] == "gw0: ends at 10.0 min, busy 10.0 min in 1 units"
+    assert lines[1] == "    0.0- 10.0 min integration (1 tests)"
+    assert lines[2].startswith("gw1: ends at 15.0 min, busy 15.0 min in 3 units")
+    assert lines[3] == "    0.2- 15.0 min integration-b (1 tests)"
+    assert lines[4] == "  and 2 units under 30 s each, 12 s in all"
