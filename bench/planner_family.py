@@ -3,7 +3,7 @@
 
 Seeds are drawn fresh each run (from the operating system's entropy) and printed, so a run
 can be repeated with `--family-seeds`. The first `--family-tight` instances have pools
-90-98% full (the planted plan's share of all pool units); the rest draw their fullness from
+90-98% full (the planted plan's share of all pool units, `tight_family`); the rest draw their fullness from
 the family's whole range (50-98%). Per instance: whether a plan came back and whether the
 work or the clock stopped the solve, its gap over its own proven bound, its cost over the
 planted plan's (below 1: cheaper than the certificate), and when the first plan existed
@@ -21,14 +21,13 @@ from typing import Any
 from ipnext.contracts.plan import SolveOptions
 from ipnext.errors import InfeasiblePlanError, PlanningTimeoutError
 from ipnext.planner import check_plan, solve
-from ipnext.planner.generator import family
+from ipnext.planner.generator import TIGHT, family, tight_family
 
 __all__ = ["FAMILY_WORK", "run_family"]
 
 # The family's work limit: the 1,000-deployment row's. The clock (60 s) then stops the larger
 # instances first on this 2-core machine, and each instance says which stopped it.
 FAMILY_WORK = 14_000_000
-TIGHT = (0.90, 0.98)
 
 
 class _FirstPlan(logging.Handler):
@@ -43,8 +42,8 @@ class _FirstPlan(logging.Handler):
             self.at = time.monotonic()
 
 
-def _one(seed: int, fullness: float | None, limit: float, work: int) -> dict[str, Any]:
-    inst = family(seed, fullness=fullness)
+def _one(seed: int, tight: bool, limit: float, work: int) -> dict[str, Any]:
+    inst = tight_family(seed) if tight else family(seed)
     problem = inst.problem
     out: dict[str, Any] = {
         "seed": seed,
@@ -104,9 +103,7 @@ def run_family(
     print(f"family seeds: {' '.join(map(str, seeds))}", flush=True)
     runs = []
     for k, seed in enumerate(seeds):
-        # The fullness of a tight instance is drawn from the seed, so a seed repeats its instance.
-        fullness = random.Random(seed).uniform(*TIGHT) if k < tight else None
-        run = _one(seed, fullness, limit, work)
+        run = _one(seed, k < tight, limit, work)
         runs.append(run)
         shape = (
             f"seed {seed}: {run['deployments']} deployments, {run['regions']} regions, "

@@ -5,11 +5,12 @@ planner itself; the draws cover the family's ranges."""
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 
 import pytest
 
-from ipnext.planner.generator import family
+from ipnext.planner.generator import TIGHT, family, tight_family
 from ipnext.planner.validate import check_plan
 
 SEEDS = range(40)
@@ -41,6 +42,18 @@ def test_nearly_full_pools_are_what_was_asked() -> None:
         inst = family(seed, deployments=120, fullness=0.98)
         assert 0.9 <= inst.fullness <= 0.98 + 1e-9, inst.fullness
         assert check_plan(inst.problem, inst.planted) == []
+
+
+def test_a_tight_instance_is_90_to_98_percent_full_and_repeats() -> None:
+    """Seeds whose first draw of the fullness asked lands under 90% once rounded (730094931,
+    179460442) and one whose first draw is kept (675114897, as `family` gives it)."""
+    for seed in (730094931, 179460442, 675114897):
+        inst = tight_family(seed)
+        assert TIGHT[0] <= inst.fullness <= TIGHT[1], (seed, inst.fullness)
+        assert inst == tight_family(seed)
+    kept = random.Random(675114897).uniform(*TIGHT)
+    assert tight_family(675114897) == family(675114897, fullness=kept)
+    assert family(730094931, fullness=random.Random(730094931).uniform(*TIGHT)).fullness < TIGHT[0]
 
 
 def test_the_latency_budgets_are_tight() -> None:
