@@ -58,6 +58,7 @@ __all__ = [
     "UNITS_PER_SECOND",
     "Budget",
     "Clock",
+    "ShareClock",
     "lp_charge",
     "mip_charge",
     "mip_nodes",
@@ -101,6 +102,22 @@ class Clock:
         if self.deadline == math.inf:
             return 1e9
         return max(MIN_CALL_SECONDS, CALL_CLOCK_SHARE * (self.deadline - time.monotonic()))
+
+
+@dataclass
+class ShareClock(Clock):
+    """A stop before the solve's clock (`Budget.clock_capped`): passed when either is."""
+
+    outer: Clock | None = None
+
+    def passed(self) -> bool:
+        if self.outer is not None and self.outer.passed():
+            self.fired = True
+        elif time.monotonic() >= self.deadline:
+            self.fired = True
+            if self.outer is not None:
+                self.outer.steered = True
+        return self.fired
 
 
 class Budget:
@@ -162,27 +179,46 @@ class Budget:
         elsewhere (a worker process), whose spend the caller charges here when it comes back."""
         return Budget(self.left() if units is None else units, self.clock)
 
-    def clock_cuts(self, seconds: float) -> bool:
-        """Whether a step of about `seconds` should not start, because the clock will stop the
-        solve before its work limit runs out (at the pace so far: work spent over the time
-        since the clock started) and the step would end past this budget's end put on the
-        clock (the same share of the clock's span as of the ledger's work limit). Then the
-        phases keep their shares of the time the solve has, not only of its work. When the
-        work would run out first, the clock decides nothing and the answer is False. A True
-        marks the clock as having steered the solve: the result is the clock's, not
-        reproducible, though the solve goes on."""
+    def _clock_binds(self) -> bool:
+        """Whether, at the pace so far (work spent over the time since the clock started), the
+        clock will stop the solve before its work limit runs out."""
         clock = self.clock
         now = time.monotonic()
         spent, elapsed = self._counter[0], now - clock.start
         if clock.deadline == math.inf or spent <= 0 or elapsed <= 0 or self._root_end <= 0:
             return False
-        if now + (self._root_end - spent) * elapsed / spent <= clock.deadline:
+        return now + (self._root_end - spent) * elapsed / spent > clock.deadline
+
+    def clock_cuts(self, seconds: float) -> bool:
+        """Whether a step of about `seconds` should not start, because the clock will stop the
+        solve before its work limit runs out (`_clock_binds`) and the step would end past this
+        budget's end put on the clock (the same share of the clock's span as of the ledger's
+        work limit). Then the phases keep their shares of the time the solve has, not only of
+        its work. When the work would run out first, the clock decides nothing and the answer
+        is False. A True marks the clock as having steered the solve: the result is the
+        clock's, not reproducible, though the solve goes on."""
+        if not self._clock_binds():
             return False
+        clock = self.clock
         end_at = clock.start + self._end / self._root_end * (clock.deadline - clock.start)
-        if now + seconds <= end_at:
+        if time.monotonic() + seconds <= end_at:
             return False
         clock.steered = True
         return True
+
+    def clock_capped(self, fraction: float) -> Budget:
+        """This budget, also stopped at `fraction` of the clock's span when the clock will stop
+        the solve before its work limit (`_clock_binds`): for a phase whose solver calls may
+        each take far longer than the work they are charged, so that what follows it keeps
+        its time. Its stop is a clock of its own (`ShareClock`): when that fires, the solve's
+        clock is marked steered, not fired. Unchanged (`self`) when the work limit binds."""
+        clock = self.clock
+        end_at = clock.start + fraction * (clock.deadline - clock.start)
+        if end_at >= clock.deadline or not self._clock_binds():
+            return self
+        child = self._child(self._end)
+        child.clock = ShareClock(end_at, start=clock.start, outer=clock)
+        return child
 
     @property
     def stopped_by_clock(self) -> bool:

@@ -139,3 +139,45 @@ def test_the_first_plan_places_what_the_lp_rounding_overfills_by_the_completing_
     assert sorted(plan) == list(range(len(inst.blocks)))
     assert (usage_of(inst, plan) <= inst.pool_units + 1e-9).all()
     assert "the LP rounding overfilled pools by" in how and "the elastic LP moved" in how, how
+
+
+def test_the_completing_mips_of_the_first_plan_keep_to_their_share_of_the_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first plan's completing MIPs run on a budget capped at COMPLETE_CLOCK_SHARE of the
+    clock (work.Budget.clock_capped, which binds only when the clock will stop the solve); the
+    cap is tested in test_planner_work."""
+    first_plan_module = importlib.import_module("ipnext.planner.first_plan")
+    asked: list[float] = []
+    capped = Budget.clock_capped
+
+    def recorded(self: Budget, fraction: float) -> Budget:
+        asked.append(fraction)
+        return capped(self, fraction)
+
+    monkeypatch.setattr(Budget, "clock_capped", recorded)
+    inst = compile_problem(family(8, deployments=60, regions=4, hardware=2, fullness=0.97).problem)
+    budget = Budget(40 * UNITS_PER_SECOND)
+    plan, how = first_plan(inst, lp_start(inst, 0.0, budget), 0.0, budget, budget)
+    assert plan is not None and "placed by exact MIPs" in how, how
+    assert asked == [first_plan_module.COMPLETE_CLOCK_SHARE]
+
+
+@pytest.mark.parametrize("roundings", [2, 3])
+def test_no_lp_is_solved_after_the_last_rounding(monkeypatch: pytest.MonkeyPatch, roundings: int) -> None:
+    """Each LP after the relaxation makes one rounding; none is solved once the last rounding
+    is made (one was, and its answer thrown away: 13.6 s of a 60 s clock on an 820-deployment
+    instance). Seed 1's roundings all overflow, so every one is made."""
+    first_plan_module = importlib.import_module("ipnext.planner.first_plan")
+    monkeypatch.setattr(first_plan_module, "LP_ROUNDINGS", roundings)
+    solved: list[str] = []
+
+    def counted(*args: object, **kwargs: object) -> object:
+        solved.append(str(kwargs.get("solver")))
+        return solve_model(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(first_plan_module, "solve_model", counted)
+    inst = compile_problem(family(1, deployments=60, regions=4, hardware=2, fullness=0.97).problem)
+    start = lp_start(inst, 0.0, Budget(10**9))
+    assert len(start.rounded) == roundings
+    assert solved == ["glop"] + ["highs"] * (roundings - 1)

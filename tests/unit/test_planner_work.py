@@ -169,6 +169,38 @@ def test_the_clock_cuts_a_phase_only_when_it_will_stop_the_solve(monkeypatch: py
     assert not Budget(1_000, Clock()).clock_cuts(1e9)  # no clock, nothing to steer by
 
 
+def test_a_clock_capped_phase_stops_at_its_share_of_the_time_only_when_the_clock_binds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`clock_capped`: while the work would run out first, the budget is unchanged; when the
+    clock will stop the solve, the phase gets a stop of its own at its share of the clock's
+    span, which steers the solve (not fires it) when it passes, and passes with the solve's."""
+    fake = _Frozen(110.0)
+    monkeypatch.setattr(work, "time", fake)
+    fast = Budget(1_000, Clock(deadline=120.0, start=100.0))
+    fast.spend(900)
+    assert fast.clock_capped(0.5) is fast
+
+    slow = Budget(1_000, Clock(deadline=120.0, start=100.0))
+    slow.spend(100)  # the work would last to 200 s
+    phase = slow.clock_capped(0.6)  # stops at 112 s
+    assert phase is not slow and phase.left() == slow.left()
+    assert slow.clock_capped(1.0) is slow  # no earlier than the solve's own stop
+    assert not phase.exhausted() and not slow.stopped_by_clock
+    phase.spend(10)
+    assert slow.spent == 110  # one ledger
+    fake.now = 112.5
+    assert phase.exhausted() and phase.stopped_by_clock
+    assert not slow.exhausted() and not slow.clock.fired and slow.stopped_by_clock  # steered
+    fake.now = 121.0
+    other = Budget(1_000, Clock(deadline=120.0, start=100.0))
+    other.spend(100)
+    fake.now = 110.0
+    late = other.clock_capped(0.9)
+    fake.now = 121.0
+    assert late.exhausted() and other.clock.fired  # the solve's own stop passes it too
+
+
 def test_at_fleet_scale_a_round_the_clock_has_no_time_for_is_not_started(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
