@@ -41,8 +41,10 @@ spend too. The clock (`Clock`) is shared by a ledger and all its children: it ne
 budget, it stops the solve, and then `Clock.fired` says the result is not reproducible. One
 exception: when the pace so far says the clock will stop the solve before the work runs out,
 `Budget.clock_cuts` lets a phase decline a step that would end past its share of the time
-(the fleet's pricing rounds ask it), and `Clock.steered` then says so; a solve the work
-limit ends is never steered.
+(the fleet's pricing rounds and the first plan's roundings ask it), and `Clock.steered`
+then says so; `Budget.clock_capped` gives a phase a stop of its own at its share of the time
+(the first plan's completing MIPs, whose calls can run far past the work they are charged).
+A solve the work limit ends is never steered.
 """
 
 from __future__ import annotations
