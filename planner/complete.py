@@ -49,8 +49,9 @@ log = logging.getLogger("ipnext.planner.decompose")  # one logger for the decomp
 # wider ones after it still get some (unless its root alone needs more).
 STEP_SHARE = 0.5
 # A freed ring holds this many times more blocks than the one before (first: the blocks the
-# elastic LP moves, or without any as many placed blocks as there are blocks left; then those
-# holding the most units in the pools the blocks left could use).
+# elastic LP moves, or none when it names none, so the first MIP is over the blocks left alone;
+# then at least as many placed blocks as there are blocks left, those holding the most units in
+# the pools the blocks left could use).
 GROWTH = 2
 # The shortfall report places at most this many of the blocks left (the largest), each by the
 # fast block solver alone: a report must not take the time a plan needed (every block of a
