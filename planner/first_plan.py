@@ -31,12 +31,12 @@ __all__ = ["LPStart", "first_plan", "fitted_first_round", "lp_start"]
 
 log = logging.getLogger("ipnext.planner.decompose")  # one logger for the decomposition's story
 
-LP_ROUNDINGS = 4
 # A rounding after the second is not solved when, at the last one's time, it would end past the
 # LP's share of the time (work.Budget.clock_cuts, only when the clock will stop the solve
 # first): shrunk twice by the overflow, the pools of an 820-deployment instance 95.5% full left
 # no placement, and HiGHS took 20.7 s to prove the third rounding's LP infeasible (the second
 # took 4.2 s); the first plan then never came.
+LP_ROUNDINGS = 4
 # Larger LPs take most of the time limit (1,000 deployments: GLOP unfinished in 9 s).
 LP_PRICES_MAX_OPTIONS = 20_000
 LP_PRICES_SHARE = 0.25  # of the pricing's work, the most the whole model's LP relaxation takes
