@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
 from ipnext.contracts.counters import OutcomeTotals, SetCounters
-from ipnext.contracts.http_routes import router_route
+from ipnext.contracts.http_routes import NO_SET_REASON, router_route
 from ipnext.contracts.router import RouterConfig
 from ipnext.errors import PartInputError
 from ipnext.policy.demand import SOURCE_HEADER, valid_source
@@ -242,6 +242,8 @@ class Router:
             self._demand[source] = self._demand.get(source, 0) + 1  # admitted: observed demand
             key, unit = body.get("key"), body.get("unit")
             if body.get("stream"):
+                if self._pick(key, unit) is None:  # as a plain 503, so the caller can go elsewhere
+                    return _answer(*self._no_set())
                 return StreamingResponse(
                     self._stream_events(body["inputs"], key, unit), media_type="text/event-stream"
                 )
@@ -347,8 +349,10 @@ class Router:
         run = None if route is None else lambda: self._run_dag(route, {}, inputs, [])
         self._mirror.send(shadow, outputs, run, self._limits.deadline_seconds)
 
-    def _no_set(self) -> str:
-        return f"model {self._model} has no serving set in {self._region}"
+    def _no_set(self) -> tuple[dict[str, Any], int]:
+        """The 503 of a region with no serving set, marked so callers ask another region."""
+        body, status = _refusal(503, f"model {self._model} has no serving set in {self._region}")
+        return {**body, "reason": NO_SET_REASON}, status
 
     def _count(self, app: str, latency_ms: float | None) -> None:
         """One request against set app `app`: its latency, or None for a failed one."""
@@ -379,7 +383,7 @@ class Router:
         deadline = asyncio.get_running_loop().time() + self._limits.deadline_seconds
         picked = self._pick(key, unit)
         if picked is None:
-            body, status = _refusal(503, self._no_set())
+            body, status = self._no_set()
             yield {**body, "status": status}
             return
         set_id = self._routes[picked.counted].set_id
@@ -445,7 +449,7 @@ class Router:
         self.admit(source)
         picked = self._pick(key, unit)
         if picked is None:
-            return _refusal(503, self._no_set())
+            return self._no_set()
         set_id = self._routes[picked.counted].set_id  # the set the answer is counted against and stamped with
         started = time.perf_counter()
         tried: list[_Attempt] = []

@@ -12,7 +12,9 @@ more on a new one, and Serve's proxy answering that it knows no route for the pa
 that just started) is asked again for up to `PROXY_ROUTES_WAIT_S`. A region that fails (no
 connection, a broken one, or Serve's proxy answering for a router it cannot reach) is passed
 over for the next region of `routing.fallback_order`, while the request's deadline
-(`timeout_s`) lasts, and tried last for `region_down_s` after; one with no answer within
+(`timeout_s`) lasts, and tried last for `region_down_s` after; so is a region whose router
+answers that the model has no serving set there (`NO_SET_REASON`: a returning region before its
+set runs), which is not tried last (it answered at once); one with no answer within
 `region_timeout_s` keeps the request while the next region is asked beside it (the first
 answer wins). No Temporal connection.
 Failures are `PredictionError`s carrying the HTTP status: 400 `PredictionBadRequestError`,
@@ -38,6 +40,7 @@ from typing import Any, TypeVar
 import httpx
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from ipnext.contracts.http_routes import NO_SET_REASON
 from ipnext.contracts.routing import (
     RoutingDocument,
     demand_path,
@@ -323,12 +326,16 @@ class AsyncPredictionClient:
                             order, index = [r for r in fresh if r not in running.values()], 0
                             ask_next = True
                             continue
-                        if not _proxy_failure(response):
+                        unserved = await _unserved(response)
+                        if not unserved and not _proxy_failure(response):
                             self._down.pop(target, None)
                             return response, target
                         await response.aread()
                         failure = _status_error(response, model, target)
                         await response.aclose()
+                        if unserved:  # it answered at once: asked first again next time
+                            ask_next = True
+                            continue
                     self._down[target] = self._clock() + self._region_down_s
                     ask_next = True  # a region that failed: the next one at once
         finally:
@@ -601,6 +608,19 @@ def _proxy_failure(response: httpx.Response) -> bool:
     if response.headers.get("content-type", "").startswith("application/json"):
         return False  # a router's (or the routing app's) own words
     return True
+
+
+async def _unserved(response: httpx.Response) -> bool:
+    """The region's router answered that its model has no serving set there (`NO_SET_REASON`):
+    the region cannot answer this request, the next one may (a returning region before its set
+    runs there). Reads the body of such a 503 only (a stream's pieces are left alone)."""
+    if response.status_code != 503 or not response.headers.get("content-type", "").startswith(
+        "application/json"
+    ):
+        return False
+    await response.aread()
+    body = _json_or_none(response)
+    return isinstance(body, dict) and body.get("reason") == NO_SET_REASON
 
 
 def _source_header(source: str | None) -> dict[str, str]:

@@ -12,7 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["ROUTES", "HttpRoute", "router_leaf", "router_route"]
+__all__ = ["NO_SET_REASON", "ROUTES", "HttpRoute", "router_leaf", "router_route"]
+
+# A router's 503 when its model has no serving set in its region (`{error_id, message, reason}`):
+# the region cannot answer yet (a returning region before its set runs there), so a caller with
+# other regions asks the next one (`ipnext.client.prediction`), as for a region it cannot reach.
+NO_SET_REASON = "no_serving_set"
 
 App = Literal["router", "routing", "serve"]
 

@@ -13,6 +13,7 @@ import pytest
 from ray.serve.exceptions import BackPressureError
 from starlette.requests import Request
 
+from ipnext.contracts.http_routes import NO_SET_REASON
 from ipnext.contracts.router import RouterConfig
 from ipnext.errors import PartInputError
 from ipnext.names import poll_until
@@ -178,10 +179,18 @@ async def test_a_full_part_queue_behind_the_router_is_503_and_counts(build: Any)
 
 
 async def test_no_serving_set_is_503_and_counts_nothing(build: Any) -> None:
+    """Marked `NO_SET_REASON` (the SDK asks the next region), streamed or not: a stream is refused
+    with a plain 503 before it starts, never a 200 whose first event is the refusal."""
     router, counted, _ = build(reply({}), reply([]))
     router._config = RouterConfig(generation=2, weights={})
     body, status = await router.predict({"user": 1})
     assert status == 503 and "has no serving set" in body["message"] and counted.latencies == []
+    assert body["reason"] == NO_SET_REASON
+    for raw in (b'{"inputs": {"user": 1}}', b'{"inputs": {"user": 1}, "stream": true}'):
+        response = await router(request(raw))
+        answer = json.loads(response.body)
+        assert response.status_code == 503 and answer["reason"] == NO_SET_REASON, answer
+    assert counted.latencies == []
 
 
 async def test_the_deadline_covers_the_whole_stream(build: Any) -> None:

@@ -19,6 +19,7 @@ import pytest
 
 from ipnext.client.prediction import STALE_IF_ERROR_S
 from ipnext.client.sdk import AsyncPredictionClient, Client, Prediction, PredictionClient
+from ipnext.contracts.http_routes import NO_SET_REASON
 from ipnext.contracts.routing import RoutingDocument, routing_model_of
 from ipnext.errors import (
     IpnextError,
@@ -62,6 +63,7 @@ class FakeServing:
     down: bool = False
     lost: set[str] = field(default_factory=set)  # regions whose connections fail (a lost node's proxy)
     unreachable: set[str] = field(default_factory=set)  # regions Serve's proxy cannot reach: its 500
+    unserved: set[str] = field(default_factory=set)  # regions whose router has no serving set yet
     routing_outage: str = ""  # the routing app's: "404", "500" or "down" (no connection)
     unrouted: int = 0  # the next requests Serve's proxy has no route table for (it just started)
 
@@ -98,6 +100,9 @@ class FakeServing:
         if region in self.unreachable:  # the proxy's own words: plain text, no Retry-After
             return httpx.Response(500, text="Internal Server Error")
         self.sources.append(request.headers.get("x-ipnext-source"))
+        if region in self.unserved:  # the router's own 503, streamed or not (serving/router.py)
+            message = f"model {model} has no serving set in {region}"
+            return httpx.Response(503, json={"error_id": "n1", "message": message, "reason": NO_SET_REASON})
         if body.get("stream"):
             pieces = self.streams.get((region, model))
             if pieces is None:
@@ -463,6 +468,26 @@ def test_a_proxy_failure_fails_over_but_a_routers_own_error_or_shedding_does_not
     with sync_client(serving) as client, pytest.raises(PredictionOverloadedError):
         client.predict(MODEL, 1, source="us-east")
     assert {r for r, _ in serving.posts} == {"us-east"}  # answers, each from the region asked
+
+
+async def test_a_region_with_no_serving_set_yet_is_passed_over_and_asked_first_again(
+    serving: FakeServing,
+) -> None:
+    """A returning region's router answers before its set runs there (a region drill's return saw
+    it): the request goes on to the next region, streamed or not, and the next request asks the
+    returning region first again (it answered at once, so it is not tried last). Asked for that
+    region alone, the 503 is the caller's, naming it."""
+    serving.unserved.add("eu-west")
+    serving.streams[("us-east", MODEL)] = pieces("us-east")
+    async with async_client(serving) as aclient:
+        assert (await aclient.predict(MODEL, 1, source="eu-west")).region == "us-east"
+        replies = [p async for p in aclient.predict_stream(MODEL, {}, source="eu-west")]
+        assert {p.region for p in replies} == {"us-east"}
+        assert [r for r, _ in serving.posts] == ["eu-west", "us-east"] * 2
+        with pytest.raises(PredictionOverloadedError, match="no serving set in eu-west"):
+            await aclient.predict(MODEL, 1, region="eu-west")
+        serving.unserved.clear()
+        assert (await aclient.predict(MODEL, 1, source="eu-west")).region == "eu-west"
 
 
 async def test_a_region_that_does_not_answer_in_time_is_passed_over_within_the_deadline(
