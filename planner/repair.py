@@ -130,7 +130,7 @@ def repair(
     if done.why.startswith(OUT_OF_TIME):
         if not explain:
             raise PlanningTimeoutError(done.why, fix=_MORE)
-        gap = shortfall(inst, partial, done.left, churn)
+        gap = shortfall(inst, partial, done.left, churn, budget.clock)
         raise PlanningTimeoutError(
             f"{done.why[:-1]} after {budget.spent - started:,} work units of repair"
             f"{_BY_CLOCK if budget.stopped_by_clock else ''}; {gap.describe()}.",

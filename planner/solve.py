@@ -97,7 +97,7 @@ def solve(problem: PlanningProblem, options: SolveOptions | None = None) -> Plan
                     exact = Candidate(choices, sol.bound, method, "exact-mip")
                 return _plan(inst, exact, churn, started, budget)
             if sol.status == "infeasible":  # proven over every block and the whole pools
-                gap = shortfall(inst, {}, blocks, churn)
+                gap = shortfall(inst, {}, blocks, churn, budget.clock)
                 raise NoPlacementError(
                     f"pools: no placement of the {len(blocks)} blocks fits them (the exact MIP over every "
                     f"one of them proved it); {gap.describe()}.",

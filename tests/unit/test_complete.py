@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from ipnext.contracts.plan import PlanningProblem
-from ipnext.errors import NoPlacementError
+from ipnext.errors import NoPlacementError, PlanningTimeoutError
+from ipnext.planner import complete as complete_module
 from ipnext.planner.backend import solve_model
 from ipnext.planner.complete import complete
 from ipnext.planner.first_plan import first_plan, lp_start
@@ -19,7 +20,7 @@ from ipnext.planner.formulation import build
 from ipnext.planner.generator import family
 from ipnext.planner.instance import Instance, compile_problem
 from ipnext.planner.pricing import BlockChoice, choices_from_values, usage_of
-from ipnext.planner.work import UNITS_PER_SECOND, Budget
+from ipnext.planner.work import UNITS_PER_SECOND, Budget, Clock
 from ipnext.spec.demand_file import DeploymentDemand
 from ipnext.spec.fleet import Fleet, HardwareClass, Pool
 from ipnext.spec.model import HardwareOption
@@ -126,6 +127,27 @@ def test_out_of_work_it_says_what_it_tried_and_what_would_fix_it() -> None:
     assert "1 blocks not placed (near); pools short: r0/cpu by 2 units" in str(caught.value)
     assert "--work-limit" in str(caught.value.fix)  # type: ignore[attr-defined]
     assert np.isfinite(inst.pool_units).all()
+
+
+def test_after_the_clock_stopped_the_solve_the_report_estimates_nothing_and_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The shortfall's estimate solves the largest blocks left again (seconds at fleet scale):
+    after the clock, none is solved, so the solve ends inside its limit, and the report says
+    that the pools were not estimated, not that none is short."""
+    inst = compile_problem(_problem(far_units=2))
+    placed = _wide_in_r0(inst)
+    solved: list[int] = []
+    real = complete_module.search_block
+    monkeypatch.setattr(complete_module, "search_block", lambda *a, **k: solved.append(1) or real(*a, **k))
+    with pytest.raises(PlanningTimeoutError) as caught:
+        complete(inst, placed, [1], 0.0, Budget(10 * UNITS_PER_SECOND, Clock.after(0.0)))
+    assert solved == []
+    assert "1 blocks not placed (near); which pools are short was not estimated" in caught.value.message
+    assert "pools short" not in caught.value.message
+    assert "--time-limit" in str(caught.value.fix)
+    gap = complete_module.shortfall(inst, placed, [1], 0.0, Clock.after(3600.0))  # the clock not passed
+    assert gap.short == {("r0", "cpu"): 2.0} and not gap.cut
 
 
 def test_the_first_plan_places_what_the_lp_rounding_overfills_by_the_completing_mips() -> None:
