@@ -89,7 +89,8 @@ def solve_model(
     # (a call the clock stopped is charged as if finished: the result is the clock's anyway).
     stopped = not finished and float(engine.wall_time) >= 0.98 * seconds
     charged = finished or stopped
-    charge = lp_charge(nnz, work, charged) if relax else mip_charge(nnz, work, charged)
+    infeasible = status == mb.SolveStatus.INFEASIBLE
+    charge = lp_charge(nnz, work, charged) if relax else mip_charge(nnz, work, charged, infeasible)
     if budget is not None:
         budget.spend(charge)
         if stopped:

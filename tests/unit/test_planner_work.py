@@ -223,3 +223,26 @@ def test_at_fleet_scale_a_round_the_clock_has_no_time_for_is_not_started(
     assert check_plan(problem, plan) == []
     assert plan.stopped_by == "clock"
     assert plan.lower_bound_method.endswith(f"; {STOPPED_BY_CLOCK}"), plan.lower_bound_method
+
+
+def test_a_proof_of_infeasibility_is_charged_less_than_a_finished_search() -> None:
+    """HiGHS proves a MIP infeasible in presolve or at its root LP: the charge is
+    `MIP_INFEASIBLE_NNZ_WORK` a nonzero, not a finished root's `MIP_NNZ_WORK`, so the next,
+    wider completing MIP still has work (complete.py). Both are fixed by the inputs and the
+    answer, never by how long the call took."""
+    from ipnext.planner.backend import solve_model
+    from ipnext.planner.complete import build
+    from ipnext.planner.instance import compile_problem
+
+    inst = compile_problem(generate(2, 10, 3, 1, utilization=0.5))
+    blocks = list(range(len(inst.blocks)))
+    fits = build(inst, blocks, pool_capacity=inst.pool_units)
+    none = build(inst, blocks, pool_capacity=inst.pool_units * 0)  # no room at all
+    nnz = int(fits.matrix.nnz)
+    assert int(none.matrix.nnz) == nnz
+    found = solve_model(fits, work=10**9, budget=Budget(10**9))
+    proof = solve_model(none, work=10**9, budget=Budget(10**9))
+    assert found.status == "optimal" and proof.status == "infeasible"
+    assert found.work == work.MIP_BASE_WORK + work.MIP_NNZ_WORK * nnz
+    assert proof.work == work.MIP_BASE_WORK + work.MIP_INFEASIBLE_NNZ_WORK * nnz
+    assert work.mip_charge(nnz, 1_000, finished=False, infeasible=True) == 1_000  # unfinished: its limit
