@@ -2,12 +2,13 @@
 work limit never leaves the planner with nothing, and returned when nothing better is ready.
 
 `lp_start` solves the whole model's LP relaxation when it is small enough (its duals are the
-first pool prices, its bound the first bound) and rounds it up a few times. `first_plan`
+first pool prices, its bound the first bound; past `LP_PRICES_MAX_OPTIONS`, by HiGHS for its
+values and bound alone) and rounds it up a few times. `first_plan`
 then tries, each only when the one before gives up: the rounding that overflows the pools
 least, its blocks off the overfull pools placed again by the completing MIPs (complete.py);
 a plan from scratch (`repair.from_scratch`), completed the same way. A fleet has no LP rounding and
-starts from scratch; when that fails too, `fitted_first_round` repairs the first pricing
-round's answers.
+starts from scratch (past `LP_ROUNDING_MAX_OPTIONS`); when that fails too,
+`fitted_first_round` repairs the first pricing round's answers.
 """
 
 from __future__ import annotations
@@ -39,6 +40,16 @@ log = logging.getLogger("ipnext.planner.decompose")  # one logger for the decomp
 LP_ROUNDINGS = 4
 # Larger LPs take most of the time limit (1,000 deployments: GLOP unfinished in 9 s).
 LP_PRICES_MAX_OPTIONS = 20_000
+# Past it, up to this many options, the LP is solved by HiGHS's simplex for its roundings (and
+# its bound) alone; the first prices stay zero (the pool rows' duals HiGHS returns through
+# OR-Tools' model builder are not duals, complete.py). Without a rounding such a fleet's first
+# plan came from scratch, which on 16-region instances of 20,448-30,624 options took 10-20 s
+# when it finished (quiet 2-core machine); on one only 65.6% full (938 deployments) it needed
+# 7.4 M work units, more than the first plan has, and the solve had no plan. With the rounding
+# (HiGHS: 3-6 s for the LP, 3-10 s a rounding after it) that one had its first plan at 9.3 s,
+# and three 94-96.5% full ones at 11.8-19.9 s (15.8-19.3 s from scratch), 0.75-3.8% over
+# their bounds (4.9-14.2%).
+LP_ROUNDING_MAX_OPTIONS = 50_000
 LP_PRICES_SHARE = 0.25  # of the pricing's work, the most the whole model's LP relaxation takes
 # The completing MIPs may take the decomposition's work up to this share of it: a plan comes
 # before a better bound (the LP relaxation's stands in). At the first plan's 30%, one of 20
@@ -85,17 +96,19 @@ def lp_start(inst: Instance, churn: float, budget: Budget) -> LPStart:
     every member wherever the LP put any), and together they sit close to what fits the
     pools, which the blocks' own optima at any single prices often do not."""
     prices = np.zeros_like(inst.pool_units)
-    if len(inst.opt_d) > LP_PRICES_MAX_OPTIONS:
+    if len(inst.opt_d) > LP_ROUNDING_MAX_OPTIONS:
         return LPStart(prices, [], [], None)
+    priced = len(inst.opt_d) <= LP_PRICES_MAX_OPTIONS  # GLOP, for its duals; else HiGHS, values only
     started = budget.spent
     lp_budget = budget.share(LP_PRICES_SHARE)
     model = build(inst, list(range(len(inst.blocks))), pool_capacity=inst.pool_units, churn_cost=churn)
     limit = max(UNITS_PER_SECOND, lp_budget.left())
-    sol = solve_model(model, relax=True, solver="glop", work=limit, budget=budget)
+    sol = solve_model(model, relax=True, solver="glop" if priced else "highs", work=limit, budget=budget)
     bound = None
     if sol.status == "optimal":  # the duals of an unfinished LP are no prices
-        for (r, h), dual in sol.pool_duals.items():
-            prices[r, h] = dual
+        if priced:
+            for (r, h), dual in sol.pool_duals.items():
+                prices[r, h] = dual
         bound = float(sol.objective)
     log.debug(
         "LP relaxation %s in %d units: %.3f, %d pools priced",

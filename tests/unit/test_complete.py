@@ -203,3 +203,31 @@ def test_no_lp_is_solved_after_the_last_rounding(monkeypatch: pytest.MonkeyPatch
     start = lp_start(inst, 0.0, Budget(10**9))
     assert len(start.rounded) == roundings
     assert solved == ["glop"] + ["highs"] * (roundings - 1)
+
+
+def test_past_the_priced_lps_size_the_lp_is_solved_by_highs_for_its_roundings_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Between LP_PRICES_MAX_OPTIONS and LP_ROUNDING_MAX_OPTIONS (made 0 and 10**9 here) the
+    whole model's LP is solved by HiGHS: the same bound as GLOP's and roundings, but no prices
+    (HiGHS's row values through OR-Tools are not duals). Past both, no LP at all."""
+    first_plan_module = importlib.import_module("ipnext.planner.first_plan")
+    inst = compile_problem(family(1, deployments=60, regions=4, hardware=2, fullness=0.97).problem)
+    priced = lp_start(inst, 0.0, Budget(10**9))
+    solved: list[str] = []
+
+    def counted(*args: object, **kwargs: object) -> object:
+        solved.append(str(kwargs.get("solver")))
+        return solve_model(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(first_plan_module, "solve_model", counted)
+    monkeypatch.setattr(first_plan_module, "LP_PRICES_MAX_OPTIONS", 0)
+    unpriced = lp_start(inst, 0.0, Budget(10**9))
+    assert solved and set(solved) == {"highs"}
+    assert priced.bound is not None and unpriced.bound == pytest.approx(priced.bound, rel=1e-6)
+    assert (priced.prices > 0).any() and not unpriced.prices.any()
+    assert unpriced.rounded and len(unpriced.columns) >= len(inst.blocks)
+    monkeypatch.setattr(first_plan_module, "LP_ROUNDING_MAX_OPTIONS", 0)
+    solved.clear()
+    none = lp_start(inst, 0.0, Budget(10**9))
+    assert solved == [] and none.rounded == [] and none.bound is None

@@ -460,7 +460,7 @@ def test_at_fleet_scale_the_first_round_made_to_fit_is_the_plan_when_the_columns
     monkeypatch.setattr(importlib.import_module("ipnext.planner.instance"), "FLEET_BLOCKS", 0)
     decompose_module = importlib.import_module("ipnext.planner.decompose")
     first_plan_module = importlib.import_module("ipnext.planner.first_plan")
-    monkeypatch.setattr(first_plan_module, "LP_PRICES_MAX_OPTIONS", 0)
+    monkeypatch.setattr(first_plan_module, "LP_ROUNDING_MAX_OPTIONS", 0)
     monkeypatch.setattr(first_plan_module, "CONGESTION_FIRST_BLOCKS", 0)
     repair_module = importlib.import_module("ipnext.planner.repair")
     scarcities: list[float] = []
@@ -538,7 +538,7 @@ def test_without_an_lp_rounding_the_first_plan_is_built_from_scratch(monkeypatch
     columns from the start, so the master LP fits the pools without slack from then on."""
     monkeypatch.setattr(importlib.import_module("ipnext.planner.instance"), "FLEET_BLOCKS", 0)
     decompose_module = importlib.import_module("ipnext.planner.decompose")
-    monkeypatch.setattr(importlib.import_module("ipnext.planner.first_plan"), "LP_PRICES_MAX_OPTIONS", 0)
+    monkeypatch.setattr(importlib.import_module("ipnext.planner.first_plan"), "LP_ROUNDING_MAX_OPTIONS", 0)
     firsts: list[dict[int, BlockChoice]] = []
     real_first = decompose_module.first_plan
 
