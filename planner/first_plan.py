@@ -42,13 +42,9 @@ LP_ROUNDINGS = 4
 LP_PRICES_MAX_OPTIONS = 20_000
 # Past it, up to this many options, the LP is solved by HiGHS's simplex for its roundings (and
 # its bound) alone; the first prices stay zero (the pool rows' duals HiGHS returns through
-# OR-Tools' model builder are not duals, complete.py). Without a rounding such a fleet's first
-# plan came from scratch, which on 16-region instances of 20,448-30,624 options took 10-20 s
-# when it finished (quiet 2-core machine); on one only 65.6% full (938 deployments) it needed
-# 7.4 M work units, more than the first plan has, and the solve had no plan. With the rounding
-# (HiGHS: 3-6 s for the LP, 3-10 s a rounding after it) that one had its first plan at 9.3 s,
-# and three 94-96.5% full ones at 11.8-19.9 s (15.8-19.3 s from scratch), 0.75-3.8% over
-# their bounds (4.9-14.2%).
+# OR-Tools' model builder are not duals, complete.py). A rounding makes a fleet's first plan
+# sooner and cheaper than a plan from scratch, which may not finish in the first plan's work
+# (measured: docs/architecture/planner.md, the first plan's ways).
 LP_ROUNDING_MAX_OPTIONS = 50_000
 LP_PRICES_SHARE = 0.25  # of the pricing's work, the most the whole model's LP relaxation takes
 # The completing MIPs may take the decomposition's work up to this share of it: a plan comes
