@@ -222,7 +222,7 @@ def solve_fleet_plan(input: SolveFleetInput) -> SolveFleetResult:
     except IpnextError as err:
         raise as_application_error(err) from None
     store = PlanStore(settings.state_dir)
-    revision = store.next_revision()
+    revision = store.claim_revision()
     plan = plan.model_copy(update={"revision": revision})
     moves = plan_moves(current, plan)
     path = store.save(

@@ -32,9 +32,15 @@ on in a live region is applied again at the next generation, a new version Serve
 afresh. A set app Serve gave up on is not redeployed here: only a rollout deploys a new set
 version (the only kind Serve gives up on), and the rollout that waits on it sees the failure.
 
+Leftovers: the model's own check (no `sets`: the model is idle, with no rollout and no
+experiment) removes every set app of the model that the record does not name as serving, in
+any region: a rollout terminated from the Temporal UI (its cleanup never ran), or cancelled
+while removing its sets, left them running. Another model's apps, and the model's routers, are
+never touched; a rollout's own check removes nothing (the sets of its steps are its input).
+
 Faults: Ray or the writer unreachable raises (the workflow retries a few times, records the
 failed check and tries again next interval); a set app Serve cannot deploy raises with Serve's
-message. Nothing is ever removed here: an app the record does not know is left alone.
+message; a leftover whose removal fails is removed at a later check.
 """
 
 from __future__ import annotations
@@ -57,6 +63,7 @@ from ipnext.serving.layout import (
     ROUTING_APP,
     DeployedRouter,
     deployed_router,
+    is_set_app_of,
     render_router_app,
     router_app_name,
     router_max_replicas,
@@ -175,6 +182,25 @@ def reconcile_serving(input: ReconcileInput) -> ReconcileResult:
         generations[region] = generation
         repaired.append(why)
 
+    # What the record does not know: set apps of the model beyond its serving ones (idle only).
+    leftovers = (
+        []
+        if input.sets
+        else sorted(
+            name
+            for name in set(known) | set(listed)
+            if is_set_app_of(name, model) and name not in wanted_sets and name not in input.apps.values()
+        )
+    )
+    if leftovers:
+        activity.logger.warning(
+            "reconcile %s: removing set apps the record does not know: %s", model, leftovers
+        )
+        _ray_get(writer.apply.remote([], leftovers))
+        repaired.extend(
+            f"{name}: not in the record (a rollout that did not clean up); removed" for name in leftovers
+        )
+
     names = [app["name"] for app in upserts]
     if upserts:
         missing_only = all(_held_equal(app, held, routers) for app in upserts)
@@ -221,7 +247,14 @@ def _serving_sets(
     for region, name in sorted(input.apps.items()):
         if region not in live:
             continue
-        plan = set_app_plan(input.spec, input.serving_set, input.plan, region, store)
+        plan = set_app_plan(
+            input.spec,
+            input.serving_set,
+            input.plan,
+            region,
+            store,
+            factory_prefixes=settings.model_code.factory_prefixes,
+        )
         app = render_set(plan, settings)
         if app["name"] != name:
             raise as_application_error(
@@ -248,7 +281,16 @@ def _rollout_sets(
         scale, shares = deploy_scale(target.scales or dict.fromkeys(parts, 1.0), parts)
         regions = sorted({r for p in target.plan.deployments.values() for r in p.regions()} & live)
         for region in regions:
-            plan = set_app_plan(spec, target.snapshot_set, target.plan, region, store, scale, shares)
+            plan = set_app_plan(
+                spec,
+                target.snapshot_set,
+                target.plan,
+                region,
+                store,
+                scale,
+                shares,
+                factory_prefixes=settings.model_code.factory_prefixes,
+            )
             app = render_set(plan, settings)
             apps[app["name"]] = app
     return apps

@@ -155,7 +155,16 @@ def deploy_set_apps(input: DeploySetInput) -> DeploySetResult:
     store = str(current.pinned_store())
     regions = sorted({r for p in input.plan.deployments.values() for r in p.regions()})
     plans = {
-        r: set_app_plan(input.spec, input.snapshot_set, input.plan, r, store, input.scale, input.part_scales)
+        r: set_app_plan(
+            input.spec,
+            input.snapshot_set,
+            input.plan,
+            r,
+            store,
+            input.scale,
+            input.part_scales,
+            factory_prefixes=current.model_code.factory_prefixes,
+        )
         for r in regions
     }
     writer: Any = _context.writer()

@@ -2,9 +2,10 @@
 
 The shared library is cached per source, flags and CPU (its `-march=native` code must never run on
 another CPU), under $IPNEXT_KERNEL_CACHE or the user's cache folder, written to a temporary name
-and renamed so that concurrent replicas never load half a file. Where no compiler is found or the
-build fails, `load` returns None once and logs why, and callers keep the torch reference;
-IPNEXT_CPU_KERNELS=0 turns the compiled path off.
+and renamed so that concurrent replicas never load half a file; a folder or library that is not
+the user's own, or that a group or other users may write, is refused (`check_private`). Where
+no compiler is found, the build fails or the cache is refused, `load` returns None once and
+logs why, and callers keep the torch reference; IPNEXT_CPU_KERNELS=0 turns the compiled path off.
 """
 
 from __future__ import annotations
@@ -57,6 +58,22 @@ def cache_dir() -> Path:
     return Path(base) / "ipnext" / "kernels"
 
 
+def check_private(path: Path) -> None:
+    """Refuse a cache folder or library that another user could have written: loading a shared
+    library runs its code, so it must be ours and writable by nobody else (a cache folder in a
+    shared place, or a $IPNEXT_KERNEL_CACHE pointed at one, is not trusted). Raises
+    PermissionError naming the path, its owner and mode, and the fix; `load` then keeps the
+    torch reference."""
+    found = path.stat()
+    if found.st_uid != os.getuid() or found.st_mode & 0o022:
+        raise PermissionError(
+            f"kernel cache {path}: owned by uid {found.st_uid} with mode {found.st_mode & 0o777:o}; "
+            f"a compiled kernel is loaded only from a folder and file owned by this user "
+            f"(uid {os.getuid()}) that no group or other user can write. Fix: chmod go-w it, or set "
+            f"{CACHE_ENV} to a folder of your own"
+        )
+
+
 def _cpu_identity() -> str:
     """The CPU's model and feature flags: what `-march=native` compiles for."""
     try:
@@ -81,9 +98,11 @@ def build(source: Path, compiler: str | None = None) -> Path:
     key = hashlib.sha256(b"\0".join([code, " ".join(FLAGS).encode(), _cpu_identity().encode()]))
     folder = cache_dir()
     target = folder / f"{source.stem}-{key.hexdigest()[:20]}.so"
-    if target.exists():
-        return target
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    check_private(folder)
+    if target.exists():
+        check_private(target)
+        return target
     handle, scratch = tempfile.mkstemp(dir=folder, prefix=f".{source.stem}-", suffix=".so")
     os.close(handle)
     try:
@@ -112,7 +131,7 @@ def load(source_name: str) -> ctypes.CDLL | None:
             source = Path(__file__).with_name(source_name)
             try:
                 _loaded[source_name] = ctypes.CDLL(str(build(source)))
-            except (OSError, RuntimeError, subprocess.TimeoutExpired) as exc:
+            except (OSError, RuntimeError, subprocess.TimeoutExpired) as exc:  # PermissionError too
                 log.warning("CPU kernel %s not built, using the torch reference: %s", source_name, exc)
                 _loaded[source_name] = None
         return _loaded[source_name]

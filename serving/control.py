@@ -41,7 +41,7 @@ from ipnext.serving.layout import (
     without_keys_file,
 )
 from ipnext.spec.settings import Settings
-from ipnext.store.ray_token import use_ray_auth
+from ipnext.store.ray_token import keep_loopback, use_ray_auth
 
 __all__ = [
     "ServeConfigWriter",
@@ -249,6 +249,7 @@ def connect(address: str) -> None:
             from ray.serve.context import _set_global_client
 
             _set_global_client(None)
+        keep_loopback(address)  # a loopback cluster's drivers keep 127.0.0.1 (ipnext/store/ray_token.py)
         ray.init(address=address, namespace=RAY_NAMESPACE, log_to_driver=False)
         _connected = address
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import Field
@@ -28,7 +28,7 @@ from ipnext.spec.model import (
     RouterSpec,
     SnapshotSet,
 )
-from ipnext.spec.settings import AutoscalingSettings, PartHealthCheckSettings
+from ipnext.spec.settings import DEFAULT_FACTORY_PREFIXES, AutoscalingSettings, PartHealthCheckSettings
 
 __all__ = [
     "HEAD_NODE_RESOURCE",
@@ -52,6 +52,7 @@ __all__ = [
     "deployed_router",
     "deployed_routing",
     "head_node_options",
+    "is_set_app_of",
     "metrics_actor_name",
     "part_deployment_name",
     "plan_bounds",
@@ -100,6 +101,21 @@ def set_app_name(model: str, region: str, set_number: int, revision: int) -> str
     return f"{model}.{region}.s{set_number}.r{revision}"
 
 
+def is_set_app_of(name: str, model: str) -> bool:
+    """Whether app `name` is one of `model`'s set apps (`set_app_name`'s shape), not its router
+    (`<model>.<region>`) nor another model's app."""
+    rest = name.removeprefix(f"{model}.")
+    fields = rest.split(".")
+    return (
+        rest != name
+        and len(fields) == 3
+        and fields[1][:1] == "s"
+        and fields[1][1:].isdigit()
+        and fields[2][:1] == "r"
+        and fields[2][1:].isdigit()
+    )
+
+
 def metrics_actor_name(model: str, region: str) -> str:
     return f"ipnext-metrics/{model}/{region}"
 
@@ -126,6 +142,9 @@ class PartHostArgs(Frozen):
     region: str = ""
     app: str = ""
     batching: BatchingSpec | None = None
+    # The worker's `model_code.factory_prefixes`: the replica checks its factory against them
+    # again before importing it (a Serve config can be written by more than the worker).
+    factory_prefixes: list[str] = Field(default_factory=lambda: list(DEFAULT_FACTORY_PREFIXES), min_length=1)
 
 
 class SetAppArgs(Frozen):
@@ -233,6 +252,7 @@ def set_app_plan(
     pinned_store: str,
     scale: float = 1.0,
     part_scales: dict[str, float] | None = None,
+    factory_prefixes: Sequence[str] = DEFAULT_FACTORY_PREFIXES,
 ) -> SetAppPlan:
     """The set app of `snapshot_set` in `region`, with the plan's replicas scaled to `scale`
     (a rollout step's share of the traffic; rounded up, so the plan's headroom holds), or to
@@ -265,6 +285,7 @@ def set_app_plan(
                 region=region,
                 app=name,
                 batching=part_spec.batching,
+                factory_prefixes=list(factory_prefixes),
             )
             for part, part_spec in spec.parts.items()
         },

@@ -14,7 +14,8 @@ rollouts, gates, variants, deadlines and the set stamp work as for `.../predict`
 answered is the `x-ipnext-set` response header and the `system_fingerprint`.
 
 With API keys configured, every route needs one (`Authorization: Bearer <key>`, the openai
-client's `api_key`): 401 without a known key, 403 for a model it may not call; `GET /v1/models`
+client's `api_key`): 401 without a known key, before the body is read or the route looked up;
+403 for a model it may not call, once the body names it; `GET /v1/models`
 lists only the models it may call. Errors are OpenAI's shape (`serving/openai_api.py`): 400 for
 a bad field, naming it; 404 for a model that is not served (or not generative, or not in that
 region); the router's 503 (a part's queue full) and 504 (deadline) pass through, counted
@@ -77,6 +78,10 @@ class OpenAIDoor:
 
     async def answer(self, request: Request, region: str | None, route: str, table: RoutingTable) -> Response:
         try:
+            if self._keys is not None:  # first: without a known key, nothing is parsed or listed
+                unknown = self._keys.refuse_unknown(request.headers.get("authorization"))
+                if unknown is not None:
+                    raise OpenAIError(*unknown, code="invalid_api_key" if unknown[0] == 401 else None)
             if route == "models":
                 if request.method != "GET":
                     raise OpenAIError(405, "use GET /v1/models")

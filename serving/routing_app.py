@@ -59,11 +59,15 @@ class RoutingService:
         return document.generation if document is not None else 0
 
     async def __call__(self, request: Request) -> Response:
+        openai = openai_route(request.url.path)
+        if openai is not None:  # the door asks for the key first, and answers in OpenAI's shape
+            return await self._door.answer(request, openai[0], openai[1], self._table)
+        if self._keys is not None:  # every other route: no known key, 401 before anything else
+            unknown = self._keys.refuse_unknown(request.headers.get("authorization"))
+            if unknown is not None:
+                return JSONResponse({"message": unknown[1]}, status_code=unknown[0])
         if request.url.path.rstrip("/") == METRICS_PATH:
             return await self._metrics(request)
-        openai = openai_route(request.url.path)
-        if openai is not None:
-            return await self._door.answer(request, openai[0], openai[1], self._table)
         model = routing_model_of(request.url.path, request.scope.get("root_path", ""))
         if model is None:
             return JSONResponse(

@@ -45,6 +45,9 @@ class PartHost:
         import torch
 
         torch.set_num_threads(1)  # many replicas share few cores; torch would take them all
+        # The allow-list again, before the import (which runs the module's code) and before any
+        # weights are read: this replica's config may not have come from the worker.
+        factory = import_factory(host.factory, host.factory_prefixes)
         # The pinned copy made at validation, checked against its sha256 on the bytes it loads:
         # the training job's own file may have moved or changed since (ipnext/store/pinned.py).
         store = Path(host.pinned_store)
@@ -53,7 +56,6 @@ class PartHost:
             if host.checkpoint
             else load_verified(pinned_path(store, host.sha256), host.sha256)
         )
-        factory = import_factory(host.factory)
         self._part = factory(weights, dict(host.config))
         self._snapshot_id = host.snapshot_id
         self._host = host

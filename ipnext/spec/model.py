@@ -610,9 +610,18 @@ def check_factories_allowed(spec: ModelSpec, prefixes: Sequence[str]) -> None:
 
 def import_factory(factory: str, prefixes: Sequence[str] | None = None) -> Callable[..., Any]:
     """Resolve "module:callable"; errors say which part of the path failed. With `prefixes`, the
-    callable must also be defined under them: an allowed module may import `os.system`, say,
+    module must fall under them before it is imported, and the callable must be defined under
+    them too: an allowed module may import `os.system`, say,
     and a spec must not reach it through that module."""
     module_name, _, attr = factory.partition(":")
+    if prefixes is not None and not module_allowed(module_name, prefixes):
+        raise SpecError(  # before the import: importing a module runs its code
+            f"factory {factory!r}: module {module_name!r} is outside the modules this worker may "
+            f"import ({FACTORY_PREFIXES_SETTING}: {list(prefixes)}); nothing was imported.",
+            field="factory",
+            value=factory,
+            fix=f"have the operator add its package to {FACTORY_PREFIXES_SETTING}",
+        )
     try:
         module = importlib.import_module(module_name)
     except MemoryError:

@@ -32,6 +32,7 @@ from ipnext.spec.fleet import Fleet, load_fleet
 from ipnext.spec.reading import format_validation_error, load_yaml, parse_spec
 
 __all__ = [
+    "DEFAULT_FACTORY_PREFIXES",
     "AuthSettings",
     "AutoscalingSettings",
     "DemandSettings",
@@ -178,18 +179,25 @@ class DemandSettings(_Section):
 # `acme.parts` covers acme.parts and its submodules. Never empty (that would allow everything).
 FactoryPrefix = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*\.?$")]
 GIB = 1024**3
+# The model code a worker imports unless its operator says otherwise: the example packages and the
+# platform's own LLM part, nothing else of the platform (its CLI, dev stack and key handling are
+# callables too, and a spec must not reach them).
+DEFAULT_FACTORY_PREFIXES = ("ipnext.examples.", "ipnext.serving.llm.part")
 
 
 class ModelCodeSettings(_Section):
     """Which model code the worker may import, and the limits of the child process it runs in.
 
-    A part's factory module must fall under one of `factory_prefixes` (checked before anything
-    imports it); validation imports the factories, and builds each part with its weights, in a
-    process forked for it that may run `validation_timeout_s` and use `validation_memory_bytes`
-    of private memory (its RLIMIT_DATA), so owner code that hangs, exits or allocates without
-    bound fails that validation, not the worker (activities/spec_check.py)."""
+    A part's factory module must fall under one of `factory_prefixes` (`DEFAULT_FACTORY_PREFIXES`
+    unless set), checked before anything imports it, by validation and again by every replica;
+    validation imports the factories, and builds each part with its weights, in a process forked
+    for it that may run `validation_timeout_s` and use `validation_memory_bytes` of private memory
+    (its RLIMIT_DATA), so owner code that hangs, exits or allocates without bound fails that
+    validation, not the worker (activities/spec_check.py)."""
 
-    factory_prefixes: list[FactoryPrefix] = Field(default_factory=lambda: ["ipnext."], min_length=1)
+    factory_prefixes: list[FactoryPrefix] = Field(
+        default_factory=lambda: list(DEFAULT_FACTORY_PREFIXES), min_length=1
+    )
     # Bounded by the 2 min the activities that wait on a validation are given
     # (activities.VALIDATE_TIMEOUT), answers included.
     validation_timeout_s: float = Field(default=60.0, gt=0, le=100, allow_inf_nan=False)

@@ -200,6 +200,21 @@ class KeyCheck:
 
     def refuse(self, authorization: str | None, model: str) -> tuple[int, str] | None:
         """None when the header's key may call `model`; else the status and the message."""
+        entry = self._entry(authorization)
+        if isinstance(entry, tuple):
+            return entry
+        if not entry.may_call(model):
+            return 403, f"the API key {entry.name!r} may not call model {model!r}"
+        return None
+
+    def refuse_unknown(self, authorization: str | None) -> tuple[int, str] | None:
+        """None when the header carries a known key, whatever it may call; else 401 (or 503 while
+        the file cannot be read). What a door asks before it reads a body or looks a path up:
+        a caller without a key learns nothing, not even which routes or models exist."""
+        entry = self._entry(authorization)
+        return entry if isinstance(entry, tuple) else None
+
+    def _entry(self, authorization: str | None) -> ApiKeyEntry | tuple[int, str]:
         keys = self._keys()
         if keys is None:
             return 503, "the serving keys cannot be read; ask the operator (see the router's log)"
@@ -209,9 +224,7 @@ class KeyCheck:
         entry = keys.get(hash_key(key.strip()))
         if entry is None:
             return 401, "the API key is not known (revoked, or mistyped)"
-        if not entry.may_call(model):
-            return 403, f"the API key {entry.name!r} may not call model {model!r}"
-        return None
+        return entry
 
     def _keys(self) -> dict[str, ApiKeyEntry] | None:
         now = self._clock()

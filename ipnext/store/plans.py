@@ -3,9 +3,12 @@ and the replan interval's grammar."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -55,29 +58,54 @@ class PlanStore:
         return int(json.loads(pointer.read_text())["revision"])
 
     def next_revision(self) -> int:
-        """The number of the next plan: above every stored one (the latest may not be the highest)."""
-        stored = [int(p.stem[4:]) for p in self.folder.glob("rev-*.json")]
-        return max([self.latest_revision(), *stored]) + 1
+        """The number the next plan would take: above every stored or claimed one (the latest
+        may not be the highest). A peek: a solve takes its number with `claim_revision`."""
+        numbers = [int(p.name[4:10]) for p in self.folder.glob("rev-*") if p.name[4:10].isdigit()]
+        return max([self.latest_revision(), *numbers]) + 1
+
+    def claim_revision(self) -> int:
+        """A revision number no other solve gets: taken under the store's lock and marked by a
+        claim file (`rev-<n>.claim`) until `save` writes the plan. Two solves finishing together
+        (the Schedule's and an emergency replan's) once both read the same next number and the
+        second overwrote the first's plan. A solve that fails after its claim leaves a gap."""
+        with self._locked():
+            revision = self.next_revision()
+            (self.folder / f"rev-{revision:06d}.claim").touch(exist_ok=False)
+            return revision
 
     def save(self, stored: StoredPlan) -> Path:
         """Write the revision, then move `latest.json` to it (each write atomic by rename),
         unless the latest plan's solve began after this one's: a solve that began earlier knew
         less (an emergency replan started while the Schedule's run solved, the latter cancelled
-        and finishing last), so it is kept as a revision but never becomes the latest."""
+        and finishing last), so it is kept as a revision but never becomes the latest. Under the
+        store's lock, so two saves cannot both read the latest and each move it."""
+        with self._locked():
+            path = self.folder / f"rev-{stored.revision:06d}.json"
+            _write_atomic(path, stored.model_dump_json(indent=2))
+            (self.folder / f"rev-{stored.revision:06d}.claim").unlink(missing_ok=True)
+            latest = self.latest_revision()
+            if (
+                latest
+                and stored.solve_started_at is not None
+                and (self.folder / f"rev-{latest:06d}.json").exists()
+            ):
+                newer = self.load(latest).solve_started_at
+                if newer is not None and newer > stored.solve_started_at:
+                    return path
+            _write_atomic(self.folder / "latest.json", json.dumps({"revision": stored.revision}))
+            return path
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        """The store's lock (an flock on `plans/.lock`: processes of one machine, and the
+        worker's threads, each open the file themselves)."""
         self.folder.mkdir(parents=True, exist_ok=True)
-        path = self.folder / f"rev-{stored.revision:06d}.json"
-        _write_atomic(path, stored.model_dump_json(indent=2))
-        latest = self.latest_revision()
-        if (
-            latest
-            and stored.solve_started_at is not None
-            and (self.folder / f"rev-{latest:06d}.json").exists()
-        ):
-            newer = self.load(latest).solve_started_at
-            if newer is not None and newer > stored.solve_started_at:
-                return path
-        _write_atomic(self.folder / "latest.json", json.dumps({"revision": stored.revision}))
-        return path
+        with (self.folder / ".lock").open("a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
 
     def load(self, revision: int | None = None) -> StoredPlan:
         revision = revision or self.latest_revision()

@@ -6,6 +6,13 @@ Ray reads the token once per process, at its first connection, in this order: `R
 the file `RAY_AUTH_TOKEN_PATH` names (a file it cannot read aborts the process), then
 `~/.ray/auth_token`, which a new local `ray.init` writes itself with the default umask. Naming
 the mode and the path explicitly everywhere keeps Ray from ever taking that last path.
+
+Also here, as it too must be in a process's environment before it connects: a cluster at a
+loopback address (`127.0.0.1:<port>`, the dev stack's single-node cluster) is one machine's,
+and its processes and drivers keep 127.0.0.1 as the node address (`keep_loopback`), so every
+Ray port of it listens on loopback alone. Ray otherwise swaps 127.0.0.1 for the host's routable
+address: its GCS, raylets and agents then listen on every interface, and three metrics servers
+(the agent's export port, the autoscaler's and the dashboard's) answer anyone without a token.
 """
 
 from __future__ import annotations
@@ -19,11 +26,25 @@ from pathlib import Path
 from ipnext.errors import StackError
 from ipnext.spec.settings import Settings
 
-__all__ = ["MODE_ENV", "TOKEN_ENV", "TOKEN_PATH_ENV", "ensure_ray_token", "ray_auth_env", "use_ray_auth"]
+__all__ = [
+    "LOOPBACK_ENV",
+    "MODE_ENV",
+    "TOKEN_ENV",
+    "TOKEN_PATH_ENV",
+    "ensure_ray_token",
+    "keep_loopback",
+    "loopback_env",
+    "ray_auth_env",
+    "use_ray_auth",
+]
 
 MODE_ENV = "RAY_AUTH_MODE"
 TOKEN_ENV = "RAY_AUTH_TOKEN"  # the token itself (a cluster of RAY_ADDRESS may hand it so); wins over the file
 TOKEN_PATH_ENV = "RAY_AUTH_TOKEN_PATH"
+# Ray's switch for single-machine platforms: "0" keeps a node address of 127.0.0.1 as it is. Ray
+# reads it once, at import (`ray_constants.ENABLE_RAY_CLUSTER`); `ray start --address` (a second
+# node) refuses to run with it, so a cluster of several nodes cannot be on loopback alone.
+LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 
 def ray_auth_env(settings: Settings) -> dict[str, str]:
@@ -78,3 +99,29 @@ def use_ray_auth(settings: Settings, environ: MutableMapping[str, str] | None = 
             fix="run `ipnext dev up` (it makes the token of the cluster it starts), or point "
             "ray.token_file (or RAY_AUTH_TOKEN) at the token of the cluster in RAY_ADDRESS",
         )
+
+
+def _is_loopback(address: str) -> bool:
+    host = address.rsplit(":", 1)[0].strip("[]")
+    return host == "localhost" or host.startswith("127.") or host == "::1"
+
+
+def loopback_env(address: str) -> dict[str, str]:
+    """The environment of a process that starts, joins or connects to the cluster at `address`:
+    `{LOOPBACK_ENV: "0"}` for a loopback one, else nothing."""
+    return {LOOPBACK_ENV: "0"} if _is_loopback(address) else {}
+
+
+def keep_loopback(address: str) -> None:
+    """In this process, before it connects to the cluster at `address`: keep 127.0.0.1 as the
+    node address for a loopback cluster, Ray's own default for any other (a process may attach to
+    one cluster, then another). A driver that did not would look for a raylet at the host's
+    routable address, which a loopback cluster does not listen on, and hang."""
+    from ray._private import ray_constants
+
+    if _is_loopback(address):
+        os.environ[LOOPBACK_ENV] = "0"
+        ray_constants.ENABLE_RAY_CLUSTER = False
+    else:
+        os.environ.pop(LOOPBACK_ENV, None)
+        ray_constants.ENABLE_RAY_CLUSTER = not ray_constants.IS_WINDOWS_OR_OSX

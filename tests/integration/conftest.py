@@ -26,7 +26,7 @@ from ipnext.errors import ModelNotFoundError
 from ipnext.examples.click_ranker.train import train
 from ipnext.names import ModelStatus, poll_until
 from ipnext.spec.model import ModelSpec, load_model_spec
-from ipnext.spec.settings import Settings, load_settings
+from ipnext.spec.settings import DEFAULT_FACTORY_PREFIXES, Settings, load_settings
 from ipnext.store.keys import key_header
 from ipnext.store.snapshots import Manifest
 from tests.conftest import STACK_UNITS, work_unit
@@ -58,7 +58,7 @@ AUTOSCALING = {
 # worker imports them from the repo root it runs in); a hanging build is killed after 15 s, and
 # a check may hold 1 GiB (a normal build of the examples holds about 250 MiB).
 MODEL_CODE = {
-    "factory_prefixes": ["ipnext.", "tests.bad_parts"],
+    "factory_prefixes": [*DEFAULT_FACTORY_PREFIXES, "tests.bad_parts"],
     "validation_timeout_s": 15,
     "validation_memory_bytes": 1024**3,
 }

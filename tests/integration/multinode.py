@@ -22,7 +22,7 @@ import yaml
 
 from ipnext.client.devstack.stack import WORKER_GCS_PATIENCE_S, DevStack, scratch_config, stack_processes
 from ipnext.spec.settings import Settings, load_settings
-from ipnext.store.ray_token import ray_auth_env
+from ipnext.store.ray_token import LOOPBACK_ENV, loopback_env, ray_auth_env
 
 from .conftest import RECONCILE_SECONDS, REPO
 
@@ -91,6 +91,14 @@ print(json.dumps({"nodes": sorted(label.values()), "actors": actors, "proxies": 
 """
 
 
+def driver_env(settings: Settings) -> dict[str, str]:
+    """The environment of a raw Ray driver of the stack: its token, and 127.0.0.1 kept as the
+    node address only for a loopback cluster (this process may have set it for another stack)."""
+    address = settings.ray_address()
+    env = {k: v for k, v in os.environ.items() if k != LOOPBACK_ENV}
+    return env | ray_auth_env(settings) | loopback_env(address)
+
+
 def where_things_run(settings: Settings) -> dict[str, Any]:
     """The live nodes (`head` or their region), where each named Ray actor runs, the nodes with
     a Serve proxy, and each Serve app's status with its deployments' (`apps`: app -> {"status":
@@ -101,7 +109,7 @@ def where_things_run(settings: Settings) -> dict[str, Any]:
         text=True,
         timeout=120,
         check=True,
-        env={**os.environ, **ray_auth_env(settings)},
+        env=driver_env(settings),
     )
     found: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return found

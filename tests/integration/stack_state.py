@@ -213,16 +213,17 @@ def _serve_apps(settings: Settings) -> None:
     if not settings.ray_address_file.exists():
         _say("-- Serve apps: no Ray address file (Ray not up)")
         return
-    from ipnext.store.ray_token import ray_auth_env
+    from ipnext.store.ray_token import loopback_env, ray_auth_env
 
-    os.environ.update(ray_auth_env(settings))
+    address = settings.ray_address_file.read_text().strip()
+    os.environ.update(ray_auth_env(settings) | loopback_env(address))  # before Ray is imported
     import ray
     from ray import serve
 
     from ipnext.serving.app_health import status_word as word
 
     ray.init(
-        address=settings.ray_address_file.read_text().strip(),
+        address=address,
         namespace="ipnext",
         log_to_driver=False,
         logging_level="ERROR",

@@ -5,6 +5,7 @@ Each client is a process of its own: Ray reads its token once per process."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import subprocess
@@ -16,8 +17,9 @@ from typing import Any
 import httpx
 import pytest
 
+from ipnext.client.devstack.stack import stack_processes
 from ipnext.spec.settings import Settings
-from ipnext.store.ray_token import MODE_ENV, TOKEN_ENV, TOKEN_PATH_ENV
+from ipnext.store.ray_token import LOOPBACK_ENV, MODE_ENV, TOKEN_ENV, TOKEN_PATH_ENV, loopback_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -49,9 +51,10 @@ print(json.dumps({"ok": True, "agent": [node["NodeManagerAddress"], node["Dashbo
 
 
 def _probe(address: str, auth: dict[str, str], home: Path) -> dict[str, Any]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH") and k != LOOPBACK_ENV}
     # Its own home: a client must never find (or write) a ~/.ray/auth_token of this machine.
     env.update(auth, HOME=str(home))
+    env.update(loopback_env(address))  # what any driver of a loopback cluster needs (ray_token.py)
     done = subprocess.run(
         [sys.executable, "-c", _PROBE, address, str(AGENT_PORT_WITHIN_S)],
         capture_output=True,
@@ -113,3 +116,48 @@ def test_ray_refuses_clients_without_the_stacks_token(stack: Settings, tmp_path:
     )
     assert refused.status_code == 401, refused.text
     assert allowed.status_code != 401, allowed.text  # the token passes the check (the job does not exist)
+
+
+def _listening(pid: int) -> list[str]:
+    """The addresses (host:port) on which process `pid` listens for TCP connections."""
+    inodes = set()
+    try:
+        for fd in (Path("/proc") / str(pid) / "fd").iterdir():
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    except OSError:  # the process ended meanwhile
+        return []
+    found = []
+    for table in ("tcp", "tcp6"):
+        for line in (Path("/proc") / str(pid) / "net" / table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] != "0A" or fields[9] not in inodes:  # 0A: LISTEN
+                continue
+            address, port = fields[1].split(":")
+            raw = bytes.fromhex(address)
+            # The kernel writes each 32-bit word in host order (little-endian here).
+            words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+            host = ipaddress.ip_address(words)
+            if isinstance(host, ipaddress.IPv6Address) and host.ipv4_mapped is not None:
+                host = host.ipv4_mapped
+            found.append(f"{host}:{int(port, 16)}")
+    return found
+
+
+def test_every_port_of_the_stack_listens_on_loopback_only(stack: Settings) -> None:
+    """The dev stack is one machine: Temporal, Serve, and every Ray process (the GCS, raylets,
+    agents, and the metrics servers that answer without a token) listen on 127.0.0.1 alone."""
+    record = json.loads((stack.state_dir / "dev.json").read_text())
+    by_process = {pid: _listening(pid) for pid in stack_processes(record["stack_id"])}
+    listening = sorted({address for addresses in by_process.values() for address in addresses})
+    print(f"dev stack: {len(listening)} listening ports over {len(by_process)} processes, all loopback")
+    assert len(listening) >= 5, by_process  # Temporal, Serve, the GCS, a raylet, an agent at least
+    exposed = {
+        pid: [a for a in addresses if not ipaddress.ip_address(a.rsplit(":", 1)[0]).is_loopback]
+        for pid, addresses in by_process.items()
+    }
+    assert not any(exposed.values()), {pid: a for pid, a in exposed.items() if a}

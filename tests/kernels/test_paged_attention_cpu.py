@@ -23,6 +23,7 @@ SOURCE = "_paged_attention_cpu.c"
 @pytest.fixture
 def fresh_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """An empty kernel cache and no library loaded yet, so the next call builds from nothing."""
+    tmp_path.chmod(0o700)  # the cache must be private (whatever the umask made it)
     monkeypatch.setenv(_cpu_build.CACHE_ENV, str(tmp_path))
     monkeypatch.setattr(_cpu_build, "_loaded", {})
     monkeypatch.setattr(_paged_attention, "_cpu_function", [])
@@ -126,6 +127,29 @@ def test_the_library_is_built_once_per_source_and_cached(
     assert rebuilt != built and sorted(p.name for p in fresh_build.iterdir()) == sorted(
         [built.name, rebuilt.name]
     )
+
+
+@pytest.mark.parametrize("loose", ["folder", "library"])
+def test_a_cache_others_can_write_is_refused_and_the_reference_answers(
+    fresh_build: Path, tmp_path_factory: pytest.TempPathFactory, caplog: pytest.LogCaptureFixture, loose: str
+) -> None:
+    """Loading a library runs its code: a cache folder, or a library in it, that a group or other
+    users may write is not loaded from (nor compiled into), and the caller keeps the reference."""
+    source = tmp_path_factory.mktemp("src") / "tiny.c"
+    source.write_text("int ipnext_answer(void) { return 42; }\n")
+    _cpu_build.build(source)
+    _cpu_build.build(Path(_cpu_build.__file__).with_name(SOURCE))  # the real kernel's, for the call below
+    if loose == "folder":
+        fresh_build.chmod(0o777)
+    else:
+        for library in fresh_build.iterdir():
+            library.chmod(0o666)
+    with pytest.raises(PermissionError, match=r"no group or other user can write.*chmod go-w"):
+        _cpu_build.build(source)
+    args = paged_inputs(4, 2, 16, 32, torch.float32, "cpu")
+    with caplog.at_level(logging.WARNING, logger=_cpu_build.__name__):
+        assert torch.equal(paged_attention(*args), paged_attention_reference(*args))
+    assert any("kernel cache" in r.getMessage() for r in caplog.records)
 
 
 def test_a_fresh_build_serves_the_kernel(fresh_build: Path) -> None:

@@ -229,3 +229,51 @@ def _get(path: str, headers: dict[str, str]) -> Request:
         return {"type": "http.request", "body": b"", "more_body": False}
 
     return Request(scope, receive)
+
+
+def _unread(method: str, path: str, headers: dict[str, str], body: bytes) -> tuple[Request, list[bool]]:
+    """A request that notes whether its body was read."""
+    raw = [(k.lower().encode(), v.encode()) for k, v in headers.items()]
+    scope = {"type": "http", "method": method, "path": path, "headers": raw, "query_string": b""}
+    read: list[bool] = []
+
+    async def receive() -> dict[str, Any]:
+        read.append(True)
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return Request(scope, receive), read
+
+
+async def test_every_door_of_the_routing_app_asks_for_the_key_before_reading_or_routing(
+    tmp_path: Path,
+) -> None:
+    """No key, or an unknown one: 401 on every route, the OpenAI door's included, before the body
+    is read or the path looked up (a malformed body is not a 400, an unknown path not a 404, and
+    GET /v1/models does not answer an empty list). With a known key the same requests get their
+    own answers; a key for another model gets its 403 once the body names the model."""
+    keys = tmp_path / "api-keys.yaml"
+    mine = add_key(keys, "mine", ["m"])
+    service = routing_module.RoutingService.func_or_class(str(keys))
+    service.reconfigure(RoutingTable(documents={}).model_dump(mode="json"))
+    doors = [
+        ("POST", "/v1/chat/completions", b"{not json"),
+        ("POST", "/us-east/v1/completions", b'{"model": "m", "prompt": "hi"}'),
+        ("GET", "/v1/models", b""),
+        ("GET", "/metrics", b""),
+        ("GET", "/models/m/routing", b""),
+        ("GET", "/nowhere", b""),
+    ]
+    for headers in ({}, {"authorization": "Bearer not-a-key"}, {"authorization": "Basic abc"}):
+        for method, path, body in doors:
+            request_, read = _unread(method, path, headers, body)
+            answer = await service(request_)
+            assert answer.status_code == 401, (path, headers, answer.body)
+            assert read == [], f"{path}: the body was read before the key was checked"
+            if "/v1/" in path:  # OpenAI's shape, so the openai client raises AuthenticationError
+                assert json.loads(answer.body)["error"]["code"] == "invalid_api_key"
+    known = {"authorization": f"Bearer {mine}"}
+    expected = {"/v1/chat/completions": 400, "/v1/models": 200, "/metrics": 403, "/nowhere": 404}
+    for method, path, body in doors:
+        if path in expected:
+            answer = await service(_unread(method, path, known, body)[0])
+            assert answer.status_code == expected[path], (path, answer.body)

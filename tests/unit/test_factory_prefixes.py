@@ -12,10 +12,11 @@ from ipnext.spec.model import (
     ModelSpec,
     check_factories,
     check_factories_allowed,
+    import_factory,
     load_model_spec,
     module_allowed,
 )
-from ipnext.spec.settings import ModelCodeSettings, Settings
+from ipnext.spec.settings import DEFAULT_FACTORY_PREFIXES, ModelCodeSettings, Settings
 from tests.unit.helpers import REPO
 
 EXAMPLES = REPO / "examples"
@@ -55,7 +56,7 @@ def test_module_allowed(module: str, prefixes: list[str], allowed: bool) -> None
 def test_the_default_allows_every_example(path: Path) -> None:
     """The examples import as `ipnext.examples.*` (ipnext/examples links to examples/)."""
     prefixes = ModelCodeSettings().factory_prefixes
-    assert prefixes == ["ipnext."]
+    assert prefixes == list(DEFAULT_FACTORY_PREFIXES)
     spec = load_model_spec(path)
     check_factories_allowed(spec, prefixes)
     check_factories(spec, prefixes)
@@ -103,3 +104,57 @@ def test_the_repo_config_spells_out_the_default() -> None:
 
     code = load_settings(REPO / "config" / "ipnext.yaml").model_code
     assert code == ModelCodeSettings()
+
+
+@pytest.mark.parametrize(
+    "factory",
+    [
+        "ipnext.client.cli:main",  # the platform's own callables: CLI, dev stack, keys
+        "ipnext.client.devstack.stack:DevStack",
+        "ipnext.store.keys:add_key",
+        "ipnext.serving.llm.engine:Engine",  # the LLM package beyond its part module
+        "ipnext.examplesx.parts:Part",
+    ],
+)
+def test_the_default_admits_no_other_platform_code(example_spec: ModelSpec, factory: str) -> None:
+    with pytest.raises(SpecError, match="is outside the modules this worker may import"):
+        check_factories_allowed(with_factory(example_spec, "dense", factory), DEFAULT_FACTORY_PREFIXES)
+
+
+def test_the_default_admits_the_llm_part_and_the_examples() -> None:
+    for factory in ["ipnext.serving.llm.part:LLMPart", "ipnext.examples.click_ranker.parts:DensePart"]:
+        assert callable(import_factory(factory, DEFAULT_FACTORY_PREFIXES))
+
+
+def test_with_the_list_a_module_outside_it_is_refused_before_its_import(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a replica does with its config's list (`PartHostArgs.factory_prefixes`): the check
+    comes before the import, so the module's code never runs."""
+    marker = tmp_path / "imported"
+    (tmp_path / "owner_mod_x1.py").write_text(f"open({str(marker)!r}, 'w').close()\nclass Part:\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(SpecError, match=r"module 'owner_mod_x1' is outside .*nothing was imported"):
+        import_factory("owner_mod_x1:Part", DEFAULT_FACTORY_PREFIXES)
+    assert not marker.exists()
+    import_factory("owner_mod_x1:Part", ["owner_mod_x1"])
+    assert marker.exists()
+
+
+def test_a_replica_checks_the_list_again_before_importing_or_reading_weights(tmp_path: Path) -> None:
+    """A Serve config naming a factory outside the worker's list (written by hand, or by another
+    tool) fails the replica's start, before its module is imported or its weights are read."""
+    from ipnext.serving.layout import PartHostArgs
+    from ipnext.serving.set_app import PartHost
+
+    host = PartHostArgs(
+        model="m",
+        part="p",
+        factory="ipnext.client.cli:main",
+        uri="file:///nowhere/weights.safetensors",
+        sha256="0" * 64,
+        snapshot_id="m/p@v1",
+        pinned_store=str(tmp_path / "no-store"),
+    )
+    with pytest.raises(SpecError, match=r"module 'ipnext\.client\.cli' is outside"):
+        PartHost.func_or_class(host)  # type: ignore[attr-defined]

@@ -191,7 +191,7 @@ def test_the_dotted_paths_that_are_contracts_stay_put() -> None:
     assert not gone, f"dotted paths that name nothing now: {gone}"
     from ipnext.spec.settings import ModelCodeSettings
 
-    assert ModelCodeSettings().factory_prefixes == ["ipnext."]
+    assert ModelCodeSettings().factory_prefixes == ["ipnext.examples.", "ipnext.serving.llm.part"]
 
 
 def test_the_old_paths_the_readme_showed_still_give_their_names() -> None:

@@ -72,3 +72,22 @@ def test_a_process_gets_the_settings_auth_or_an_error_naming_the_setting(tmp_pat
     env = {TOKEN_PATH_ENV: "/somewhere"}
     use_ray_auth(settings(tmp_path, auth="disabled"), env)
     assert env == {MODE_ENV: "disabled"}
+
+
+def test_a_loopback_cluster_keeps_loopback_and_any_other_gets_rays_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`keep_loopback`, before each connection: a driver of a loopback cluster keeps 127.0.0.1 as
+    its node address (else it looks for a raylet where the cluster does not listen); attaching to
+    another cluster after gives Ray its default back, in the process and for its children."""
+    from ray._private import ray_constants, services
+
+    from ipnext.store.ray_token import LOOPBACK_ENV, keep_loopback, loopback_env
+
+    monkeypatch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", ray_constants.ENABLE_RAY_CLUSTER)
+    monkeypatch.delenv(LOOPBACK_ENV, raising=False)
+    assert loopback_env("127.0.0.1:6379") == {LOOPBACK_ENV: "0"} and loopback_env("10.0.0.5:6379") == {}
+    keep_loopback("127.0.0.1:6379")
+    assert os.environ[LOOPBACK_ENV] == "0" and services.resolve_ip_for_localhost("127.0.0.1") == "127.0.0.1"
+    keep_loopback("10.0.0.5:6379")
+    assert LOOPBACK_ENV not in os.environ and ray_constants.ENABLE_RAY_CLUSTER is True

@@ -20,7 +20,7 @@ from ipnext.activities.reconcile import ReconcileInput, ReconcileResult, reconci
 from ipnext.contracts.plan import DeploymentPlacement, Plan
 from ipnext.serving import control
 from ipnext.serving.app_health import given_up
-from ipnext.serving.layout import deployed_router, router_app_name
+from ipnext.serving.layout import ROUTING_APP, deployed_router, router_app_name
 from ipnext.spec.model import ModelSpec, SetStatus, SnapshotRef, SnapshotSet
 from ipnext.spec.settings import Settings
 
@@ -86,10 +86,15 @@ class Cluster:
     listed: dict[str, Any] = field(default_factory=dict)
     live: set[str] = field(default_factory=lambda: set(REGIONS))
     applied: list[list[str]] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
 
     def writer(self) -> SimpleNamespace:
         def apply(upserts: list[dict[str, Any]], removes: list[str], envelope: Any = None) -> int:
             self.applied.append(sorted(a["name"] for a in upserts))
+            for name in removes:
+                self.removed.append(name)
+                self.held.pop(name, None)
+                self.listed.pop(name, None)
             for config in upserts:
                 self.held[config["name"]] = config
                 self.listed[config["name"]] = RUNNING_APP
@@ -163,6 +168,39 @@ def test_a_router_whose_replica_serve_is_replacing_is_not_applied_again(cluster:
     with pytest.raises(Exception, match=f"Serve app {name} is ApplicationStatus.UNHEALTHY"):
         check(cluster)
     assert len(cluster.applied) == applied
+
+
+def test_the_models_idle_check_removes_set_apps_the_record_does_not_know(cluster: Cluster) -> None:
+    """A rollout terminated from the Temporal UI never ran its cleanup: its set's apps keep
+    running. The idle check removes every set app of the model the record does not name, held
+    by the writer or only listed by Serve; another model's apps and the routers stay. A
+    rollout's own check (its `sets`) removes nothing."""
+    check(cluster)
+    terminated = {f"rc-model.{r}.s2.r1": {"name": f"rc-model.{r}.s2.r1"} for r in REGIONS}
+    cluster.held |= terminated
+    cluster.listed |= dict.fromkeys(terminated, RUNNING_APP)
+    cluster.listed["rc-model.us-east.s3.r2"] = RUNNING_APP  # only Serve has it (a writer restarted)
+    others = {"rc-model-2.us-east.s2.r1", "rc-model.us-east", ROUTING_APP}
+    cluster.listed |= dict.fromkeys(others, RUNNING_APP)
+    setup = list(cluster.applied)
+    rollout = ReconcileInput(
+        spec=SPEC,
+        serving_set=SERVING_SET,
+        plan=PLAN,
+        apps=APPS,
+        sets=[reconcile.SetTarget(snapshot_set=SERVING_SET, plan=PLAN)],
+    )
+    ActivityEnvironment().run(reconcile_serving, rollout)
+    assert cluster.removed == []
+    result = check(cluster)
+    assert sorted(cluster.removed) == sorted([*terminated, "rc-model.us-east.s3.r2"])
+    assert others <= set(cluster.listed) and set(APPS.values()) <= set(cluster.held)
+    assert [line for line in result.repaired if "not in the record" in line] == [
+        f"{n}: not in the record (a rollout that did not clean up); removed" for n in sorted(cluster.removed)
+    ]
+    assert cluster.applied[: len(setup)] == setup
+    cluster.live = {"us-east"}  # a serving app of a lost region is the record's: kept
+    assert check(cluster).repaired == [] and set(APPS.values()) <= set(cluster.held)
 
 
 def test_given_up_reads_serves_status() -> None:

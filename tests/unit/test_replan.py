@@ -285,3 +285,48 @@ def test_reading_observed_demand_sums_regions_and_a_dead_actor_leaves_declared(
     dead, quiet = result.demand["dead"], result.demand["quiet"]
     assert not dead.observed and "RayActorError" in dead.note and dead.demand_qps() == {"us-east": 2.0}
     assert not quiet.observed and quiet.note == "no observed demand"
+
+
+def test_solves_finishing_together_never_share_a_revision(tmp_path: Path) -> None:
+    """`claim_revision` under the store's lock: 4 processes of 8 threads claiming at once get 32
+    different numbers, each above the stored ones; a save clears its claim."""
+    store = PlanStore(tmp_path)
+    store.save(
+        StoredPlan(
+            revision=1,
+            created_at=now(),
+            made_by="t",
+            models=[],
+            moves=[],
+            plan=_plan({"m/a": {"us-east": {"cpu": 1}}}).to_report(),
+            pools=[],
+            units={},
+        )
+    )
+    claimer = (
+        "import sys; from concurrent.futures import ThreadPoolExecutor; from pathlib import Path\n"
+        "from ipnext.store.plans import PlanStore\n"
+        "store = PlanStore(Path(sys.argv[1]))\n"
+        "with ThreadPoolExecutor(8) as pool:\n"
+        "    print(*pool.map(lambda _: store.claim_revision(), range(8)))\n"
+    )
+    runs = [
+        subprocess.Popen([sys.executable, "-c", claimer, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+        for _ in range(4)
+    ]
+    claimed = [int(n) for run in runs for n in run.communicate(timeout=60)[0].split()]
+    assert sorted(claimed) == list(range(2, 34)), claimed
+    assert store.next_revision() == 34
+    store.save(
+        StoredPlan(
+            revision=2,
+            created_at=now(),
+            made_by="t",
+            models=[],
+            moves=[],
+            plan=_plan({"m/a": {"us-east": {"cpu": 1}}}).to_report(),
+            pools=[],
+            units={},
+        )
+    )
+    assert not (store.folder / "rev-000002.claim").exists() and store.latest_revision() == 2

@@ -108,6 +108,9 @@ def test_set_app_plan(example_spec: ModelSpec, snapshot_set: SnapshotSet, plan: 
     assert embed.snapshot_id == f"{MODEL}/embed@v2"
     assert embed.pinned_store == PINNED
     assert embed.config == example_spec.parts["embed"].config
+    assert embed.factory_prefixes == ["ipnext.examples.", "ipnext.serving.llm.part"]  # the default
+    listed = set_app_plan(example_spec, snapshot_set, plan, "us-east", PINNED, factory_prefixes=["acme."])
+    assert {p.factory_prefixes[0] for p in listed.args.parts.values()} == {"acme."}  # the worker's own list
 
 
 def test_render_set_app(example_spec: ModelSpec, snapshot_set: SnapshotSet, plan: Plan) -> None:

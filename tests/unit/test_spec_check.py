@@ -286,7 +286,7 @@ def test_a_factory_outside_the_list_is_refused_before_it_is_imported(
         validate_model_spec(ValidateSpecInput(spec=with_factory(example_spec, factory)))
     assert info.value.type == "SpecError" and info.value.non_retryable
     assert f"parts.embed.factory: {factory!r} is outside" in str(info.value)
-    assert "model_code.factory_prefixes: ['ipnext.']" in str(info.value)
+    assert "model_code.factory_prefixes: ['ipnext.examples.', 'ipnext.serving.llm.part']" in str(info.value)
     assert not marker.exists()
     check_factories_in_child(with_factory(example_spec, f"{owner}:Part"))  # the module itself imports
     assert marker.exists()

@@ -148,3 +148,30 @@ def test_the_components_run_in_start_order_with_the_regions_nodes_after_the_head
     record = {"processes": {n: {} for n in ("worker", "node-eu-west", "ray", "temporal", "node-ap-south")}}
     assert component_names(record) == ["temporal", "ray", "node-ap-south", "node-eu-west", "worker"]
     assert component_names(None) == ["temporal", "ray", "worker"]
+
+
+def test_release_removes_only_a_hold_listed_in_the_holds_folder(tmp_path: Path) -> None:
+    """`ipnext dev release NAME` takes a component or a hold's listed name, never a path: `../x`
+    and an absolute name are refused and nothing outside the folder is removed."""
+    import pytest
+
+    from ipnext.client.devstack.stack import DevStack
+    from ipnext.errors import StackError
+    from ipnext.spec.settings import Settings
+
+    stack = DevStack(Settings(state_dir=tmp_path / "state"), log=lambda _: None)
+    outside = tmp_path / "state" / "dev.json"
+    outside.parent.mkdir(parents=True)
+    outside.write_text("{}")
+    victim = tmp_path / "victim"
+    victim.write_text("keep me")
+    stack.hold("worker", why="test")
+    (stack.holds_dir / "node-gone").write_text("{}")  # left by an earlier stack's node
+    for name in ("../dev.json", "../../victim", str(victim), ".", "..", ""):
+        with pytest.raises(StackError, match="can be released"):
+            stack.release(name)
+        assert not stack.held(name)
+    assert outside.exists() and victim.read_text() == "keep me"
+    stack.release("node-gone")
+    stack.release("worker")
+    assert stack.holds() == {}

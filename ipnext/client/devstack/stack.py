@@ -46,7 +46,7 @@ from ipnext.errors import StackError
 from ipnext.names import PollTimeoutError, wait_until
 from ipnext.spec.settings import Settings, load_settings
 from ipnext.store.keys import API_KEY_ENV, add_key
-from ipnext.store.ray_token import ensure_ray_token, ray_auth_env, use_ray_auth
+from ipnext.store.ray_token import LOOPBACK_ENV, ensure_ray_token, ray_auth_env, use_ray_auth
 
 __all__ = ["COMPONENTS", "DevStack", "component_names", "node_component", "process_alive", "stack_processes"]
 
@@ -241,12 +241,27 @@ class DevStack:
         (self.holds_dir / name).write_text(json.dumps({"why": why, "at": at}))
 
     def release(self, name: str) -> None:
-        if name not in self.components() and not (self.holds_dir / name).exists():
-            raise StackError(f"{name}: only {', '.join(self.components())} can be held", field="name")
+        """Let the supervisor start `name` again: a component of this stack, or a hold left in the
+        holds folder by an earlier stack (its name as listed there: never a path, so `../x` or
+        an absolute name removes nothing outside the folder)."""
+        left = self._hold_names()
+        if name not in self.components() and name not in left:
+            raise StackError(
+                f"{name[:80]!r}: only {', '.join(self.components())} (or a hold listed by `ipnext dev "
+                f"status`: {', '.join(sorted(left)) or 'none'}) can be released",
+                field="name",
+            )
         (self.holds_dir / name).unlink(missing_ok=True)
 
     def held(self, name: str) -> bool:
-        return (self.holds_dir / name).exists()
+        return name in self._hold_names()
+
+    def _hold_names(self) -> set[str]:
+        """The holds folder's plain files, by name."""
+        if not self.holds_dir.is_dir():
+            return set()
+        entries = self.holds_dir.iterdir()
+        return {entry.name for entry in entries if entry.is_file() and not entry.is_symlink()}
 
     def holds(self) -> dict[str, dict[str, str]]:
         found: dict[str, dict[str, str]] = {}
@@ -328,6 +343,13 @@ class DevStack:
                 "PYTHONUNBUFFERED": "1",
             }
         )
+        # A single node: every Ray port on 127.0.0.1 (ray_token.keep_loopback says why). Ray will
+        # not run a second node so (`ray start --address` refuses), so per-region nodes listen
+        # on the host's address, their gRPC ports behind the token (docs/operations/security.md).
+        if nodes == "single":
+            env[LOOPBACK_ENV] = "0"
+        else:
+            env.pop(LOOPBACK_ENV, None)
         if self.config_path is not None:
             env["IPNEXT_CONFIG"] = str(self.config_path)
         else:  # settings of no file: the processes read the same defaults and environment
