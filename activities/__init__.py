@@ -11,6 +11,8 @@ from temporalio.common import RetryPolicy
 __all__ = [
     "DEPLOY_TIMEOUT",
     "HEARTBEAT_TIMEOUT",
+    "PINNED_REFS_RETRY",
+    "PINNED_REFS_TIMEOUT",
     "QUICK_TIMEOUT",
     "RECONCILE_RETRY",
     "RETRY",
@@ -34,6 +36,16 @@ RETRY = RetryPolicy(
 # A serving check runs again every interval anyway: a few tries, then it is recorded as failed
 # and the model goes on (a publish or a delete never waits behind an outage).
 RECONCILE_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    maximum_interval=timedelta(seconds=5),
+    maximum_attempts=3,
+)
+# A model's references in the pinned store, and a collection (activities/pinned_refs.py): a walk of
+# the store's folders, no hashing. A publish waits for it (its set must be named within the
+# grace); a few tries, then the model logs it and writes them again at its next change or idle
+# check: a store that is down never fails the model.
+PINNED_REFS_TIMEOUT = timedelta(minutes=1)
+PINNED_REFS_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1),
     maximum_interval=timedelta(seconds=5),
     maximum_attempts=3,

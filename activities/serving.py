@@ -104,6 +104,9 @@ class RemoveAppsInput(Frozen):
     names: list[str]
     # False for apps of a down region: Serve drops them once their node is dead, or at once.
     wait: bool = True
+    # An ended experiment's (model, experiment): its feedback ledger is retired with its apps
+    # (serving.feedback_actor; feedback is refused from now on, so nothing needs its ids).
+    feedback_ledger: tuple[str, str] | None = None
 
 
 class ReadMetricsInput(Frozen):
@@ -284,6 +287,10 @@ def remove_apps(input: RemoveAppsInput) -> None:
     _ray_get(writer.apply.remote([], input.names))
     if input.wait:
         wait_apps_gone(input.names, APPS_RUNNING_TIMEOUT_S)
+    if input.feedback_ledger is not None:
+        from ipnext.serving.feedback_actor import retire_ledger
+
+        retire_ledger(*input.feedback_ledger)
 
 
 @activity.defn

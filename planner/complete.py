@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import scipy.sparse as sp
@@ -94,6 +94,7 @@ class Shortfall:
     placed: int  # of `blocks`, how many the estimate placed (the largest)
     alone: list[str]  # why each block that fits nowhere even with the pools to itself does not
     cut: bool = False  # the clock had stopped the solve before the estimate was done
+    spare: list[str] = field(default_factory=list)  # of their deployments, those with spare_replicas
 
     def describe(self) -> str:
         pools = ", ".join(f"{r}/{h} by {units:g} units" for (r, h), units in sorted(self.short.items()))
@@ -106,7 +107,13 @@ class Shortfall:
             clock = ", where the clock stopped the estimate" if self.cut else ""
             where += f" (for the {self.placed} largest of them{clock})"
         alone = "".join(f"; {why.rstrip('.')}" for why in self.alone)
-        return f"{len(self.blocks)} blocks not placed ({names}){alone}; {where}"
+        spare = ""
+        if self.spare:
+            more = len(self.spare) - 5
+            spare = f"; spare_replicas counted for {', '.join(self.spare[:5])}" + (
+                f" and {more} more" if more > 0 else ""
+            )
+        return f"{len(self.blocks)} blocks not placed ({names}){alone}{spare}; {where}"
 
     def fix(self) -> str:
         more = ", ".join(f"{r}/{h} +{math.ceil(units)}" for (r, h), units in sorted(self.short.items()))
@@ -118,6 +125,8 @@ class Shortfall:
                 "lower the demand of the blocks that fit nowhere, or loosen their latency budgets "
                 "or min_regions"
             )
+        if self.spare:
+            fixes.append("lower their spare_replicas")
         return "; or ".join(fixes)
 
 
@@ -295,4 +304,6 @@ def shortfall(
     short = {
         (inst.regions[int(r)], inst.hardware[int(h)]): float(over[r, h]) for r, h in np.argwhere(over > 1e-9)
     }
-    return Shortfall(short, [block_names(inst, b) for b in left], estimated, alone, cut)
+    deps = inst.problem.deployments
+    spare = [deps[i].name for b in left for i in inst.blocks[b] if deps[i].spare_replicas]
+    return Shortfall(short, [block_names(inst, b) for b in left], estimated, alone, cut, spare)

@@ -3,9 +3,10 @@
 Blocks (a deployment, or a group's parts) go largest first. Each traffic source, largest
 first, goes whole to the nearest region within the latency budget where every part still
 fits its share; each region gets the cheapest hardware per QPS that still has room for the
-replicas. It meets every constraint (pools, routing, capacity, min_regions,
-survive_region_loss, groups) but does not search: it never splits a source, never moves a
-placed block, and gives up when the next block fits nowhere.
+replicas (and `spare_replicas` more where it carries any load). It meets every constraint
+(pools, routing, capacity, spare replicas, min_regions, survive_region_loss, groups) but does
+not search: it never splits a source, never moves a placed block, and gives up when the next
+block fits nowhere.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from ipnext.errors import InfeasiblePlanError
 from ipnext.planner.instance import regions_needed
 from ipnext.spec.demand_file import DeploymentDemand
 from ipnext.spec.fleet import Fleet, Pool
+from ipnext.spec.model import HardwareOption
 
 __all__ = ["solve"]
 
@@ -108,6 +110,13 @@ def _fits_all(
     return all(taken[k] <= p.units for k in taken if (p := fleet.pool(*k)) is not None)
 
 
+def _replicas(dep: DeploymentDemand, option: HardwareOption, qps: float) -> int:
+    """Replicas of one option that carry `qps` under the headroom, and where they carry any,
+    `spare_replicas` more: losing any of them leaves the rest carrying it."""
+    count = math.ceil(qps / ((1 - dep.headroom) * option.qps) - 1e-9)
+    return max(1, count + dep.spare_replicas if count > 0 else 0)
+
+
 def _pick_hardware(
     fleet: Fleet, dep: DeploymentDemand, region: str, qps: float, used: dict[tuple[str, str], int]
 ) -> tuple[str, int] | None:
@@ -117,7 +126,7 @@ def _pick_hardware(
         pool = fleet.pool(region, hw)
         if pool is None:
             continue
-        count = max(1, math.ceil(qps / ((1 - dep.headroom) * option.qps) - 1e-9))
+        count = _replicas(dep, option, qps)
         if count * option.units > pool.units - used[(region, hw)]:
             continue
         price = count * option.units * pool.unit_cost
@@ -235,10 +244,7 @@ def _place(
             hw = min(
                 (h for h in dep.hardware if fleet.pool(region, h)), key=lambda h: _pool_cost(fleet, region, h)
             )
-            picked = (
-                hw,
-                max(1, math.ceil(routed[region] / ((1 - dep.headroom) * dep.hardware[hw].qps) - 1e-9)),
-            )
+            picked = (hw, _replicas(dep, dep.hardware[hw], routed[region]))
         choice[region], count[region] = picked
     usable = 1.0 - dep.headroom
 

@@ -24,7 +24,7 @@ from ipnext.planner.backend import solve_model
 from ipnext.planner.complete import complete
 from ipnext.planner.formulation import build
 from ipnext.planner.instance import Instance
-from ipnext.planner.pricing import BlockChoice, choices_from_values, usage_of
+from ipnext.planner.pricing import BlockChoice, choices_from_values, rounded_up, usage_of
 from ipnext.planner.repair import OUT_OF_TIME, Unplaced, first_plan_repair, from_scratch, minimal_movers
 from ipnext.planner.work import UNITS_PER_SECOND, Budget
 
@@ -88,8 +88,9 @@ def lp_start(inst: Instance, churn: float, budget: Budget) -> LPStart:
     priced from the first round, instead of after many rounds of overfull columns.
 
     Also a column per block from the LP's solution, replicas rounded up: each is a valid
-    placement of its block (rounding up only adds capacity, and a region holds replicas of
-    every member wherever the LP put any), and together they sit close to what fits the
+    placement of its block (rounding up only adds capacity, a region holds replicas of every
+    member wherever the LP put any, and `pricing.rounded_up` adds what a spare asks where the
+    LP stood the block only fractionally), and together they sit close to what fits the
     pools, which the blocks' own optima at any single prices often do not."""
     prices = np.zeros_like(inst.pool_units)
     if len(inst.opt_d) > LP_ROUNDING_MAX_OPTIONS:
@@ -123,9 +124,7 @@ def lp_start(inst: Instance, churn: float, budget: Budget) -> LPStart:
     for attempt in range(LP_ROUNDINGS):
         if sol.values is None:
             break
-        values = sol.values.copy()
-        values[: model.n_x] = np.ceil(values[: model.n_x] - 1e-6)
-        rounded = choices_from_values(inst, model, values, churn, blocks)
+        rounded = choices_from_values(inst, model, rounded_up(inst, model, sol.values), churn, blocks)
         columns.extend(rounded.values())
         plans.append(rounded)
         overflow = np.maximum(usage_of(inst, rounded) - inst.pool_units, 0.0)

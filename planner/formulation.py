@@ -7,8 +7,9 @@ Variables, in this order:
   z[o]    replicas newly placed on option o against the current plan (churn), >= 0
 
 Rows: each (block, source) routes all its traffic; each (deployment, region) carries what
-is routed there with headroom; y[b,r] = 1 needs a replica of every member in r, and in a
-group replicas only stand where y is 1 (same regions for all parts); at least min_regions
+is routed there with headroom, and where the block stands (y[b,r] = 1) its spare too
+(`Instance.spare`); y[b,r] = 1 needs a replica of every member in r, and in a group
+replicas only stand where y is 1 (same regions for all parts); at least min_regions
 regions; survive_region_loss: for every region, the capacity elsewhere covers the total;
 pools (optional, or priced into the objective instead: Lagrangian relaxation).
 """
@@ -95,13 +96,10 @@ def build(
         ]
     )
     lb = np.zeros(n_x + n_f + n_y + n_z)
-    # More replicas of one option than carry the deployment's whole demand never help (the
-    # routing, survive and min_regions rows are all met by that many), so they bound x: a
-    # tight bound keeps the LP relaxation, and with it the branch and bound, small.
-    enough = np.ceil(
-        inst.total_demand[inst.opt_d[opts]] / (inst.usable[inst.opt_d[opts]] * inst.opt_qps[opts]) - 1e-9
-    )
-    x_ub = np.minimum(inst.opt_cap[opts], np.maximum(enough, 1.0))
+    # More replicas of one option than carry the deployment's whole demand and its spare never
+    # help (the routing, survive and min_regions rows are all met by that many), so they bound
+    # x: a tight bound keeps the LP relaxation, and with it the branch and bound, small.
+    x_ub = np.minimum(inst.opt_cap[opts], np.maximum(inst.opt_enough[opts], 1.0))
     ub = np.concatenate([x_ub, np.ones(n_f), np.ones(n_y), np.full(n_z, np.inf)])
     integral = np.zeros(len(lb), dtype=bool)
     integral[:n_x] = True
@@ -130,12 +128,14 @@ def build(
             for r in regions_used:
                 here = opts_at.get((i, r), [])
                 into = routes_to.get((b, r), [])
-                if into:
-                    cols = [n_x + k for k in into] + here
+                spare = float(inst.spare[i, r]) if here else 0.0
+                if into or spare > 0:
+                    # what is routed here, plus the spare wherever the block stands
+                    cols = [n_x + k for k in into] + here + ([y_col[(b, r)]] if spare > 0 else [])
                     vals = [inst.demand[i, inst.route_s[routes[k]]] for k in into] + [
                         -alpha * inst.opt_qps[opts[k]] for k in here
                     ]
-                    rows.add(cols, vals, -np.inf, 0.0)
+                    rows.add(cols, [*vals, spare] if spare > 0 else vals, -np.inf, 0.0)
                 # y[b,r] = 1 needs a replica of this member in r.
                 rows.add([y_col[(b, r)], *here], [1.0] + [-1.0] * len(here), -np.inf, 0.0)
                 if here:  # replicas only where the block stands (a group's parts share regions)

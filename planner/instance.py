@@ -2,8 +2,13 @@
 
 Deployments of one `group` form a block: they share routing fractions and regions, so a
 block is the unit the decomposition solves on its own. Obvious impossibilities (a source
-with no region within budget, too few regions, a deployment no pool can host) are reported
-here with their names, before any solver runs.
+with no region within budget, too few regions, a deployment no pool can host, or none that
+can hold its spare replicas) are reported here with their names, before any solver runs.
+
+The spare (`spare_replicas` k): wherever a deployment stands, its capacity less k replicas of
+its largest-QPS option there carries what is routed there under the headroom (`spare`). Every
+solver holds plans to this one linear rule; it implies the validator's (losing any k replicas
+leaves the load carried), which needs the k largest replicas actually placed.
 """
 
 from __future__ import annotations
@@ -38,6 +43,9 @@ class Instance:
     usable: np.ndarray  # (deployments,) 1 - headroom
     min_regions: np.ndarray  # (blocks,)
     survive: np.ndarray  # (deployments,) bool
+    # (deployments, regions): the usable QPS a region holds back where the deployment stands,
+    # usable x spare_replicas x the largest QPS of its options there (0 without a spare)
+    spare: np.ndarray
     # Options: one per (deployment, region, hardware) a replica may take.
     opt_d: np.ndarray
     opt_r: np.ndarray
@@ -47,6 +55,9 @@ class Instance:
     opt_cost: np.ndarray  # cost of one replica
     opt_cap: np.ndarray  # most replicas the pool holds
     opt_current: np.ndarray  # replicas in the current plan
+    # Replicas of the option that alone carry the deployment's whole demand and its spare in
+    # the region: more never help (every row is met by that many), so they bound x.
+    opt_enough: np.ndarray
     # Routes: one per (block, source, region) a fraction may take.
     route_b: np.ndarray
     route_s: np.ndarray
@@ -176,6 +187,13 @@ def compile_problem(problem: PlanningProblem) -> Instance:
     def arr(values: Sequence[float], dtype: type = np.float64) -> np.ndarray:
         return np.asarray(values, dtype=dtype)
 
+    usable = arr([1 - d.headroom for d in deps])
+    opt_d, opt_r, opt_qps = arr(opt["d"], np.int64), arr(opt["r"], np.int64), arr(opt["qps"])
+    spare = _spare(deps, usable, opt_d, opt_r, opt_qps, len(regions))
+    _check_spare_fits(deps, usable, demand, spare, opt_d, opt_r, opt_qps, arr(opt["cap"]))
+    total = demand.sum(axis=1)
+    opt_enough = np.ceil((total[opt_d] + spare[opt_d, opt_r]) / (usable[opt_d] * opt_qps) - 1e-9)
+
     return Instance(
         problem=problem,
         regions=regions,
@@ -185,17 +203,19 @@ def compile_problem(problem: PlanningProblem) -> Instance:
         blocks=blocks,
         block_of=block_of,
         demand=demand,
-        usable=arr([1 - d.headroom for d in deps]),
+        usable=usable,
         min_regions=min_regions,
         survive=np.asarray([d.survive_region_loss for d in deps], dtype=bool),
-        opt_d=arr(opt["d"], np.int64),
-        opt_r=arr(opt["r"], np.int64),
+        spare=spare,
+        opt_d=opt_d,
+        opt_r=opt_r,
         opt_h=arr(opt["h"], np.int64),
         opt_units=arr(opt["units"]),
-        opt_qps=arr(opt["qps"]),
+        opt_qps=opt_qps,
         opt_cost=arr(opt["cost"]),
         opt_cap=arr(opt["cap"]),
         opt_current=arr(opt["current"]),
+        opt_enough=opt_enough,
         route_b=arr(route["b"], np.int64),
         route_s=arr(route["s"], np.int64),
         route_r=arr(route["r"], np.int64),
@@ -211,6 +231,53 @@ def regions_needed(members: Sequence[DeploymentDemand]) -> int:
     if any(d.survive_region_loss for d in members):
         need = max(need, 2)
     return need
+
+
+def _spare(
+    deps: list[DeploymentDemand],
+    usable: np.ndarray,
+    opt_d: np.ndarray,
+    opt_r: np.ndarray,
+    opt_qps: np.ndarray,
+    n_regions: int,
+) -> np.ndarray:
+    """(deployments, regions): usable x spare_replicas x the largest QPS of the deployment's
+    options in the region (0 where it has none, or no spare)."""
+    largest = np.zeros((len(deps), n_regions))
+    np.maximum.at(largest, (opt_d, opt_r), opt_qps)
+    k = np.asarray([float(d.spare_replicas) for d in deps])
+    return (usable * k)[:, None] * largest
+
+
+def _check_spare_fits(
+    deps: list[DeploymentDemand],
+    usable: np.ndarray,
+    demand: np.ndarray,
+    spare: np.ndarray,
+    opt_d: np.ndarray,
+    opt_r: np.ndarray,
+    opt_qps: np.ndarray,
+    opt_cap: np.ndarray,
+) -> None:
+    """A deployment whose pools, each filled with its replicas, cannot carry its demand beside
+    a spare in every region it stands in can never be placed: said here, naming the spare."""
+    for i, dep in enumerate(deps):
+        if not dep.spare_replicas:
+            continue
+        mine = opt_d == i
+        most = np.zeros(spare.shape[1])
+        np.add.at(most, opt_r[mine], usable[i] * opt_cap[mine] * opt_qps[mine])
+        carry = float(np.maximum(most - spare[i], 0.0).sum())
+        total = float(demand[i].sum())
+        if carry < total * (1 - 1e-9):
+            raise InfeasiblePlanError(
+                f"{dep.name}: with spare_replicas={dep.spare_replicas}, the pools it may use carry at "
+                f"most {carry:g} QPS under the headroom beside {dep.spare_replicas} spare replica(s) in "
+                f"each region, short of its {total:g} QPS.",
+                field="spare_replicas",
+                value=dep.spare_replicas,
+                fix="lower spare_replicas, or add units to the pools of its hardware",
+            )
 
 
 def _hosts(i: int, r: int, opt: dict[str, list[float]], options_of: list[np.ndarray]) -> bool:

@@ -27,6 +27,7 @@ __all__ = [
     "prohibitive",
     "relaxation_bound",
     "repriced",
+    "rounded_up",
     "solve_block",
     "usage_of",
 ]
@@ -145,15 +146,14 @@ def _rounded_relaxation(
     inst: Instance, block: int, prices: np.ndarray, churn: float, bound: float, budget: Budget
 ) -> BlockChoice | None:
     """A placement of the block when neither solver found one in time: its LP relaxation with
-    replicas rounded up. Rounding up only adds capacity, and the relaxation puts replicas of
-    every member wherever the block stands, so the result meets every row but the pools; its
-    bound is the better of the relaxation's value and `bound`."""
+    replicas rounded up (`rounded_up`). Rounding up only adds capacity, and the relaxation puts
+    replicas of every member wherever the block stands, so the result meets every row but the
+    pools; its bound is the better of the relaxation's value and `bound`."""
     model = build(inst, [block], prices=prices, churn_cost=churn)
     sol = solve_model(model, relax=True, solver="glop", work=ROUNDED_RELAXATION_WORK, budget=budget)
     if sol.values is None or sol.status != "optimal":
         return None
-    values = sol.values.copy()
-    values[: model.n_x] = np.ceil(values[: model.n_x] - 1e-6)
+    values = rounded_up(inst, model, sol.values)
     x = {int(o): int(n) for o, n in zip(model.opts, values[: model.n_x], strict=True) if n > 0}
     f = {
         int(t): float(v)
@@ -163,6 +163,52 @@ def _rounded_relaxation(
     return repriced(
         inst, priced_choice(inst, block, x, f, math.inf, max(bound, sol.objective), churn), prices
     )
+
+
+def rounded_up(inst: Instance, model: BlockModel, values: np.ndarray) -> np.ndarray:
+    """An LP solution of `model` with its replicas rounded up, and more where a spare asks for
+    them: the LP holds only y[b,r] of a spare where a block stands fractionally, rounding up
+    stands it there whole. The replicas added are the cheapest per QPS of the deployment's
+    options there, up to what its pool holds (then past it: the pool then overflows, and the
+    plan is repaired like any rounding that does). Enough always fits under the options'
+    bounds: the LP's capacity row there holds y times (their capacity less the spare)."""
+    out = values.copy()
+    out[: model.n_x] = np.ceil(out[: model.n_x] - 1e-6)
+    if not inst.spare.any():
+        return out
+    x = out[: model.n_x]
+    cols: dict[tuple[int, int], list[int]] = {}
+    for k, o in enumerate(model.opts):
+        i, r = int(inst.opt_d[o]), int(inst.opt_r[o])
+        if inst.spare[i, r] > 0:
+            cols.setdefault((i, r), []).append(k)
+    if not cols:
+        return out
+    routed: dict[tuple[int, int], float] = {}
+    for k, t in enumerate(model.routes):
+        share = float(out[model.n_x + k])
+        if share > 0:
+            r = int(inst.route_r[t])
+            for i in inst.blocks[int(inst.route_b[t])]:
+                routed[i, r] = routed.get((i, r), 0.0) + float(inst.demand[i, inst.route_s[t]]) * share
+    for (i, r), ks in cols.items():
+        if not any(x[k] > 0 for k in ks):
+            continue
+        alpha = float(inst.usable[i])
+        short = routed.get((i, r), 0.0) + float(inst.spare[i, r])
+        short -= alpha * float(sum(inst.opt_qps[model.opts[k]] * x[k] for k in ks))
+        by_price = sorted(ks, key=lambda k: float(inst.opt_cost[model.opts[k]] / inst.opt_qps[model.opts[k]]))
+        for k in by_price:
+            if short <= 1e-9 * max(1.0, float(inst.spare[i, r])):
+                break
+            o = model.opts[k]
+            per = alpha * float(inst.opt_qps[o])
+            more = math.ceil(short / per - 1e-9)
+            if k != by_price[-1]:  # the last option takes what is left, past its pool if need be
+                more = min(more, max(0.0, float(inst.opt_cap[o]) - x[k]))
+            x[k] += more
+            short -= more * per
+    return out
 
 
 def repriced(inst: Instance, choice: BlockChoice, prices: np.ndarray) -> BlockChoice:
@@ -258,8 +304,10 @@ def alone_infeasible(inst: Instance, block: int) -> str:
                 f"{dep.name} needs {total:g} QPS, every pool it may use ({', '.join(pools)}) together "
                 f"carries at most {carry:g} with headroom: short by {total - carry:g} QPS"
             )
+    spare = any(inst.problem.deployments[i].spare_replicas for i in inst.blocks[block])
     detail = "; ".join(lines) or (
         f"{block_names(inst, block)}: the pools near its "
         "sources are too small for its min_regions / survive_region_loss / latency budget"
+        + (" / spare_replicas" if spare else "")
     )
     return f"pools: {detail}."

@@ -1,4 +1,8 @@
-"""Check a Plan against its problem: every constraint the planner promises, as readable violations."""
+"""Check a Plan against its problem: every constraint the planner promises, as readable violations.
+
+The spare (`spare_replicas` k) is checked as promised, whatever the solver: in every region a
+deployment routes traffic to, its replicas less the k largest of them carry that traffic under
+the headroom. (The planner's own rule, a spare of the largest option there, implies it.)"""
 
 from __future__ import annotations
 
@@ -27,7 +31,9 @@ def check_plan(problem: PlanningProblem, plan: Plan) -> list[str]:
             groups[dep.group].append(dep.name)
         usable = 1 - dep.headroom
         capacity: dict[str, float] = defaultdict(float)
+        held: dict[str, float] = {}  # region -> QPS of its spare_replicas largest replicas
         for region, by_hw in placement.replicas.items():
+            sizes: list[tuple[float, int]] = []
             for hw, n in by_hw.items():
                 if n < 0:
                     errors.append(f"{dep.name}: negative replicas in {region}/{hw}")
@@ -37,6 +43,9 @@ def check_plan(problem: PlanningProblem, plan: Plan) -> list[str]:
                 if n:
                     used[(region, hw)] += n * dep.hardware[hw].units
                     capacity[region] += n * dep.hardware[hw].qps
+                    sizes.append((dep.hardware[hw].qps, n))
+            if dep.spare_replicas:
+                held[region] = _largest(sizes, dep.spare_replicas)
         routed: dict[str, float] = defaultdict(float)
         for source, qps in dep.demand_qps.items():
             row = placement.fractions.get(source, {})
@@ -49,10 +58,19 @@ def check_plan(problem: PlanningProblem, plan: Plan) -> list[str]:
                     errors.append(f"{dep.name}: {source}->{region} exceeds the latency budget")
                 routed[region] += qps * share
         for region, qps in routed.items():
-            if qps > usable * capacity[region] * (1 + _REL) + _EPS:
+            # what the region carries once it has lost its spare_replicas largest replicas
+            left = usable * (capacity[region] - held.get(region, 0.0))
+            if qps <= left * (1 + _REL) + _EPS:
+                continue
+            if dep.spare_replicas and capacity[region] > 0:
+                k = dep.spare_replicas
                 errors.append(
-                    f"{dep.name}: {region} gets {qps:.1f} QPS, carries {usable * capacity[region]:.1f}"
+                    f"{dep.name}: {region} gets {qps:.1f} QPS, carries {left:.1f} once it loses its {k} "
+                    f"largest replica(s) (spare_replicas {k}); fix: add replicas in {region} until losing "
+                    f"any {k} leaves {qps / usable:.1f} QPS of replicas, or route less there"
                 )
+            else:
+                errors.append(f"{dep.name}: {region} gets {qps:.1f} QPS, carries {left:.1f}")
         regions = [r for r, c in capacity.items() if c > 0]
         if len(regions) < dep.min_regions:
             errors.append(f"{dep.name}: {len(regions)} regions < min_regions {dep.min_regions}")
@@ -73,3 +91,15 @@ def check_plan(problem: PlanningProblem, plan: Plan) -> list[str]:
             if other.fractions != first.fractions or other.regions() != first.regions():
                 errors.append(f"group {group}: {name} differs from {names[0]} in regions or routing")
     return errors
+
+
+def _largest(sizes: list[tuple[float, int]], k: int) -> float:
+    """The QPS of the `k` largest replicas of (QPS per replica, replicas) (all, if fewer)."""
+    total = 0.0
+    for qps, n in sorted(sizes, reverse=True):
+        take = min(n, k)
+        total += take * qps
+        k -= take
+        if k == 0:
+            break
+    return total

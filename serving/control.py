@@ -10,6 +10,7 @@ where each autoscaled deployment's burst bound is computed (`layout.burst_bounds
 from __future__ import annotations
 
 import copy
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -41,7 +42,7 @@ from ipnext.serving.layout import (
     without_keys_file,
 )
 from ipnext.spec.settings import Settings
-from ipnext.store.ray_token import keep_loopback, use_ray_auth
+from ipnext.store.ray_token import LOOPBACK_ENV, is_loopback, use_ray_auth
 
 __all__ = [
     "ServeConfigWriter",
@@ -252,6 +253,23 @@ def connect(address: str) -> None:
         keep_loopback(address)  # a loopback cluster's drivers keep 127.0.0.1 (ipnext/store/ray_token.py)
         ray.init(address=address, namespace=RAY_NAMESPACE, log_to_driver=False)
         _connected = address
+
+
+def keep_loopback(address: str) -> None:
+    """In this process, before it connects to the cluster at `address`: keep 127.0.0.1 as the
+    node address for a loopback cluster, Ray's own default for any other (a process may attach to
+    one cluster, then another). A driver that did not would look for a raylet at the host's
+    routable address, which a loopback cluster does not listen on, and hang (ray_token.py says
+    why the dev stack's cluster is one). Ray read the variable when it was imported, so its
+    constant is set too."""
+    from ray._private import ray_constants
+
+    if is_loopback(address):
+        os.environ[LOOPBACK_ENV] = "0"
+        ray_constants.ENABLE_RAY_CLUSTER = False
+    else:
+        os.environ.pop(LOOPBACK_ENV, None)
+        ray_constants.ENABLE_RAY_CLUSTER = not ray_constants.IS_WINDOWS_OR_OSX
 
 
 def forbid_implicit_init() -> None:

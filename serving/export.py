@@ -96,6 +96,9 @@ class RouterPrometheus:
         tags = ("model", "region", "set_app")
         self._requests = metrics.Counter("ipnext_requests_total", "Requests served", tag_keys=tags)
         self._errors = metrics.Counter("ipnext_errors_total", "Requests failed", tag_keys=tags)
+        self._shed = metrics.Counter(
+            "ipnext_shed_total", "Requests shed at once for their expected queue wait (503)", tag_keys=tags
+        )
         self._latency = metrics.Histogram(
             "ipnext_latency_ms", "Request latency through the router (ms)", _BOUNDARIES, tag_keys=tags
         )
@@ -117,6 +120,9 @@ class RouterPrometheus:
         self._variant_requests.inc(1, {**tags, "variant": variant})
         if reason is not None:
             self._fallbacks.inc(1, {**tags, "reason": reason})
+
+    def record_shed(self, model: str, region: str, app: str) -> None:
+        self._shed.inc(1, {"model": model, "region": region, "set_app": app})
 
     def record(self, model: str, region: str, app: str, latency_ms: float | None) -> None:
         """One request: its latency, or None for a failed one."""

@@ -217,6 +217,8 @@ def _router_error(envelope: dict[str, Any], status: int) -> JSONResponse:
     message = str(envelope.get("message", "the request failed"))
     param = message.split(":", 1)[0] if status == 400 and message.startswith("inputs.") else None
     headers = {SET_HEADER: str(envelope["set"])} if "set" in envelope else {}
+    if isinstance(envelope.get("retry_after"), int):  # shed for its queue wait: when to come back
+        headers["Retry-After"] = str(envelope["retry_after"])
     return JSONResponse(OpenAIError(status, message, param=param).body(), status_code=status, headers=headers)
 
 

@@ -11,7 +11,6 @@ import logging
 import os
 import random
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,16 +19,16 @@ from typing import Any
 import ray
 from ray import serve
 from ray.serve.exceptions import BackPressureError
-from ray.serve.handle import DeploymentHandle
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
 from ipnext.contracts.counters import OutcomeTotals, SetCounters
-from ipnext.contracts.http_routes import NO_SET_REASON, router_route
+from ipnext.contracts.http_routes import DEADLINE_HEADER, NO_SET_REASON, router_route
 from ipnext.contracts.router import RouterConfig
 from ipnext.errors import PartInputError
+from ipnext.policy.admission import QueueDelay
 from ipnext.policy.demand import SOURCE_HEADER, valid_source
-from ipnext.policy.experiments import RequestIdError, new_request_id, read_request_id
+from ipnext.serving.answers import answer, caller_deadline, refusal, server_failure, shed_answer
 from ipnext.serving.choices import FallbackReason, VariantRouter, variant_label
 from ipnext.serving.export import CounterPusher, RouterPrometheus
 from ipnext.serving.layout import (
@@ -40,7 +39,9 @@ from ipnext.serving.layout import (
     SetDescription,
     metrics_actor_name,
 )
-from ipnext.serving.request_body import BodyError, parse_feedback_body, parse_request_body
+from ipnext.serving.request_body import BodyError, parse_request_body
+from ipnext.serving.router_feedback import stamp_arm, take_feedback
+from ipnext.serving.set_routes import SetRoute
 from ipnext.serving.shadow_mirror import ShadowMirror
 from ipnext.serving.traffic import PickedApps, all_finite, join_shards, jsonable, pick_apps, upstream_values
 from ipnext.spec.model import DAG_INPUT, DAG_OUTPUT
@@ -59,34 +60,6 @@ CAPACITY_REFRESH_S = 5.0
 # How long a set app's ingress has to describe itself to a router (it answers in milliseconds
 # when it runs; a call to an app that does not exist waits for good).
 DESCRIBE_TIMEOUT_S = 10.0
-
-
-class _SetRoute:
-    """A router's view of one set app: its DAG, its choice nodes and a handle per part deployment."""
-
-    def __init__(self, app: str, described: SetDescription, variants: VariantRouter) -> None:
-        self.app = app
-        self.set_id = described.set_id
-        self.variants = variants
-        self.shard_groups = described.shard_groups
-        self.deployments: dict[str, tuple[list[DeploymentHandle], list[float]]] = {}
-        for part, capacity in described.deployments.items():
-            names = sorted(capacity)
-            handles = [serve.get_deployment_handle(n, app_name=app) for n in names]
-            self.deployments[part] = (handles, [max(capacity[n], 1e-9) for n in names])
-
-    def follow(self, described: SetDescription) -> None:
-        """Take the set's capacity per part deployment as its ingress now reads it (the replicas
-        Serve runs); the handles stay."""
-        for part, (handles, _) in list(self.deployments.items()):
-            capacity = described.deployments.get(part, {})
-            names = sorted(capacity)
-            if len(names) == len(handles):
-                self.deployments[part] = (handles, [max(capacity[n], 1e-9) for n in names])
-
-    def handle(self, part: str, rng: random.Random) -> DeploymentHandle:
-        handles, weights = self.deployments[part]
-        return handles[0] if len(handles) == 1 else rng.choices(handles, weights)[0]
 
 
 class NonFiniteOutputsError(ValueError):
@@ -133,7 +106,7 @@ class Router:
         self._limits = args.router  # deadline and request limits: the spec's router section
         self._keys = KeyCheck(Path(args.keys_file)) if args.keys_file is not None else None
         self._config = RouterConfig(generation=0, weights={})
-        self._routes: dict[str, _SetRoute] = {}
+        self._routes: dict[str, SetRoute] = {}
         self._rng = random.Random()
         self._counters: dict[str, SetCounters] = {}
         self._demand: dict[str, int] = {}  # requests admitted, by the caller's source region
@@ -146,6 +119,7 @@ class Router:
         self._prometheus = RouterPrometheus()
         self._following: asyncio.Task[None] | None = None
         self._mirror = ShadowMirror(self._count, self._note)
+        self._queue = QueueDelay()  # what waiting does to latency here (policy.admission)
 
     async def _follow_capacity(self) -> None:
         """Every CAPACITY_REFRESH_S: each routed set app's capacity as its ingress reads it, and
@@ -172,7 +146,7 @@ class Router:
         waited 240 s for a router that never started)."""
         new = RouterConfig.model_validate(config)
         apps = sorted(new.apps())
-        routes: dict[str, _SetRoute] = {}
+        routes: dict[str, SetRoute] = {}
         for app, described in zip(apps, await asyncio.gather(*map(_describe, apps)), strict=True):
             if described is not None:
                 routes[app] = self._route(app, described)
@@ -190,11 +164,11 @@ class Router:
         if self._following is None or self._following.done():
             self._following = asyncio.create_task(self._follow_capacity())
 
-    def _route(self, app: str, described: SetDescription) -> _SetRoute:
+    def _route(self, app: str, described: SetDescription) -> SetRoute:
         variants = VariantRouter(described.dag, described.order, described.choices, self._observer(app))
         if app in self._routes:  # the same set app: keep its in-flight counts and breakers
             variants.carry_over(self._routes[app].variants)
-        return _SetRoute(app, described, variants)
+        return SetRoute(app, described, variants)
 
     def generation(self) -> int:
         return self._config.generation
@@ -222,34 +196,44 @@ class Router:
             if self._keys is not None:  # before anything else: no key, no answer, nothing counted
                 refused = self._keys.refuse(request.headers.get("authorization"), self._model)
                 if refused is not None:
-                    return _answer(*_refusal(*refused))
+                    return answer(*refusal(*refused))
             route = router_route(request.method, request.url.path, self._model)  # contracts.http_routes
             if route is None:
-                return _answer(*_refusal(404, "use POST .../predict (or .../feedback, GET .../demand)"))
+                return answer(*refusal(404, "use POST .../predict (or .../feedback, GET .../demand)"))
             if route.leaf == "demand":
                 return await self._demand_answer(request)
             if route.leaf == "":
                 return JSONResponse(self.state())
             if route.leaf == "feedback":
-                return _answer(*self.feedback(await self._read_body(request)))
+                return answer(*await self.feedback(await self._read_body(request)))
             source = request.headers.get(SOURCE_HEADER) or self._region
             if not valid_source(source):
-                return _answer(*_refusal(400, f"{SOURCE_HEADER}: {source[:80]!r} is not a region name"))
+                return answer(*refusal(400, f"{SOURCE_HEADER}: {source[:80]!r} is not a region name"))
             try:
                 body = parse_request_body(await self._read_body(request), self._limits.max_json_depth)
             except BodyError as err:  # the caller's mistake: never counted against a set
-                return _answer(*_refusal(err.status, err.message))
+                return answer(*refusal(err.status, err.message))
+            raw_deadline = request.headers.get(DEADLINE_HEADER)
+            deadline_s = caller_deadline(raw_deadline)
+            if raw_deadline is not None and deadline_s is None:
+                return answer(
+                    *refusal(400, f"{DEADLINE_HEADER}: {raw_deadline[:40]!r} is not a positive number of ms")
+                )
             self._demand[source] = self._demand.get(source, 0) + 1  # admitted: observed demand
             key, unit = body.get("key"), body.get("unit")
             if body.get("stream"):
-                if self._pick(key, unit) is None:  # as a plain 503, so the caller can go elsewhere
-                    return _answer(*self._no_set())
+                picked = self._pick(key, unit)
+                if picked is None:  # as a plain 503, so the caller can go elsewhere
+                    return answer(*self._no_set())
+                shed = self._shed(picked, deadline_s)  # before the stream starts: a plain 503 too
+                if shed is not None:
+                    return answer(*shed)
                 return StreamingResponse(
-                    self._stream_events(body["inputs"], key, unit), media_type="text/event-stream"
+                    self._stream_events(body["inputs"], key, unit, deadline_s), media_type="text/event-stream"
                 )
-            return _answer(*await self.predict(body["inputs"], key, unit=unit))
+            return answer(*await self.predict(body["inputs"], key, unit=unit, deadline_s=deadline_s))
         except Exception as err:  # a bug of the router itself: say so without its insides
-            return _answer(*_server_failure(500, "the router failed", err))
+            return answer(*server_failure(500, "the router failed", err))
 
     async def _demand_answer(self, request: Request) -> JSONResponse:
         """GET .../demand[?window_seconds=60]: this region's observed demand by source, from the
@@ -260,14 +244,14 @@ class Router:
         except ValueError:
             window = -1.0
         if not 0 < window <= 86_400:
-            return _answer(
-                *_refusal(400, f"window_seconds: {raw[:40]!r} is not a number of seconds in (0, 86400]")
+            return answer(
+                *refusal(400, f"window_seconds: {raw[:40]!r} is not a number of seconds in (0, 86400]")
             )
         try:
             store = ray.get_actor(metrics_actor_name(self._model, self._region), namespace=RAY_NAMESPACE)
             report: dict[str, Any] = await asyncio.wait_for(store.demand.remote(window), timeout=10)
         except (ValueError, TimeoutError, ray.exceptions.RayError) as err:  # no actor yet, or it died
-            return _answer(*_server_failure(503, "no demand recorded in this region yet", err))
+            return answer(*server_failure(503, "no demand recorded in this region yet", err))
         return JSONResponse(report)
 
     async def _read_body(self, request: Request) -> bytes:
@@ -286,58 +270,35 @@ class Router:
             chunks.append(chunk)
         return b"".join(chunks)
 
-    async def _stream_events(self, inputs: Any, key: str | None, unit: str | None) -> AsyncIterator[str]:
+    async def _stream_events(
+        self, inputs: Any, key: str | None, unit: str | None, deadline_s: float | None
+    ) -> AsyncIterator[str]:
         """Server-sent events: one envelope per piece of the final part's answer (a part
         without `stream` gives one piece); a failure is an event with `error_id`, `message` and
         `status`. If the client goes away, the part's stream is cancelled with this generator."""
-        async for envelope in self.stream(inputs, key, unit=unit):
+        async for envelope in self.stream(inputs, key, unit=unit, deadline_s=deadline_s, admitted=True):
             yield f"data: {json.dumps(envelope)}\n\n"
 
     def _pick(self, key: str | None, unit: str | None = None) -> PickedApps | None:
         return pick_apps(self._config, set(self._routes), key, self._rng, unit)
 
-    def _stamp_arm(self, picked: PickedApps) -> dict[str, Any]:
-        """What an answer says of the experiment: its arm (None outside one) and, in one, the
-        signed id that feedback names (none while the keys file has no signing secret)."""
-        experiment = self._config.experiment
-        if picked.arm is None or experiment is None:
-            return {"arm": None}
-        secret = self._keys.signing_secret() if self._keys is not None else None
-        if secret is None:
-            return {"arm": picked.arm}
-        return {"arm": picked.arm, "request_id": new_request_id(secret, experiment.experiment, picked.arm)}
+    def _stamp_arm(self, picked: PickedApps, unit: str | None) -> dict[str, Any]:
+        """What an answer says of the experiment (`router_feedback.stamp_arm`)."""
+        return stamp_arm(self._config.experiment, self._keys, picked, unit)
 
-    def feedback(self, raw: bytes) -> tuple[dict[str, Any], int]:
-        """POST .../feedback `{request_id, outcome: {name: number}}`: the outcomes count for the
-        arm the (signed) id names, in its set app's counters, while its experiment runs here."""
-        experiment = self._config.experiment
-        try:
-            given = parse_feedback_body(raw, self._limits.max_json_depth)
-        except BodyError as err:
-            return _refusal(err.status, err.message)
-        secret = self._keys.signing_secret() if self._keys is not None else None
-        if secret is None:
-            return _refusal(503, "feedback needs the keys file's request_signing_secret; ask the operator")
-        try:
-            name, arm = read_request_id(secret, given.request_id)
-        except RequestIdError as err:
-            return _refusal(400, str(err))
-        if experiment is None or experiment.experiment != name:
-            return _refusal(
-                410, f"request_id: experiment {name} is not running here; its outcomes are refused"
-            )
-        app = experiment.arms.get(arm)
-        if app is None:
-            return _refusal(400, f"request_id: {arm!r} is not an arm of experiment {name}")
-        self._note(app, dict(given.outcome))
-        return {"experiment": name, "arm": arm, "recorded": sorted(given.outcome)}, 200
+    async def feedback(self, raw: bytes) -> tuple[dict[str, Any], int]:
+        """POST .../feedback: outcomes counted once each (`router_feedback.take_feedback`)."""
+        return await take_feedback(
+            raw, self._model, self._config.experiment, self._keys, self._limits.max_json_depth, self._note
+        )
 
-    def _note(self, app: str, outcomes: dict[str, float]) -> None:
-        """Outcomes for set app `app` (feedback, a shadow comparison), counted with its other counters."""
+    def _note(self, app: str, outcomes: dict[str, float], bucket: int | None = None) -> None:
+        """Outcomes for set app `app` (feedback, a shadow comparison), counted with its other
+        counters; feedback's in its unit's `bucket` too."""
         self._pusher.ensure_running()
         counters = self._counters.setdefault(app, SetCounters())
         for outcome, value in outcomes.items():
-            counters.outcomes[outcome] = counters.outcomes.get(outcome, OutcomeTotals()).add(value)
+            counters.outcomes[outcome] = counters.outcomes.get(outcome, OutcomeTotals()).add(value, bucket)
 
     def _shadow(self, inputs: Any, outputs: Any) -> None:
         """Mirror an answered request to the shadow candidate, if one runs and draws it
@@ -351,7 +312,7 @@ class Router:
 
     def _no_set(self) -> tuple[dict[str, Any], int]:
         """The 503 of a region with no serving set, marked so callers ask another region."""
-        body, status = _refusal(503, f"model {self._model} has no serving set in {self._region}")
+        body, status = refusal(503, f"model {self._model} has no serving set in {self._region}")
         return {**body, "reason": NO_SET_REASON}, status
 
     def _count(self, app: str, latency_ms: float | None) -> None:
@@ -372,22 +333,46 @@ class Router:
             self._demand[source] = self._demand.get(source, 0) + 1
 
     async def stream(
-        self, inputs: Any, key: str | None = None, source: str | None = None, unit: str | None = None
+        self,
+        inputs: Any,
+        key: str | None = None,
+        source: str | None = None,
+        unit: str | None = None,
+        deadline_s: float | None = None,
+        admitted: bool = False,
     ) -> AsyncIterator[dict[str, Any]]:
         """The streaming `predict`: every part but the DAG's final one runs as usual, then the
         final part streams. Counted as one request (latency: first piece to last). Choice nodes
         pick the variants as for `predict`, but a failed variant is not retried on the fallback
         (pieces may have gone out already). The deadline covers the whole stream. `source`:
-        a request from the OpenAI door, counted in observed demand here."""
+        a request from the OpenAI door, counted in observed demand here. Shed as `predict`
+        sheds, unless the HTTP door `admitted` it already; its wait is learned from its first
+        piece."""
         self.admit(source)
-        deadline = asyncio.get_running_loop().time() + self._limits.deadline_seconds
+        deadline = asyncio.get_running_loop().time() + self._deadline(deadline_s)
         picked = self._pick(key, unit)
         if picked is None:
             body, status = self._no_set()
             yield {**body, "status": status}
             return
+        shed = None if admitted else self._shed(picked, deadline_s)
+        if shed is not None:
+            yield {**shed[0], "status": shed[1]}
+            return
+        token: int | None = self._queue.started(time.monotonic())
+        async for envelope in self._stream(inputs, picked, unit, deadline):
+            if token is not None:
+                self._queue.finished(token, time.monotonic(), completed="outputs" in envelope)
+                token = None
+            yield envelope
+        if token is not None:
+            self._queue.finished(token, time.monotonic(), completed=False)
+
+    async def _stream(
+        self, inputs: Any, picked: PickedApps, unit: str | None, deadline: float
+    ) -> AsyncIterator[dict[str, Any]]:
         set_id = self._routes[picked.counted].set_id
-        arm = self._stamp_arm(picked)  # one id for the whole stream
+        arm = self._stamp_arm(picked, unit)  # one id for the whole stream
         dag = self._routes[picked.base]
         part_routes = {p: self._routes[a] for p, a in picked.part_apps.items()}
         attempt = _Attempt(dag.variants.choose(inputs, time.monotonic()))
@@ -424,7 +409,7 @@ class Router:
                 }
             pieces = None
         except PartInputError as err:  # the caller's mistake: not counted against the set
-            body, status = _refusal(400, _cause(err))
+            body, status = refusal(400, _cause(err))
             yield {**body, "status": status, "set": set_id}
             return
         except Exception as err:  # a part failed, or the deadline passed: count it, end the stream
@@ -440,25 +425,68 @@ class Router:
             dag.variants.finish(attempt.chosen, attempt.stamps, attempt.failed_part, time.monotonic())
         self._count(picked.counted, (time.perf_counter() - started) * 1000)
 
+    def _deadline(self, deadline_s: float | None) -> float:
+        """A request's deadline in seconds: the caller's own when shorter than the model's."""
+        return (
+            self._limits.deadline_seconds
+            if deadline_s is None
+            else min(deadline_s, self._limits.deadline_seconds)
+        )
+
+    def _shed(self, picked: PickedApps, deadline_s: float | None) -> tuple[dict[str, Any], int] | None:
+        """The 503 of a request shed for its expected queue wait (`policy.admission`), counted as
+        shed for the set it would have run on; None: admitted."""
+        wanted = self._limits.max_queue_wait_ms
+        deadline = self._deadline(deadline_s)
+        planned = self._routes[picked.counted].capacity_qps() if picked.counted in self._routes else None
+        admission = self._queue.admit(
+            time.monotonic(), None if wanted is None else wanted / 1000, deadline, planned
+        )
+        if not admission.shed:
+            return None
+        self._pusher.ensure_running()
+        self._counters.setdefault(picked.counted, SetCounters()).shed += 1
+        self._prometheus.record_shed(self._model, self._region, picked.counted)
+        return shed_answer(self._model, self._region, admission, self._limits.retry_after_seconds)
+
     async def predict(
-        self, inputs: Any, key: str | None = None, source: str | None = None, unit: str | None = None
+        self,
+        inputs: Any,
+        key: str | None = None,
+        source: str | None = None,
+        unit: str | None = None,
+        deadline_s: float | None = None,
     ) -> tuple[dict[str, Any], int]:
-        """One request through the DAG, within the deadline. What counts against the set is the
-        table of docs/architecture/contracts.md: a caller's mistake (400) does not; a part's failure, a
-        part's full queue (503) and a passed deadline (504) do. `source` as for `stream`."""
+        """One request through the DAG, within the deadline (the router's, or the caller's own
+        `deadline_s` when shorter). What counts against the set is the table of
+        docs/architecture/contracts.md: a caller's mistake (400) does not; a part's failure, a
+        part's full queue (503) and a passed deadline (504) do; a request shed at once for its
+        expected queue wait (503, `reason: shed`) is counted as shed. `source` as for `stream`."""
         self.admit(source)
         picked = self._pick(key, unit)
         if picked is None:
             return self._no_set()
+        shed = self._shed(picked, deadline_s)
+        if shed is not None:
+            return shed
+        token = self._queue.started(time.monotonic())
+        body, status = await self._predict(inputs, picked, unit, deadline_s)
+        self._queue.finished(token, time.monotonic(), completed=status == 200)
+        return body, status
+
+    async def _predict(
+        self, inputs: Any, picked: PickedApps, unit: str | None, deadline_s: float | None
+    ) -> tuple[dict[str, Any], int]:
+        deadline = self._deadline(deadline_s)
         set_id = self._routes[picked.counted].set_id  # the set the answer is counted against and stamped with
         started = time.perf_counter()
         tried: list[_Attempt] = []
         try:
             part_routes = {p: self._routes[a] for p, a in picked.part_apps.items()}
-            async with asyncio.timeout(self._limits.deadline_seconds):
+            async with asyncio.timeout(deadline):
                 outputs = await self._run_dag(self._routes[picked.base], part_routes, inputs, tried)
         except PartInputError as err:  # the caller's mistake: 400, not counted against the set
-            body, status = _refusal(400, _cause(err))
+            body, status = refusal(400, _cause(err))
             return {**body, "set": set_id}, status
         except Exception as err:  # a part failed (a NaN score too), or the deadline passed
             self._count(picked.counted, None)
@@ -469,7 +497,7 @@ class Router:
         # the gates must see it, or a bad snapshot of a variant would roll out unnoticed.
         self._count(picked.counted, None if attempt.retried else (time.perf_counter() - started) * 1000)
         envelope = {"outputs": outputs, "set": set_id, "parts": attempt.stamps}
-        answer = {**envelope, "variant": variant_label(attempt.chosen), **self._stamp_arm(picked)}
+        answer = {**envelope, "variant": variant_label(attempt.chosen), **self._stamp_arm(picked, unit)}
         self._shadow(inputs, outputs)  # after the answer is whole and its latency counted
         return answer, 200
 
@@ -477,17 +505,17 @@ class Router:
         """The answer to a request the set failed: 504 past the deadline, 503 when a part's
         queue was full, else 500; the message says which without the server's insides."""
         if isinstance(err, TimeoutError):
-            return _server_failure(
+            return server_failure(
                 504, f"no answer within the deadline of {self._limits.deadline_seconds:g} s", err
             )
         if isinstance(err, BackPressureError):
-            return _server_failure(503, f"part {attempt.failed_part or '?'} is overloaded; retry later", err)
+            return server_failure(503, f"part {attempt.failed_part or '?'} is overloaded; retry later", err)
         if isinstance(err, NonFiniteOutputsError):
-            return _server_failure(500, str(err), err)
-        return _server_failure(500, f"part {attempt.failed_part or '?'} failed", err)
+            return server_failure(500, str(err), err)
+        return server_failure(500, f"part {attempt.failed_part or '?'} failed", err)
 
     async def _run_dag(
-        self, route: _SetRoute, part_routes: dict[str, _SetRoute], inputs: Any, tried: list[_Attempt]
+        self, route: SetRoute, part_routes: dict[str, SetRoute], inputs: Any, tried: list[_Attempt]
     ) -> Any:
         """Run `route`'s DAG on the variants its choice nodes pick for the request, calling each
         part in `part_routes` on that route instead. When a part of a chosen variant fails (not
@@ -508,7 +536,7 @@ class Router:
         return await self._run_attempt(route, part_routes, inputs, attempt)
 
     async def _run_attempt(
-        self, route: _SetRoute, part_routes: dict[str, _SetRoute], inputs: Any, attempt: _Attempt
+        self, route: SetRoute, part_routes: dict[str, SetRoute], inputs: Any, attempt: _Attempt
     ) -> Any:
         try:
             results = await self._run_parts(route, part_routes, inputs, attempt)
@@ -524,8 +552,8 @@ class Router:
 
     async def _run_parts(
         self,
-        route: _SetRoute,
-        part_routes: dict[str, _SetRoute],
+        route: SetRoute,
+        part_routes: dict[str, SetRoute],
         inputs: Any,
         attempt: _Attempt,
         skip: str | None = None,
@@ -553,25 +581,6 @@ class Router:
                 tasks[part] = asyncio.ensure_future(run(part))
         done = await asyncio.gather(*tasks.values())
         return dict(zip(tasks, done, strict=True))
-
-
-def _refusal(status: int, message: str) -> tuple[dict[str, Any], int]:
-    """An answer for a request refused without running it (the caller's mistake, no set)."""
-    error_id = uuid.uuid4().hex[:16]
-    logger.info("request %s refused (%d): %s", error_id, status, message)
-    return {"error_id": error_id, "message": message}, status
-
-
-def _server_failure(status: int, message: str, err: BaseException) -> tuple[dict[str, Any], int]:
-    """An answer for a request the server failed: the caller gets the message and an id, the
-    log gets the id with the exception and its traceback (which names pids, addresses, paths)."""
-    error_id = uuid.uuid4().hex[:16]
-    logger.warning("request %s failed (%d): %s", error_id, status, message, exc_info=err)
-    return {"error_id": error_id, "message": f"{message} (error_id {error_id})"}, status
-
-
-def _answer(body: dict[str, Any], status: int) -> JSONResponse:
-    return JSONResponse(body, status_code=status)
 
 
 def _cause(err: BaseException) -> str:

@@ -201,6 +201,18 @@ class Experiments:
                 type="ExperimentError",
             )
 
+    def refuse_undirected(self, input: StartExperimentInput) -> None:
+        """The validator's alone (an update accepted before directions replays through `start`):
+        a deciding outcome must say which way is better."""
+        undirected = input.missing_directions()
+        if undirected:
+            first = undirected[0]
+            raise ApplicationError(
+                f"metrics: {first!r} does not say which way is better. Fix: name it {first}:higher "
+                f"(clicks, revenue) or {first}:lower (latency, cost).",
+                type="ExperimentError",
+            )
+
     def start(self, input: StartExperimentInput) -> ExperimentStarted:
         """Record the experiment for the loop to start (it starts children one at a time)."""
         self.refuse_start(input)

@@ -56,6 +56,7 @@ with workflow.unsafe.imports_passed_through():
     from ipnext.contracts.experiment import (
         ArmsMoved,
         ExperimentInput,
+        ExperimentReport,
         ExperimentState,
         ExperimentStatus,
         MoveArmsInput,
@@ -69,7 +70,7 @@ with workflow.unsafe.imports_passed_through():
         ExperimentWorkflowNames,
         ModelWorkflowNames,
     )
-    from ipnext.policy.experiments import summarize
+    from ipnext.policy.experiments import comparison_key, summarize
     from ipnext.policy.gates import evaluate_gates, window_counters
     from ipnext.policy.shadow import render_shadow, summarize_shadow
     from ipnext.workflows._signals import NO_PAYLOAD, signal_input
@@ -94,16 +95,7 @@ class ExperimentWorkflow:
         if s.totals and input.mode == "shadow":
             shadow = summarize_shadow(s.totals.get(TREATMENT, SetCounters()), windows=max(0, s.checks - 1))
         elif s.totals:
-            report = summarize(
-                input.name,
-                input.spec.name,
-                CONTROL,
-                {arm: s.totals.get(arm, SetCounters()) for arm in (CONTROL, TREATMENT)},
-                {CONTROL: input.control_set.id, TREATMENT: input.treatment_set.id},
-                input.alpha,
-                unit=input.unit,
-                metrics=input.metrics,
-            )
+            report = self._summary()
         return ExperimentStatus(
             model=input.spec.name,
             name=input.name,
@@ -173,10 +165,13 @@ class ExperimentWorkflow:
         await self._route(experiment=False)
         await workflow.execute_activity(
             remove_apps,
-            RemoveAppsInput(names=sorted(set(s.treatment_apps.values()))),
+            RemoveAppsInput(
+                names=sorted(set(s.treatment_apps.values())),
+                feedback_ledger=(input.spec.name, input.name),
+            ),
             start_to_close_timeout=DEPLOY_TIMEOUT,
             retry_policy=RETRY,
-            summary="remove the treatment's apps",
+            summary="remove the treatment's apps and the feedback ledger",
         )
         self._enter("ended")
         if s.move is not None:  # asked too late: the model moves the control alone after the end
@@ -383,6 +378,7 @@ class ExperimentWorkflow:
                 rollout.gates, region, window[TREATMENT], window[CONTROL], rollout.min_requests
             )
         s.guardrails = readings
+        self._look()
         if input.mode == "shadow":  # a shadow's candidate answers no one: its gates are evidence
             s.shadow_windows = [*s.shadow_windows, summarize_shadow(shadowed)][-SHADOW_WINDOWS_KEPT:]
             self._details()
@@ -398,6 +394,28 @@ class ExperimentWorkflow:
         self._details()
 
     # ---- helpers ---------------------------------------------------------------------------------
+
+    def _summary(self) -> ExperimentReport:
+        """The report on the totals so far, its p-values the least over every look."""
+        input, s = self._input, self._state
+        return summarize(
+            input.name,
+            input.spec.name,
+            CONTROL,
+            {arm: s.totals.get(arm, SetCounters()) for arm in (CONTROL, TREATMENT)},
+            {CONTROL: input.control_set.id, TREATMENT: input.treatment_set.id},
+            input.alpha,
+            unit=input.unit,
+            metrics=input.metrics,
+            least_p=s.least_p,
+        )
+
+    def _look(self) -> None:
+        """Each check is a look: keep each comparison's least p-value (always-valid over looks)."""
+        if self._input.mode == "shadow" or not self._state.totals:
+            return
+        for c in self._summary().comparisons:
+            self._state.least_p[comparison_key(c.arm, c.outcome)] = c.p_value
 
     def _history_full(self) -> bool:
         info = workflow.info()

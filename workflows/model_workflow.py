@@ -10,10 +10,12 @@ recorded as superseded.
 Composed, not inherited: the run's state is one `ModelRun` (workflows/_model_run.py: the record,
 what only this run holds, the model's views), which the workflow shares with its collaborators
 `SpecUpdates` (the `update_model` Update, workflows/_model_update.py), `Experiments`
-(experiments and shadows, workflows/_model_experiments.py) and `Rollouts` (rollout children
-started, awaited and recorded, workflows/_model_rollouts.py). This module keeps every handler's
-declaration (Temporal reads them off the class), publish, the serving checks, delete and the
-loop; what it calls out to lives in activities, and the rollout in its own workflow.
+(experiments and shadows, workflows/_model_experiments.py), `Rollouts` (rollout children
+started, awaited and recorded, workflows/_model_rollouts.py) and `PinnedReferences` (the pinned
+files its kept sets need, named to the pinned store's collection, workflows/_model_pinned.py).
+This module keeps every handler's declaration (Temporal reads them off the class), publish, the
+serving checks, delete and the loop; what it calls out to lives in activities, and the rollout
+in its own workflow.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ with workflow.unsafe.imports_passed_through():
     from ipnext.names import ModelWorkflowNames, SetStatus
     from ipnext.spec.model import SnapshotSet
     from ipnext.workflows._model_experiments import START_EXPERIMENT_EXAMPLE, Experiments
+    from ipnext.workflows._model_pinned import PinnedReferences
     from ipnext.workflows._model_rollouts import Rollouts
     from ipnext.workflows._model_run import ModelRun
     from ipnext.workflows._model_update import UPDATE_EXAMPLE, SpecUpdates, as_update_error
@@ -88,6 +91,8 @@ class ModelWorkflow:
         self.experiments = Experiments(self.model)  # experiments and shadows, and a replan of their arms
         # Rollout children: started, awaited (across continue-as-new) and recorded.
         self.rollouts = Rollouts(self.model, self.updates, check_serving=self._reconcile)
+        # The pinned files its kept sets need, written after the set list changes (and a collection).
+        self.pinned = PinnedReferences(self.model)
 
     # ---- queries -------------------------------------------------------------------------
 
@@ -131,8 +136,10 @@ class ModelWorkflow:
     @workflow.signal(name=ModelWorkflowNames.RECONCILE)
     def reconcile(self, _ignored: Any = None) -> None:
         """Check Serve against the record now, not at the next interval (a worker that starts
-        sends this to every model: it may start because the stack restarted)."""
+        sends this to every model: it may start because the stack restarted), and write the
+        model's references to the pinned store again (its file may have been lost or removed)."""
         self.model.reconcile_due = True
+        self.pinned.rewrite()
 
     @workflow.signal(name=ModelWorkflowNames.ROLLOUT_ENDED)
     def rollout_ended(self, raw: Any = NO_PAYLOAD, _extra: Any = None) -> None:
@@ -197,6 +204,8 @@ class ModelWorkflow:
         if input.freeze_override is not None:
             self.model.record.freeze_overrides[snapshot_set.id] = input.freeze_override
         workflow.logger.info("published %s (%s) by %s", snapshot_set.id, input.request.version, input.who)
+        # Named before the answer: a rollout running now may outlast the store's grace for its files.
+        await self.pinned.sync()
         return PublishResult(set_id=snapshot_set.id, status="held" if input.hold else "queued")
 
     @publish.validator
@@ -246,7 +255,10 @@ class ModelWorkflow:
     @workflow.update(name=ModelWorkflowNames.UPDATE)
     async def update_model(self, raw: Any = NO_PAYLOAD, _extra: Any = None) -> UpdateModelResult:
         input = update_input(raw, UpdateModelInput, ModelWorkflowNames.UPDATE, UPDATE_EXAMPLE)
-        return await self.updates.apply(input)
+        result = await self.updates.apply(input)
+        if result.set_id is not None:  # a new set, with the update's snapshots
+            await self.pinned.sync()
+        return result
 
     @update_model.validator
     def _validate_update(self, raw: Any = NO_PAYLOAD, _extra: Any = None) -> None:
@@ -264,7 +276,9 @@ class ModelWorkflow:
     @start_experiment.validator
     def _validate_experiment(self, raw: Any = NO_PAYLOAD, _extra: Any = None) -> None:
         name = ModelWorkflowNames.START_EXPERIMENT
-        self.experiments.refuse_start(update_input(raw, StartExperimentInput, name, START_EXPERIMENT_EXAMPLE))
+        input = update_input(raw, StartExperimentInput, name, START_EXPERIMENT_EXAMPLE)
+        self.experiments.refuse_undirected(input)
+        self.experiments.refuse_start(input)
 
     @workflow.update(name=ModelWorkflowNames.PROMOTE)
     def promote(self, raw: Any = NO_PAYLOAD, _extra: Any = None) -> PublishResult:
@@ -342,6 +356,9 @@ class ModelWorkflow:
             if self.model.reconcile_due and not self.model.has_work():
                 await self._reconcile()
                 continue
+            if self.pinned.wants_write() and not self.model.has_work():
+                await self.pinned.sync()
+                continue
             try:
                 await workflow.wait_condition(
                     lambda: self.model.has_work() or self.model.reconcile_due or self.model.history_full(),
@@ -349,9 +366,13 @@ class ModelWorkflow:
                 )
             except TimeoutError:  # idle for an interval: check that Serve serves the record
                 self.model.reconcile_due = True
+                self.pinned.failed = False  # a write that failed is tried again now
                 continue
+            # Each of these may change the set list (a rollout's end trims it): the references
+            # are written at the next idle moment after it, if the list changed.
             if record.experiment is not None:  # rollouts, replans and checks wait for its end
                 await self.experiments.run()
+                self.pinned.due = True
                 continue
             if self.model.delete_by is not None:
                 break
@@ -360,10 +381,12 @@ class ModelWorkflow:
                 if replanned is not None:  # the new set comes up on the new placement
                     record.plan, record.pending_plan = replanned.plan, None
                 await self.rollouts.roll_out_newest(old_plan, replanned)
+                self.pinned.due = True
                 continue
             if record.pending_plan is not None:
                 pending, record.pending_plan = record.pending_plan, None
                 await self.rollouts.move_capacity(pending)
+                self.pinned.due = True
                 continue
             await workflow.wait_condition(
                 lambda: workflow.all_handlers_finished() and self.model.publishing == 0
@@ -453,6 +476,7 @@ class ModelWorkflow:
         self.model.record.serving_apps = {}
         self.model.record.serving_set = None
         self.model.removed_apps = removed.removed
+        await self.pinned.drop()
         await workflow.wait_condition(workflow.all_handlers_finished)
         return ModelWorkflowResult(
             model=self.model.spec.name,

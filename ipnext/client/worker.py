@@ -24,6 +24,7 @@ from ipnext.activities import spec_check
 from ipnext.activities.fleet import FleetActivities, read_observed_demand, solve_fleet_plan
 from ipnext.activities.freeze import freeze_windows
 from ipnext.activities.metadata import WatchActivities, discover_snapshots
+from ipnext.activities.pinned_refs import PinnedActivities
 from ipnext.activities.plan import plan_placement
 from ipnext.activities.reconcile import reconcile_serving
 from ipnext.activities.regions import RegionActivities, check_regions
@@ -73,10 +74,12 @@ def worker_activities(client: Client) -> list[Callable[..., Any]]:
     fleet = FleetActivities(client)
     rollouts = RolloutActivities(client)
     regions = RegionActivities(client)
+    pinned = PinnedActivities(client)
     return [
         validate_model_spec,
         validate_snapshot_set,
         verify_pinned_set,
+        pinned.sync_pinned_references,
         plan_placement,
         discover_snapshots,
         deploy_set_apps,

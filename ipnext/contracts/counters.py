@@ -24,6 +24,7 @@ __all__ = [
     "BUCKET_RATIO",
     "LATENCY_LAYOUT",
     "LEGACY_BUCKETS_MS",
+    "UNIT_BUCKETS",
     "BucketLayout",
     "MetricsSnapshot",
     "OutcomeTotals",
@@ -121,23 +122,62 @@ def _rank(layout: BucketLayout | None) -> tuple[bool, bool, float, float, int]:
     return (layout == LATENCY_LAYOUT, True, -layout.ratio, -layout.lowest_ms, layout.count)
 
 
+# The unit buckets of an experiment's outcomes: each value is also summed into its unit's bucket
+# (`policy.experiments.unit_bucket`), so the statistics can take buckets, not values, as the
+# independent samples, and the counters stay bounded and mergeable however many units there are.
+UNIT_BUCKETS = 64
+
+
+def _add_lists(mine: list[Any], other: list[Any], sign: int = 1) -> list[Any]:
+    """Element-wise mine + sign * other, an empty list counting as zeros."""
+    if not other:
+        return list(mine)
+    if not mine:
+        return [sign * x for x in other]
+    return [a + sign * b for a, b in zip(mine, other, strict=True)]
+
+
 class OutcomeTotals(Frozen):
     """One outcome of one arm: how many values, their sum and sum of squares, and whether every
-    value was 0 or 1 (a rate)."""
+    value was 0 or 1 (a rate); and the same per unit bucket (`UNIT_BUCKETS` each, empty until a
+    value with a bucket is added) for the values fed back with their unit's bucket."""
 
     count: int = 0
     total: float = 0.0
     squares: float = 0.0
     binary: bool = True
+    bucket_counts: list[int] = Field(default_factory=list)
+    bucket_totals: list[float] = Field(default_factory=list)
+    bucket_squares: list[float] = Field(default_factory=list)
 
-    def add(self, value: float) -> OutcomeTotals:
+    @model_validator(mode="after")
+    def _buckets_whole(self) -> OutcomeTotals:
+        sizes = {len(self.bucket_counts), len(self.bucket_totals), len(self.bucket_squares)}
+        if sizes not in ({0}, {UNIT_BUCKETS}):
+            raise ValueError(f"bucket_counts, bucket_totals, bucket_squares: {UNIT_BUCKETS} each or none")
+        return self
+
+    def add(self, value: float, bucket: int | None = None) -> OutcomeTotals:
         if not math.isfinite(value):
             raise ValueError(f"outcome: a finite number, got {value!r}")
+        counts, totals, squares = self.bucket_counts, self.bucket_totals, self.bucket_squares
+        if bucket is not None:
+            if not 0 <= bucket < UNIT_BUCKETS:
+                raise ValueError(f"bucket: {bucket} is not in [0, {UNIT_BUCKETS})")
+            counts = list(counts) or [0] * UNIT_BUCKETS
+            totals = list(totals) or [0.0] * UNIT_BUCKETS
+            squares = list(squares) or [0.0] * UNIT_BUCKETS
+            counts[bucket] += 1
+            totals[bucket] += value
+            squares[bucket] += value * value
         return OutcomeTotals(
             count=self.count + 1,
             total=self.total + value,
             squares=self.squares + value * value,
             binary=self.binary and value in (0.0, 1.0),
+            bucket_counts=counts,
+            bucket_totals=totals,
+            bucket_squares=squares,
         )
 
     def minus(self, earlier: OutcomeTotals) -> OutcomeTotals:
@@ -147,6 +187,9 @@ class OutcomeTotals(Frozen):
             total=self.total - earlier.total,
             squares=self.squares - earlier.squares,
             binary=self.binary,
+            bucket_counts=_add_lists(self.bucket_counts, earlier.bucket_counts, -1),
+            bucket_totals=_add_lists(self.bucket_totals, earlier.bucket_totals, -1),
+            bucket_squares=_add_lists(self.bucket_squares, earlier.bucket_squares, -1),
         )
 
     def merged(self, other: OutcomeTotals) -> OutcomeTotals:
@@ -155,7 +198,14 @@ class OutcomeTotals(Frozen):
             total=self.total + other.total,
             squares=self.squares + other.squares,
             binary=self.binary and other.binary,
+            bucket_counts=_add_lists(self.bucket_counts, other.bucket_counts),
+            bucket_totals=_add_lists(self.bucket_totals, other.bucket_totals),
+            bucket_squares=_add_lists(self.bucket_squares, other.bucket_squares),
         )
+
+    def bucketed(self) -> bool:
+        """Whether every value was added with its unit's bucket (the buckets hold them all)."""
+        return bool(self.bucket_counts) and sum(self.bucket_counts) == self.count
 
     def mean(self) -> float | None:
         return self.total / self.count if self.count else None
@@ -171,6 +221,9 @@ class OutcomeTotals(Frozen):
 class SetCounters(BaseModel):
     requests: int = 0
     errors: int = 0
+    # Requests the router shed at once for their expected queue wait (`policy.admission`): not
+    # requests of the set, never its errors (gates judge what the set was given to serve).
+    shed: int = 0
     histograms: dict[str, list[int]] = Field(default_factory=dict)  # metric -> bucket counts
     # Experiment outcomes reported for answers of this set app (the feedback route): name -> totals.
     outcomes: dict[str, OutcomeTotals] = Field(default_factory=dict)
@@ -217,6 +270,7 @@ class SetCounters(BaseModel):
         diff = SetCounters(
             requests=self.requests - earlier.requests,
             errors=self.errors - earlier.errors,
+            shed=self.shed - earlier.shed,
             layout=self.layout,
             outcomes={n: t.minus(earlier.outcomes.get(n, OutcomeTotals())) for n, t in self.outcomes.items()},
         )
@@ -228,7 +282,7 @@ class SetCounters(BaseModel):
     def went_down_from(self, earlier: SetCounters) -> bool:
         """Cumulative counters never go down: if these did, they restarted after `earlier`. So
         did counters whose layout changed (only a new process counts on another layout)."""
-        if self.requests < earlier.requests or self.errors < earlier.errors:
+        if self.requests < earlier.requests or self.errors < earlier.errors or self.shed < earlier.shed:
             return True
         if any(self.outcomes.get(n, OutcomeTotals()).count < t.count for n, t in earlier.outcomes.items()):
             return True
@@ -252,6 +306,7 @@ class SetCounters(BaseModel):
         merged = SetCounters(
             requests=self.requests + other.requests,
             errors=self.errors + other.errors,
+            shed=self.shed + other.shed,
             layout=layout,
             outcomes={
                 n: self.outcomes.get(n, OutcomeTotals()).merged(other.outcomes.get(n, OutcomeTotals()))

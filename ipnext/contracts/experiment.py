@@ -16,6 +16,7 @@ from ipnext.names import Frozen
 from ipnext.spec.model import ModelSpec, SnapshotSet
 
 __all__ = [
+    "METRIC_PATTERN",
     "ActiveExperiment",
     "ArmSummary",
     "ArmsMoved",
@@ -30,6 +31,7 @@ __all__ = [
     "ShadowSummary",
     "StartExperimentInput",
     "StopExperimentInput",
+    "metric_directions",
 ]
 
 
@@ -73,6 +75,9 @@ class ExperimentState(BaseModel):
     end: str = ""  # why it ended (or is ending)
     outcome: str = ""  # completed, stopped, guardrail, failed
     checks: int = 0
+    # The least always-valid p-value seen so far per comparison ("<arm>/<outcome>"): the report's
+    # p-values are these running minima (policy.sequential.running_p).
+    least_p: dict[str, float] = Field(default_factory=dict)
     shadow_windows: list[ShadowSummary] = Field(default_factory=list)  # a shadow's latest windows
     # A capacity move of both arms the model asked for, not done yet (a signal that came in).
     move: MoveArmsInput | None = None
@@ -134,6 +139,19 @@ class ExperimentStatus(Frozen):
     unit: str = "user"
 
 
+# A metric as an experiment names it: `name:higher` or `name:lower` (a bare name: from before).
+METRIC_PATTERN = r"[a-z][a-z0-9_]{0,62}(:(higher|lower))?"
+
+
+def metric_directions(metrics: list[str]) -> dict[str, str | None]:
+    """`["click:higher", "latency_ms:lower"]` -> {"click": "higher", "latency_ms": "lower"}."""
+    found: dict[str, str | None] = {}
+    for metric in metrics:
+        name, _, direction = metric.partition(":")
+        found[name] = direction or None
+    return found
+
+
 class StartExperimentInput(Frozen):
     """Update `start_experiment`: the serving set (control) against a held set (treatment), split
     by unit; or with `mode` shadow, the serving set answering everything while `treatment_percent`
@@ -151,20 +169,31 @@ class StartExperimentInput(Frozen):
     # What a request's `unit` field names (a user id, a session id): the arms are assigned per
     # unit, and the report says so. The unit itself is always the request's `unit` field.
     unit: str = Field(default="user", pattern=r"^[a-z][a-z0-9_]{0,30}$")
-    # The outcomes the report decides the winner on (every outcome when none is named; all are
-    # reported). Names as the feedback sends them, e.g. click.
+    # The outcomes the report decides the winner on, each with the direction that is better:
+    # `click:higher`, `latency_ms:lower` (names as the feedback sends them). Every outcome is
+    # reported; only these decide, corrected for their number (Holm). None named: no winner is
+    # called. A name without a direction is read (experiments started before directions) but a
+    # new experiment is refused one (`missing_directions`).
     metrics: list[str] = Field(default_factory=list, max_length=20)
 
     @field_validator("metrics")
     @classmethod
     def _metric_names(cls, metrics: list[str]) -> list[str]:
-        for name in metrics:
-            if not re.fullmatch(r"[a-z][a-z0-9_]{0,62}", name):  # as the feedback route reads them
+        for metric in metrics:
+            if not re.fullmatch(METRIC_PATTERN, metric):
                 raise ValueError(
-                    f"{name!r} is not an outcome name: lowercase letters, digits and _, "
-                    "as the feedback names it (click)"
+                    f"{metric!r} is not an outcome and its direction: `name:higher` or `name:lower`, "
+                    "the name in lowercase letters, digits and _, as the feedback names it (click:higher)"
                 )
         return metrics
+
+    def directions(self) -> dict[str, str | None]:
+        """Each metric's name and the direction that is better (None: not said)."""
+        return metric_directions(self.metrics)
+
+    def missing_directions(self) -> list[str]:
+        """The metrics named without a direction: a new experiment must say each one's."""
+        return [name for name, direction in self.directions().items() if direction is None]
 
     @model_validator(mode="after")
     def _a_split_leaves_control_some(self) -> StartExperimentInput:
@@ -231,7 +260,8 @@ class ArmSummary(Frozen):
 
 
 class OutcomeComparison(Frozen):
-    """One arm against control on one outcome (or on `error_rate`)."""
+    """One arm against control on one outcome (or on `error_rate`): the difference at this look,
+    its always-valid interval, and the always-valid p-value over every look so far."""
 
     arm: str
     outcome: str
@@ -242,7 +272,10 @@ class OutcomeComparison(Frozen):
     low: float
     high: float
     p_value: float
-    significant: bool  # p below the report's alpha
+    # A deciding outcome: rejected by Holm over all of them at alpha; any other: p below alpha.
+    significant: bool
+    direction: str | None = None  # the better direction, for the outcomes that decide
+    better: bool | None = None  # significant and in the arm's favour (None: not deciding)
 
 
 class ExperimentReport(Frozen):
@@ -252,13 +285,15 @@ class ExperimentReport(Frozen):
     alpha: float
     arms: list[ArmSummary]
     comparisons: list[OutcomeComparison]
-    # The arm whose every outcome that differs significantly from control is higher (None: no
-    # arm differs from control, or the evidence points both ways). Outcomes are "more is
-    # better" (a click, a purchase); a guardrail's error rate is judged by the gates, not here.
-    # With `metrics` named, only those outcomes decide (the others are reported all the same).
+    # The arm better than control on a deciding outcome (`metrics`, each with its direction),
+    # significantly after Holm's correction over them, and worse on none; control when every
+    # arm that differs is worse; None otherwise (no evidence yet, or it points both ways). A
+    # guardrail's error rate is judged by the gates, not here.
     winner: str | None
     unit: str = "user"  # what a request's `unit` names: each one kept its arm throughout
-    metrics: list[str] = Field(default_factory=list)  # the outcomes the winner is decided on (none: all)
+    metrics: list[str] = Field(default_factory=list)  # the deciding outcomes, `name:direction`
+    # How significance was decided (the CLI's verdict names it).
+    method: str = ""
 
 
 class ShadowSummary(Frozen):

@@ -12,12 +12,26 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["NO_SET_REASON", "ROUTES", "HttpRoute", "router_leaf", "router_route"]
+__all__ = [
+    "DEADLINE_HEADER",
+    "NO_SET_REASON",
+    "ROUTES",
+    "SHED_REASON",
+    "HttpRoute",
+    "router_leaf",
+    "router_route",
+]
 
 # A router's 503 when its model has no serving set in its region (`{error_id, message, reason}`):
 # the region cannot answer yet (a returning region before its set runs there), so a caller with
 # other regions asks the next one (`ipnext.client.prediction`), as for a region it cannot reach.
 NO_SET_REASON = "no_serving_set"
+# A router's 503 for a request shed at once: its expected queue wait is more than it can use
+# (`ipnext.policy.admission`); the answer has `retry_after` and a Retry-After header (seconds).
+SHED_REASON = "shed"
+# The caller's own deadline, in ms from when it sent the request: the router sheds a request that
+# would wait past it and answers 504 once it passes (never later than the model's deadline).
+DEADLINE_HEADER = "x-ipnext-deadline-ms"
 
 App = Literal["router", "routing", "serve"]
 

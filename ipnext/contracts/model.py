@@ -137,6 +137,9 @@ class ModelRecord(BaseModel):
     spec_pending: SpecPending | None = None
     experiment: ActiveExperiment | None = None  # asked for or running: rollouts and checks wait
     experiments: list[ExperimentStatus] = Field(default_factory=list)  # ended ones, newest last
+    # The sha256 of the pinned file names `sets` need, as last written to the pinned store's
+    # references (workflows/_model_pinned.py); empty: never written by this model's record.
+    pinned_refs: str = ""
 
     def trim_sets(self, kept: int) -> None:
         """Keep at most `kept` sets whole: the oldest ones that neither serve, wait in the

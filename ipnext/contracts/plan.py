@@ -170,6 +170,7 @@ def demand_from_model(spec: ModelSpec, demand_qps: dict[str, float] | None = Non
             headroom=spec.availability.headroom,
             min_regions=spec.availability.min_regions,
             survive_region_loss=spec.availability.survive_region_loss,
+            spare_replicas=spec.availability.spare_replicas,
             group=spec.name,
         )
         for part, part_spec in spec.parts.items()

@@ -4,17 +4,23 @@ an arm won (pure; the workflow, the router and the feedback route call it).
 - **Assignment.** A unit (a user id, from the request's own `unit` field) gets its arm from a
   hash of the experiment's salt and the unit (`routing.weighted_draw`), so the same user sees
   the same arm for the whole experiment, in every region and across restarts, and the
-  assignment is independent of the rollout `key`'s (another salt).
-- **Request ids.** An answer's id names its experiment and arm, signed with HMAC-SHA256 under the
-  platform's secret: `x1.<experiment>.<arm>.<nonce>.<signature>`. Feedback names the id, and the
-  outcome is joined to the arm the id carries, so the join needs no store that grows with
-  traffic, and a forged or altered id is refused.
+  assignment is independent of the rollout `key`'s (another salt). It also gets a bucket
+  (`unit_bucket`, another salted hash, one of `UNIT_BUCKETS`), where its outcomes are summed.
+- **Request ids.** An answer's id names its experiment, arm and unit bucket and when it was
+  given, signed with HMAC-SHA256 under the platform's secret:
+  `x2.<experiment>.<arm>.<bucket>.<issued s>.<nonce>.<signature>`. Feedback names the id, and
+  the outcome is joined to the arm and bucket the id carries, so the join needs no store that
+  grows with traffic, and a forged or altered id is refused. Each (id, outcome) is counted once,
+  which the experiment's feedback ledger decides (`ipnext.store.feedback_ledger`), and not past
+  the feedback window.
 - **Significance.** Per arm, the arm's set app's counters (`counters.SetCounters`: requests,
-  errors, latency histogram, and each outcome's count, sum and sum of squares, mergeable across
-  routers, regions and continue-as-new). An outcome whose values are all 0 or 1 is a
-  rate: two-proportion z-test (pooled for the p-value, unpooled for the interval); any other is a
-  mean: Welch's t-test with Welch-Satterthwaite degrees of freedom. Both give the difference
-  (arm minus control), its 95% confidence interval and a two-sided p-value.
+  errors, latency histogram, and each outcome's count, sum and sum of squares, overall and per
+  unit bucket, mergeable across routers, regions and continue-as-new). `summarize` tests each
+  arm against control with the mixture SPRT over unit buckets (`policy.sequential`): always-valid
+  p-values, kept as running minima over the experiment's looks, so a dashboard that looks every
+  few seconds does not inflate the error; the winner is decided on outcomes that each declare
+  their better direction, Holm-corrected across them. `compare` (two-proportion z, Welch's t)
+  is the fixed-horizon test of one look, for comparisons that are not watched.
 """
 
 from __future__ import annotations
@@ -26,24 +32,29 @@ import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ipnext.contracts.counters import OutcomeTotals, SetCounters
-from ipnext.contracts.experiment import ArmSummary, ExperimentReport, OutcomeComparison
+from ipnext.contracts.counters import UNIT_BUCKETS, OutcomeTotals, SetCounters
+from ipnext.contracts.experiment import ArmSummary, ExperimentReport, OutcomeComparison, metric_directions
 from ipnext.contracts.routing import weighted_draw
+from ipnext.policy.sequential import BucketSums, SequentialTest, favours, holm, running_p, sequential_compare
 
 __all__ = [
     "Comparison",
+    "RequestId",
     "RequestIdError",
     "assign_arm",
+    "bucket_sums",
     "compare",
     "compare_means",
     "compare_rates",
+    "comparison_key",
     "new_request_id",
     "read_request_id",
     "render_report",
     "summarize",
+    "unit_bucket",
 ]
 
-REQUEST_ID_VERSION = "x1"
+REQUEST_ID_VERSION = "x2"
 SIGNATURE_HEX = 32  # 128 bits of HMAC-SHA256
 CONFIDENCE = 0.95
 
@@ -56,6 +67,14 @@ def assign_arm(split: Mapping[str, float], salt: str, unit: str) -> str:
     return arm
 
 
+def unit_bucket(salt: str, unit: str) -> int:
+    """The unit's bucket (0 to UNIT_BUCKETS - 1): its outcomes are summed with those of the other
+    units of the bucket, and buckets are what the statistics take as independent samples (a
+    unit's own values are correlated; units are spread over buckets at random)."""
+    digest = hashlib.sha256(f"bucket:{salt}:{unit}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") % UNIT_BUCKETS
+
+
 # ---- request ids -----------------------------------------------------------------------------
 
 
@@ -63,27 +82,43 @@ class RequestIdError(ValueError):
     """A request id that is not one of ours, or whose signature does not match."""
 
 
+@dataclass(frozen=True)
+class RequestId:
+    """What a signed request id carries: the experiment and arm that answered, the bucket of the
+    unit it answered, and when (whole seconds of the epoch), so feedback is joined without a
+    store and refused once past the feedback window."""
+
+    experiment: str
+    arm: str
+    bucket: int
+    issued_at: int
+
+
 def _signature(secret: bytes, body: str) -> str:
     return hmac.new(secret, body.encode(), hashlib.sha256).hexdigest()[:SIGNATURE_HEX]
 
 
-def new_request_id(secret: bytes, experiment: str, arm: str) -> str:
-    """A fresh id for one answer of `experiment`'s `arm` (names without dots: ipnext names)."""
+def new_request_id(secret: bytes, experiment: str, arm: str, bucket: int, issued_at: float) -> str:
+    """A fresh id for one answer of `experiment`'s `arm` to a unit of `bucket` at `issued_at`
+    (names without dots: ipnext names)."""
     if "." in experiment or "." in arm:
         raise ValueError(f"experiment and arm names have no dots: {experiment!r}, {arm!r}")
-    body = f"{REQUEST_ID_VERSION}.{experiment}.{arm}.{secrets.token_hex(8)}"
+    if not 0 <= bucket < UNIT_BUCKETS:
+        raise ValueError(f"bucket: {bucket} is not in [0, {UNIT_BUCKETS})")
+    body = f"{REQUEST_ID_VERSION}.{experiment}.{arm}.{bucket}.{int(issued_at)}.{secrets.token_hex(8)}"
     return f"{body}.{_signature(secret, body)}"
 
 
-def read_request_id(secret: bytes, request_id: str) -> tuple[str, str]:
-    """(experiment, arm) of an id `new_request_id` made with the same secret; RequestIdError else."""
+def read_request_id(secret: bytes, request_id: str) -> RequestId:
+    """What an id `new_request_id` made with the same secret carries; RequestIdError else (an id
+    of the older format, without its unit's bucket, is refused: it cannot be counted per unit)."""
     fields = request_id.split(".")
-    if len(fields) != 5 or fields[0] != REQUEST_ID_VERSION:
+    if len(fields) != 7 or fields[0] != REQUEST_ID_VERSION:
         raise RequestIdError(f"request_id: not an experiment's request id: {request_id[:80]!r}")
     body, signature = request_id.rsplit(".", 1)
     if not hmac.compare_digest(_signature(secret, body), signature):
         raise RequestIdError(f"request_id: its signature does not match: {request_id[:80]!r}")
-    return fields[1], fields[2]
+    return RequestId(experiment=fields[1], arm=fields[2], bucket=int(fields[3]), issued_at=int(fields[4]))
 
 
 # ---- significance ----------------------------------------------------------------------------
@@ -194,6 +229,24 @@ def compare(arm: OutcomeTotals, control: OutcomeTotals, confidence: float = CONF
 # ---- the report ------------------------------------------------------------------------------
 
 
+def bucket_sums(totals: OutcomeTotals) -> BucketSums:
+    """An outcome's counters as the statistics take them: by unit bucket when every value came
+    with one (feedback), else as independent values (a shadow's comparisons, an arm's errors)."""
+    if totals.bucketed():
+        return BucketSums(
+            tuple(totals.bucket_counts),
+            tuple(totals.bucket_totals),
+            tuple(totals.bucket_squares),
+            totals.binary,
+        )
+    return BucketSums.single(totals.count, totals.total, totals.squares, totals.binary)
+
+
+def comparison_key(arm: str, outcome: str) -> str:
+    """How a comparison is named in the experiment's running minima (`ExperimentState.least_p`)."""
+    return f"{arm}/{outcome}"
+
+
 def summarize(
     experiment: str,
     model: str,
@@ -204,9 +257,18 @@ def summarize(
     *,
     unit: str = "user",
     metrics: Sequence[str] = (),
+    least_p: Mapping[str, float] | None = None,
 ) -> ExperimentReport:
-    """The report of an experiment from each arm's counters (summed over its run so far); the
-    winner is decided on `metrics` (every outcome when none is named)."""
+    """The report of an experiment from each arm's counters (summed over its run so far).
+
+    Each outcome of each arm is tested against control with the mixture SPRT
+    (`policy.sequential`), on unit buckets, so it may be looked at as often as anyone likes; its
+    p-value is the least over every look so far (`least_p`, the experiment's running minima,
+    updated by the caller from `report.comparisons`). The winner is decided on `metrics`
+    (`name:higher|lower`), Holm-corrected over all of them; the other outcomes and the error
+    rate are reported, each at `alpha` alone."""
+    least = least_p or {}
+    directions = {name: d for name, d in metric_directions(list(metrics)).items() if d is not None}
     summaries = [
         ArmSummary(
             arm=arm,
@@ -220,32 +282,45 @@ def summarize(
         )
         for arm, counted in sorted(arms.items(), key=lambda item: (item[0] != control, item[0]))
     ]
-    comparisons: list[OutcomeComparison] = []
     base = arms[control]
+    found: dict[tuple[str, str], tuple[SequentialTest, float]] = {}
     for arm, counted in sorted(arms.items()):
         if arm == control:
             continue
-        tests = {
-            name: compare(totals, base.outcomes.get(name, OutcomeTotals()))
+        samples = {
+            name: (bucket_sums(totals), bucket_sums(base.outcomes.get(name, OutcomeTotals())))
             for name, totals in sorted(counted.outcomes.items())
         }
-        tests["error_rate"] = compare_rates(counted.errors, counted.requests, base.errors, base.requests)
-        for name, found in tests.items():
-            if found is not None:
-                comparisons.append(
-                    OutcomeComparison(
-                        arm=arm,
-                        outcome=name,
-                        test=found.test,
-                        control=found.control,
-                        value=found.arm,
-                        difference=found.difference,
-                        low=found.low,
-                        high=found.high,
-                        p_value=found.p_value,
-                        significant=found.p_value < alpha,
-                    )
-                )
+        errors = OutcomeTotals(count=counted.requests, total=counted.errors, squares=counted.errors)
+        base_errors = OutcomeTotals(count=base.requests, total=base.errors, squares=base.errors)
+        samples["error_rate"] = (bucket_sums(errors), bucket_sums(base_errors))
+        for name, (mine, theirs) in samples.items():
+            tested = sequential_compare(mine, theirs, alpha)
+            if tested is not None:
+                p = running_p(least.get(comparison_key(arm, name)), tested.p_value)
+                found[(arm, name)] = (tested, p)
+    deciding = {key: p for key, (_, p) in found.items() if key[1] in directions}
+    rejected = holm(deciding, alpha) if deciding else {}
+    comparisons = []
+    for (arm, name), (tested, p) in found.items():
+        direction = directions.get(name)
+        significant = rejected[(arm, name)] if direction is not None else p < alpha
+        comparisons.append(
+            OutcomeComparison(
+                arm=arm,
+                outcome=name,
+                test=tested.test,
+                control=tested.control,
+                value=tested.arm,
+                difference=tested.difference,
+                low=tested.low,
+                high=tested.high,
+                p_value=p,
+                significant=significant,
+                direction=direction,
+                better=None if direction is None else significant and favours(direction, tested.difference),  # type: ignore[arg-type]
+            )
+        )
     return ExperimentReport(
         experiment=experiment,
         model=model,
@@ -253,17 +328,21 @@ def summarize(
         alpha=alpha,
         arms=summaries,
         comparisons=comparisons,
-        winner=_winner(control, comparisons, metrics),
+        winner=_winner(control, comparisons),
         unit=unit,
         metrics=list(metrics),
+        method=(
+            f"always-valid p-values of the mixture SPRT (Johari et al. 2022) on {UNIT_BUCKETS} unit "
+            f"buckets; the winner's {len(directions)} outcome(s) Holm-corrected at alpha {alpha:g}"
+        ),
     )
 
 
-def _winner(control: str, comparisons: list[OutcomeComparison], metrics: Sequence[str] = ()) -> str | None:
+def _winner(control: str, comparisons: list[OutcomeComparison]) -> str | None:
     verdicts: dict[str, set[bool]] = {}
     for c in comparisons:
-        if c.significant and c.outcome != "error_rate" and (not metrics or c.outcome in metrics):
-            verdicts.setdefault(c.arm, set()).add(c.difference > 0)
+        if c.direction is not None and c.significant:
+            verdicts.setdefault(c.arm, set()).add(bool(c.better))
     better = [arm for arm, signs in verdicts.items() if signs == {True}]
     worse = [arm for arm, signs in verdicts.items() if signs == {False}]
     if len(better) == 1:
@@ -304,27 +383,44 @@ def render_report(report: ExperimentReport) -> str:
     header = [
         "arm",
         "outcome",
-        "test",
+        "better",
         "difference",
-        f"{CONFIDENCE:.0%} interval",
-        "p",
-        f"p < {report.alpha:g}",
+        f"{1 - report.alpha:.0%} interval (this look)",
+        "p (always valid)",
+        "significant",
+        "verdict",
     ]
     rows = [
         [
             c.arm,
             c.outcome,
-            c.test,
+            c.direction or ("lower" if c.outcome == "error_rate" else "-"),
             f"{c.difference:+.4g}",
             f"[{c.low:+.4g}, {c.high:+.4g}]",
             f"{c.p_value:.3g}",
             "yes" if c.significant else "no",
+            _verdict(c),
         ]
         for c in report.comparisons
     ]
     lines += _table(header, rows)
-    lines += ["", f"winner: {report.winner or 'none yet (no arm differs significantly and consistently)'}"]
+    undecided = (
+        "none yet (no arm differs significantly and consistently on the deciding outcomes)"
+        if report.metrics
+        else "none called (no --metric named an outcome and its direction)"
+    )
+    lines += ["", f"winner: {report.winner or undecided}"]
+    if report.method:
+        lines.append(f"method: {report.method}")
     return "\n".join(lines)
+
+
+def _verdict(c: OutcomeComparison) -> str:
+    if c.direction is None:
+        return "reported" if c.outcome != "error_rate" else "guardrail"
+    if not c.significant:
+        return "no difference yet"
+    return "arm better" if c.better else "arm worse"
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:

@@ -88,7 +88,7 @@ class Relaxation(Frozen):
     """One constraint an emergency replan relaxed for the regions that survive."""
 
     subject: str  # the model (a group of deployments) or the deployment
-    constraint: str  # min_regions | survive_region_loss | latency_budget_ms
+    constraint: str  # min_regions | survive_region_loss | spare_replicas | latency_budget_ms
     was: str
     now: str
     why: str
@@ -138,7 +138,8 @@ def lost_region_problems(problem: PlanningProblem, down: list[str]) -> list[Rela
     `survive_region_loss` dropped where fewer than two can; a source with no surviving region
     within the latency budget gets the budget raised to its nearest surviving host (rather than
     no capacity planned for its callers). Then, should the surviving pools be too small for
-    spare capacity, `survive_region_loss` dropped everywhere; then `min_regions` 1 everywhere.
+    spare capacity, `survive_region_loss` dropped everywhere; then spare replicas dropped
+    everywhere (`spare_replicas` 0); then `min_regions` 1 everywhere.
     Raises InfeasiblePlanError when no region with pools survives."""
     fleet = problem.fleet
     unknown = sorted(set(down) - set(fleet.regions))
@@ -233,18 +234,26 @@ def lost_region_problems(problem: PlanningProblem, down: list[str]) -> list[Rela
         attempts.append(
             RelaxedProblem(problem=first.model_copy(update={"deployments": deployments}), relaxed=relaxed)
         )
-    spread = sorted({d.group or d.name: d.min_regions for d in deployments if d.min_regions > 1}.items())
-    if spread:
-        deployments = [d.model_copy(update={"min_regions": 1}) for d in deployments]
+    for constraint, was_of, now, why in (
+        (
+            "spare_replicas",
+            lambda d: d.spare_replicas if d.spare_replicas > 0 else None,
+            0,
+            "the surviving pools cannot also hold a spare replica per part and region",
+        ),
+        (
+            "min_regions",
+            lambda d: d.min_regions if d.min_regions > 1 else None,
+            1,
+            "the surviving pools cannot spread it over more regions",
+        ),
+    ):
+        found = sorted({d.group or d.name: was_of(d) for d in deployments if was_of(d) is not None}.items())
+        if not found:
+            continue
+        deployments = [d.model_copy(update={constraint: now}) for d in deployments]
         relaxed = relaxed + [
-            Relaxation(
-                subject=s,
-                constraint="min_regions",
-                was=str(n),
-                now="1",
-                why="the surviving pools cannot spread it over more regions",
-            )
-            for s, n in spread
+            Relaxation(subject=s, constraint=constraint, was=str(n), now=str(now), why=why) for s, n in found
         ]
         attempts.append(
             RelaxedProblem(problem=first.model_copy(update={"deployments": deployments}), relaxed=relaxed)

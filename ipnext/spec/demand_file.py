@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ipnext.names import Frozen
 from ipnext.spec.fleet import Name
-from ipnext.spec.model import HardwareOption
+from ipnext.spec.model import MAX_SPARE_REPLICAS, HardwareOption
 from ipnext.spec.reading import load_yaml, parse_spec
 
 __all__ = ["DemandFile", "DeploymentDemand", "load_demand_file"]
@@ -28,6 +28,9 @@ class DeploymentDemand(Frozen):
     min_regions: int = Field(default=1, ge=1)
     survive_region_loss: bool = False
     group: str | None = None
+    # Replicas a region may lose and still carry its load under the headroom (the model's
+    # availability.spare_replicas): the planner places and prices them like any other.
+    spare_replicas: int = Field(default=0, ge=0, le=MAX_SPARE_REPLICAS)
 
 
 class DemandFile(BaseModel):

@@ -36,6 +36,7 @@ __all__ = [
     "MAX_IN_FLIGHT",
     "MAX_REPLICA_QPS",
     "MAX_SECONDS",
+    "MAX_SPARE_REPLICAS",
     "VERSION_PATTERN",
     "AvailabilitySpec",
     "BatchingSpec",
@@ -67,6 +68,7 @@ __all__ = [
 ]
 
 DEFAULT_ROUTER_MAX_ONGOING = 100
+MAX_SPARE_REPLICAS = 4  # availability.spare_replicas: a spare costs a replica in every region
 LLM_PART_MODULE = "ipnext.serving.llm.part"  # a model whose output part is from here is generative
 DEFAULT_PART_MAX_QUEUED = 100  # a part's calls waiting at one caller, at most (PartSpec)
 # The longest deadline a spec may give: Serve's proxy timeout sits above it as a backstop
@@ -183,6 +185,11 @@ class AvailabilitySpec(_Spec):
     headroom: float = Field(default=0.2, ge=0, lt=1)
     min_regions: int = Field(default=1, ge=1)
     survive_region_loss: bool = False
+    # In every region where a part has replicas, losing any `spare_replicas` of them still
+    # leaves capacity for the region's load under the headroom: a replica's death leaves no gap
+    # while Serve starts its replacement (14 s measured). Each spare is a replica the pools hold
+    # and the plan pays for, in every region; past a few, more headroom is the cheaper answer.
+    spare_replicas: int = Field(default=0, ge=0, le=MAX_SPARE_REPLICAS)
 
 
 class GateSpec(_Spec):
@@ -244,6 +251,12 @@ class RouterSpec(_Spec):
     # Not given: the platform's `serve.autoscaling.router_max_replicas` (4 by default).
     max_replicas: int | None = Field(default=None, ge=1, le=64)
     retry_after_seconds: int = Field(default=1, ge=0, le=3600)
+    # The longest a request may be expected to wait in the queue before the router sheds it at
+    # once (503 with Retry-After, counted as shed, never as the set's error): ipnext/policy/
+    # admission.py says how the wait is expected. Not given: only a request whose expected wait
+    # would pass its deadline (its own `x-ipnext-deadline-ms`, else `deadline_seconds`) is shed.
+    # Not the spec's `latency_budget_ms`, which is the planner's network budget.
+    max_queue_wait_ms: float | None = Field(default=None, gt=0, le=3_600_000)
     # Every request's deadline, across all its hops (a stream: the whole stream). Past it the
     # router answers 504 and counts a failed request of the set that served it, so the gates see
     # a hung canary.
@@ -512,17 +525,29 @@ def check_against_fleet(spec: ModelSpec, fleet: Fleet) -> None:
     _check_traffic_fits(spec, fleet)
 
 
-def fleet_capacity_qps(part: PartSpec, fleet: Fleet, without_region: str | None = None) -> float:
+def fleet_capacity_qps(
+    part: PartSpec, fleet: Fleet, without_region: str | None = None, spare_replicas: int = 0
+) -> float:
     """The most QPS one part could serve with the whole fleet to itself (leaving out
-    `without_region`): every pool of a hardware class it runs on filled with its replicas.
+    `without_region`): every pool of a hardware class it runs on filled with its replicas,
+    less in each region `spare_replicas` replicas of its largest-QPS option there.
 
     An upper bound of what any plan gives it: the planner routes to a region at most the
-    replicas' QPS there, less headroom, and a pool holds at most `pool units // units` of them."""
+    replicas' QPS there less its spare, less headroom, and a pool holds at most
+    `pool units // units` of them."""
     total = 0.0
+    largest: dict[str, float] = {}  # region -> the largest QPS of a replica its pools hold
+    held: dict[str, float] = {}  # region -> the QPS its pools hold
     for pool in fleet.pools:
         option = part.hardware.get(pool.hardware)
         if option is not None and pool.region != without_region:
-            total += (pool.units // option.units) * option.qps
+            replicas = pool.units // option.units
+            total += replicas * option.qps
+            if replicas:
+                largest[pool.region] = max(largest.get(pool.region, 0.0), option.qps)
+                held[pool.region] = held.get(pool.region, 0.0) + replicas * option.qps
+    if spare_replicas:
+        total -= sum(min(held[r], spare_replicas * qps) for r, qps in largest.items())
     return total
 
 
@@ -548,11 +573,12 @@ def _check_traffic_fits(spec: ModelSpec, fleet: Fleet) -> None:
     part the model's whole peak traffic (plan.demand_from_model), so the part that serves the
     least bounds the model; the error names it and that bound."""
     usable = 1 - spec.availability.headroom
+    spare = spec.availability.spare_replicas  # held in every region (the loss rows count it)
     losses: list[str | None] = [None]
     if spec.availability.survive_region_loss:
         losses += list(fleet.regions)
     limit, lost, part = min(
-        (usable * fleet_capacity_qps(part_spec, fleet, lost), lost or "", part)
+        (usable * fleet_capacity_qps(part_spec, fleet, lost, 0 if lost else spare), lost or "", part)
         for part, part_spec in spec.parts.items()
         for lost in losses
     )
@@ -564,14 +590,16 @@ def _check_traffic_fits(spec: ModelSpec, fleet: Fleet) -> None:
     total = f"; {demand:g} qps in all regions" if len(spec.traffic.peak_qps) > 1 else ""
     when = f" once {lost} is lost" if lost else ""
     hardware = "/".join(sorted(spec.parts[part].hardware))
+    spared = f" and availability.spare_replicas {spare} in each region" if spare and not lost else ""
     raise SpecError(
         f"traffic.peak_qps.{source}: {peak:g} qps{total} is more than the whole fleet can serve{when}: "
         f"part {part} serves at most {limit:g} qps with every {hardware} pool filled with its "
-        f"replicas, less availability.headroom {spec.availability.headroom:g}.",
+        f"replicas, less availability.headroom {spec.availability.headroom:g}{spared}.",
         field=f"traffic.peak_qps.{source}",
         value=peak,
         fix=f"lower traffic.peak_qps to at most {limit:g} qps in all, or give part {part} hardware that "
-        "serves more qps per replica, or add pools to the fleet",
+        "serves more qps per replica, or add pools to the fleet"
+        + (", or lower availability.spare_replicas" if spared else ""),
     )
 
 

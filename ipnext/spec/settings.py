@@ -36,8 +36,10 @@ __all__ = [
     "AuthSettings",
     "AutoscalingSettings",
     "DemandSettings",
+    "FeedbackSettings",
     "ModelCodeSettings",
     "PartHealthCheckSettings",
+    "PinnedSettings",
     "RaySettings",
     "RegionSettings",
     "ServeSettings",
@@ -175,6 +177,18 @@ class DemandSettings(_Section):
     save_seconds: float = Field(default=5.0, gt=0)
 
 
+class FeedbackSettings(_Section):
+    """Experiments' feedback (`POST .../feedback`): each (request id, outcome) counts once, as
+    the feedback ledger of the experiment records (`ipnext.store.feedback_ledger`: one per
+    experiment, on the head node, its log in `<state_dir>/feedback/<model>/<experiment>.log`).
+    Feedback on an answer older than `window_seconds` is refused (its id is forgotten then), and
+    a ledger holding `max_entries` ids refuses more (503) rather than forget one early."""
+
+    window_seconds: float = Field(default=86_400.0, gt=0, le=30 * 86_400)
+    # About 120 bytes of memory each (a 16-byte digest, its expiry, a dict slot).
+    max_entries: int = Field(default=1_000_000, ge=1)
+
+
 # A module path, or a package's with a trailing dot: `ipnext.` covers every module under ipnext,
 # `acme.parts` covers acme.parts and its submodules. Never empty (that would allow everything).
 FactoryPrefix = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*\.?$")]
@@ -245,6 +259,16 @@ class TemporalDevSettings(_Section):
     )
 
 
+class PinnedSettings(_Section):
+    """The pinned store's collection (ipnext/store/pinned_store.py): after a model's set list
+    changes, pinned files no model's kept sets name are deleted once older than
+    `gc_grace_seconds`. A set being validated pins its files before its model names them: the
+    grace must outlast a validation (the activity's 2 min) by a wide margin."""
+
+    gc_enabled: bool = True  # false: models still write their references; nothing is deleted
+    gc_grace_seconds: float = Field(default=3600.0, ge=300, allow_inf_nan=False)
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="IPNEXT_", env_nested_delimiter="__", extra="forbid")
 
@@ -255,6 +279,7 @@ class Settings(BaseSettings):
     # Validated snapshot files, copied out of training's reach (ipnext/store/pinned.py); by default
     # `<state_dir>/pinned`. On a multi-node cluster: a folder every node reads.
     pinned_dir: Path | None = None
+    pinned: PinnedSettings = Field(default_factory=PinnedSettings)
     # Observed demand histories, saved by the metrics actors; by default `<state_dir>/demand`.
     # On a multi-node cluster: a folder the head node (where those actors run) writes.
     demand_dir: Path | None = None
@@ -264,6 +289,7 @@ class Settings(BaseSettings):
     ray: RaySettings = Field(default_factory=RaySettings)
     regions: RegionSettings = Field(default_factory=RegionSettings)
     demand: DemandSettings = Field(default_factory=DemandSettings)
+    feedback: FeedbackSettings = Field(default_factory=FeedbackSettings)
     model_code: ModelCodeSettings = Field(default_factory=ModelCodeSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
     # The file these settings were read from (absolute), None for defaults and the environment.
@@ -335,6 +361,10 @@ class Settings(BaseSettings):
     def demand_store(self) -> Path:
         """The folder of saved demand histories, absolute (the actors run in other folders)."""
         return (self.demand_dir or self.state_dir / "demand").resolve()
+
+    def feedback_store(self) -> Path:
+        """The folder of experiments' feedback ledgers, absolute (the ledgers run elsewhere)."""
+        return (self.state_dir / "feedback").resolve()
 
     def keys_file(self) -> Path | None:
         """The keys file the serving routes check, absolute; None when auth is off."""

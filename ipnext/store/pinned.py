@@ -25,9 +25,16 @@ checks the list and every file against their hashes and hands the part `Checkpoi
 
 Faults: a copy is written under a temporary name and renamed into place only when complete
 and hashed, so a crash leaves no half-written file under a hash name (at worst a `.partial`
-file, which nothing reads). Two pins of the same bytes at once both copy, and the second
-rename replaces the first with identical bytes. The store must be on a filesystem every Ray node
-reads (one machine in the dev stack; shared storage on a cluster).
+file, which nothing reads, and which a collection deletes once older than its grace). Two pins
+of the same bytes at once both copy, and the second rename replaces the first with identical
+bytes. The store must be on a filesystem every Ray node reads (one machine in the dev stack;
+shared storage on a cluster).
+
+Collection (ipnext/store/pinned_store.py) deletes pinned files no model names that are older
+than a grace period, holding the store's lock (`store_lock`) exclusively. A pin that finds its
+bytes already there freshens the file's mtime under the same lock, shared: so a file is never
+deleted between a pin finding it and its model naming it, as long as that takes less than the
+grace.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ import fcntl
 import hashlib
 import json
 import os
+import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -54,17 +62,22 @@ __all__ = [
     "load_verified_checkpoint",
     "pin",
     "pin_checkpoint",
+    "pinned_files",
+    "pinned_name",
     "pinned_path",
+    "store_lock",
     "verify",
     "verify_ref",
+    "write_atomically",
 ]
 
 _CHUNK = 1 << 20
 _FICLONE = 0x40049409  # Linux ioctl: share the source's blocks copy-on-write (btrfs, xfs)
+LOCK_FILE = "gc.lock"  # in the store's folder: `store_lock`
 
 
-def pinned_path(store: Path, sha256: str, suffix: str = ".safetensors") -> Path:
-    """Where the file with this sha256 lives in the store (whether it is there or not)."""
+def pinned_name(sha256: str, suffix: str = ".safetensors") -> str:
+    """The name of the file with this sha256 in the store: `<sha256><suffix>`."""
     if len(sha256) != 64 or any(c not in "0123456789abcdef" for c in sha256):
         raise SnapshotError(
             f"sha256 {sha256!r} is not 64 lowercase hex digits.",
@@ -72,14 +85,57 @@ def pinned_path(store: Path, sha256: str, suffix: str = ".safetensors") -> Path:
             value=sha256,
             fix="give the file's sha256 as hashlib's hexdigest() writes it",
         )
-    return store / sha256[:2] / f"{sha256}{suffix}"
+    return f"{sha256}{suffix}"
+
+
+def pinned_path(store: Path, sha256: str, suffix: str = ".safetensors") -> Path:
+    """Where the file with this sha256 lives in the store (whether it is there or not)."""
+    return store / sha256[:2] / pinned_name(sha256, suffix)
+
+
+def pinned_files(ref: SnapshotRef) -> list[str]:
+    """The names of every pinned file a part's snapshot needs: its safetensors file, or a
+    checkpoint's file list (`<sha256>.json`) and each of its files with its suffix."""
+    if ref.files is None:
+        return [pinned_name(ref.sha256)]
+    names = {pinned_name(ref.sha256, ".json")}
+    names |= {pinned_name(digest, _suffix(name)) for name, digest in ref.files.items()}
+    return sorted(names)
+
+
+@contextlib.contextmanager
+def store_lock(store: Path, *, exclusive: bool) -> Iterator[None]:
+    """The store's lock (`<store>/gc.lock`, fcntl.flock): a collection holds it exclusively while
+    it reads the references and deletes; a pin holds it shared while it finds and freshens a file
+    already there, and a model while it writes its references."""
+    store.mkdir(parents=True, exist_ok=True)
+    fd = os.open(store / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
+
+
+def _freshen(store: Path, target: Path) -> bool:
+    """Whether `target` is in the store, its mtime set to now if so: a pinned file found again is
+    as fresh as one just copied, so a collection within the grace keeps it until its model names
+    it (under the lock, so a collection deciding to delete it has done so, or waits)."""
+    if not target.is_file():
+        return False  # nothing a collection could delete under the pin: no lock needed
+    with store_lock(store, exclusive=False):
+        try:
+            os.utime(target)
+        except FileNotFoundError:
+            return False
+    return True
 
 
 def pin(source: Path, sha256: str, store: Path, suffix: str = ".safetensors") -> Path:
     """Copy `source` into the store under its sha256 and return the copy's path; raise
     SnapshotError (and keep nothing) if the bytes copied do not hash to `sha256`."""
     target = pinned_path(store, sha256, suffix)
-    if target.is_file():
+    if _freshen(store, target):
         return target  # the same bytes, pinned before
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
@@ -93,7 +149,9 @@ def pin(source: Path, sha256: str, store: Path, suffix: str = ".safetensors") ->
                 fix="the file changed or is corrupt: write the snapshot again",
             )
         partial.chmod(0o444)
-        os.replace(partial, target)  # atomic: the hash name only ever names complete bytes
+        # Atomic: the hash name only ever names complete bytes. No lock: the copy's mtime is its
+        # last write, just now, so a collection running meanwhile finds it fresh.
+        os.replace(partial, target)
     finally:
         with contextlib.suppress(FileNotFoundError):
             partial.unlink()
@@ -131,20 +189,22 @@ def pin_checkpoint(folder: Path, files: dict[str, str], sha256: str, store: Path
         except SnapshotError as err:
             raise SnapshotError(f"{name}: {err}", field=f"files.{name}", value=digest) from None
     target = pinned_path(store, sha256, ".json")
-    if not target.is_file():
-        _write_atomically(target, checkpoint_tree(files))
+    if not _freshen(store, target):
+        write_atomically(target, checkpoint_tree(files))
     return target
 
 
-def _write_atomically(target: Path, data: bytes) -> None:
+def write_atomically(target: Path, data: bytes, mode: int = 0o444) -> None:
+    """`data` at `target`, complete or not at all: written under a name of this process and
+    thread, synced, then renamed into place (and the folder synced)."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+    partial = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.partial")
     try:
         with open(partial, "xb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        partial.chmod(0o444)
+        partial.chmod(mode)
         os.replace(partial, target)
     finally:
         with contextlib.suppress(FileNotFoundError):

@@ -9,7 +9,8 @@ the mode and the path explicitly everywhere keeps Ray from ever taking that last
 
 Also here, as it too must be in a process's environment before it connects: a cluster at a
 loopback address (`127.0.0.1:<port>`, the dev stack's single-node cluster) is one machine's,
-and its processes and drivers keep 127.0.0.1 as the node address (`keep_loopback`), so every
+and its processes and drivers keep 127.0.0.1 as the node address (`loopback_env`; a driver
+already running sets it with `serving.control.keep_loopback`), so every
 Ray port of it listens on loopback alone. Ray otherwise swaps 127.0.0.1 for the host's routable
 address: its GCS, raylets and agents then listen on every interface, and three metrics servers
 (the agent's export port, the autoscaler's and the dashboard's) answer anyone without a token.
@@ -32,7 +33,7 @@ __all__ = [
     "TOKEN_ENV",
     "TOKEN_PATH_ENV",
     "ensure_ray_token",
-    "keep_loopback",
+    "is_loopback",
     "loopback_env",
     "ray_auth_env",
     "use_ray_auth",
@@ -101,7 +102,8 @@ def use_ray_auth(settings: Settings, environ: MutableMapping[str, str] | None = 
         )
 
 
-def _is_loopback(address: str) -> bool:
+def is_loopback(address: str) -> bool:
+    """Whether a cluster address (`host:port`) is on this machine's loopback."""
     host = address.rsplit(":", 1)[0].strip("[]")
     return host == "localhost" or host.startswith("127.") or host == "::1"
 
@@ -109,19 +111,4 @@ def _is_loopback(address: str) -> bool:
 def loopback_env(address: str) -> dict[str, str]:
     """The environment of a process that starts, joins or connects to the cluster at `address`:
     `{LOOPBACK_ENV: "0"}` for a loopback one, else nothing."""
-    return {LOOPBACK_ENV: "0"} if _is_loopback(address) else {}
-
-
-def keep_loopback(address: str) -> None:
-    """In this process, before it connects to the cluster at `address`: keep 127.0.0.1 as the
-    node address for a loopback cluster, Ray's own default for any other (a process may attach to
-    one cluster, then another). A driver that did not would look for a raylet at the host's
-    routable address, which a loopback cluster does not listen on, and hang."""
-    from ray._private import ray_constants
-
-    if _is_loopback(address):
-        os.environ[LOOPBACK_ENV] = "0"
-        ray_constants.ENABLE_RAY_CLUSTER = False
-    else:
-        os.environ.pop(LOOPBACK_ENV, None)
-        ray_constants.ENABLE_RAY_CLUSTER = not ray_constants.IS_WINDOWS_OR_OSX
+    return {LOOPBACK_ENV: "0"} if is_loopback(address) else {}

@@ -77,10 +77,18 @@ class NpData:
             metas: list[tuple[int, ...]] = []
             for ell0, lcost, li in rr.lopts:
                 floor = ell0 - TOL * max(1.0, ell0) if blk.ns_tied else -1.0
-                per = [[lv for lv in lev if lv[0] >= floor] for lev in rr.svlev]
+                # a survive member's level routes its capacity less its spare
+                per = [
+                    [lv for lv in lev if lv[0] >= floor + spare]
+                    for lev, spare in zip(rr.svlev, g.sv_spare, strict=True)
+                ]
                 for pick in itertools.product(*per):
                     caps = [p[0] for p in pick]
-                    ell = ell0 if blk.ns_tied else min(min(caps), g.wa)
+                    if blk.ns_tied:
+                        ell = ell0
+                    else:
+                        routes = [c - spare for c, spare in zip(caps, g.sv_spare, strict=True)]
+                        ell = min(max(0.0, min(routes)), g.wa)
                     adds.append([1.0, *(ell * rowmask), *caps])
                     costs.append(lcost + sum(p[1] for p in pick))
                     lv = [0] * n_mem
@@ -365,6 +373,7 @@ def _search_staged(run: Run, beam: int, incumbent: float, budget: int) -> Outcom
         for s in range(n_sv):
             lev = rr.svlev[s]
             caps = np.asarray([lv[0] for lv in lev])
+            routes = np.maximum(caps - g.sv_spare[s], 0.0)  # what each level routes
             lcs = np.asarray([lv[1] for lv in lev])
             qs = np.asarray([lv[2] for lv in lev], dtype=np.int64)
             nz, m = len(cz), len(caps)
@@ -373,12 +382,12 @@ def _search_staged(run: Run, beam: int, incumbent: float, budget: int) -> Outcom
             ii = np.repeat(np.arange(nz), m)
             qq = np.tile(np.arange(m), nz)
             if tied:
-                ok = caps[qq] >= extra[ii] - TOL * np.maximum(1.0, extra[ii])
+                ok = routes[qq] >= extra[ii] - TOL * np.maximum(1.0, extra[ii])
                 ii, qq = ii[ok], qq[ok]
             z2 = z[ii].copy()
             z2[:, 1 + n_con + s] += caps[qq]
             cz2 = cz[ii] + lcs[qq]
-            extra2 = extra[ii] if tied else np.minimum(extra[ii], caps[qq])
+            extra2 = extra[ii] if tied else np.minimum(extra[ii], routes[qq])
             work += nz * m
             last = s == n_sv - 1
             if last and not tied:

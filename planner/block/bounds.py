@@ -46,14 +46,16 @@ def prepare(blk: Block, mvec: tuple[float, ...]) -> list[RunRegion]:
             svl.append(lev)
         if len(svl) < len(mvec):
             continue
+        # the most each survive member can route here: its top level less its spare
+        routes = [lev[-1][0] - spare for lev, spare in zip(svl, g.sv_spare, strict=True)]
         if blk.ns_tied:
-            top = min((lev[-1][0] for lev in svl), default=math.inf)
+            top = min(routes, default=math.inf)
             top += TOL * max(1.0, top)
             lo = [(ell, cost, li) for li, (ell, cost, _) in enumerate(g.lopts) if ell <= top]
             max_l = lo[-1][0]
         else:
             lo = [(0.0, g.zcost, 0)]
-            max_l = min(min(lev[-1][0] for lev in svl), g.wa)
+            max_l = min(max(0.0, min(routes)), g.wa)
         sv_u = [lev[-1][0] for lev in svl]
         out.append(
             RunRegion(
@@ -75,9 +77,10 @@ def options_of(blk: Block, rr: RunRegion) -> list[tuple[float, float, list[float
     each L with every survive member's cheapest level at least L (or, with no member tied
     to L, each threshold t with every survive member's cheapest level at least t)."""
     out = []
+    spares = rr.g.sv_spare
     if blk.ns_tied:
         for ell, lcost, _ in rr.lopts:
-            cost, caps = _cheapest_from(rr.svlev, ell - TOL * max(1.0, ell), lcost)
+            cost, caps = _cheapest_from(rr.svlev, ell - TOL * max(1.0, ell), lcost, spares)
             if len(caps) == len(rr.svlev):
                 out.append((cost, ell, caps))
         if rr.svlev:
@@ -85,26 +88,39 @@ def options_of(blk: Block, rr: RunRegion) -> list[tuple[float, float, list[float
             out.append((rr.lopts[0][1] + sum(t[1] for t in top), rr.lopts[0][0], [t[0] for t in top]))
     else:
         zc = rr.lopts[0][1]
-        for t in sorted({cap for lev in rr.svlev for cap, _, _ in lev}):
-            cost, caps = _cheapest_from(rr.svlev, t - TOL * max(1.0, t), zc)
+        for t in _thresholds(rr.svlev, spares):
+            cost, caps = _cheapest_from(rr.svlev, t - TOL * max(1.0, t), zc, spares)
             if len(caps) < len(rr.svlev):
                 break
-            out.append((cost, min(min(caps), rr.g.wa), caps))
+            out.append((cost, _routed(caps, spares, rr.g.wa), caps))
         top = [lev[-1] for lev in rr.svlev]
         caps = [t[0] for t in top]
-        out.append((zc + sum(t[1] for t in top), min(min(caps), rr.g.wa), caps))
+        out.append((zc + sum(t[1] for t in top), _routed(caps, spares, rr.g.wa), caps))
     return out
 
 
+def _thresholds(svlev: list[list[tuple[float, float, int]]], spares: list[float]) -> list[float]:
+    """The routing capacities the survive members' levels give (capacity less the spare)."""
+    pairs = zip(svlev, spares, strict=True)
+    return sorted({max(0.0, cap - spare) for lev, spare in pairs for cap, _, _ in lev})
+
+
+def _routed(caps: list[float], spares: list[float], wa: float) -> float:
+    """What a region routes with the survive members at these capacities and no member tied to
+    L: the least of their routing capacities, at most its traffic."""
+    return min(max(0.0, min(c - spare for c, spare in zip(caps, spares, strict=True))), wa)
+
+
 def _cheapest_from(
-    svlev: list[list[tuple[float, float, int]]], floor: float, cost: float
+    svlev: list[list[tuple[float, float, int]]], floor: float, cost: float, spares: list[float]
 ) -> tuple[float, list[float]]:
-    """`cost` plus each survive member's cheapest level of at least `floor`, and the capacities
-    of those levels (fewer than the members when some member has none)."""
+    """`cost` plus each survive member's cheapest level that routes at least `floor` (its
+    capacity less its spare), and the capacities of those levels (fewer than the members when
+    some member has none)."""
     caps = []
-    for lev in svlev:
+    for lev, spare in zip(svlev, spares, strict=True):
         for cap, c, _q in lev:
-            if cap >= floor:
+            if cap >= floor + spare:
                 cost += c
                 caps.append(cap)
                 break
@@ -126,25 +142,28 @@ def region_term(blk: Block, rr: RunRegion, lam: list[float]) -> float:
                 vals[q] = vals[q + 1]
         sufs.append(([cap for cap, _, _ in lev], vals))
     best = 0.0
+    spares = rr.g.sv_spare
     if blk.ns_tied:
         for ell, lcost, _ in rr.lopts:
-            v = _plus_suffixes(sufs, ell - TOL * max(1.0, ell), lcost - lrow * ell - mu)
+            v = _plus_suffixes(sufs, ell - TOL * max(1.0, ell), lcost - lrow * ell - mu, spares)
             best = min(best, v)
     else:
         zc = rr.lopts[0][1]
-        for t in sorted({cap for caps, _ in sufs for cap in caps}):
-            v = _plus_suffixes(sufs, t - TOL * max(1.0, t), zc - lrow * min(t, rr.g.wa) - mu)
+        for t in _thresholds(rr.svlev, spares):
+            v = _plus_suffixes(sufs, t - TOL * max(1.0, t), zc - lrow * min(t, rr.g.wa) - mu, spares)
             if v == math.inf:
                 break
             best = min(best, v)
     return best
 
 
-def _plus_suffixes(sufs: list[tuple[list[float], list[float]]], floor: float, v: float) -> float:
-    """`v` plus each survive member's least term over its levels of at least `floor` (inf when
-    some member has none)."""
-    for caps, vals in sufs:
-        q = bisect_left(caps, floor)
+def _plus_suffixes(
+    sufs: list[tuple[list[float], list[float]]], floor: float, v: float, spares: list[float]
+) -> float:
+    """`v` plus each survive member's least term over its levels that route at least `floor`
+    (capacity less its spare; inf when some member has none)."""
+    for (caps, vals), spare in zip(sufs, spares, strict=True):
+        q = bisect_left(caps, floor + spare)
         v = v + vals[q] if q < len(caps) else math.inf
     return v
 
@@ -197,7 +216,8 @@ def screen(
             caps = np.asarray([c for c, _ in g.svlev[s]])
             vals = np.asarray([cost for _, cost in g.svlev[s]]) - ls * caps
             if lone:
-                vals = vals - lrows[pos] * np.minimum(caps, g.wa) - mu + g.zcost
+                routed = np.minimum(np.maximum(caps - g.sv_spare[s], 0.0), g.wa)
+                vals = vals - lrows[pos] * routed - mu + g.zcost
             idx = np.searchsorted(caps, grid * (1 + TOL) + TOL, side="right") - 1
             pref = np.minimum.accumulate(vals)
             term[pos] = np.where(idx >= 0, pref[np.maximum(idx, 0)], np.inf)

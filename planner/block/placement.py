@@ -25,8 +25,8 @@ def placement(blk: Block, chosen: Chosen) -> tuple[dict[int, int], dict[int, flo
                 if nrep:
                     x[o] = nrep
                     c += nrep * float(inst.usable[i] * inst.opt_qps[o])
-            if blk.k[a] > 0:
-                caps.append(c / float(blk.k[a]))
+            if blk.k[a] > 0:  # what it routes: its capacity less its spare
+                caps.append(max(0.0, c - float(inst.spare[i, r])) / float(blk.k[a]))
         cap_of[r] = min(caps) if caps else 0.0
     f = _route(inst, blk.block, blk.src, blk.ws, cap_of)
     if f is None:

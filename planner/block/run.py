@@ -201,13 +201,14 @@ class Run:
             # each survive member's level (at least L when L is set)
             for s in range(n_sv):
                 lev = rr.svlev[s]
+                spare = g.sv_spare[s]  # a level routes its capacity less this
                 mid2: dict[tuple[Key, float], tuple[float, object]] = {}
                 last = s == n_sv - 1
                 tgt, tgt_tol = targets[s], ttol[s]
                 for (key, ell), (cost, node) in mid.items():
                     cov, cnt, ssum = key
                     have = ssum[s]
-                    floor = ell - TOL * max(1.0, ell) if ns_tied else -1.0
+                    floor = ell + spare - TOL * max(1.0, ell) if ns_tied else -1.0
                     for cap, lcost, q in _thinned(lev, floor, tgt - have) if beam else lev:
                         if cap < floor:
                             continue
@@ -220,7 +221,7 @@ class Run:
                         else:
                             v = have + cap
                             nsum = (*ssum[:s], tgt if v >= tgt_tol else v, *ssum[s + 1 :])
-                        nell = ell if ns_tied else min(ell, cap)
+                        nell = ell if ns_tied else min(ell, max(0.0, cap - spare))
                         if last:
                             if ns_tied:
                                 nkey = (cov, cnt, nsum)

@@ -30,6 +30,9 @@ class Region:
     levels: list[list[Level]]  # per member
     lopts: list[RoutingLevel]
     svlev: list[list[tuple[float, float]]]  # per survive member: (capacity, cost)
+    # per survive member: its spare here (its levels' capacity counts whole in the survive sums,
+    # less this in routing); the other members' levels are net of their spare already
+    sv_spare: list[float]
     zcost: float  # presence of the members without demand
     rate_l: float  # cost per unit of routing capacity, at least
     rate_sv: list[float]  # per survive member: cost per unit of its capacity, at least
@@ -135,11 +138,15 @@ def build_block(
         lv: list[list[Level]] = []
         rates: list[float] = []
         oids: list[list[int]] = []
+        sv_spare: list[float] = []
         for a, i in enumerate(members):
             olist = opts_at[a][r]
             oids.append(olist)
             data = []
             rate = math.inf
+            # the spare in the member's capacity units (those of its demand, k[a] w)
+            spare = float(inst.spare[i, r])
+            spare_n = spare / float(k[a]) if k[a] > 0 else spare
             for o in olist:
                 p = float(inst.opt_cost[o] + inst.opt_units[o] * prices[r, inst.opt_h[o]])
                 q = float(inst.usable[i] * inst.opt_qps[o])
@@ -148,21 +155,29 @@ def build_block(
                         "block %d is left to the MIP: option %d has capacity %g at price %g", block, o, q, p
                     )
                     return None
-                qn = q / float(k[a]) if k[a] > 0 else 1.0
-                enough = math.ceil(float(tot[a]) / q - 1e-9)
+                qn = q / float(k[a]) if k[a] > 0 else (q if spare > 0 else 1.0)
                 cap = inst.opt_cap[o] if caps is None else min(inst.opt_cap[o], caps[o])
-                ub = int(min(cap, max(enough, 1)))
+                ub = int(min(cap, max(inst.opt_enough[o], 1)))
                 cur = float(inst.opt_current[o]) if use_churn else 0.0
                 cu = churn * float(inst.opt_units[o]) if use_churn else 0.0
                 data.append((qn, [p * n + cu * max(0.0, n - cur) for n in range(ub + 1)]))
                 rate = min(rate, p / qn)
             limit = 0.0 if k[a] <= 0 else (big_w if a in sv else wa)
-            lv.append(_levels(data, limit))
+            levels = _levels(data, limit + spare_n)
+            if spare > 0:
+                levels = _spared(levels, spare_n, keep_whole=a in sv)
+                if not levels:
+                    break  # no level holds the spare here: no candidate region
+            if a in sv:
+                sv_spare.append(spare_n)
+            lv.append(levels)
             rates.append(rate if k[a] > 0 else 0.0)
+        if len(lv) < n_mem:
+            continue
         zcost = sum((lv[a][0][1] for a in zero), 0.0)
         lopts: list[RoutingLevel] = [(0.0, zcost, ())]
         if ns_tied and mplus:
-            lopts = _routing_levels(lv, wa, zcost, mplus, ns, sv)
+            lopts = _routing_levels(lv, wa, zcost, mplus, ns, sv, sv_spare)
         regions.append(
             Region(
                 r=r,
@@ -173,6 +188,7 @@ def build_block(
                 levels=lv,
                 lopts=lopts,
                 svlev=[[(c, cost) for c, cost, _ in lv[a]] for a in sv],
+                sv_spare=sv_spare,
                 zcost=zcost,
                 rate_l=sum(rates[a] for a in mplus),
                 rate_sv=[rates[a] for a in sv],
@@ -254,13 +270,20 @@ def _hall_rows(reach: list[int], ws: list[float]) -> _HallRows:
 
 
 def _routing_levels(
-    lv: list[list[Level]], wa: float, zcost: float, mplus: list[int], ns: list[int], sv: list[int]
+    lv: list[list[Level]],
+    wa: float,
+    zcost: float,
+    mplus: list[int],
+    ns: list[int],
+    sv: list[int],
+    sv_spare: list[float],
 ) -> list[RoutingLevel]:
     """A region's routing levels L, each with the cheapest levels of the members tied to it
-    (those at least L), up to the least top capacity of the survive members."""
+    (those at least L), up to the least top routing capacity of the survive members."""
     lopts: list[RoutingLevel] = []
-    lset = sorted({min(c, wa) for a in mplus for c, _, _ in lv[a]})
-    svtop = min((lv[a][-1][0] for a in sv), default=math.inf)
+    spare_of = dict(zip(sv, sv_spare, strict=True))
+    lset = sorted({min(max(0.0, c - spare_of.get(a, 0.0)), wa) for a in mplus for c, _, _ in lv[a]})
+    svtop = min((lv[a][-1][0] - spare_of[a] for a in sv), default=math.inf)
     for ell in lset:
         if ell > svtop:
             break
@@ -280,6 +303,16 @@ def _routing_levels(
             lopts.pop()
         lopts.append((ell, total, tuple(idx)))
     return lopts
+
+
+def _spared(levels: list[Level], spare: float, keep_whole: bool) -> list[Level]:
+    """The levels that hold `spare` beside what they route: the others are no placement. A
+    survive member's keep their whole capacity (the survive sums count it; routing takes the
+    spare off), the other members' are net of the spare (all they are used for is routing)."""
+    floor = spare - TOL * max(1.0, spare)
+    if keep_whole:
+        return [lev for lev in levels if lev[0] >= floor]
+    return [(max(0.0, c - spare), cost, x) for c, cost, x in levels if c >= floor]
 
 
 def _pareto(cand: list[Level]) -> list[Level]:

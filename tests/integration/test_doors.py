@@ -7,6 +7,7 @@ is replaced by Serve, and what its proxy answers meanwhile is recorded."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import math
 import statistics
@@ -158,6 +159,9 @@ async def test_doors_poison_inputs_overload_a_hung_canary_and_a_killed_router(
         "max_json_depth": 8,
     }
     data["parts"]["dense"]["config"]["hang_on_non_finite"] = True  # only a poisoned set hangs
+    # A spare replica per part in us-east, counted by the planner: the part replica killed at the
+    # end leaves no gap in the answers.
+    data["availability"] = {**data.get("availability", {}), "spare_replicas": 1}
     # The example's steps and a floor of 10: the hung canary's calls count as errors only at their
     # deadline, so a gate judged on its first 5 answers (two steps, the drills' floor) passed it
     # (a fresh run: error_rate 0 on 44 requests, rolled out).
@@ -338,6 +342,38 @@ async def test_doors_poison_inputs_overload_a_hung_canary_and_a_killed_router(
         f"router replica killed: answers again {back - killed_at:.1f} s later; meanwhile "
         f"{len(during)} failed: {json.dumps(kinds)}"
     )
+
+    # ---- a killed part replica, with the spare the spec asks for: answers go on -------------
+    replicas = sorted(
+        a["name"]
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a["name"].startswith(f"SERVE_REPLICA::{app}#dense-")
+    )
+    assert len(replicas) >= 2, f"availability.spare_replicas 1 planned {replicas}"
+    async with Load(stack.serve_url, path, headers=keyed(stack), workers=4) as load:
+        await poll_until(
+            lambda: _ok(load), lambda n: n >= 5, timeout_s=SHOWN_WITHIN_S, interval_s=0.1, what="load"
+        )
+        killed_at = load.elapsed()
+        ray.kill(ray.get_actor(replicas[0], namespace="serve"), no_restart=True)
+        await poll_until(
+            lambda: asyncio.sleep(0, [a for a in load.answers if a.at > killed_at + 3 and a.status == 200]),
+            lambda answered: len(answered) >= 10,
+            timeout_s=120,
+            interval_s=0.2,
+            what="answers 3 s after a part replica was killed",
+        )
+    answered = sorted(a.at + a.latency_s for a in load.answers if a.status == 200)
+    around = [t for t in answered if t >= killed_at - 1]
+    gap = max((b - a for a, b in itertools.pairwise(around)), default=math.inf)
+    in_flight = [a for a in load.answers if a.at < killed_at < a.at + a.latency_s]
+    after = [a for a in load.failed(since=killed_at) if a.at >= killed_at]
+    print(
+        f"part replica killed (spare_replicas 1, {len(replicas)} dense replicas): longest gap with no "
+        f"answer {gap:.2f} s; {len(in_flight)} in flight at the kill, "
+        f"{len([a for a in in_flight if a.status != 200])} of them failed; {len(after)} sent after it failed"
+    )
+    assert after == [], after[:3]  # only a request in flight on the dead replica may fail
     await client.delete_model(model_name)
 
 

@@ -104,6 +104,7 @@ class Users:
                     "set": got.get("set"),
                     "status": answer.status_code,
                     "at": time.monotonic() - self.started,
+                    "request_id": got.get("request_id"),
                 }
             )
             if answer.status_code != 200 or not got.get("request_id"):
@@ -148,6 +149,9 @@ def checks_run(state: ModelState) -> int:
     return -1 if done is None else done.checks - done.failures
 
 
+REPLAYS = 200  # posts of one request id in the replay drill (issue 41's probe)
+
+
 def lap(began: float, what: str) -> None:
     print(f"[{time.monotonic() - began:6.1f}s] {what}")
 
@@ -170,7 +174,12 @@ async def test_the_better_arm_wins_a_failing_arm_ends_shadows_compare_and_update
     lap(began, "the strong arm trained and held")
 
     start = StartExperimentInput(
-        name="ranker", treatment=held.set_id, duration_seconds=300, check_seconds=2, who="test"
+        name="ranker",
+        treatment=held.set_id,
+        duration_seconds=300,
+        check_seconds=2,
+        who="test",
+        metrics=["click:higher"],
     )
     await client.start_experiment(model_name, start)
 
@@ -182,7 +191,37 @@ async def test_the_better_arm_wins_a_failing_arm_ends_shadows_compare_and_update
 
     counted: list[int] = []
 
+    replayed: list[dict[str, Any]] = []
+
     async def through_the_experiment(users: Users) -> None:
+        # The forgery the issue found: one legitimate id of the losing arm (control) posted 200
+        # times with a click. Its user's own click counted once; none of the 200 counts, in
+        # whichever router it reaches; a purchase on the same answer later is another outcome
+        # and counts.
+        control_id = await poll_until(
+            lambda: asyncio.sleep(
+                0,
+                next(
+                    (a["request_id"] for a in users.answers if a["arm"] == "control" and a["request_id"]),
+                    None,
+                ),
+            ),
+            lambda found: found is not None,
+            timeout_s=SHOWN_WITHIN_S,
+            interval_s=0.2,
+            what="an answer of the control arm",
+        )
+        for _ in range(REPLAYS):
+            said = await users.http.post(
+                f"/us-east/models/{model_name}/feedback",
+                json={"request_id": control_id, "outcome": {"click": 1}},
+            )
+            replayed.append(said.json())
+        bought = await users.http.post(
+            f"/us-east/models/{model_name}/feedback",
+            json={"request_id": control_id, "outcome": {"purchase": 12.5}},
+        )
+        replayed.append(bought.json())
         counted.append(
             await poll_until(
                 fewest_clicks_counted,
@@ -208,6 +247,16 @@ async def test_the_better_arm_wins_a_failing_arm_ends_shadows_compare_and_update
     (clicks,) = [c for c in report.comparisons if c.outcome == "click"]
     print(f"clicks: control {clicks.control:.3f}, treatment {clicks.value:.3f}, p {clicks.p_value:.2g}")
     assert clicks.difference > 0 and clicks.p_value < 0.01 and report.winner == "treatment"
+    assert clicks.better and clicks.test.startswith("mSPRT") and "always-valid" in report.method
+    # The simulated user already fed back its click on that answer: every replay is a repeat.
+    recorded = [answer.get("recorded") for answer in replayed]
+    extra = sum(map(len, recorded[:-1]))
+    print(f"replay: {REPLAYS} posts of one control id after its user's own feedback, counted {extra}")
+    assert recorded[:REPLAYS] == [[]] * REPLAYS, replayed[:3]
+    assert all(answer.get("already_recorded") == ["click"] for answer in replayed[:REPLAYS])
+    assert recorded[-1] == ["purchase"]  # a conversion on the same answer: another outcome
+    (control_arm,) = [a for a in report.arms if a.arm == "control"]
+    assert control_arm.outcomes["purchase"][0] == 1
     arms_of: dict[int, set[str]] = defaultdict(set)
     for answer in users.answers:
         if answer["arm"] is not None:

@@ -1,6 +1,8 @@
 """An exact placement MIP written separately from ipnext.planner (pywraplp + SCIP, plain loops):
 the oracle the global planner's tests compare against (the cheapest objective, and the fewest
-units moved against the current plan within a cost cap)."""
+units moved against the current plan within a cost cap). A deployment's spare follows the
+planner's rule (`planner/instance.py`): spare_replicas of its largest option in each region
+it stands in."""
 
 from __future__ import annotations
 
@@ -99,14 +101,27 @@ def _model(problem: PlanningProblem, time_limit_s: float) -> tuple[pywraplp.Solv
                 mine = [(hw, x[dep.name, region, hw]) for hw in dep.hardware if (dep.name, region, hw) in x]
                 replicas = sum(v for _, v in mine)
                 solver.Add(use[region] <= replicas)
-                if len(members) > 1:
+                if len(members) > 1 or dep.spare_replicas:
                     solver.Add(replicas <= 10_000 * use[region])
                 routed = sum(
                     dep.demand_qps.get(s, 0) * v
                     for (n, s, r), v in f.items()
                     if n == dep.name and r == region
                 )
-                solver.Add(routed <= (1 - dep.headroom) * sum(dep.hardware[hw].qps * v for hw, v in mine))
+                # The planner's spare rule: where the deployment stands, spare_replicas replicas of
+                # its largest option that a pool there can hold are held back from routing.
+                largest = max(
+                    (
+                        dep.hardware[hw].qps
+                        for hw, _ in mine
+                        if (pool := fleet.pool(region, hw)) and pool.units >= dep.hardware[hw].units
+                    ),
+                    default=0.0,
+                )
+                capacity = sum(dep.hardware[hw].qps * v for hw, v in mine)
+                if dep.spare_replicas:
+                    capacity -= dep.spare_replicas * largest * use[region]
+                solver.Add(routed <= (1 - dep.headroom) * capacity)
             if dep.survive_region_loss:
                 for lost in fleet.regions:
                     solver.Add(

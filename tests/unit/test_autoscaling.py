@@ -243,9 +243,9 @@ def test_a_first_placement_is_solved_against_the_residual_pools(
 
 
 def test_a_router_weighs_a_parts_deployments_by_what_its_set_answers_now() -> None:
-    from ipnext.serving.router import _SetRoute
+    from ipnext.serving.set_routes import SetRoute
 
-    route = _SetRoute.__new__(_SetRoute)  # its handles need Serve; what they are does not matter
+    route = SetRoute.__new__(SetRoute)  # its handles need Serve; what they are does not matter
     # Built in the sorted order of the deployments' names: highmem, then std (the plan's 400, 600).
     route.deployments = {"dense": (["highmem handle", "std handle"], [400.0, 600.0])}  # type: ignore[list-item]
     described = SetDescription(

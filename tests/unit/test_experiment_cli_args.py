@@ -41,11 +41,21 @@ def test_a_split_is_control_over_treatment_or_the_treatments_share() -> None:
 
 def test_unit_and_metrics_are_checked_and_named_in_the_error() -> None:
     ok = StartExperimentInput(
-        name="e1", treatment="m@2", duration_seconds=60, unit="session", metrics=["click", "add_to_cart"]
+        name="e1",
+        treatment="m@2",
+        duration_seconds=60,
+        unit="session",
+        metrics=["click:higher", "latency_ms:lower"],
     )
-    assert (ok.unit, ok.metrics) == ("session", ["click", "add_to_cart"])
+    assert (ok.unit, ok.metrics) == ("session", ["click:higher", "latency_ms:lower"])
+    assert ok.directions() == {"click": "higher", "latency_ms": "lower"} and ok.missing_directions() == []
+    # Read as before (an experiment started before directions), but a new one must say them.
+    old = StartExperimentInput(name="e1", treatment="m@2", duration_seconds=60, metrics=["click"])
+    assert old.missing_directions() == ["click"]
+    with pytest.raises(ValidationError, match="'click:up' is not an outcome and its direction"):
+        StartExperimentInput(name="e1", treatment="m@2", duration_seconds=60, metrics=["click:up"])
     assert StartExperimentInput(name="e1", treatment="m@2", duration_seconds=60).unit == "user"
     with pytest.raises(ValidationError, match="unit"):
         StartExperimentInput(name="e1", treatment="m@2", duration_seconds=60, unit="User Id")
-    with pytest.raises(ValidationError, match="'Click!' is not an outcome name"):
+    with pytest.raises(ValidationError, match="'Click!' is not an outcome and its direction"):
         StartExperimentInput(name="e1", treatment="m@2", duration_seconds=60, metrics=["Click!"])

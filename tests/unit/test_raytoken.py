@@ -82,7 +82,8 @@ def test_a_loopback_cluster_keeps_loopback_and_any_other_gets_rays_default(
     another cluster after gives Ray its default back, in the process and for its children."""
     from ray._private import ray_constants, services
 
-    from ipnext.store.ray_token import LOOPBACK_ENV, keep_loopback, loopback_env
+    from ipnext.serving.control import keep_loopback
+    from ipnext.store.ray_token import LOOPBACK_ENV, loopback_env
 
     monkeypatch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", ray_constants.ENABLE_RAY_CLUSTER)
     monkeypatch.delenv(LOOPBACK_ENV, raising=False)

@@ -357,3 +357,16 @@ def test_a_plan_whose_solve_began_before_the_latest_one_is_kept_but_never_become
     assert store.load(3).down_regions == [] and store.next_revision() == 4
     store.save(stored(4, 60, []))  # the region's return replan, begun later: latest again
     assert store.latest_revision() == 4
+
+
+def test_when_the_survivors_cannot_hold_the_spares_they_are_dropped_after_survival() -> None:
+    """A model with a spare replica per region: with a region lost, the survivors first keep the
+    spares; when they cannot hold them, the spares go (said in the relaxations) before spread."""
+    small = THREE.model_copy(update={"pools": [p.model_copy(update={"units": 1}) for p in THREE.pools]})
+    spare = _dep(demand_qps={"us-east": 90, "eu-west": 50}, survive_region_loss=False, spare_replicas=1)
+    attempts = lost_region_problems(PlanningProblem(fleet=small, deployments=[spare]), ["eu-west"])
+    assert [a.problem.deployments[0].spare_replicas for a in attempts] == [1, 0, 0]
+    assert [(r.constraint, r.was, r.now) for r in attempts[1].relaxed] == [("spare_replicas", "1", "0")]
+    with pytest.raises(InfeasiblePlanError):
+        solve(attempts[0].problem)  # a region of one replica cannot keep one back
+    assert check_plan(attempts[1].problem, solve(attempts[1].problem)) == []

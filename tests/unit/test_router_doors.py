@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -13,13 +14,15 @@ import pytest
 from ray.serve.exceptions import BackPressureError
 from starlette.requests import Request
 
-from ipnext.contracts.http_routes import NO_SET_REASON
+from ipnext.contracts.http_routes import DEADLINE_HEADER, NO_SET_REASON, SHED_REASON
 from ipnext.contracts.router import RouterConfig
 from ipnext.errors import PartInputError
 from ipnext.names import poll_until
+from ipnext.policy.admission import QueueDelay
 from ipnext.serving import router as router_module
 from ipnext.serving.choices import VariantRouter
 from ipnext.serving.layout import RouterAppArgs, SetDescription
+from ipnext.serving.set_routes import SetRoute
 from ipnext.spec.model import RouterSpec
 
 APP = "m.us-east.s1.r1"
@@ -92,12 +95,16 @@ async def _forever(upstream: dict[str, Any]) -> dict[str, Any]:
 class Counted:
     def __init__(self) -> None:
         self.latencies: list[float | None] = []
+        self.shed: list[str] = []
 
     def record(self, model: str, region: str, app: str, latency_ms: float | None) -> None:
         self.latencies.append(latency_ms)
 
     def record_variant(self, *args: Any) -> None:
         pass
+
+    def record_shed(self, model: str, region: str, app: str) -> None:
+        self.shed.append(app)
 
 
 @pytest.fixture
@@ -122,9 +129,7 @@ def build(monkeypatch: pytest.MonkeyPatch) -> Callable[..., tuple[Any, Counted, 
             order=["embed", "dense"],
             deployments={"embed": {"embed-cpu": 1.0}, "dense": {"dense-cpu": 1.0}},
         )
-        router._routes = {
-            APP: router_module._SetRoute(APP, described, VariantRouter(dag, ["embed", "dense"], {}))
-        }
+        router._routes = {APP: SetRoute(APP, described, VariantRouter(dag, ["embed", "dense"], {}))}
         router._config = RouterConfig(generation=1, weights={APP: 100})
         return router, counted, streams
 
@@ -337,3 +342,61 @@ def described_as(set_id: str) -> SetDescription:
         order=["embed", "dense"],
         deployments={"embed": {"embed-cpu": 1.0}, "dense": {"dense-cpu": 1.0}},
     )
+
+
+# ---- admission by time (ipnext/policy/admission.py) -----------------------------------------
+
+
+def served(queue: QueueDelay, start: float, latency: float) -> None:
+    queue.finished(queue.started(start), start + latency)
+
+
+def standing_queue(router: Any, wait_s: float) -> None:
+    """This router's history: a 10 ms service time long ago; now a queue of `wait_s` that stands,
+    draining at 10 requests/s (20 in the last 2 s), with 10 x `wait_s` requests still in flight."""
+    router._queue = QueueDelay(interval_s=60.0, base_window_s=3600.0, rate_window_s=2.0)
+    now = time.monotonic()
+    served(router._queue, now - 600, 0.010)
+    for k in range(20):
+        served(router._queue, now - 1.9 + 0.09 * k - (wait_s + 0.010), wait_s + 0.010)
+    for _ in range(round(10 * wait_s)):
+        router._queue.started(now - 0.1)
+
+
+async def test_the_router_sheds_at_once_with_retry_after_and_counts_it_as_shed(build: Any) -> None:
+    router, counted, _ = build(reply({"u": 1}), reply([0.5]), max_queue_wait_ms=100.0, retry_after_seconds=0)
+    standing_queue(router, wait_s=2.0)
+    answer = await router(request(json.dumps({"inputs": {"user": 1}}).encode()))
+    body = json.loads(answer.body)
+    assert answer.status_code == 503 and body["reason"] == SHED_REASON, body
+    assert answer.headers["retry-after"] == "2" and body["retry_after"] == 2  # ceil(20 / 10 - 0.01 - 0.1)
+    assert "would wait about 1990 ms in the queue, over its 100 ms" in body["message"]
+    stream = await router(request(json.dumps({"inputs": {"user": 1}, "stream": True}).encode()))
+    assert stream.status_code == 503 and json.loads(stream.body)["reason"] == SHED_REASON  # before it starts
+    kept = router._counters[APP]
+    assert (kept.shed, kept.requests, kept.errors) == (2, 0, 0) and counted.latencies == []
+    assert counted.shed == [APP, APP]
+
+
+async def test_without_the_setting_only_a_request_that_would_miss_its_deadline_is_shed(build: Any) -> None:
+    router, _, _ = build(reply({"u": 1}), reply([0.5]))
+    router._limits = router._limits.model_copy(update={"deadline_seconds": 30.0})
+    standing_queue(router, wait_s=2.0)
+    body = json.dumps({"inputs": {"user": 1}}).encode()
+    short = await router(request(body, {DEADLINE_HEADER: "500"}))
+    assert short.status_code == 503 and json.loads(short.body)["reason"] == SHED_REASON
+    roomy = await router(request(body, {DEADLINE_HEADER: "10000"}))
+    assert roomy.status_code == 200, roomy.body
+    plain = await router(request(body))  # the router's own 30 s deadline leaves room
+    assert plain.status_code == 200
+    bad = await router(request(body, {DEADLINE_HEADER: "soon"}))
+    assert bad.status_code == 400 and DEADLINE_HEADER in json.loads(bad.body)["message"]
+    assert router._counters[APP].shed == 1 and router._counters[APP].requests == 2
+
+
+async def test_answers_teach_the_router_its_service_time(build: Any) -> None:
+    router, _, _ = build(reply({"u": 1}), reply([0.5]))
+    assert router._queue.service_s(time.monotonic()) is None
+    _, status = await router.predict({"user": 1})
+    assert status == 200 and router._queue.service_s(time.monotonic()) is not None
+    assert router._queue.in_flight == 0

@@ -7,7 +7,7 @@ import asyncio
 import math
 import uuid
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from temporalio import activity
@@ -18,6 +18,7 @@ from temporalio.worker import Worker
 
 from ipnext.activities.freeze import FreezeWindowsResult
 from ipnext.activities.metadata import WatchScheduleInput
+from ipnext.activities.pinned_refs import PinnedReferencesInput, Reclaimed
 from ipnext.activities.plan import PlanInput
 from ipnext.activities.reconcile import ReconcileInput, ReconcileResult
 from ipnext.activities.rollouts import RolloutActivities
@@ -126,6 +127,10 @@ class FakeServing:
         # Metrics reads so far: one per check of a bake or of an experiment, each after a wait of
         # its check interval, so they count the checks (and the time) a test lets pass.
         self.reads = 0
+        # Each model's references written to (or dropped from) the pinned store; while
+        # `pinned_error` is set, every write fails with it (as a store that is down).
+        self.pinned_refs: list[PinnedReferencesInput] = []
+        self.pinned_error: str | None = None
 
     @activity.defn(name="freeze_windows")
     async def freeze(self) -> FreezeWindowsResult:
@@ -284,8 +289,16 @@ class FakeServing:
         bad = input.snapshot_set.id in self.corrupt
         return VerifyPinnedResult(problems=["embed: ab12.safetensors: its bytes changed"] if bad else [])
 
+    @activity.defn(name="sync_pinned_references")
+    async def pinned(self, input: PinnedReferencesInput) -> Reclaimed:
+        if self.pinned_error is not None:
+            raise ApplicationError(self.pinned_error, non_retryable=True)
+        self.pinned_refs.append(input)
+        return Reclaimed(at=datetime.now(UTC))
+
     def activities(self) -> list[Callable[..., Any]]:
         return [
+            self.pinned,
             self.reconcile,
             self.verify_pinned,
             self.validate,

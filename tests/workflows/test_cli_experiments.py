@@ -40,7 +40,7 @@ async def cli(address: str, *args: str, command: str = "experiment") -> subproce
 async def test_experiment_verbs(temporal: Client) -> None:
     fake = FakeServing()
     fake.click_rates = {"app-1": 0.2, "app-2": 0.3}
-    fake.rate = 400
+    fake.rate = 4000
     queue = f"wf-{uuid.uuid4().hex[:8]}"
     activities = [
         *fake.activities(),
@@ -77,7 +77,7 @@ async def test_experiment_verbs(temporal: Client) -> None:
             "--unit",
             "user",
             "--metric",
-            "click",
+            "click:higher",
             "--duration",
             "1h",
             "--check",
@@ -118,11 +118,13 @@ async def test_experiment_verbs(temporal: Client) -> None:
         "experiment e1 of wf-model: ended, stopped" in report.stdout
         and "stopped by ann: saw enough" in report.stdout
     )
-    assert "winner: treatment" in report.stdout and "two-proportion z" in report.stdout, report.stdout
+    assert "winner: treatment" in report.stdout and "method: always-valid p-values" in report.stdout, (
+        report.stdout
+    )
     assert "arms assigned per user; the winner decided on click" in report.stdout, report.stdout
     ended = json.loads(as_json.stdout)
     assert ended["outcome"] == "stopped" and ended["report"]["winner"] == "treatment"
-    assert ended["treatment_percent"] == 50 and ended["report"]["metrics"] == ["click"]
+    assert ended["treatment_percent"] == 50 and ended["report"]["metrics"] == ["click:higher"]
     print(report.stdout)
 
 

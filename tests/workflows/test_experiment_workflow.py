@@ -85,8 +85,8 @@ async def test_an_experiment_runs_its_time_and_its_report_finds_the_better_arm(t
     fake = FakeServing()
     fake.weights = {"us-east": {"app-1": 100.0}}  # the control serves before the experiment
     fake.click_rates = {"app-1": 0.20, "app-2": 0.30}
-    fake.rate = 400  # requests per metrics read: 200 per arm
-    worker, handle = await start(temporal, fake)
+    fake.rate = 4000  # requests per metrics read: 2000 per arm (one window is evidence enough)
+    worker, handle = await start(temporal, fake, metrics=["click:higher"])
     async with worker:
         result: ExperimentStatus = await handle.result()
     assert (result.phase, result.outcome) == ("ended", "completed") and "duration of 2 s ended" in result.end
@@ -163,7 +163,7 @@ async def test_a_model_runs_its_experiment_and_holds_rollouts_and_checks_until_i
 
     fake = FakeServing()
     fake.click_rates = {"app-1": 0.2, "app-2": 0.3}
-    fake.rate = 400
+    fake.rate = 4000
     worker, handle = await start_model(temporal, fake)
     async with worker:
         await handle.execute_update("publish", request("v1"), result_type=PublishResult)
@@ -171,8 +171,12 @@ async def test_a_model_runs_its_experiment_and_holds_rollouts_and_checks_until_i
         held = request("v2").model_copy(update={"hold": True})
         await handle.execute_update("publish", held, result_type=PublishResult)
         ask = StartExperimentInput(
-            name="exp-1", treatment="wf-model@1", duration_seconds=3, check_seconds=0.2
+            name="exp-1", treatment="wf-model@2", duration_seconds=3, check_seconds=0.2, metrics=["click"]
         )
+        with pytest.raises(WorkflowUpdateFailedError) as refused:  # a deciding outcome without a direction
+            await handle.execute_update("start_experiment", ask, result_type=ExperimentStarted)
+        assert "metrics: 'click' does not say which way is better" in str(refused.value.cause)
+        ask = ask.model_copy(update={"treatment": "wf-model@1", "metrics": ["click:higher"]})
         with pytest.raises(WorkflowUpdateFailedError) as refused:  # the serving set is no treatment
             await handle.execute_update("start_experiment", ask, result_type=ExperimentStarted)
         assert "treatment: 'wf-model@1' is not a held set of wf-model (held: ['wf-model@2'])" in str(

@@ -60,10 +60,11 @@ def _dev(args: argparse.Namespace, settings: Settings) -> None:
 
 
 def _dev_status(stack: Any, settings: Settings) -> int:
-    """Each component (up, down, held), the supervisor and what it restarted, and orphaned
-    models; 1 when the stack is not up."""
+    """Each component (up, down, held), the supervisor and what it restarted, the pinned store's
+    use and what its collections reclaimed, and orphaned models; 1 when the stack is not up."""
     from ipnext.client.devstack.stack import SUPERVISOR, process_alive
-    from ipnext.client.devstack.status_file import read_status
+    from ipnext.client.devstack.status_file import pinned_store_lines, read_status
+    from ipnext.store.pinned_store import read_gc_report
 
     record = stack.read_record()
     if not record:
@@ -86,6 +87,9 @@ def _dev_status(stack: Any, settings: Settings) -> int:
         print(f"  {entry['at']} {entry['component']}: {entry['why']}; {outcome}")
     for name, at in sv.get("gave_up", {}).items():
         print(f"  {name}: left down since {at}, too many restarts (see its log; `ipnext dev up` starts it)")
+    store = settings.pinned_store()
+    for line in pinned_store_lines(store, read_gc_report(store)):
+        print(line)
     if stack.is_up():
         try:
             orphans = asyncio.run(asyncio.wait_for(with_client(settings, lambda c: c.list_orphans()), 30))

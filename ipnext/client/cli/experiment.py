@@ -2,7 +2,7 @@
 MODEL`: run an experiment or a shadow on a model and read what it found.
 
     ipnext experiment start feed-ranker --name ranker-v2 --arms control=@current,treatment=v4 \
-        --split 50/50 --duration 3d --unit user --metric click
+        --split 50/50 --duration 3d --unit user --metric click:higher
     ipnext experiment status feed-ranker            # live: phase, arms, guardrails, the report so far
     ipnext experiment stop feed-ranker --reason "saw enough"
     ipnext experiment report feed-ranker [--name N] [--json]
@@ -16,7 +16,9 @@ The treatment (a shadow's candidate) is a set published with `ipnext snapshot pu
 named by its set id (MODEL@4) or its version (v4); the control is the set that serves
 (`@current`). `--treatment MODEL@4 --split 50` says the same as `--arms` and `--split 50/50`.
 `--unit` names what a request's `unit` field holds (arms are assigned per unit); `--metric`
-(repeatable) names the outcomes the winner is decided on (default: every outcome fed back).
+(repeatable) names an outcome the winner is decided on and its better direction (click:higher,
+latency_ms:lower); every outcome fed back is reported, and the report names its method
+(always-valid p-values, Holm over the deciding outcomes).
 A shadow is an experiment in shadow mode: the control answers
 every caller, and the routers send a copy of `--percent` of the requests to the candidate after
 answering, comparing the two answers. Errors are one line (what failed, the fix), exit 2, as for every verb.
@@ -118,7 +120,8 @@ def add_parser(commands: Any) -> None:
         "--metric",
         action="append",
         default=[],
-        help="an outcome the winner is decided on (repeat; default: all)",
+        help="an outcome the winner is decided on and which way is better: click:higher, "
+        "latency_ms:lower (repeat; none: every outcome is reported, no winner is called)",
     )
     start.add_argument("--duration", required=True, help="how long: 90s, 30m, 6h, 3d")
     start.add_argument("--check", default="10s", help="how often the arms are read and the guardrails judged")
@@ -250,6 +253,13 @@ def run_experiment_command(args: argparse.Namespace, settings: Settings) -> None
             )
         except ValidationError as err:
             raise IpnextError(f"experiment start: {format_validation_error(err)}") from None
+        undirected = ask.missing_directions()
+        if undirected:
+            first = undirected[0]
+            raise IpnextError(
+                f"experiment start: --metric {first} does not say which way is better. "
+                f"Fix: --metric {first}:higher (clicks, revenue) or --metric {first}:lower (latency, cost)"
+            )
 
     result = asyncio.run(_act(settings, args, ask, who))
     if args.verb == "promote":
