@@ -34,9 +34,11 @@ version (the only kind Serve gives up on), and the rollout that waits on it sees
 
 Leftovers: the model's own check (no `sets`: the model is idle, with no rollout and no
 experiment) removes every set app of the model that the record does not name as serving, in
-any region: a rollout terminated from the Temporal UI (its cleanup never ran), or cancelled
-while removing its sets, left them running. Another model's apps, and the model's routers, are
-never touched; a rollout's own check removes nothing (the sets of its steps are its input).
+the live regions, once no router of the model routes to it as the writer holds them (a router
+repaired in the same pass is still routing there, so the app goes at the next pass): a rollout
+terminated from the Temporal UI (its cleanup never ran), or cancelled while removing its sets,
+left them running. Another model's apps, and the model's routers, are never touched; a
+rollout's own check removes nothing (the sets of its steps are its input).
 
 Faults: Ray or the writer unreachable raises (the workflow retries a few times, records the
 failed check and tries again next interval); a set app Serve cannot deploy raises with Serve's
@@ -182,14 +184,28 @@ def reconcile_serving(input: ReconcileInput) -> ReconcileResult:
         generations[region] = generation
         repaired.append(why)
 
-    # What the record does not know: set apps of the model beyond its serving ones (idle only).
+    # What the record does not know: set apps of the model beyond its serving ones (idle only),
+    # in live regions, and only once no router routes to them as the writer holds it: a router
+    # repaired in this pass still sends to them until its new config applies, so they go at a
+    # later pass (make before break; removing both at once left requests on a vanished app until
+    # their deadline).
+    routed = {
+        app
+        for held_app in routers.values()
+        if held_app is not None
+        for app in deployed_router(held_app).config.apps()
+    }
     leftovers = (
         []
         if input.sets
         else sorted(
             name
             for name in set(known) | set(listed)
-            if is_set_app_of(name, model) and name not in wanted_sets and name not in input.apps.values()
+            if is_set_app_of(name, model)
+            and name not in wanted_sets
+            and name not in input.apps.values()
+            and name not in routed
+            and name.removeprefix(f"{model}.").split(".")[0] in live
         )
     )
     if leftovers:

@@ -11,7 +11,11 @@ from ray.serve.handle import DeploymentHandle
 from ipnext.serving.choices import VariantRouter
 from ipnext.serving.layout import SetDescription
 
-__all__ = ["SetRoute"]
+__all__ = ["MIN_KNOWN_QPS", "SetRoute"]
+
+# Below this a part's capacity is a placeholder (no replica running: its weight is floored at
+# 1e-9 so the draw among its deployments stays defined), not a capacity.
+MIN_KNOWN_QPS = 1e-6
 
 
 class SetRoute:
@@ -37,10 +41,13 @@ class SetRoute:
             if len(names) == len(handles):
                 self.deployments[part] = (handles, [max(capacity[n], 1e-9) for n in names])
 
-    def capacity_qps(self) -> float:
+    def capacity_qps(self) -> float | None:
         """What the set serves per second as planned: its slowest part's replicas running now
-        times each one's declared qps."""
-        return min((sum(weights) for _, weights in self.deployments.values()), default=0.0)
+        times each one's declared qps; None while a part runs none (starting, or coming back
+        after Ray was lost: its requests wait for the replicas, and that is not a queue to shed
+        on, or every request would be shed until the next capacity refresh)."""
+        slowest = min((sum(weights) for _, weights in self.deployments.values()), default=0.0)
+        return slowest if slowest >= MIN_KNOWN_QPS else None
 
     def handle(self, part: str, rng: random.Random) -> DeploymentHandle:
         handles, weights = self.deployments[part]

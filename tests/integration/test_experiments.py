@@ -231,6 +231,17 @@ async def test_the_better_arm_wins_a_failing_arm_ends_shadows_compare_and_update
                 what=f"{CLICKS_PER_ARM} clicks counted by the experiment on each arm",
             )
         )
+
+        # The purchase is in a router's counters at once, in the experiment's totals after its
+        # next push and read: wait for it there, or the stop's last window may come first.
+        async def purchases() -> int:
+            report = (await client.experiment_status(model_name, "ranker")).report
+            arms = {a.arm: a for a in report.arms} if report else {}
+            return arms["control"].outcomes.get("purchase", (0, None))[0] if "control" in arms else 0
+
+        await poll_until(
+            purchases, lambda n: n >= 1, timeout_s=SHOWN_WITHIN_S, interval_s=0.5, what="the purchase"
+        )
         await client.stop_experiment(model_name, reason="enough clicks on each arm", who="test")
         await ended(client, model_name, "ranker")
 

@@ -20,7 +20,7 @@ from ipnext.activities.reconcile import ReconcileInput, ReconcileResult, reconci
 from ipnext.contracts.plan import DeploymentPlacement, Plan
 from ipnext.serving import control
 from ipnext.serving.app_health import given_up
-from ipnext.serving.layout import ROUTING_APP, deployed_router, router_app_name
+from ipnext.serving.layout import ROUTING_APP, deployed_router, render_router_app, router_app_name
 from ipnext.spec.model import ModelSpec, SetStatus, SnapshotRef, SnapshotSet
 from ipnext.spec.settings import Settings
 
@@ -216,3 +216,27 @@ def test_given_up_reads_serves_status() -> None:
     serving = app("UNHEALTHY", router=deployment("UNHEALTHY", "REPLICA_STARTUP_FAILED", RUNNING=1))
     assert given_up(serving) is None
     assert given_up(SimpleNamespace(deployments=None)) is None
+
+
+def test_a_leftover_a_router_still_routes_to_goes_only_after_the_router_moved(cluster: Cluster) -> None:
+    """A rollout terminated at 30%: its router still sends 30% to the new set's app. The check
+    puts the router back on the serving set and keeps the app; the next check removes it (both
+    at once left a request routed there before the switch waiting on a vanished app until its
+    deadline: CI, a 504 in the on-call drill)."""
+    check(cluster)
+    name = router_app_name("rc-model", "us-east")
+    terminated = "rc-model.us-east.s2.r1"
+    had = deployed_router(cluster.held[name])
+    assert had is not None
+    split = had.config.model_copy(update={"weights": {APPS["us-east"]: 70.0, terminated: 30.0}})
+    cluster.held[name] = render_router_app("rc-model", "us-east", split, SPEC.router)
+    cluster.held[terminated] = {"name": terminated}
+    cluster.listed[terminated] = RUNNING_APP
+    first = check(cluster)
+    assert cluster.removed == [] and any(
+        line.startswith(f"{name}: router weights") for line in first.repaired
+    )
+    moved = deployed_router(cluster.held[name])
+    assert moved is not None and terminated not in moved.config.apps()
+    check(cluster)
+    assert cluster.removed == [terminated]

@@ -400,3 +400,30 @@ async def test_answers_teach_the_router_its_service_time(build: Any) -> None:
     _, status = await router.predict({"user": 1})
     assert status == 200 and router._queue.service_s(time.monotonic()) is not None
     assert router._queue.in_flight == 0
+
+
+async def test_a_set_with_a_part_not_running_yet_has_no_planned_capacity_to_shed_by(build: Any) -> None:
+    """A part with no running replica (starting, or back after Ray was lost) has capacity 0 in the
+    set's description: that is no capacity to bound admission by (every request was shed, and a
+    rollout's bake after a restart saw no traffic). Its requests wait for the replicas instead."""
+    router, _, _ = build(reply({"u": 1}), reply([0.5]), max_queue_wait_ms=100.0)
+    dag = [("input", "embed"), ("embed", "dense"), ("dense", "output")]
+    starting = SetDescription(
+        set_id="m@1",
+        dag=dag,
+        order=["embed", "dense"],
+        deployments={"embed": {"embed-cpu": 300.0}, "dense": {"dense-cpu": 0.0}},
+    )
+    router._routes = {APP: SetRoute(APP, starting, VariantRouter(dag, ["embed", "dense"], {}))}
+    assert router._routes[APP].capacity_qps() is None
+    for _ in range(20):
+        router._queue.started(time.monotonic())  # requests waiting for the dense replica
+    answer = await router(request(json.dumps({"inputs": {"user": 1}}).encode()))
+    assert answer.status_code == 200, answer.body
+    running = SetDescription(
+        set_id="m@1",
+        dag=dag,
+        order=["embed", "dense"],
+        deployments={"embed": {"embed-cpu": 300.0}, "dense": {"dense-cpu": 2.0}},
+    )
+    assert SetRoute(APP, running, VariantRouter(dag, ["embed", "dense"], {})).capacity_qps() == 2.0
