@@ -287,22 +287,18 @@ def test_reading_observed_demand_sums_regions_and_a_dead_actor_leaves_declared(
     assert not quiet.observed and quiet.note == "no observed demand"
 
 
+def _empty_plan(revision: int) -> StoredPlan:
+    plan = _plan({"m/a": {"us-east": {"cpu": 1}}}).to_report()
+    return StoredPlan(
+        revision=revision, created_at=now(), made_by="t", models=[], moves=[], plan=plan, pools=[], units={}
+    )
+
+
 def test_solves_finishing_together_never_share_a_revision(tmp_path: Path) -> None:
     """`claim_revision` under the store's lock: 4 processes of 8 threads claiming at once get 32
     different numbers, each above the stored ones; a save clears its claim."""
     store = PlanStore(tmp_path)
-    store.save(
-        StoredPlan(
-            revision=1,
-            created_at=now(),
-            made_by="t",
-            models=[],
-            moves=[],
-            plan=_plan({"m/a": {"us-east": {"cpu": 1}}}).to_report(),
-            pools=[],
-            units={},
-        )
-    )
+    store.save(_empty_plan(1))
     claimer = (
         "import sys; from concurrent.futures import ThreadPoolExecutor; from pathlib import Path\n"
         "from ipnext.store.plans import PlanStore\n"
@@ -317,16 +313,5 @@ def test_solves_finishing_together_never_share_a_revision(tmp_path: Path) -> Non
     claimed = [int(n) for run in runs for n in run.communicate(timeout=60)[0].split()]
     assert sorted(claimed) == list(range(2, 34)), claimed
     assert store.next_revision() == 34
-    store.save(
-        StoredPlan(
-            revision=2,
-            created_at=now(),
-            made_by="t",
-            models=[],
-            moves=[],
-            plan=_plan({"m/a": {"us-east": {"cpu": 1}}}).to_report(),
-            pools=[],
-            units={},
-        )
-    )
+    store.save(_empty_plan(2))
     assert not (store.folder / "rev-000002.claim").exists() and store.latest_revision() == 2
