@@ -9,12 +9,22 @@ import math
 import uuid
 from typing import Any
 
+from ray.serve.exceptions import BackPressureError
 from starlette.responses import JSONResponse
 
 from ipnext.contracts.http_routes import SHED_REASON
 from ipnext.policy.admission import Admission, retry_after_seconds
 
-__all__ = ["answer", "caller_deadline", "refusal", "server_failure", "shed_answer"]
+__all__ = [
+    "NonFiniteOutputsError",
+    "answer",
+    "caller_deadline",
+    "part_cause",
+    "refusal",
+    "server_failure",
+    "set_failure",
+    "shed_answer",
+]
 
 logger = logging.getLogger("ray.serve")
 
@@ -32,6 +42,31 @@ def server_failure(status: int, message: str, err: BaseException) -> tuple[dict[
     error_id = uuid.uuid4().hex[:16]
     logger.warning("request %s failed (%d): %s", error_id, status, message, exc_info=err)
     return {"error_id": error_id, "message": f"{message} (error_id {error_id})"}, status
+
+
+class NonFiniteOutputsError(ValueError):
+    """The parts answered NaN or infinity: a failed request, which the gates must see."""
+
+    def __init__(self, message: str = "the model's outputs are not finite (NaN or inf)") -> None:
+        super().__init__(message)
+
+
+def set_failure(err: Exception, failed_part: str | None, deadline_s: float) -> tuple[dict[str, Any], int]:
+    """The answer to a request the set failed: 504 past the deadline, 503 when a part's queue
+    was full, else 500; the message says which without the server's insides."""
+    if isinstance(err, TimeoutError):
+        return server_failure(504, f"no answer within the deadline of {deadline_s:g} s", err)
+    if isinstance(err, BackPressureError):
+        return server_failure(503, f"part {failed_part or '?'} is overloaded; retry later", err)
+    if isinstance(err, NonFiniteOutputsError):
+        return server_failure(500, str(err), err)
+    return server_failure(500, f"part {failed_part or '?'} failed", err)
+
+
+def part_cause(err: BaseException) -> str:
+    """A part's own words for an error it raised (Ray wraps it with the replica's traceback)."""
+    cause = getattr(err, "cause", None)
+    return str(cause) if isinstance(cause, BaseException) else str(err).strip().splitlines()[-1]
 
 
 def answer(body: dict[str, Any], status: int) -> JSONResponse:

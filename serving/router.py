@@ -18,7 +18,6 @@ from typing import Any
 
 import ray
 from ray import serve
-from ray.serve.exceptions import BackPressureError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
@@ -26,9 +25,17 @@ from ipnext.contracts.counters import OutcomeTotals, SetCounters
 from ipnext.contracts.http_routes import DEADLINE_HEADER, NO_SET_REASON, router_route
 from ipnext.contracts.router import RouterConfig
 from ipnext.errors import PartInputError
-from ipnext.policy.admission import QueueDelay
 from ipnext.policy.demand import SOURCE_HEADER, valid_source
-from ipnext.serving.answers import answer, caller_deadline, refusal, server_failure, shed_answer
+from ipnext.serving.answers import (
+    NonFiniteOutputsError,
+    answer,
+    caller_deadline,
+    part_cause,
+    refusal,
+    server_failure,
+    set_failure,
+    shed_answer,
+)
 from ipnext.serving.choices import FallbackReason, VariantRouter, variant_label
 from ipnext.serving.export import CounterPusher, RouterPrometheus
 from ipnext.serving.layout import (
@@ -47,7 +54,7 @@ from ipnext.serving.traffic import PickedApps, all_finite, join_shards, jsonable
 from ipnext.spec.model import DAG_INPUT, DAG_OUTPUT
 from ipnext.store.keys import KeyCheck
 
-__all__ = ["NonFiniteOutputsError", "Router", "router_app"]
+__all__ = ["Router", "router_app"]
 
 logger = logging.getLogger("ray.serve")
 
@@ -60,13 +67,6 @@ CAPACITY_REFRESH_S = 5.0
 # How long a set app's ingress has to describe itself to a router (it answers in milliseconds
 # when it runs; a call to an app that does not exist waits for good).
 DESCRIBE_TIMEOUT_S = 10.0
-
-
-class NonFiniteOutputsError(ValueError):
-    """The parts answered NaN or infinity: a failed request, which the gates must see."""
-
-    def __init__(self, message: str = "the model's outputs are not finite (NaN or inf)") -> None:
-        super().__init__(message)
 
 
 @dataclass
@@ -119,7 +119,6 @@ class Router:
         self._prometheus = RouterPrometheus()
         self._following: asyncio.Task[None] | None = None
         self._mirror = ShadowMirror(self._count, self._note)
-        self._queue = QueueDelay()  # what waiting does to latency here (policy.admission)
 
     async def _follow_capacity(self) -> None:
         """Every CAPACITY_REFRESH_S: each routed set app's capacity as its ingress reads it, and
@@ -166,9 +165,11 @@ class Router:
 
     def _route(self, app: str, described: SetDescription) -> SetRoute:
         variants = VariantRouter(described.dag, described.order, described.choices, self._observer(app))
-        if app in self._routes:  # the same set app: keep its in-flight counts and breakers
+        route = SetRoute(app, described, variants)
+        if app in self._routes:  # the same set app: keep its in-flight counts, breakers and queue
             variants.carry_over(self._routes[app].variants)
-        return SetRoute(app, described, variants)
+            route.queue = self._routes[app].queue
+        return route
 
     def generation(self) -> int:
         return self._config.generation
@@ -359,14 +360,17 @@ class Router:
         if shed is not None:
             yield {**shed[0], "status": shed[1]}
             return
-        token: int | None = self._queue.started(time.monotonic())
-        async for envelope in self._stream(inputs, picked, unit, deadline):
+        queue = self._routes[picked.counted].queue
+        token: int | None = queue.started(time.monotonic(), self._deadline(deadline_s))
+        try:
+            async for envelope in self._stream(inputs, picked, unit, deadline):
+                if token is not None:
+                    queue.finished(token, time.monotonic(), completed="outputs" in envelope)
+                    token = None
+                yield envelope
+        finally:  # a client gone (the generator closed) or a cancelled request too
             if token is not None:
-                self._queue.finished(token, time.monotonic(), completed="outputs" in envelope)
-                token = None
-            yield envelope
-        if token is not None:
-            self._queue.finished(token, time.monotonic(), completed=False)
+                queue.finished(token, time.monotonic(), completed=False)
 
     async def _stream(
         self, inputs: Any, picked: PickedApps, unit: str | None, deadline: float
@@ -409,7 +413,7 @@ class Router:
                 }
             pieces = None
         except PartInputError as err:  # the caller's mistake: not counted against the set
-            body, status = refusal(400, _cause(err))
+            body, status = refusal(400, part_cause(err))
             yield {**body, "status": status, "set": set_id}
             return
         except Exception as err:  # a part failed, or the deadline passed: count it, end the stream
@@ -434,13 +438,15 @@ class Router:
         )
 
     def _shed(self, picked: PickedApps, deadline_s: float | None) -> tuple[dict[str, Any], int] | None:
-        """The 503 of a request shed for its expected queue wait (`policy.admission`), counted as
-        shed for the set it would have run on; None: admitted."""
+        """The 503 of a request shed for its expected queue wait in its set's queue
+        (`policy.admission`), counted as shed for the set it would have run on; None: admitted."""
         wanted = self._limits.max_queue_wait_ms
-        deadline = self._deadline(deadline_s)
-        planned = self._routes[picked.counted].capacity_qps() if picked.counted in self._routes else None
-        admission = self._queue.admit(
-            time.monotonic(), None if wanted is None else wanted / 1000, deadline, planned
+        route = self._routes[picked.counted]
+        admission = route.queue.admit(
+            time.monotonic(),
+            None if wanted is None else wanted / 1000,
+            self._deadline(deadline_s),
+            route.capacity_qps(),
         )
         if not admission.shed:
             return None
@@ -469,9 +475,12 @@ class Router:
         shed = self._shed(picked, deadline_s)
         if shed is not None:
             return shed
-        token = self._queue.started(time.monotonic())
-        body, status = await self._predict(inputs, picked, unit, deadline_s)
-        self._queue.finished(token, time.monotonic(), completed=status == 200)
+        queue = self._routes[picked.counted].queue
+        token, status = queue.started(time.monotonic(), self._deadline(deadline_s)), 0
+        try:
+            body, status = await self._predict(inputs, picked, unit, deadline_s)
+        finally:  # cancelled too (the client went away): a token left behind would stand as a queue
+            queue.finished(token, time.monotonic(), completed=status == 200)
         return body, status
 
     async def _predict(
@@ -486,7 +495,7 @@ class Router:
             async with asyncio.timeout(deadline):
                 outputs = await self._run_dag(self._routes[picked.base], part_routes, inputs, tried)
         except PartInputError as err:  # the caller's mistake: 400, not counted against the set
-            body, status = refusal(400, _cause(err))
+            body, status = refusal(400, part_cause(err))
             return {**body, "set": set_id}, status
         except Exception as err:  # a part failed (a NaN score too), or the deadline passed
             self._count(picked.counted, None)
@@ -502,17 +511,7 @@ class Router:
         return answer, 200
 
     def _failure(self, err: Exception, attempt: _Attempt) -> tuple[dict[str, Any], int]:
-        """The answer to a request the set failed: 504 past the deadline, 503 when a part's
-        queue was full, else 500; the message says which without the server's insides."""
-        if isinstance(err, TimeoutError):
-            return server_failure(
-                504, f"no answer within the deadline of {self._limits.deadline_seconds:g} s", err
-            )
-        if isinstance(err, BackPressureError):
-            return server_failure(503, f"part {attempt.failed_part or '?'} is overloaded; retry later", err)
-        if isinstance(err, NonFiniteOutputsError):
-            return server_failure(500, str(err), err)
-        return server_failure(500, f"part {attempt.failed_part or '?'} failed", err)
+        return set_failure(err, attempt.failed_part, self._limits.deadline_seconds)
 
     async def _run_dag(
         self, route: SetRoute, part_routes: dict[str, SetRoute], inputs: Any, tried: list[_Attempt]
@@ -581,12 +580,6 @@ class Router:
                 tasks[part] = asyncio.ensure_future(run(part))
         done = await asyncio.gather(*tasks.values())
         return dict(zip(tasks, done, strict=True))
-
-
-def _cause(err: BaseException) -> str:
-    """A part's own words for an error it raised (Ray wraps it with the replica's traceback)."""
-    cause = getattr(err, "cause", None)
-    return str(cause) if isinstance(cause, BaseException) else str(err).strip().splitlines()[-1]
 
 
 def router_app(args: dict[str, Any]) -> serve.Application:

@@ -8,6 +8,7 @@ import random
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
+from ipnext.policy.admission import QueueDelay
 from ipnext.serving.choices import VariantRouter
 from ipnext.serving.layout import SetDescription
 
@@ -19,13 +20,15 @@ MIN_KNOWN_QPS = 1e-6
 
 
 class SetRoute:
-    """A router's view of one set app: its DAG, its choice nodes and a handle per part deployment."""
+    """A router's view of one set app: its DAG, its choice nodes, a handle per part deployment,
+    and the queue its requests wait in (`queue`: what admission by time reads)."""
 
     def __init__(self, app: str, described: SetDescription, variants: VariantRouter) -> None:
         self.app = app
         self.set_id = described.set_id
         self.variants = variants
         self.shard_groups = described.shard_groups
+        self.queue = QueueDelay()
         self.deployments: dict[str, tuple[list[DeploymentHandle], list[float]]] = {}
         for part, capacity in described.deployments.items():
             names = sorted(capacity)

@@ -19,7 +19,13 @@ Queue 2015, sheds with it in front of its services):
    after the service time, whichever is less. So what a router admits is bounded by the rate it
    is actually served at times the budget: a queue bound that follows capacity, not a number.
 
-With no completed request yet, nothing is shed.
+With no completed request yet, nothing is shed. A request past its own deadline is no longer in
+flight here, whether or not `finished` was called for it: the router has answered it (504) and
+stopped waiting, so it is no queue a new request waits behind. (A leaked one, never finished, kept
+the standing delay growing with its age, and the router shed every request from then on.)
+
+One `QueueDelay` per set app a router routes to: the queue a request waits in is its set's
+(a hung canary's requests are no queue for the serving set's).
 
 Limits: latency above the fastest request is taken for waiting, so a model whose requests differ
 widely in cost (long generations) reads its slow requests as queueing; set its queue-wait
@@ -29,6 +35,7 @@ are shed).
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import deque
 from dataclasses import dataclass
@@ -85,13 +92,21 @@ class QueueDelay:
         self._completed: deque[float] = deque()  # completion times within the rate window
         self._capacity = _SlidingMin(capacity_window_s)  # minus the rates seen while a queue stood
         self._in_flight: dict[int, float] = {}  # request token -> start
+        self._expiries: list[tuple[float, int]] = []  # (deadline, token), a heap
         self._next = 0
 
-    def started(self, now: float) -> int:
-        """A request admitted: its token for `finished`."""
+    def started(self, now: float, deadline_s: float | None = None) -> int:
+        """A request admitted, with `deadline_s` to answer in: its token for `finished`. Past its
+        deadline it no longer counts as in flight (the module's docstring)."""
         self._next += 1
         self._in_flight[self._next] = now
+        if deadline_s is not None:
+            heapq.heappush(self._expiries, (now + deadline_s, self._next))
         return self._next
+
+    def _expire(self, now: float) -> None:
+        while self._expiries and self._expiries[0][0] < now:
+            self._in_flight.pop(heapq.heappop(self._expiries)[1], None)
 
     def finished(self, token: int, now: float, completed: bool = True) -> None:
         """A request done; its latency is learned from only when it `completed` (a failure may
@@ -104,8 +119,9 @@ class QueueDelay:
         self._latencies.add(now, latency)
         self._completed.append(now)
 
-    @property
-    def in_flight(self) -> int:
+    def in_flight(self, now: float) -> int:
+        """Requests admitted and neither finished nor past their deadline."""
+        self._expire(now)
         return len(self._in_flight)
 
     def service_s(self, now: float) -> float | None:
@@ -126,7 +142,7 @@ class QueueDelay:
         least = self._latencies.min(now)
         if least is not None:
             return max(0.0, least - service)
-        if not self._in_flight:
+        if not self.in_flight(now):
             return 0.0
         oldest = min(self._in_flight.values())
         return max(0.0, now - oldest - service)
@@ -147,7 +163,7 @@ class QueueDelay:
         capacity = self.capacity(now, planned)
         if capacity is None:
             return standing
-        behind = max(0.0, self.in_flight / capacity - (self.service_s(now) or 0.0))
+        behind = max(0.0, self.in_flight(now) / capacity - (self.service_s(now) or 0.0))
         drains = self._latencies.min(now) is not None
         return behind if drains else max(behind, standing)
 

@@ -116,3 +116,19 @@ def test_before_a_queue_stood_the_plans_capacity_bounds_a_first_burst() -> None:
     assert burst.shed and burst.expected_wait_s == pytest.approx(13 / 10 - 0.2)
     assert not queue.admit(1.01, max_wait_s=0.1, deadline_s=30.0).shed  # no plan, no queue seen: admitted
     assert not queue.admit(1.01, max_wait_s=None, deadline_s=30.0, planned=10.0).shed  # 30 s allows it
+
+
+def test_a_request_past_its_deadline_stands_for_no_queue() -> None:
+    """A request the router gave up on at its deadline is no longer in flight, whether or not its
+    `finished` came (a leaked one, never finished, once read as a queue that grew with its age,
+    and every request was shed from then on: a lost region's drill saw waits of 43 s, then 85 s)."""
+    queue = QueueDelay(interval_s=0.5, base_window_s=30.0)
+    served(queue, 0.0, 0.010)
+    queue.started(20.0, deadline_s=5.0)  # never finished
+    assert queue.in_flight(24.0) == 1 and queue.admit(24.0, max_wait_s=1.0, deadline_s=5.0).shed
+    assert queue.in_flight(25.5) == 0
+    assert queue.admit(25.5, max_wait_s=1.0, deadline_s=5.0) == Admission(False, 0.0, 1.0)
+    done = queue.started(30.0, deadline_s=5.0)
+    queue.finished(done, 30.02)  # finished in time: learned from, and gone from the heap's view
+    assert queue.in_flight(30.1) == 0 and queue.service_s(30.1) == pytest.approx(0.020)
+    assert queue.in_flight(40.0) == 0  # its expiry passing later changes nothing

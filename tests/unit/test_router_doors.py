@@ -354,13 +354,13 @@ def served(queue: QueueDelay, start: float, latency: float) -> None:
 def standing_queue(router: Any, wait_s: float) -> None:
     """This router's history: a 10 ms service time long ago; now a queue of `wait_s` that stands,
     draining at 10 requests/s (20 in the last 2 s), with 10 x `wait_s` requests still in flight."""
-    router._queue = QueueDelay(interval_s=60.0, base_window_s=3600.0, rate_window_s=2.0)
+    queue = router._routes[APP].queue = QueueDelay(interval_s=60.0, base_window_s=3600.0, rate_window_s=2.0)
     now = time.monotonic()
-    served(router._queue, now - 600, 0.010)
+    served(queue, now - 600, 0.010)
     for k in range(20):
-        served(router._queue, now - 1.9 + 0.09 * k - (wait_s + 0.010), wait_s + 0.010)
+        served(queue, now - 1.9 + 0.09 * k - (wait_s + 0.010), wait_s + 0.010)
     for _ in range(round(10 * wait_s)):
-        router._queue.started(now - 0.1)
+        queue.started(now - 0.1)
 
 
 async def test_the_router_sheds_at_once_with_retry_after_and_counts_it_as_shed(build: Any) -> None:
@@ -396,10 +396,11 @@ async def test_without_the_setting_only_a_request_that_would_miss_its_deadline_i
 
 async def test_answers_teach_the_router_its_service_time(build: Any) -> None:
     router, _, _ = build(reply({"u": 1}), reply([0.5]))
-    assert router._queue.service_s(time.monotonic()) is None
+    queue = router._routes[APP].queue
+    assert queue.service_s(time.monotonic()) is None
     _, status = await router.predict({"user": 1})
-    assert status == 200 and router._queue.service_s(time.monotonic()) is not None
-    assert router._queue.in_flight == 0
+    assert status == 200 and queue.service_s(time.monotonic()) is not None
+    assert queue.in_flight(time.monotonic()) == 0
 
 
 async def test_a_set_with_a_part_not_running_yet_has_no_planned_capacity_to_shed_by(build: Any) -> None:
@@ -417,7 +418,7 @@ async def test_a_set_with_a_part_not_running_yet_has_no_planned_capacity_to_shed
     router._routes = {APP: SetRoute(APP, starting, VariantRouter(dag, ["embed", "dense"], {}))}
     assert router._routes[APP].capacity_qps() is None
     for _ in range(20):
-        router._queue.started(time.monotonic())  # requests waiting for the dense replica
+        router._routes[APP].queue.started(time.monotonic())  # requests waiting for the dense replica
     answer = await router(request(json.dumps({"inputs": {"user": 1}}).encode()))
     assert answer.status_code == 200, answer.body
     running = SetDescription(
@@ -427,3 +428,53 @@ async def test_a_set_with_a_part_not_running_yet_has_no_planned_capacity_to_shed
         deployments={"embed": {"embed-cpu": 300.0}, "dense": {"dense-cpu": 2.0}},
     )
     assert SetRoute(APP, running, VariantRouter(dag, ["embed", "dense"], {})).capacity_qps() == 2.0
+
+
+async def test_a_request_cancelled_or_a_stream_closed_gives_back_its_place_in_the_queue(build: Any) -> None:
+    """A request cancelled mid-flight (the client went away: Serve cancels the call) and a stream
+    whose reader stopped both leave the set's queue. A token left behind stood as a queue that
+    grew with its age: the region drill's router shed every request after its region came back."""
+
+    async def never(upstream: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        await asyncio.Event().wait()  # no first piece, ever
+        yield {"output": "never", "snapshot_id": "m/dense@v1"}
+
+    for dense in (_forever, never):
+        router, _, _ = build(reply({"u": 1}), dense)
+        router._limits = router._limits.model_copy(update={"deadline_seconds": 60.0})
+        queue = router._routes[APP].queue
+        if dense is _forever:
+            call: asyncio.Future[Any] = asyncio.ensure_future(router.predict({"user": 1}))
+        else:
+            call = asyncio.ensure_future(anext(router.stream({"user": 1})))
+        await poll_until(
+            lambda q=queue: asyncio.sleep(0, q.in_flight(time.monotonic())), bool, timeout_s=WAIT_S
+        )
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        assert queue.in_flight(time.monotonic()) == 0, dense
+
+
+async def test_a_hung_canary_is_no_queue_for_the_serving_set(
+    build: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each set app has its own queue: requests hanging on a canary (the doors drill's hung
+    snapshot) are shed or time out there, and the serving set's requests are admitted (they
+    were shed as if they waited behind the canary's: 'would wait about 5003 ms, over its 4989')."""
+    router, _, _ = build(reply({"u": 1}), reply([0.5]), max_queue_wait_ms=100.0)
+    canary = "m.us-east.s2.r1"
+    router._routes[canary] = SetRoute(
+        canary, described_as("m@2"), VariantRouter([("input", "embed")], ["embed"], {})
+    )
+    hung = router._routes[canary].queue
+    now = time.monotonic()
+    served(hung, now - 10, 0.010)
+    for _ in range(50):
+        hung.started(now - 4.0, deadline_s=5.0)  # hanging for 4 s, nothing completes
+    router._config = RouterConfig(generation=2, weights={APP: 100})
+    body, status = await router.predict({"user": 1})
+    assert status == 200 and body["set"] == "m@1", body
+    router._config = RouterConfig(generation=3, weights={canary: 100})
+    body, status = await router.predict({"user": 1})
+    assert status == 503 and body["reason"] == SHED_REASON and router._counters[canary].shed == 1, body
