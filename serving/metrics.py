@@ -1,7 +1,9 @@
 """The metrics store: the detached actor per (model, region) that router replicas and
 self-measuring parts push their cumulative counters to (`ipnext.contracts.counters`), and that rollout
 gates read and diff; routers also push their requests by source, its observed demand
-(`ipnext.policy.demand`), which the actor saves to a file so that it outlives the actor."""
+(`ipnext.policy.demand`), which the actor saves to a file so that it outlives the actor. Every
+process pushes its ipnext Prometheus series too (`prometheus_text.SeriesState`), which the
+routing app's `GET /metrics` reads summed (`series`)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from pydantic import ValidationError
 from ipnext.contracts.counters import LATENCY_LAYOUT, MetricsSnapshot, SetCounters, percentile
 from ipnext.policy.demand import DemandHistory, demand_report, load_history, save_history
 from ipnext.serving.llm.vllm_metrics import EngineStats
+from ipnext.serving.prometheus_text import SeriesState, replicas_total
 
 __all__ = [
     "LATENCY_LAYOUT",
@@ -30,6 +33,8 @@ logger = logging.getLogger(__name__)
 
 # The actor's name (`serving.layout.metrics_actor_name`) past its prefix is `<model>/<region>`.
 ENGINE_STATS_STALE_S = 30.0  # an LLM replica silent this long is gone from GET /metrics
+# The same rule for the gauges of a process's series (its counters stay: they must never go down).
+SERIES_GAUGES_STALE_S = ENGINE_STATS_STALE_S
 _ACTOR_NAME = re.compile(r"^ipnext-metrics/([a-z][a-z0-9-]*)/([a-z][a-z0-9-]*)$")
 
 
@@ -50,6 +55,7 @@ class MetricsStore:
     def __init__(self, demand_path: str | None = None, save_seconds: float | None = None) -> None:
         self._by_replica: dict[str, dict[str, SetCounters]] = {}
         self._engine_stats: dict[str, tuple[float, EngineStats]] = {}  # replica -> (pushed at, stats)
+        self._series: dict[str, tuple[float, SeriesState]] = {}  # process -> (pushed at, series)
         self._demand_path, self._save_seconds, reconstructed = _demand_place(demand_path, save_seconds)
         loaded = load_history(self._demand_path) if self._demand_path is not None else None
         self._demand = loaded or DemandHistory()
@@ -107,6 +113,23 @@ class MetricsStore:
         for stats in fresh[1:]:
             total = total.plus(stats)
         return total.model_dump()
+
+    def push_series(self, process: str, raw: dict[str, Any]) -> None:
+        """A process's ipnext series, cumulative (the latest replaces the previous; a malformed
+        push is dropped, the process's last good one staying)."""
+        try:
+            self._series[process] = (time.monotonic(), SeriesState.model_validate(raw))
+        except ValidationError as err:
+            logger.warning("dropping malformed series of process %s: %s", process, err)
+
+    def series(self) -> dict[str, Any]:
+        """What `GET /metrics` serves of this (model, region) (`prometheus_text.replicas_total`):
+        counters and histograms summed over every process that ever pushed, since this actor
+        started (a gone replica's counts stay in the sum, which so never goes down), and the gauges
+        of the processes that pushed within SERIES_GAUGES_STALE_S, each under its `replica`."""
+        now = time.monotonic()
+        live = [process for process, (at, _) in self._series.items() if now - at <= SERIES_GAUGES_STALE_S]
+        return replicas_total({process: s for process, (_, s) in self._series.items()}, live).model_dump()
 
     def push(self, replica: str, counters: dict[str, dict[str, Any]]) -> None:
         # Counters are cumulative per replica, so the latest push replaces the previous one. A

@@ -4,14 +4,16 @@ control-plane call. The documents are its `user_config`, written by the Serve co
 a change is applied in place by `reconfigure`.
 
 Its route prefix is `/`: it also answers every path no router claims, which is where the
-OpenAI door lives (`/v1/...`, `/<region>/v1/...`; `serving/openai_door.py`) and `GET /metrics`
-(the LLM engines' figures under vLLM's names), since both need what this app holds: every
-model's routing document and the API keys file.
+OpenAI door lives (`/v1/...`, `/<region>/v1/...`; `serving/openai_door.py`) and `GET /metrics`,
+the one metrics door (ipnext's `ipnext_*` series and the LLM engines' figures under vLLM's
+names, from every model's metrics actors), since both need what this app holds: every model's
+routing document and the API keys file.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +30,25 @@ from ipnext.serving.control import wait_generation
 from ipnext.serving.layout import RAY_NAMESPACE, ROUTING_APP, ROUTING_DEPLOYMENT, metrics_actor_name
 from ipnext.serving.llm.vllm_metrics import EngineStats, render
 from ipnext.serving.openai_door import OpenAIDoor, openai_route
+from ipnext.serving.prometheus_text import ActorFigures, SeriesState, gather_figures, render_series
 from ipnext.store.keys import KeyCheck
 
-__all__ = ["METRICS_PATH", "RoutingAppArgs", "RoutingService", "routing_app", "wait_routing_generation"]
+__all__ = [
+    "METRICS_PATH",
+    "METRICS_WAIT_S",
+    "RoutingAppArgs",
+    "RoutingService",
+    "metrics_exposition",
+    "routing_app",
+    "wait_routing_generation",
+]
 
 METRICS_PATH = "/metrics"
 OPERATOR_MODELS = "*"  # a key may read every model's figures when it may call every model
+# How long a scrape waits for all the metrics actors together: well inside Prometheus' default
+# 10 s scrape_timeout, so a slow actor costs its own series (`ipnext_metrics_actor_up` 0), never
+# the whole scrape.
+METRICS_WAIT_S = 3.0
 
 
 class RoutingAppArgs(Frozen):
@@ -92,9 +107,10 @@ class RoutingService:
         return JSONResponse(document.model_dump(mode="json"))
 
     async def _metrics(self, request: Request) -> Response:
-        """GET /metrics: every generative model's engine figures under vLLM's names
-        (`llm/vllm_metrics.py`), summed over its replicas in every region, in Prometheus' text
-        format. With API keys on, only for an operator's key (one whose models are "*")."""
+        """GET /metrics: ipnext's own series (`ipnext_*`) and every generative model's engine
+        figures under vLLM's names, from each (model, region) metrics actor of the routing table,
+        in Prometheus' text format (`metrics_exposition`). With API keys on, only for an
+        operator's key (one whose models are "*")."""
         if request.method != "GET":
             return JSONResponse({"message": "use GET /metrics"}, status_code=405)
         if self._keys is not None:
@@ -106,26 +122,57 @@ class RoutingService:
                     else "GET /metrics needs an operator's key (models: ['*'])"
                 )
                 return JSONResponse({"message": message}, status_code=refused[0])
-        by_model: dict[str, EngineStats] = {}
-        for name, document in sorted(self._table.documents.items()):
-            if not document.generative:
-                continue
-            for region in sorted({r for row in document.routes.values() for r in row}):
-                stats = await _engine_stats(name, region)
-                if stats is not None:
-                    by_model[name] = by_model[name].plus(stats) if name in by_model else stats
-        return Response(render(by_model), media_type=CONTENT_TYPE_LATEST)
+        body = await metrics_exposition(self._table, _ask_actor, METRICS_WAIT_S)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 
-async def _engine_stats(model: str, region: str) -> EngineStats | None:
-    """The model's engine figures in one region, from its metrics actor (None: none yet, or the
-    actor cannot answer within a few seconds: a scrape never hangs on one region)."""
+async def metrics_exposition(
+    table: RoutingTable,
+    ask: Callable[[str, str, bool], Awaitable[ActorFigures | None]],
+    wait_s: float,
+) -> bytes:
+    """The exposition of every model's figures: each region its document routes to has a
+    metrics actor, all asked at once within `wait_s` (`gather_figures`).
+
+    An actor that is missing, fails or is slow leaves out its own series (each carries its
+    region), says so in `ipnext_metrics_actor_up` and a comment, and leaves out its model's
+    vLLM figures too: those are summed over regions under one `model_name`, and a sum short of
+    one region would go down, which Prometheus reads as a counter reset. The rest answer."""
+    targets = [
+        (name, region, document.generative)
+        for name, document in sorted(table.documents.items())
+        for region in sorted({r for row in document.routes.values() for r in row})
+    ]
+    answered, missing = await gather_figures(targets, ask, wait_s)
+    incomplete = {model for model, _ in missing}
+    by_model: dict[str, EngineStats] = {}
+    series = SeriesState()
+    notes = {target: f"left out: {why}" for target, why in missing.items()}
+    for (model, region), figures in sorted(answered.items()):
+        if figures.series is not None:
+            series = series.plus(figures.series)
+        else:
+            notes[model, region] = "answered without ipnext series (a metrics actor of an older version)"
+        if figures.engine_stats is not None and model not in incomplete:
+            stats = EngineStats.model_validate(figures.engine_stats)
+            by_model[model] = by_model[model].plus(stats) if model in by_model else stats
+    up = {target: True for target in answered} | {target: False for target in missing}
+    return render(by_model) + render_series(series, up, notes)
+
+
+async def _ask_actor(model: str, region: str, generative: bool) -> ActorFigures | None:
+    """What the (model, region) metrics actor holds: its series and, for a generative model, its
+    engine figures (None: there is no actor). Its errors are the scrape's to report."""
     try:
-        actor = ray.get_actor(metrics_actor_name(model, region), namespace=RAY_NAMESPACE)
-        raw: dict[str, Any] | None = await asyncio.wait_for(actor.engine_stats.remote(), timeout=5)
-    except (ValueError, TimeoutError, ray.exceptions.RayError):
+        actor = await asyncio.to_thread(ray.get_actor, metrics_actor_name(model, region), RAY_NAMESPACE)
+    except ValueError:  # no actor of that name
         return None
-    return EngineStats.model_validate(raw) if raw is not None else None
+    stats = actor.engine_stats.remote() if generative else None
+    try:
+        series: SeriesState | None = SeriesState.model_validate(await actor.series.remote())
+    except AttributeError:  # an actor of an older version, made before series existed
+        series = None
+    return ActorFigures(series=series, engine_stats=await stats if stats is not None else None)
 
 
 def routing_app(args: dict[str, Any]) -> serve.Application:

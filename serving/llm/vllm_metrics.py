@@ -21,7 +21,8 @@ every generative model and renders (`render`) the Prometheus text exposition, la
 
 Counters are exposed with `_total`, as prometheus_client names a counter family (vLLM's own
 exposition does the same). These are not Ray's metrics: Ray's exporter prefixes every name with
-`ray_`; ipnext's platform metrics keep their `ipnext_*` names there.
+`ray_`. The same scrape serves ipnext's own series under their `ipnext_*` names
+(`serving/prometheus_text.py`), so one scrape config finds both.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from ipnext.spec.settings import Settings
 from tests.docs_examples import example, substituted
 
 from .conftest import keyed
-from .test_doors import counted
+from .test_doors import counted, counters
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
@@ -158,10 +158,17 @@ async def openai_checks(stack: Settings, model: str, set_id: str, net: Decoder, 
 
 async def vllm_metrics_check(stack: Settings, model: str) -> None:
     """GET /metrics (operator key): every vLLM name with the model's label, and after N OpenAI
-    requests the token counters grew by their summed usage and the per-request histograms by N."""
+    requests the token counters grew by their summed usage and the per-request histograms by N.
+    The same scrape serves ipnext's own series: the router's requests grew by N too, and once
+    the pushes settle they are the counts the gates read from the metrics actor."""
     from prometheus_client.parser import text_string_to_metric_families
 
     label = (("model_name", model),)
+
+    def ipnext_requests(s: dict[str, dict[tuple[tuple[str, str], ...], float]]) -> dict[str, float]:
+        """The model's `ipnext_requests_total` in us-east (where it serves) by set app."""
+        rows = [(dict(k), v) for k, v in s.get("ipnext_requests_total", {}).items()]
+        return {k["set_app"]: v for k, v in rows if (k["model"], k["region"]) == (model, "us-east")}
 
     async def scrape() -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
         reply = await http.get("/metrics", headers=keyed(stack))
@@ -208,11 +215,30 @@ async def vllm_metrics_check(stack: Settings, model: str) -> None:
             lambda s: (
                 total(s, "vllm:e2e_request_latency_seconds_count")
                 >= total(before, "vllm:e2e_request_latency_seconds_count") + n
+                and sum(ipnext_requests(s).values()) >= sum(ipnext_requests(before).values()) + n
             ),
             timeout_s=30,
             interval_s=0.5,
-            what=f"{n} requests in vllm:e2e_request_latency_seconds",
+            what=f"{n} requests in vllm:e2e_request_latency_seconds and ipnext_requests_total",
         )
+
+        # ipnext's series, beside vLLM's: typed families that parse, and, with no traffic now, the
+        # router's requests per set app as the gates read them (both pushed every second).
+        def settled(s: dict[str, dict[tuple[tuple[str, str], ...], float]]) -> bool:
+            door = ipnext_requests(s)
+            return bool(door) and all(counters(model, app).requests == v for app, v in door.items())
+
+        settled_scrape = await poll_until(
+            scrape, settled, timeout_s=SHOWN_WITHIN_S, interval_s=0.5, what="the door's requests = the gates'"
+        )
+        reply = await http.get("/metrics", headers=keyed(stack))
+        kinds = {f.name: f.type for f in text_string_to_metric_families(reply.text)}
+    assert {f: kinds.get(f) for f in ("ipnext_requests", "ipnext_latency_ms", "ipnext_ttft_ms")} == {
+        "ipnext_requests": "counter",
+        "ipnext_latency_ms": "histogram",
+        "ipnext_ttft_ms": "histogram",
+    }, sorted(kinds)
+    assert settled_scrape["ipnext_metrics_actor_up"][(("model", model), ("region", "us-east"))] == 1
     names = {
         "vllm:time_to_first_token_seconds_count",
         "vllm:inter_token_latency_seconds_count",
@@ -238,7 +264,8 @@ async def vllm_metrics_check(stack: Settings, model: str) -> None:
         f"GET /metrics: {len(names)} vLLM names for {model}; {n} requests added "
         f"{grew('vllm:prompt_tokens_total'):.0f} prompt and "
         f"{grew('vllm:generation_tokens_total'):.0f} generation "
-        "tokens, their usage summed"
+        f"tokens, their usage summed; ipnext_requests_total {ipnext_requests(settled_scrape)}, "
+        "the gates' counts"
     )
 
 

@@ -1,6 +1,12 @@
 """The dev stack's Ray head process (`python -m ipnext.client.devstack.ray_head`, started by
 `DevStack`): a local cluster with the fleet as custom resources, and Serve, until it is told to
-stop; its GCS address is written to the settings' `ray_address_file` for the rest of the stack."""
+stop; its GCS address is written to the settings' `ray_address_file` for the rest of the stack.
+
+Ray's own metrics export port (Prometheus text, no token) is left to Ray: a random port, which
+Ray binds to loopback when the node address is loopback, as the single-node stack's is
+(`store/ray_token.py`); per-region nodes (`--nodes per-region`) have a routable address, and Ray
+then binds it to every interface, with no setting to do otherwise. ipnext needs it no more: its
+series are served on the keyed `GET /metrics` of the Serve port (`serving/prometheus_text.py`)."""
 
 from __future__ import annotations
 
@@ -62,6 +68,7 @@ def ray_head() -> None:
         num_cpus=settings.ray.num_cpus or os.cpu_count(),
         resources=resources,
         include_dashboard=False,
+        # No `_metrics_export_port`: Ray's random one, loopback-only on a single node (docstring).
         _node_ip_address="127.0.0.1",
         _temp_dir=str(ray_dir),
         namespace="ipnext",
