@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from enum import StrEnum
-from typing import TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict
-from temporalio.common import SearchAttributeKey
+
+if TYPE_CHECKING:  # at run time `__getattr__` builds the keys, and only then loads temporalio
+    from temporalio.common import SearchAttributeKey
 
 __all__ = [
     "ARMS_KEY",
@@ -153,12 +155,35 @@ def watch_schedule_id(model: str) -> str:
 
 
 # -- search attributes (registered in temporal-dev.yaml) ----------------------------------
+# Built on first use (PEP 562): every spec, contract and the prediction client import this module,
+# and the data plane (`ipnext predict`, PredictionClient, a router) must not load temporalio.
 
-MODEL_KEY = SearchAttributeKey.for_keyword("IpnextModel")
-STATE_KEY = SearchAttributeKey.for_keyword("IpnextState")
-TRAFFIC_KEY = SearchAttributeKey.for_int("IpnextTrafficPercent")
-REGIONS_DOWN_KEY = SearchAttributeKey.for_keyword_list("IpnextRegionsDown")  # FleetWorkflow's down regions
-ARMS_KEY = SearchAttributeKey.for_keyword_list("IpnextArms")  # ExperimentWorkflow's "arm=set id"s
+if TYPE_CHECKING:
+    MODEL_KEY: SearchAttributeKey[str]
+    STATE_KEY: SearchAttributeKey[str]
+    TRAFFIC_KEY: SearchAttributeKey[int]
+    REGIONS_DOWN_KEY: SearchAttributeKey[Sequence[str]]  # FleetWorkflow's down regions
+    ARMS_KEY: SearchAttributeKey[Sequence[str]]  # ExperimentWorkflow's "arm=set id"s
+
+# name -> (SearchAttributeKey's constructor, the attribute's name in Temporal)
+_SEARCH_ATTRIBUTES = {
+    "MODEL_KEY": ("for_keyword", "IpnextModel"),
+    "STATE_KEY": ("for_keyword", "IpnextState"),
+    "TRAFFIC_KEY": ("for_int", "IpnextTrafficPercent"),
+    "REGIONS_DOWN_KEY": ("for_keyword_list", "IpnextRegionsDown"),
+    "ARMS_KEY": ("for_keyword_list", "IpnextArms"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _SEARCH_ATTRIBUTES:
+        raise AttributeError(f"module 'ipnext.names' has no attribute {name!r}")
+    from temporalio.common import SearchAttributeKey
+
+    constructor, attribute = _SEARCH_ATTRIBUTES[name]
+    key = getattr(SearchAttributeKey, constructor)(attribute)
+    globals()[name] = key  # once built, a plain attribute
+    return key
 
 
 # -- status vocabularies ------------------------------------------------------------------

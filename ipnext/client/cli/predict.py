@@ -36,9 +36,10 @@ def _predict(args: argparse.Namespace, settings: Settings) -> None:
             field="--inputs",
             fix='pass e.g. \'{"user": 1, "items": [1, 2]}\'',
         ) from None
-    from ipnext.client.sdk import PredictionClient
+    # The data plane only: the routing document and the model's router. Not through
+    # ipnext.client.sdk, which would load the Temporal client for nothing.
+    from ipnext.client.prediction import PredictionClient
 
-    # The data plane only: the routing document and the model's router, no Temporal connection.
     with PredictionClient.from_settings(settings) as serving:
         reply = serving.predict(args.model, inputs, source=args.source, region=args.region, key=args.key)
     print_json(reply)
