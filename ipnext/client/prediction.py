@@ -16,7 +16,8 @@ over for the next region of `routing.fallback_order`, while the request's deadli
 answers that the model has no serving set there (`NO_SET_REASON`: a returning region before its
 set runs), which is not tried last (it answered at once); one with no answer within
 `region_timeout_s` keeps the request while the next region is asked beside it (the first
-answer wins). No Temporal connection.
+answer wins). No Temporal connection. Every constructor sends the same API key, whatever URL it is
+given: `api_key=`, else IPNEXT_API_KEY, else the settings' key file (`client_api_key`).
 Failures are `PredictionError`s carrying the HTTP status: 400 `PredictionBadRequestError`,
 404 `PredictionNotFoundError`, 5xx `PredictionServerError`, none `PredictionTransportError`.
 A model's document is refreshed by one request at a time (the others route on the expired one
@@ -62,7 +63,7 @@ from ipnext.policy.demand import SOURCE_HEADER, DemandReport
 from ipnext.spec.settings import Settings, load_settings
 from ipnext.store.keys import bearer, client_key
 
-__all__ = ["AsyncPredictionClient", "Prediction", "PredictionClient"]
+__all__ = ["AsyncPredictionClient", "Prediction", "PredictionClient", "client_api_key"]
 
 # Above the router's default deadline (30 s), so a slow model answers 504 before the client gives up.
 DEFAULT_TIMEOUT_S = 40.0
@@ -117,11 +118,14 @@ class AsyncPredictionClient:
         request's deadline, every region it tries included; `region_timeout_s`: how long a region
         may take to answer before the next is asked beside it; `region_down_s`: how long a region
         that did not answer is tried last. `api_key`: sent on every request as
-        `Authorization: Bearer` (`from_settings` takes IPNEXT_API_KEY or the settings' key file)."""
-        if url is None:  # the settings' serving URL, and their key unless one is given
+        `Authorization: Bearer`; the key is found the same way with or without `url`: `api_key`
+        when given (`""`: none), else IPNEXT_API_KEY, else the settings' key file, the one
+        `ipnext dev up` writes (see `client_api_key`)."""
+        settings = None
+        if url is None:
             settings = load_settings()
             url = settings.serve_url
-            api_key = api_key or client_key(settings.api_key_file())
+        api_key = client_api_key(api_key, settings)
         self.url = url
         self._clock = clock
         self._rng = random.Random()
@@ -137,8 +141,10 @@ class AsyncPredictionClient:
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None, **options: Any) -> AsyncPredictionClient:
+        """The settings' serving URL, and the key `client_api_key` finds with these settings."""
         settings = settings or load_settings()
-        options.setdefault("api_key", client_key(settings.api_key_file()))
+        # "" when none: the constructor must not look again, in other settings than these
+        options["api_key"] = client_api_key(options.get("api_key"), settings) or ""
         return cls(settings.serve_url, **options)
 
     async def __aenter__(self) -> AsyncPredictionClient:
@@ -449,8 +455,10 @@ class PredictionClient:
     served in turn by that loop. Close it (or use `with`) to stop the thread."""
 
     def __init__(self, url: str | None = None, **options: Any) -> None:
-        """`url` and `options` (`timeout_s`, `transport`, `clock`) as `AsyncPredictionClient`
-        takes them; a `transport` is an async one (`httpx.MockTransport` serves both kinds)."""
+        """`url` and `options` (`timeout_s`, `transport`, `clock`, `api_key`) as
+        `AsyncPredictionClient` takes them; a `transport` is an async one (`httpx.MockTransport`
+        serves both kinds). The key: `api_key`, else IPNEXT_API_KEY, else the settings' key file,
+        with or without `url` (`client_api_key`)."""
         self._client = AsyncPredictionClient(url, **options)
         self.url = self._client.url
         self._loop = asyncio.new_event_loop()
@@ -459,8 +467,10 @@ class PredictionClient:
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None, **options: Any) -> PredictionClient:
+        """The settings' serving URL, and the key `client_api_key` finds with these settings."""
         settings = settings or load_settings()
-        options.setdefault("api_key", client_key(settings.api_key_file()))
+        # "" when none: the constructor must not look again, in other settings than these
+        options["api_key"] = client_api_key(options.get("api_key"), settings) or ""
         return cls(settings.serve_url, **options)
 
     def __enter__(self) -> PredictionClient:
@@ -514,6 +524,17 @@ class PredictionClient:
             call.close()
             raise PredictionError("this PredictionClient is closed; make a new one")
         return asyncio.run_coroutine_threadsafe(call, self._loop).result()
+
+
+def client_api_key(api_key: str | None = None, settings: Settings | None = None) -> str | None:
+    """The API key a prediction client sends, found in this order by every constructor (with a URL
+    or without, and `from_settings`): 1. `api_key`, when given (`""` sends none); 2. the
+    IPNEXT_API_KEY environment variable; 3. the settings' key file (`auth.api_key_file`, by default
+    `<state_dir>/api-key`, which `ipnext dev up` writes), of `settings` or else `load_settings()`
+    (IPNEXT_CONFIG or config/ipnext.yaml), read only when 1 and 2 give none. None: no key is sent."""
+    if api_key is not None:
+        return api_key.strip() or None
+    return client_key(None) or client_key((settings or load_settings()).api_key_file())
 
 
 # ---- the wire, converted once -------------------------------------------------------------

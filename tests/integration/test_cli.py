@@ -29,6 +29,7 @@ from ipnext.spec.settings import Settings
 from tests.docs_examples import example
 
 from .conftest import EXAMPLE_MODEL, REPO, keyed, train_version
+from .doc_examples_live import predicts_with_the_stacks_key
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
 WITHDRAWN_S = 30.0  # a deleted model's routing document is gone from the routing app within this
@@ -95,10 +96,13 @@ def _examples_then_verbs(stack: Settings, stack_config: Path, tmp_path: Path) ->
     said = run_as_written("sdk-prediction-client", stack_config)
     lines = said.splitlines()
     assert f"{MODEL}@1" in lines[0] and "inputs.user: 9999" in lines[1], said
+    # The SDK module's own example, PredictionClient(url): the stack's key goes with any URL.
+    reply = predicts_with_the_stacks_key(stack, stack_config, MODEL)
+    assert reply["set"] == f"{MODEL}@1", reply
 
     model_name = MODEL
     again = ipnext(stack_config, "model", "publish", str(EXAMPLE_MODEL))
-    assert again.returncode == 2 and "ModelExistsError" in again.stderr and "already exists" in again.stderr
+    assert again.returncode == 2 and again.stderr.startswith("ipnext: ") and "already exists" in again.stderr
     # A held set: validated through the CLI, kept, never rolled out by itself.
     folder, _ = train_version(stack, model_name, "v2", seed=2)
     out = ipnext(stack_config, "snapshot", "publish", model_name, str(folder), "--hold")
@@ -162,4 +166,4 @@ def _examples_then_verbs(stack: Settings, stack_config: Path, tmp_path: Path) ->
             what="the routing document withdrawn",
         )
     gone = ipnext(stack_config, "model", "get", model_name)
-    assert gone.returncode == 2 and "ModelNotFoundError" in gone.stderr
+    assert gone.returncode == 2 and "is not registered" in gone.stderr
