@@ -46,7 +46,16 @@ class RolloutActivities:
 
     @activity.defn
     async def rollout_outcome(self, input: RolloutOutcomeInput) -> RolloutOutcome:
+        """A rollout that did not complete ended FAILED with its result as the failure's
+        details: that is its result too (only a failure without one ended it outside its rules)."""
         running, result, how = await self._outcome(input.workflow_id, RolloutResult)
+        if how == "failed":
+            try:
+                await self._client.get_workflow_handle(input.workflow_id).result()
+            except WorkflowFailureError as err:
+                found = RolloutResult.of_failure(err)
+                if found is not None:
+                    return RolloutOutcome(running=False, result=found)
         return RolloutOutcome(running=running, result=result, how=how)
 
     @activity.defn

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
+from typing import Any
 
 from temporalio import workflow
 from temporalio.exceptions import ApplicationError, CancelledError, ChildWorkflowError, TerminatedError
@@ -207,8 +208,10 @@ class Rollouts:
             if self.model.ended is None and self.model.child is not None and self.child_done():
                 try:
                     self.model.ended = self.model.child.result()
-                except ChildWorkflowError as err:
-                    self.model.ended = self._ended_without_result(_ended_outside(active.workflow_id, err))
+                except ChildWorkflowError as err:  # a rollout that did not complete fails, with its result
+                    self.model.ended = RolloutResult.of_failure(err) or self._ended_without_result(
+                        _ended_outside(active.workflow_id, err)
+                    )
                 continue
             if self.model.ended is None and self.model.may_continue():
                 await workflow.wait_condition(
@@ -267,6 +270,8 @@ class Rollouts:
     def _finish(self, active: ActiveRollout, result: RolloutResult) -> None:
         record = self.model.record
         record.active_rollout = None
+        if self.model.child is not None:  # its failure (an outcome but completed) is read: no warning
+            self.model.child.add_done_callback(_read_failure)
         self.model.child, self.model.ended = None, None
         self.model.reconcile_due = True
         if result.generations and max(result.generations) > record.reconcile.generation_floor:
@@ -344,3 +349,10 @@ def _ended_outside(child_id: str, err: ChildWorkflowError) -> str:
     if isinstance(cause, WorkflowTimeoutError):
         return f"rollout {child_id} timed out"
     return f"rollout {child_id} failed: {cause if cause is not None else err.message}"
+
+
+def _read_failure(child: Any) -> None:
+    """Mark a rollout child's failure read: its outcome came by signal (or from the failure
+    already), and an unread failure would be logged as an error of the workflow's loop."""
+    if not child.cancelled():
+        child.exception()

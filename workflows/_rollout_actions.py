@@ -176,6 +176,7 @@ class RolloutActions:
             serving_unchecked=p.serving_unchecked,
             outcome=RolloutOutcome.of(p.state),
             updated_at=p.updated_at,
+            min_requests=self._input.spec.rollout.min_requests,
         )
 
     # ---- activities ----------------------------------------------------------------------------
@@ -402,6 +403,10 @@ class RolloutActions:
         ]
         if p.gates:
             lines.append("gates: " + "; ".join(r.describe() for r in p.gates))
+        waiting = [r.requests for r in p.gates if not r.judged]
+        needed = self._input.spec.rollout.min_requests - min(waiting) if waiting else 0
+        if needed > 0 and outcome is None:
+            lines.append(f"needs {needed} more request(s) on the new set before the gates judge")
         if p.pauses and self._paused():
             last = p.pauses[-1]
             lines.append(f"paused by {attributed(last.who, last.identity)}: {last.reason}")

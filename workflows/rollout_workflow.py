@@ -30,12 +30,13 @@ the new set's apps go last.
 Signals `pause`, `resume`, `abort`, `override_freeze`; query `status`. While paused, gates are
 still evaluated and a breach still rolls back; on resume the bake of the current step restarts.
 Temporal's cancellation (the UI's "Request Cancellation", `temporal workflow cancel`) is an
-abort: the rollout rolls back
-the same way, then ends `cancelled`. Whatever happened, the workflow completes (Temporal's green
-COMPLETED means "ran to its end"); its result's `outcome` says how. A freeze window
-(config `freeze_calendar`) refuses the start, and holds a running rollout at the end of its
-current step until the window ends; an explicit override (reason, who), given at publish (part
-of the input) or by the `override_freeze` signal, lets it go on and stays in the history.
+abort: the rollout rolls back the same way, then ends `cancelled`. Only a completed rollout
+completes its workflow; any other outcome fails it (the UI's red FAILED), the outcome and reason
+its message, the `RolloutResult` its details (`RolloutResult.of_failure`), after the model was
+told: an outcome, not a crash. A freeze window (config `freeze_calendar`) refuses the start,
+and holds a running rollout at the end of its current step until the window ends; an explicit
+override (reason, who), given at publish (part of the input) or by the `override_freeze`
+signal, lets it go on and stays in the history.
 
 A first rollout (nothing serves yet) has nothing to compare against: it deploys and routes all
 traffic in one step.
@@ -76,7 +77,7 @@ with workflow.unsafe.imports_passed_through():
         RolloutResult,
         RolloutStatus,
     )
-    from ipnext.names import ModelWorkflowNames, RolloutState, RolloutWorkflowNames
+    from ipnext.names import ModelWorkflowNames, RolloutOutcome, RolloutState, RolloutWorkflowNames
     from ipnext.policy import rollout_steps as steps
     from ipnext.policy.gates import judge_window
     from ipnext.policy.rollout_steps import Weights
@@ -89,6 +90,7 @@ CANCEL_ABORTS_PATCH = "rollout-cancel-aborts"
 BASELINE_FIRST_PATCH = "bake-baseline-first"
 # Runs started before a capacity move removed a down region's apps (without waiting) replay without.
 LOST_APPS_PATCH = "remove-down-regions-apps"
+FAILS_VISIBLY_PATCH = "rollout-not-completed-fails"  # runs started before it complete whatever the outcome
 # Runs started before a bake held its judgement of traffic while its serving check could not run
 # (and started a fresh window once one ran) replay without.
 UNCHECKED_WINDOW_PATCH = "bake-holds-while-serving-unchecked"
@@ -258,6 +260,10 @@ class RolloutWorkflow(RolloutActions):
     async def _run_and_report(self, input: RolloutInput) -> RolloutResult:
         result = await self._run(input)
         await self._report(result)
+        if result.outcome != RolloutOutcome.COMPLETED and workflow.patched(FAILS_VISIBLY_PATCH):
+            raise ApplicationError(
+                result.failure_message(), result, type=result.failure_type(), non_retryable=True
+            )
         return result
 
     def _cancel_requested(self) -> None:

@@ -45,8 +45,10 @@ from temporalio.common import (
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
+from ipnext.client import rollout_wait
 from ipnext.client.fleet import fleet_status, mark_region, region_change
 from ipnext.client.prediction import AsyncPredictionClient, Prediction, PredictionClient
+from ipnext.client.rollout_wait import paused_error, progress_line
 from ipnext.client.temporal import connect_client, from_temporal, stuck_reason, temporal_errors
 from ipnext.contracts.experiment import (
     ExperimentStarted,
@@ -73,15 +75,10 @@ from ipnext.contracts.model import (
     ValidateSpecInput,
 )
 from ipnext.contracts.rollout import (
-    FREEZE_PAUSE,
-    INSUFFICIENT_TRAFFIC,
-    IPNEXT,
-    NEEDS_ATTENTION,
     AbortInput,
     PauseInput,
     ResumeInput,
     RolloutStatus,
-    waits_for_traffic,
 )
 from ipnext.contracts.routing import RoutingDocument
 from ipnext.errors import (
@@ -96,15 +93,11 @@ from ipnext.names import (
     MODEL_KEY,
     STATE_KEY,
     ExperimentWorkflowNames,
-    ModelStatus,
     ModelWorkflowNames,
-    PollTimeoutError,
-    RolloutState,
     RolloutWorkflowNames,
     Workflows,
     model_name_of,
     model_workflow_id,
-    poll_until,
     validate_workflow_id,
 )
 from ipnext.policy.demand import ModelDemand, model_demand
@@ -136,7 +129,6 @@ QUERY_TIMEOUT = timedelta(seconds=10)
 DEADLOCK_CODE = "TMPRL1101"
 QUERY_DEADLOCK_RETRIES = 3
 QUERY_DEADLOCK_PAUSE_S = 1.0
-WAIT_INTERVAL_S = 0.5  # how often wait_until_serving reads the model and its rollout
 
 
 class ModelSummary(BaseModel):
@@ -476,74 +468,31 @@ class Client:
         on_progress: Callable[[RolloutStatus], object] | None = None,
         stop_on_pause: bool = True,
         through_traffic_pause: bool = False,
+        heartbeat_s: float | None = None,
     ) -> ModelState:
         """Wait until `set_id` serves, and return the model's state then.
 
         Raises, as soon as it is known: `RolloutPausedError` when the set's rollout pauses (by
         on-call, by ipnext for too little traffic, for a freeze window), or the one it is queued
         behind does: the rollout stays paused, and the error's `fix` says how it goes on
-        (`stop_on_pause=False` waits through pauses; `through_traffic_pause=True`, for a caller
-        that sends the model traffic itself, waits through ipnext's own pause for too little
-        traffic, which that traffic ends, and still stops on any other);
-        `RolloutStoppedError` when it ends without
+        (`stop_on_pause=False` waits through pauses; `through_traffic_pause=True` waits through
+        ipnext's own pauses that end by themselves, for too little traffic or a freeze window,
+        and still stops on one that needs a person); `RolloutStoppedError` when it ends without
         the set serving (rolled back, aborted, failed, refused, superseded; its detail says
         why); `ServingError` when `timeout_s` runs out (naming where the rollout is).
         `on_progress` is called with the running rollout's status (the set's own, or the one it
-        is queued behind) each time its state, step or split changes."""
-        seen: list[object] = []
-
-        def serves(state: ModelState) -> bool:
-            return state.serving_set == set_id and state.state == ModelStatus.SERVING
-
-        async def read() -> tuple[ModelState, RolloutStatus | None]:
-            state = await self.get_model(name)
-            if serves(state):
-                return state, None
-            mine = next((s for s in state.sets if s.id == set_id), None)
-            if mine is not None and mine.status.never_serves:
-                last = state.rollout if state.rollout is not None and state.rollout.set_id == set_id else None
-                raise RolloutStoppedError(
-                    f"{set_id} will not serve: {mine.status}: {mine.detail or 'no detail'}", status=last
-                )
-            live = await self.rollout_status(name) if state.state == ModelStatus.ROLLING_OUT else None
-            if live is None:
-                return state, None
-            now = (live.set_id, live.state, live.step, sorted(live.traffic_percent.items()), live.part)
-            if on_progress is not None and seen[-1:] != [now]:
-                on_progress(live)
-            seen[:] = [now]
-            # A set queued behind a paused rollout does not move either.
-            if live.state == RolloutState.PAUSED and stop_on_pause:
-                if not (through_traffic_pause and waits_for_traffic(live)):
-                    raise paused_error(name, live, waiting_for=set_id)
-            if live.set_id == set_id and live.state.is_terminal and live.state != RolloutState.COMPLETED:
-                raise RolloutStoppedError(
-                    f"{set_id} will not serve: its rollout {live.state.value}: {live.detail or 'no detail'}",
-                    status=live,
-                )
-            return state, live
-
-        try:
-            state, _ = await poll_until(
-                read,
-                lambda found: serves(found[0]),
-                timeout_s=timeout_s,
-                interval_s=WAIT_INTERVAL_S,
-                what=set_id,
-            )
-        except PollTimeoutError as err:
-            last_state, live = err.last if isinstance(err.last, tuple) else (None, None)
-            model_is = last_state.state if last_state is not None else "unknown"
-            where = (
-                f"; its rollout is {live.state.value} at {live.step or 'start'}: {live.detail}"
-                if live
-                else ""
-            )
-            raise ServingError(
-                f"{set_id} not serving after {timeout_s:.0f}s (model is {model_is}{where})",
-                fix=f"`ipnext rollout status {name}` shows where it is",
-            ) from None
-        return state
+        is queued behind) each time its state, step or split changes, and every `heartbeat_s`
+        when set (`ipnext.client.rollout_wait`)."""
+        return await rollout_wait.wait_until_serving(
+            self,
+            name,
+            set_id,
+            timeout_s,
+            on_progress=on_progress,
+            stop_on_pause=stop_on_pause,
+            through_traffic_pause=through_traffic_pause,
+            heartbeat_s=heartbeat_s,
+        )
 
     async def rollout_status(self, name: str) -> RolloutStatus | None:
         """The model's latest rollout: live from the RolloutWorkflow while it runs."""
@@ -723,58 +672,4 @@ def _not_found(name: str) -> ModelNotFoundError:
         field="name",
         value=name,
         fix="check `ipnext model list`",
-    )
-
-
-def progress_line(status: RolloutStatus) -> str:
-    """A rollout's progress on one line: state, step, split, and the gates' latest readings (what
-    `ipnext snapshot publish --wait` prints at each change)."""
-    split = ", ".join(f"{k} {v:g}%" for k, v in sorted(status.traffic_percent.items())) or "none"
-    line = (
-        f"{status.workflow_id or status.set_id} {status.state.value}: "
-        f"{status.step or 'starting'}; traffic {split}"
-    )
-    if status.part_traffic:
-        line += "; parts on the new set " + ", ".join(f"{k} {v:g}%" for k, v in status.part_traffic.items())
-    if status.gates:
-        line += "; gates " + ", ".join(g.describe() for g in status.gates)
-    if status.detail:
-        line += f"; {status.detail}"
-    return line
-
-
-def paused_error(name: str, status: RolloutStatus, waiting_for: str | None = None) -> RolloutPausedError:
-    """The error of a wait (for `waiting_for`, a set) that found the rollout paused: who paused
-    it, why, and how it goes on."""
-    pause = status.pauses[-1] if status.pauses else None
-    reason = pause.reason if pause is not None else "unknown"
-    who = pause.who if pause is not None else "unknown"
-    why = status.detail.removeprefix("paused: ") if who == IPNEXT and status.detail else reason
-    resume = f"`ipnext rollout resume {name}` bakes the step again"
-    abort = f"`ipnext rollout abort {name} --reason R` rolls back"
-    if who == IPNEXT and reason == INSUFFICIENT_TRAFFIC:
-        fix = (
-            "send the model traffic: the rollout goes on by itself once its window holds "
-            f"min_requests; or {resume}, {abort}"
-        )
-    elif who == IPNEXT and reason.startswith(FREEZE_PAUSE):
-        fix = (
-            "it goes on when the freeze window ends; "
-            f"`ipnext rollout override-freeze {name} --reason R --who W` lets it through now"
-        )
-    elif who == IPNEXT and reason == NEEDS_ATTENTION:
-        fix = (
-            f"its rollback cannot complete: read `ipnext rollout status {name}`, fix it, "
-            f"then `ipnext rollout resume {name}` retries"
-        )
-    else:
-        fix = f"`ipnext rollout resume {name}` goes on (the step bakes again), or {abort}"
-    behind = f"{waiting_for} is queued behind it: " if waiting_for not in (None, status.set_id) else ""
-    return RolloutPausedError(
-        f"{behind}{status.set_id}'s rollout paused at {status.step or 'start'} by {who}: {why}. It "
-        f"stays paused; `ipnext rollout watch {name}` follows it.",
-        reason=reason,
-        who=who,
-        status=status,
-        fix=fix,
     )

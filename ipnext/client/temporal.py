@@ -13,6 +13,7 @@ on the 2-core development machine beside two busy cores: a script that only conn
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import gc
 import ipaddress
 import os
@@ -24,18 +25,22 @@ from pathlib import Path
 import temporalio.runtime
 from temporalio.api.common.v1 import WorkflowExecution
 from temporalio.api.enums.v1 import EventType, WorkflowExecutionStatus
+from temporalio.api.failure.v1 import Failure
 from temporalio.api.workflowservice.v1 import GetWorkflowExecutionHistoryReverseRequest
 from temporalio.client import Client, WorkflowFailureError, WorkflowUpdateFailedError
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.converter import DefaultFailureConverter, PayloadConverter
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode, TLSConfig
 
 from ipnext.contracts.identity import SendIdentity
+from ipnext.contracts.rollout import ROLLOUT_FAILURE_TYPES
 from ipnext.errors import IpnextError, SpecError, TemporalConnectionError, error_from_wire
 from ipnext.spec.settings import Settings
 
 __all__ = [
     "API_KEY_ENV",
+    "DATA_CONVERTER",
     "TemporalConnection",
     "connect_client",
     "from_temporal",
@@ -133,6 +138,22 @@ def temporal_connection(settings: Settings, environ: Mapping[str, str] | None = 
     return TemporalConnection(address=address, namespace=temporal.namespace, tls=tls, api_key=api_key)
 
 
+class OutcomeFailureConverter(DefaultFailureConverter):
+    """Temporal's failure converter, but a rollout's outcome (a rollout that did not complete
+    fails its workflow with it: contracts.rollout.RolloutResult) carries no stack trace: it is
+    an outcome, not a crash, and the trace would show the worker's file paths in the UI."""
+
+    def to_failure(
+        self, exception: BaseException, payload_converter: PayloadConverter, failure: Failure
+    ) -> None:
+        super().to_failure(exception, payload_converter, failure)
+        if isinstance(exception, ApplicationError) and exception.type in ROLLOUT_FAILURE_TYPES:
+            failure.stack_trace = ""
+
+
+# Every client ipnext connects, and so every worker: pydantic payloads, outcome failures bare.
+DATA_CONVERTER = dataclasses.replace(pydantic_data_converter, failure_converter_class=OutcomeFailureConverter)
+
 _RUNTIME_RELEASED_AT_EXIT: list[bool] = []  # registered once per process
 
 
@@ -165,7 +186,7 @@ async def connect_client(settings: Settings, *, identity: str | None = None) -> 
         return await Client.connect(
             connection.address,
             namespace=connection.namespace,
-            data_converter=pydantic_data_converter,
+            data_converter=DATA_CONVERTER,
             tls=connection.tls if connection.tls is not None else False,
             api_key=connection.api_key,
             interceptors=[SendIdentity(identity)] if identity else [],

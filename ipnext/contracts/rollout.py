@@ -19,6 +19,7 @@ __all__ = [
     "INSUFFICIENT_TRAFFIC",
     "IPNEXT",
     "NEEDS_ATTENTION",
+    "ROLLOUT_FAILURE_TYPES",
     "AbortInput",
     "GateReading",
     "PauseInput",
@@ -29,6 +30,7 @@ __all__ = [
     "RolloutProgress",
     "RolloutResult",
     "RolloutStatus",
+    "resumes_by_itself",
     "waits_for_traffic",
 ]
 
@@ -103,8 +105,10 @@ class RolloutInput(Frozen):
 
 
 class RolloutResult(Frozen):
-    """How a rollout ended. The workflow completes (Temporal's status COMPLETED) whatever
-    happened; `outcome` says how, and only `completed` moved the traffic."""
+    """How a rollout ended; `outcome` says how, and only `completed` moved the traffic. A
+    completed rollout is its workflow's result (Temporal's COMPLETED); any other outcome ends
+    the workflow FAILED, with this result as its failure's details (`failure_of`, `result_of`):
+    the Temporal UI shows a rolled-back rollout as a failure, and its list's filter finds it."""
 
     state: RolloutState
     outcome: RolloutOutcome
@@ -133,6 +137,39 @@ class RolloutResult(Frozen):
         if isinstance(raw, dict) and "outcome" not in raw and "state" in raw:
             raw = {**raw, "outcome": RolloutOutcome.of(RolloutState(raw["state"]))}
         return raw
+
+    def failure_type(self) -> str:
+        """The application error type its workflow fails with: `RolloutRolledBack`, ..."""
+        return "Rollout" + "".join(word.capitalize() for word in self.outcome.value.split("_"))
+
+    def failure_message(self) -> str:
+        """The failure's message, the line the Temporal UI shows: the outcome and why."""
+        return f"{self.outcome.value.replace('_', ' ')}: {self.detail or 'no detail'}"
+
+    @classmethod
+    def of_failure(cls, err: BaseException | None) -> RolloutResult | None:
+        """The result a rollout's workflow failure carries (its failure, or one it caused: a
+        child's failure, a client's WorkflowFailureError), None when it carries none (the
+        rollout failed by a bug, or was terminated). Read by duck type, without Temporal's
+        classes: contracts import no client."""
+        seen = 0
+        while err is not None and seen < 8:
+            kind, details = getattr(err, "type", None), getattr(err, "details", None)
+            if isinstance(kind, str) and kind in ROLLOUT_FAILURE_TYPES and details:
+                try:
+                    return cls.model_validate(details[0])
+                except ValueError:
+                    return None
+            err, seen = getattr(err, "cause", None) or err.__cause__, seen + 1
+        return None
+
+
+# Every outcome but completed fails its workflow with one of these types.
+ROLLOUT_FAILURE_TYPES = frozenset(
+    "Rollout" + "".join(w.capitalize() for w in o.value.split("_"))
+    for o in RolloutOutcome
+    if o != RolloutOutcome.COMPLETED
+)
 
 
 class RolloutEnded(Frozen):
@@ -231,6 +268,17 @@ class RolloutStatus(Frozen):
     # Workflow time of the last change the rollout made to this status (a step, a split, a gate
     # reading): a reader says how old the answer is from it (None: recorded before it existed).
     updated_at: datetime | None = None
+    # The requests a bake's window needs in each region before its gates judge (the spec's
+    # rollout.min_requests; 0: recorded before it was carried).
+    min_requests: int = 0
+
+    def requests_needed(self) -> int | None:
+        """How many more requests the least-fed region's window needs before the gates judge;
+        None when no gate is waiting for traffic (or the bound is unknown)."""
+        waiting = [g.requests for g in self.gates if not g.judged]
+        if not waiting or self.min_requests <= 0:
+            return None
+        return max(0, self.min_requests - min(waiting))
 
 
 def waits_for_traffic(status: RolloutStatus) -> bool:
@@ -238,3 +286,13 @@ def waits_for_traffic(status: RolloutStatus) -> bool:
     the window holds `min_requests`."""
     pause = status.pauses[-1] if status.pauses else None
     return pause is not None and pause.who == IPNEXT and pause.reason == INSUFFICIENT_TRAFFIC
+
+
+def resumes_by_itself(status: RolloutStatus) -> bool:
+    """Whether a paused rollout goes on with no one's signal: ipnext's own pause for traffic
+    (traffic ends it) or for a freeze window (its end does). An on-call pause, or ipnext's pause
+    of a rollback that cannot complete, needs a person."""
+    pause = status.pauses[-1] if status.pauses else None
+    return waits_for_traffic(status) or (
+        pause is not None and pause.who == IPNEXT and pause.reason.startswith(FREEZE_PAUSE)
+    )

@@ -19,7 +19,7 @@ import pytest
 import ray
 import torch
 from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
-from temporalio.client import WorkflowExecutionStatus
+from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
 
 from ipnext.client.devstack.stack import DevStack
 from ipnext.client.sdk import Client
@@ -384,11 +384,14 @@ async def the_temporal_uis_doors(stack: Settings, client: Client, model_name: st
             f"temporal workflow {door} on {published.set_id}: traffic back on {serving} "
             f"{back_at - door_at:.1f} s later, {len(load.answers)} answers, none failed; {ended[door]}"
         )
-        if door == "cancel":  # rolled back like abort, then ended: COMPLETED, outcome cancelled
+        if door == "cancel":  # rolled back like abort, then ended: FAILED, outcome cancelled
             print(f"the cancel came at 50% with {training_folder.name}'s training folder removed")
             assert not training_folder.exists()
-            result = await client.temporal.get_workflow_handle(rollout_id, result_type=RolloutResult).result()
-            assert described.status == WorkflowExecutionStatus.COMPLETED and result.outcome == "cancelled"
+            with pytest.raises(WorkflowFailureError) as failed:
+                await client.temporal.get_workflow_handle(rollout_id, result_type=RolloutResult).result()
+            result = RolloutResult.of_failure(failed.value)
+            assert described.status == WorkflowExecutionStatus.FAILED
+            assert result is not None and result.outcome == "cancelled", failed.value
             assert state.sets[-1].status == "cancelled"
         else:
             assert described.status == WorkflowExecutionStatus.TERMINATED

@@ -67,6 +67,7 @@ PATCH_IDS = [
     "remove-down-regions-apps",
     "restore-after-outside-end",
     "rollout-cancel-aborts",
+    "rollout-not-completed-fails",
     "rollout-serving-check",
     "serving-reconcile",
 ]

@@ -10,17 +10,17 @@ from pathlib import Path
 
 import pytest_asyncio
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
+from ipnext.client.temporal import DATA_CONVERTER
 from ipnext.names import ARMS_KEY, MODEL_KEY, REGIONS_DOWN_KEY, STATE_KEY, TRAFFIC_KEY
 
 
 @pytest_asyncio.fixture(scope="package", loop_scope="session")
 async def temporal() -> AsyncIterator[Client]:
     env = await WorkflowEnvironment.start_local(
-        data_converter=pydantic_data_converter,
+        data_converter=DATA_CONVERTER,
         dev_server_existing_path=str(Path(sys.executable).parent / "temporal"),
         search_attributes=[MODEL_KEY, STATE_KEY, TRAFFIC_KEY, REGIONS_DOWN_KEY, ARMS_KEY],
     )

@@ -9,7 +9,7 @@ import uuid
 from datetime import UTC, datetime
 
 import pytest
-from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.worker import Worker
 
 from ipnext.client.worker import WORKFLOWS
@@ -60,13 +60,20 @@ async def roll(temporal: Client, fake: FakeServing, new_versions: dict[str, str]
     new = snapshot_set(2, new_versions)
     queue = f"wf-{uuid.uuid4().hex[:8]}"
     async with Worker(temporal, task_queue=queue, workflows=WORKFLOWS, activities=fake.activities()):
-        result: RolloutResult = await temporal.execute_workflow(
-            "RolloutWorkflow",
-            RolloutInput(spec=TWO_PARTS, plan=PLAN, new_set=new, old_set=old, old_apps={"us-east": "app-1"}),
-            id=f"rollout/wf-model/{uuid.uuid4().hex[:8]}",
-            task_queue=queue,
-            result_type=RolloutResult,
-        )
+        try:
+            result: RolloutResult = await temporal.execute_workflow(
+                "RolloutWorkflow",
+                RolloutInput(
+                    spec=TWO_PARTS, plan=PLAN, new_set=new, old_set=old, old_apps={"us-east": "app-1"}
+                ),
+                id=f"rollout/wf-model/{uuid.uuid4().hex[:8]}",
+                task_queue=queue,
+                result_type=RolloutResult,
+            )
+        except WorkflowFailureError as err:  # a rollout that did not complete: its result is in the failure
+            found = RolloutResult.of_failure(err)
+            assert found is not None, err
+            return found
     return result
 
 

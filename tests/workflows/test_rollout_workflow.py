@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
+from temporalio.exceptions import ApplicationError
 
 from ipnext.contracts.freeze import FreezeOverride, FreezeWindow
 from ipnext.contracts.model import PublishResult
@@ -394,9 +395,20 @@ async def test_a_pause_between_steps_holds_the_split_until_resumed(temporal: Cli
 
 async def ended(client: Client, set_id: str) -> tuple[WorkflowExecutionStatus | None, RolloutResult]:
     """The rollout of `set_id` once closed: its Temporal status and its result (whose outcome its
-    IpnextState search attribute, as described, names too)."""
+    IpnextState search attribute, as described, names too). A rollout that did not complete
+    failed, with its result in the failure's details and the outcome as its type and message."""
     handle = client.get_workflow_handle(rollout_workflow_id("wf-model", set_id), result_type=RolloutResult)
-    result = await asyncio.wait_for(handle.result(), timeout=60)
+    try:
+        result = await asyncio.wait_for(handle.result(), timeout=60)
+    except WorkflowFailureError as err:
+        found = RolloutResult.of_failure(err)
+        assert found is not None and found.outcome != RolloutOutcome.COMPLETED, err
+        assert isinstance(err.cause, ApplicationError) and err.cause.type == found.failure_type()
+        assert err.cause.message == found.failure_message() and err.cause.non_retryable
+        last = (await handle.fetch_history()).events[-1]
+        failed = last.workflow_execution_failed_event_attributes.failure
+        assert failed.message == found.failure_message() and failed.stack_trace == "", failed  # an outcome
+        result = found
     described = await handle.describe()
     assert described.typed_search_attributes.get(STATE_KEY) == result.outcome.value
     return described.status, result
@@ -434,9 +446,11 @@ async def cancel_seen(client: Client, workflow_id: str) -> None:
     await handled(client, workflow_id, CANCEL_REQUESTED, "the cancellation")
 
 
-async def test_a_breached_or_aborted_rollout_completes_with_its_outcome(temporal: Client) -> None:
-    """Temporal's green COMPLETED means "ran to its end": the result, the status and the
-    IpnextState search attribute say how it ended."""
+async def test_a_breached_or_aborted_rollout_fails_with_its_outcome(temporal: Client) -> None:
+    """Only a completed rollout is Temporal's green COMPLETED: a rolled-back or aborted one ends
+    FAILED (the UI's red, its failure filter finds it), the outcome and its reason its failure's
+    message, its result the failure's details; the IpnextState search attribute says it too, and
+    the model, told first, records the outcome, not a crash."""
     fake = FakeServing()
     fake.bad_apps.add("app-2")
     worker, handle = await start(temporal, fake, with_rollout(steps=[30, 100], bake_seconds=30.0))
@@ -454,14 +468,14 @@ async def test_a_breached_or_aborted_rollout_completes_with_its_outcome(temporal
         (rolled_back, RolloutOutcome.ROLLED_BACK),
         (aborted, RolloutOutcome.ABORTED),
     ):
-        assert status == WorkflowExecutionStatus.COMPLETED
+        assert status == WorkflowExecutionStatus.FAILED
         assert result.outcome == outcome and result.status is not None and result.status.outcome == outcome
     assert state.rollout is not None and state.rollout.outcome == RolloutOutcome.ABORTED
 
 
-async def test_cancel_mid_bake_rolls_back_like_abort_and_completes_cancelled(temporal: Client) -> None:
+async def test_cancel_mid_bake_rolls_back_like_abort_and_ends_cancelled(temporal: Client) -> None:
     """`temporal workflow cancel` (the UI's "Request Cancellation") on a baking rollout: it rolls
-    back as `abort` does (the routers end on the old set, the new set's apps go), then completes
+    back as `abort` does (the routers end on the old set, the new set's apps go), then fails
     with the outcome `cancelled`; the model records it and stays Running; no task failed."""
     fake = FakeServing()
     worker, handle = await start(temporal, fake, with_rollout(steps=[30, 100], bake_seconds=30.0))
@@ -473,7 +487,7 @@ async def test_cancel_mid_bake_rolls_back_like_abort_and_completes_cancelled(tem
         status, result = await ended(temporal, "wf-model@2")
         model = (await handle.describe()).status
         await no_failed_tasks(temporal, rid, handle.id)
-    assert status == WorkflowExecutionStatus.COMPLETED and model == WorkflowExecutionStatus.RUNNING
+    assert status == WorkflowExecutionStatus.FAILED and model == WorkflowExecutionStatus.RUNNING
     assert result.outcome == RolloutOutcome.CANCELLED and result.state == RolloutState.CANCELLED
     assert "cancellation requested" in result.detail, result.detail
     assert fake.routes[-1] == {"us-east": {"app-1": 100.0}} and fake.weights["us-east"] == {"app-1": 100.0}
@@ -496,7 +510,7 @@ async def test_cancel_during_a_deploy_lets_it_finish_and_moves_no_traffic(tempor
         fake.release["wf-model@2"].set()
         status, result = await ended(temporal, "wf-model@2")
         await no_failed_tasks(temporal, rid)
-    assert status == WorkflowExecutionStatus.COMPLETED and result.outcome == RolloutOutcome.CANCELLED
+    assert status == WorkflowExecutionStatus.FAILED and result.outcome == RolloutOutcome.CANCELLED
     assert fake.deployed.count("wf-model@2") == 1  # it ran to its end
     assert all("app-2" not in r["us-east"] for r in fake.routes)  # no traffic ever moved
     assert fake.removed == ["app-2"]

@@ -1,6 +1,7 @@
 """Waiting for a set to serve tells the truth (on a real Temporal dev server, the activities faked):
-`Client.wait_until_serving` and `ipnext snapshot publish --wait` report the rollout's progress and
-stop at once, with the reason and how to go on, when it pauses or rolls back."""
+`Client.wait_until_serving` and `ipnext snapshot publish --wait` report the rollout's progress,
+wait through a pause that ends by itself when asked to, and stop at once, with the outcome or
+the reason and how to go on, when it rolls back or a person pauses it."""
 
 from __future__ import annotations
 
@@ -155,12 +156,10 @@ async def test_the_wait_stops_when_on_call_pauses_or_the_gates_roll_back(
     else:
         with pytest.raises(RolloutStoppedError) as stopped:
             await sdk.wait_until_serving(NAME, published.set_id, timeout_s=60)
-        assert "rolled_back" in str(stopped.value) and "error_rate" in str(stopped.value), stopped.value
+        assert "rolled back" in str(stopped.value) and "error_rate" in str(stopped.value), stopped.value
 
 
-async def test_publish_wait_prints_progress_and_exits_2_with_the_pause_reason(
-    serving_v1: tuple[FakeServing, WorkflowHandle[Any, Any]], temporal: TemporalClient, tmp_path: Path
-) -> None:
+def _v2_folder(tmp_path: Path) -> Path:
     folder = tmp_path / "v2"
     folder.mkdir()
     (folder / "embed.safetensors").write_bytes(b"not read: the validation is faked")
@@ -171,21 +170,60 @@ async def test_publish_wait_prints_progress_and_exits_2_with_the_pause_reason(
         "parts": {"embed": {"file": "embed.safetensors", "sha256": "a" * 64}},
     }
     (folder / "manifest.json").write_text(json.dumps(manifest))
+    return folder
+
+
+async def _publish_wait(temporal: TemporalClient, folder: Path) -> tuple[asyncio.Task[Any], float]:
+    """`ipnext snapshot publish wf-model FOLDER --wait` in a subprocess, as a CI step runs it."""
     env = {**os.environ, "IPNEXT_TEMPORAL__ADDRESS": temporal.service_client.config.target_host}
     argv = [sys.executable, "-m", "ipnext.client.cli", "snapshot", "publish", NAME, str(folder), "--wait"]
-    started = time.monotonic()
-    done = await asyncio.to_thread(subprocess.run, argv, env=env, capture_output=True, text=True, timeout=90)
+    run = asyncio.create_task(
+        asyncio.to_thread(subprocess.run, argv, env=env, capture_output=True, text=True, timeout=90)
+    )
+    return run, time.monotonic()
+
+
+async def test_publish_wait_waits_through_a_pause_for_traffic_and_exits_0_when_it_serves(
+    serving_v1: tuple[FakeServing, WorkflowHandle[Any, Any]], temporal: TemporalClient, tmp_path: Path
+) -> None:
+    """The CI step's question is "does my set serve?": ipnext's own pause for too little traffic
+    ends when traffic comes, so `--wait` waits through it (printing what the window still needs)
+    and exits 0 once the set serves. (It exited 2 with `insufficient_traffic` on a rollout that
+    went on to complete.)"""
+    fake, _ = serving_v1
+    run, started = await _publish_wait(temporal, _v2_folder(tmp_path))
+    await until_rollout(
+        temporal, "wf-model@2", lambda s: s.state == RolloutState.PAUSED and s.pauses[-1].who == "ipnext"
+    )
+    assert not run.done()  # paused for traffic: still waiting
+    fake.rate = 100  # the traffic comes: ipnext ends its own pause
+    done = await asyncio.wait_for(run, 90)
+    print(f"`snapshot publish --wait` exited {done.returncode} after {time.monotonic() - started:.1f}s")
+    print(done.stdout + done.stderr)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("published wf-model@2 ("), lines
+    progress = [line for line in lines[1:] if line.lstrip().startswith("+")]
+    assert any("paused: step 1/2 (50%)" in line for line in progress), lines
+    assert any("more request(s) on the new set (min_requests 5)" in line for line in progress), lines
+    assert lines[-1] == "wf-model@2 serves in ['us-east']", lines
+
+
+async def test_publish_wait_exits_2_with_the_outcome_when_the_gates_roll_back(
+    serving_v1: tuple[FakeServing, WorkflowHandle[Any, Any]], temporal: TemporalClient, tmp_path: Path
+) -> None:
+    fake, _ = serving_v1
+    fake.rate = 100
+    fake.bad_apps.add("app-2")
+    run, started = await _publish_wait(temporal, _v2_folder(tmp_path))
+    done = await asyncio.wait_for(run, 90)
     print(f"`snapshot publish --wait` exited {done.returncode} after {time.monotonic() - started:.1f}s")
     print(done.stdout + done.stderr)
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
-    assert "RolloutPausedError" in done.stderr and "insufficient_traffic" in done.stderr, done.stderr
-    assert f"ipnext rollout resume {NAME}" in done.stderr, done.stderr
-    lines = done.stdout.splitlines()
-    assert lines[0].startswith("published wf-model@2 ("), lines
-    progress = [line for line in lines[1:] if line.lstrip().startswith("+")]
-    assert progress and "paused: step 1/2 (50%)" in progress[-1], lines
-    assert any("running: step 1/2 (50%)" in line and "traffic" in line for line in progress), lines
+    line = done.stderr.strip()
+    assert line.startswith("ipnext: wf-model@2 will not serve: rolled back: "), line
+    assert "error_rate" in line and "Error:" not in line.split(":")[1], line
 
 
 async def _rollout_started(temporal: TemporalClient, set_id: str) -> None:

@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import os
 import sys
+import time
 from typing import Any
 
 from ipnext.client.cli._common import with_client
@@ -36,6 +37,9 @@ def add_parser(sub: Any) -> None:
             verb_parser.add_argument("--who", help="default: $USER")
         if verb == "watch":
             verb_parser.add_argument("--interval", type=float, default=1.0, help="seconds between redraws")
+            verb_parser.add_argument(
+                "--timeout", type=float, default=None, help="give up after this many seconds (exit 2)"
+            )
     roll.set_defaults(run=_rollout)
 
 
@@ -53,7 +57,7 @@ def _rollout(args: argparse.Namespace, settings: Settings) -> None:
             if status.workflow_id:
                 print((await ipn.freshness(status.workflow_id, status.updated_at)).describe())
         elif args.verb == "watch":
-            await _watch(ipn, args.model, args.interval)
+            await _watch(ipn, args.model, args.interval, args.timeout)
         else:
             if args.verb in ("pause", "abort", "override-freeze") and not reason:
                 raise IpnextError(f"rollout {args.verb}: give --reason (it is kept in the rollout's history)")
@@ -70,10 +74,18 @@ def _rollout(args: argparse.Namespace, settings: Settings) -> None:
     asyncio.run(with_client(settings, act))
 
 
-async def _watch(ipn: Any, model: str, interval: float) -> None:
-    """Redraw the rollout's view every `interval` seconds until it ends (Ctrl-C leaves)."""
+async def _watch(ipn: Any, model: str, interval: float, timeout_s: float | None = None) -> None:
+    """Redraw the rollout's view every `interval` seconds until it ends (Ctrl-C leaves). Exits
+    as `snapshot publish --wait` does: 0 only when it completed; rolled back, aborted, cancelled,
+    failed or refused raise `RolloutStoppedError` (exit 2, the outcome in one line), and so does
+    `timeout_s` running out. It watches through pauses: on-call watches a paused rollout too."""
+    from ipnext.client.rollout_wait import stopped_line
+    from ipnext.errors import RolloutStoppedError, ServingError
+    from ipnext.names import RolloutState
+
     tty = sys.stdout.isatty()
     last = ""
+    until = None if timeout_s is None else time.monotonic() + timeout_s
     while True:
         status = await ipn.rollout_status(model)
         view = "no rollout yet" if status is None else render_rollout(status)
@@ -82,8 +94,16 @@ async def _watch(ipn: Any, model: str, interval: float) -> None:
                 print("\x1b[2J\x1b[H", end="")
             print(view + ("" if tty else "\n---"), flush=True)
             last = view
-        if status is None or status.state.is_terminal:
+        if status is None or status.state == RolloutState.COMPLETED:
             return
+        if status.state.is_terminal:
+            raise RolloutStoppedError(stopped_line(status.set_id, status), status=status)
+        if until is not None and time.monotonic() >= until:
+            raise ServingError(
+                f"{status.set_id}'s rollout still {status.state.value} at {status.step or 'start'} "
+                f"after {timeout_s:g} s",
+                fix=f"`ipnext rollout watch {model}` goes on watching",
+            )
         await asyncio.sleep(interval)
 
 

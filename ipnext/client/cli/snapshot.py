@@ -20,7 +20,9 @@ from ipnext.client.cli._common import with_client
 from ipnext.errors import IpnextError
 from ipnext.spec.settings import Settings
 
-__all__ = ["add_parser"]
+__all__ = ["PROGRESS_EVERY_S", "add_parser"]
+
+PROGRESS_EVERY_S = 10.0  # --wait prints a progress line at least this often
 
 
 def add_parser(sub: Any) -> None:
@@ -33,8 +35,10 @@ def add_parser(sub: Any) -> None:
     pub.add_argument(
         "--wait",
         action="store_true",
-        help="wait until the set serves, printing the rollout's progress; exit 2 with the reason "
-        "if it pauses, rolls back, is aborted or fails",
+        help="wait until the set serves (exit 0), printing the rollout's progress at each change "
+        f"and at least every {PROGRESS_EVERY_S:g} s; waits through pauses that end by themselves "
+        "(too little traffic, a freeze window); exit 2 with the outcome in one line if it rolls "
+        "back, is aborted, fails or is paused by a person",
     )
     pub.add_argument(
         "--timeout", type=float, default=1800.0, help="--wait: give up after this many seconds (exit 2)"
@@ -70,7 +74,7 @@ def _snapshot(args: argparse.Namespace, settings: Settings) -> None:
         )
         print(f"published {result.set_id} ({result.status})", flush=True)
         if args.wait:
-            from ipnext.client.sdk import progress_line
+            from ipnext.client.rollout_wait import progress_line
 
             started = time.monotonic()
 
@@ -78,10 +82,17 @@ def _snapshot(args: argparse.Namespace, settings: Settings) -> None:
                 queued = "" if status.set_id == result.set_id else "(queued behind) "
                 print(f"  +{time.monotonic() - started:5.1f}s {queued}{progress_line(status)}", flush=True)
 
-            # A pause, a rollback, an abort or a failure ends the wait at once (exit 2, the reason
-            # and how to go on in one line): the wait never outlasts a rollout that stopped moving.
+            # A CI step asks "does my set serve?": a pause that ends by itself (ipnext's own, for
+            # traffic or a freeze window) is waited through; one that needs a person, a rollback,
+            # an abort or a failure ends the wait at once (exit 2, the outcome and how to go on in
+            # one line): the wait never outlasts a rollout that stopped moving.
             state = await ipn.wait_until_serving(
-                args.model, result.set_id, timeout_s=args.timeout, on_progress=progress
+                args.model,
+                result.set_id,
+                timeout_s=args.timeout,
+                on_progress=progress,
+                through_traffic_pause=True,
+                heartbeat_s=PROGRESS_EVERY_S,
             )
             print(f"{result.set_id} serves in {sorted(state.serving_apps)}")
 
