@@ -1,6 +1,7 @@
 """The router app Serve builds for one (model, region): its HTTP entry, which picks a set app
-per request by weight and runs the DAG against that app, retrying a failed variant on its
-fallback. `router_app` is the builder the rendered Serve config imports by path
+per request by weight, admits it or sheds it, runs the DAG against that app (`dag_run`: the
+variants, a failed variant's fallback, a typed answer), counts what the set's gates read and
+answers. `router_app` is the builder the rendered Serve config imports by path
 (`layout.ROUTER_IMPORT_PATH`)."""
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import os
 import random
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,7 @@ from ipnext.serving.answers import (
     shed_answer,
 )
 from ipnext.serving.choices import FallbackReason, VariantRouter, variant_label
+from ipnext.serving.dag_run import Attempt, DagFailed, run_dag, run_parts
 from ipnext.serving.export import CounterPusher, RouterPrometheus
 from ipnext.serving.layout import (
     RAY_NAMESPACE,
@@ -50,8 +51,8 @@ from ipnext.serving.request_body import BodyError, parse_request_body
 from ipnext.serving.router_feedback import stamp_arm, take_feedback
 from ipnext.serving.set_routes import SetRoute
 from ipnext.serving.shadow_mirror import ShadowMirror
-from ipnext.serving.traffic import PickedApps, all_finite, join_shards, jsonable, pick_apps, upstream_values
-from ipnext.spec.model import DAG_INPUT, DAG_OUTPUT
+from ipnext.serving.traffic import PickedApps, all_finite, jsonable, pick_apps, upstream_values
+from ipnext.spec.model import DAG_OUTPUT
 from ipnext.store.keys import KeyCheck
 
 __all__ = ["Router", "router_app"]
@@ -67,17 +68,6 @@ CAPACITY_REFRESH_S = 5.0
 # How long a set app's ingress has to describe itself to a router (it answers in milliseconds
 # when it runs; a call to an app that does not exist waits for good).
 DESCRIBE_TIMEOUT_S = 10.0
-
-
-@dataclass
-class _Attempt:
-    """One run of a request's DAG: the variant at each choice node, the snapshot id of each part
-    that answered, and the part that failed it (not by the caller's mistake), if one did."""
-
-    chosen: dict[str, str]
-    stamps: dict[str, str] = field(default_factory=dict)
-    failed_part: str | None = None
-    retried: bool = False  # this is the retry on a fallback after the first attempt failed
 
 
 async def _describe(app: str) -> SetDescription | None:
@@ -308,8 +298,13 @@ class Router:
         if shadow is None or self._rng.random() * 100 >= shadow.percent:
             return
         route = self._routes.get(shadow.app)
-        run = None if route is None else lambda: self._run_dag(route, {}, inputs, [])
-        self._mirror.send(shadow, outputs, run, self._limits.deadline_seconds)
+        deadline = self._limits.deadline_seconds
+
+        async def run() -> Any:
+            assert route is not None
+            return (await run_dag(route, {}, inputs, self._rng, deadline)).outputs
+
+        self._mirror.send(shadow, outputs, None if route is None else run, deadline)
 
     def _no_set(self) -> tuple[dict[str, Any], int]:
         """The 503 of a region with no serving set, marked so callers ask another region."""
@@ -379,7 +374,7 @@ class Router:
         arm = self._stamp_arm(picked, unit)  # one id for the whole stream
         dag = self._routes[picked.base]
         part_routes = {p: self._routes[a] for p, a in picked.part_apps.items()}
-        attempt = _Attempt(dag.variants.choose(inputs, time.monotonic()))
+        attempt = Attempt(dag.variants.choose(inputs, time.monotonic()))
         plan = dag.variants.plan(attempt.chosen)
         variant = variant_label(attempt.chosen)
         finals = plan.upstream.get(DAG_OUTPUT, [])
@@ -390,7 +385,7 @@ class Router:
                 raise ValueError(f"streaming needs one part feeding the output, the DAG has {finals}")
             final = finals[0]
             async with asyncio.timeout_at(deadline):
-                results = await self._run_parts(dag, part_routes, inputs, attempt, skip=final)
+                results = await run_parts(dag, part_routes, inputs, self._rng, attempt, skip=final)
             upstream = upstream_values(plan, final, results, inputs, dag.shard_groups)
             handle = part_routes.get(final, dag).handle(final, self._rng)
             pieces = handle.options(stream=True).stream.remote(upstream)
@@ -420,7 +415,7 @@ class Router:
             if attempt.failed_part is None and pieces is not None:
                 attempt.failed_part = finals[0]
             self._count(picked.counted, None)
-            body, status = self._failure(err, attempt)
+            body, status = self._failure(err, attempt.failed_part)
             yield {**body, "status": status, "set": set_id}
             return
         finally:
@@ -489,97 +484,27 @@ class Router:
         deadline = self._deadline(deadline_s)
         set_id = self._routes[picked.counted].set_id  # the set the answer is counted against and stamped with
         started = time.perf_counter()
-        tried: list[_Attempt] = []
         try:
             part_routes = {p: self._routes[a] for p, a in picked.part_apps.items()}
-            async with asyncio.timeout(deadline):
-                outputs = await self._run_dag(self._routes[picked.base], part_routes, inputs, tried)
+            ran = await run_dag(self._routes[picked.base], part_routes, inputs, self._rng, deadline)
         except PartInputError as err:  # the caller's mistake: 400, not counted against the set
             body, status = refusal(400, part_cause(err))
             return {**body, "set": set_id}, status
         except Exception as err:  # a part failed (a NaN score too), or the deadline passed
             self._count(picked.counted, None)
-            body, status = self._failure(err, tried[-1] if tried else _Attempt({}))
+            failed = err if isinstance(err, DagFailed) else DagFailed(err, None)
+            body, status = self._failure(failed.cause, failed.failed_part)
             return {**body, "set": set_id}, status
-        attempt = tried[-1]
         # A retry on the fallback saved the caller, but a part of the set failed this request:
         # the gates must see it, or a bad snapshot of a variant would roll out unnoticed.
-        self._count(picked.counted, None if attempt.retried else (time.perf_counter() - started) * 1000)
-        envelope = {"outputs": outputs, "set": set_id, "parts": attempt.stamps}
-        answer = {**envelope, "variant": variant_label(attempt.chosen), **self._stamp_arm(picked, unit)}
-        self._shadow(inputs, outputs)  # after the answer is whole and its latency counted
+        self._count(picked.counted, None if ran.retried else (time.perf_counter() - started) * 1000)
+        envelope = {"outputs": ran.outputs, "set": set_id, "parts": ran.stamps}
+        answer = {**envelope, "variant": ran.variant, **self._stamp_arm(picked, unit)}
+        self._shadow(inputs, ran.outputs)  # after the answer is whole and its latency counted
         return answer, 200
 
-    def _failure(self, err: Exception, attempt: _Attempt) -> tuple[dict[str, Any], int]:
-        return set_failure(err, attempt.failed_part, self._limits.deadline_seconds)
-
-    async def _run_dag(
-        self, route: SetRoute, part_routes: dict[str, SetRoute], inputs: Any, tried: list[_Attempt]
-    ) -> Any:
-        """Run `route`'s DAG on the variants its choice nodes pick for the request, calling each
-        part in `part_routes` on that route instead. When a part of a chosen variant fails (not
-        by the caller's mistake), the request runs once more with that choice on its fallback.
-        Each attempt is appended to `tried` as it starts: the last one is how the request ran."""
-        attempt = _Attempt(route.variants.choose(inputs, time.monotonic()))
-        tried.append(attempt)
-        try:
-            return await self._run_attempt(route, part_routes, inputs, attempt)
-        except PartInputError:
-            raise
-        except Exception:
-            retry = route.variants.retry_on_fallback(attempt.chosen, attempt.failed_part)
-            if retry is None:
-                raise
-        attempt = _Attempt(retry, retried=True)
-        tried.append(attempt)
-        return await self._run_attempt(route, part_routes, inputs, attempt)
-
-    async def _run_attempt(
-        self, route: SetRoute, part_routes: dict[str, SetRoute], inputs: Any, attempt: _Attempt
-    ) -> Any:
-        try:
-            results = await self._run_parts(route, part_routes, inputs, attempt)
-            feeding = route.variants.plan(attempt.chosen).upstream.get(DAG_OUTPUT, [])
-            finals = join_shards({u: results[u] for u in feeding}, route.shard_groups)
-            outputs = jsonable(next(iter(finals.values())) if len(finals) == 1 else finals)
-            if not all_finite(outputs):  # a failure of the parts that answered: a variant falls back
-                attempt.failed_part = feeding[0]
-                raise NonFiniteOutputsError()
-        finally:
-            route.variants.finish(attempt.chosen, attempt.stamps, attempt.failed_part, time.monotonic())
-        return outputs
-
-    async def _run_parts(
-        self,
-        route: SetRoute,
-        part_routes: dict[str, SetRoute],
-        inputs: Any,
-        attempt: _Attempt,
-        skip: str | None = None,
-    ) -> dict[str, Any]:
-        """Every output of the parts the attempt's variants run (all but `skip`), each part
-        started once its upstream is done; snapshot ids and a failing part go into `attempt`."""
-        plan = route.variants.plan(attempt.chosen)
-        tasks: dict[str, asyncio.Task[Any]] = {}
-
-        async def run(part: str) -> Any:
-            ups = [u for u in plan.upstream.get(part, []) if u != DAG_INPUT]
-            values = dict(zip(ups, await asyncio.gather(*(tasks[u] for u in ups)), strict=True))
-            upstream = upstream_values(plan, part, values, inputs, route.shard_groups)
-            try:
-                reply = await part_routes.get(part, route).handle(part, self._rng).remote(upstream)
-            except Exception as err:
-                if not isinstance(err, PartInputError) and attempt.failed_part is None:
-                    attempt.failed_part = part
-                raise
-            attempt.stamps[part] = reply["snapshot_id"]
-            return reply["output"]
-
-        for part in plan.order:  # topological: upstream tasks exist before their consumers
-            if part != skip:
-                tasks[part] = asyncio.ensure_future(run(part))
-        done = await asyncio.gather(*tasks.values())
-        return dict(zip(tasks, done, strict=True))
+    def _failure(self, err: Exception, failed_part: str | None) -> tuple[dict[str, Any], int]:
+        return set_failure(err, failed_part, self._limits.deadline_seconds)
 
 
 def router_app(args: dict[str, Any]) -> serve.Application:
