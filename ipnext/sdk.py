@@ -5,8 +5,9 @@ Nothing else of the old module is here, and each name loads on first use (PEP 56
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
+
+import ipnext
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time `__getattr__` loads them
     from ipnext.client.prediction import Prediction, PredictionClient
@@ -14,19 +15,12 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time `__getattr__` 
 
 __all__ = ["Client", "Prediction", "PredictionClient"]
 
-# name -> the module that defines it, imported on first use.
-_EXPORTS: dict[str, str] = {
-    "Client": "ipnext.client.sdk",
-    "Prediction": "ipnext.client.prediction",
-    "PredictionClient": "ipnext.client.prediction",
-}
-
 
 def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
+    """The names of `__all__`, loaded on first use by `ipnext`'s own lazy loader (PEP 562)."""
+    if name not in __all__:
         raise AttributeError(f"module 'ipnext.sdk' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    value = getattr(ipnext, name)
     globals()[name] = value  # once loaded, a plain attribute
     return value
 
