@@ -215,9 +215,9 @@ _LIVE_ROLLOUT = frozenset({RolloutState.PENDING, RolloutState.RUNNING, RolloutSt
 
 
 class RolloutOutcome(StrEnum):
-    """How a rollout ended (`RolloutResult.outcome`). Its Temporal status is COMPLETED whatever
-    the outcome ("ran to its end"): the outcome says how. Only `completed` moved the traffic;
-    every other one left it on the previous set."""
+    """How a rollout ended (`RolloutResult.outcome`). Only `completed` moved the traffic and
+    completes the workflow (Temporal's COMPLETED); every other one left the traffic on the
+    previous set and fails the workflow with its result (`RolloutResult.of_failure`)."""
 
     COMPLETED = "completed"
     ROLLED_BACK = "rolled_back"  # a gate breached

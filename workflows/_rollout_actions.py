@@ -391,7 +391,7 @@ class RolloutActions:
         parts = ", ".join(f"{k}: {v:g}%" for k, v in p.part_traffic.items())
         outcome = RolloutOutcome.of(p.state)
         headline = f"**{p.state.value}**: {p.step}"
-        if outcome is not None:  # Temporal's badge says COMPLETED whatever happened: say how
+        if outcome is not None:  # the badge says COMPLETED or FAILED: the details say how
             on = "new" if outcome == "completed" else "previous"
             headline = f"**outcome: {outcome.value}** (traffic on the {on} set): {p.step}"
         lines = [
