@@ -31,10 +31,29 @@ from ipnext.serving.layout import (
 from ipnext.spec.model import import_factory
 from ipnext.store.pinned import load_verified, load_verified_checkpoint, pinned_path
 
-__all__ = ["PartHost", "SetInfo", "set_app"]
+__all__ = ["PartHost", "SetInfo", "build_part", "set_app"]
 
 # How long the ingress reuses Serve's status for the running replicas (one controller call).
 _STATUS_TTL_S = 1.0
+
+
+def build_part(host: PartHostArgs) -> tuple[Any, int]:
+    """One part built from its pinned snapshot, as a dedicated replica and a pool build it, and
+    the bytes of the weights it was given (a checkpoint's files, or its tensors' `nbytes`)."""
+    # The allow-list again, before the import (which runs the module's code) and before any
+    # weights are read: this replica's config may not have come from the worker.
+    factory = import_factory(host.factory, host.factory_prefixes)
+    # The pinned copy made at validation, checked against its sha256 on the bytes it loads:
+    # the training job's own file may have moved or changed since (ipnext/store/pinned.py).
+    store = Path(host.pinned_store)
+    weights: Any
+    if host.checkpoint:
+        weights = load_verified_checkpoint(pinned_path(store, host.sha256, ".json"), host.sha256)
+        size = sum(len(data) for data in weights.values())
+    else:
+        weights = load_verified(pinned_path(store, host.sha256), host.sha256)
+        size = sum(tensor.nbytes for tensor in weights.values())
+    return factory(weights, dict(host.config)), size
 
 
 @serve.deployment(ray_actor_options={"num_cpus": 0})
@@ -45,18 +64,7 @@ class PartHost:
         import torch
 
         torch.set_num_threads(1)  # many replicas share few cores; torch would take them all
-        # The allow-list again, before the import (which runs the module's code) and before any
-        # weights are read: this replica's config may not have come from the worker.
-        factory = import_factory(host.factory, host.factory_prefixes)
-        # The pinned copy made at validation, checked against its sha256 on the bytes it loads:
-        # the training job's own file may have moved or changed since (ipnext/store/pinned.py).
-        store = Path(host.pinned_store)
-        weights: Any = (
-            load_verified_checkpoint(pinned_path(store, host.sha256, ".json"), host.sha256)
-            if host.checkpoint
-            else load_verified(pinned_path(store, host.sha256), host.sha256)
-        )
-        self._part = factory(weights, dict(host.config))
+        self._part, _ = build_part(host)
         self._snapshot_id = host.snapshot_id
         self._host = host
         self._pusher = self._counter_pusher()

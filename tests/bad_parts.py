@@ -45,3 +45,8 @@ def torch_allocates(weights: dict[str, Any], config: dict[str, Any]) -> object:
     import torch
 
     return torch.ones(ALLOCATE_BYTES // 4, dtype=torch.float32)
+
+
+def raises(weights: dict[str, Any], config: dict[str, Any]) -> object:
+    """A snapshot whose part cannot be built: fails at once, as a missing tensor would."""
+    raise RuntimeError("tensor 'mlp.0.weight' is missing from the snapshot")

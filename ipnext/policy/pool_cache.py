@@ -9,7 +9,7 @@ load reserves the larger of its estimate and its last measured size.
 
 Decision, effect, confirmation: no call here changes memory. A part a decision names to unload
 (`admit`'s evictions; `loaded` for a part that measured more than it reserved; `quarantine`;
-`release` of a quarantined part's last request) is *evicting*: its bytes stay counted until the
+`drop`; `release` of a quarantined part's last request) is *evicting*: its bytes stay counted until the
 caller has unloaded it (`del`, `gc.collect()`, `torch.cuda.empty_cache()`) and called
 `evicted(key)`, and `loaded` refuses a part whose evictions are not all confirmed. So a replica
 may await between decision and effect: what it admits meanwhile sees the bytes not yet freed as
@@ -297,6 +297,16 @@ class PoolCache:
             return False
         self._parts[key] = replace(part, doomed=True) if part.in_flight else replace(part, state="evicting")
         return not part.in_flight
+
+    def drop(self, key: PartKey) -> bool:
+        """Unload `key` on the caller's request (its set left the pool), if it is loaded and idle:
+        True, then unload it and confirm with `evicted`. Not a quarantine: it may load again."""
+        self._check_key(key)
+        part = self._parts.get(key)
+        if part is None or part.state != "ready" or part.in_flight or part.doomed:
+            return False
+        self._parts[key] = replace(part, state="evicting")
+        return True
 
     def parts(self) -> tuple[PartView, ...]:
         return tuple(self._parts.values())

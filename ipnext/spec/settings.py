@@ -40,6 +40,7 @@ __all__ = [
     "ModelCodeSettings",
     "PartHealthCheckSettings",
     "PinnedSettings",
+    "PoolSettings",
     "RaySettings",
     "RegionSettings",
     "ServeSettings",
@@ -116,6 +117,23 @@ class AutoscalingSettings(_Section):
     router_max_replicas: int = Field(default=4, ge=1, le=64)
 
 
+class PoolSettings(_Section):
+    """Shared pools (a model with `serving: pooled`): what one pool replica may hold and how it
+    treats a part that fails. `budget_bytes` is counted by the pool itself (each part's pinned
+    file size while it loads, then the bytes of its tensors), not read from RSS: freed torch
+    memory does not shrink RSS. A part that fails to load `max_load_failures` times in a row, or
+    whose load outlasts `load_timeout_s`, is refused for `quarantine_s`, doubled at each repeat
+    up to `max_quarantine_s`, while the pool serves the rest."""
+
+    budget_bytes: int = Field(default=2 * 1024**3, ge=1024**2)
+    max_load_failures: int = Field(default=2, ge=1, le=100)
+    quarantine_s: float = Field(default=60.0, gt=0, allow_inf_nan=False)
+    max_quarantine_s: float = Field(default=3600.0, gt=0, allow_inf_nan=False)
+    load_timeout_s: float = Field(default=60.0, gt=0, le=3600, allow_inf_nan=False)
+    # Requests one pool replica takes at once (many models' parts share it; Serve's default is 5).
+    max_ongoing_requests: int = Field(default=64, ge=1, le=10_000)
+
+
 class ServeSettings(_Section):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, gt=0, lt=65536)
@@ -125,6 +143,7 @@ class ServeSettings(_Section):
     reconcile_seconds: float = Field(default=30.0, ge=1)
     part_health_check: PartHealthCheckSettings = Field(default_factory=PartHealthCheckSettings)
     autoscaling: AutoscalingSettings = Field(default_factory=AutoscalingSettings)
+    pools: PoolSettings = Field(default_factory=PoolSettings)
     # How long a serving set's replica, told to stop, waits for requests already on their way
     # before it counts the ones it holds (and then stops once none are left, or after Serve's
     # 20 s). ipnext moves a set's traffic away before it removes the set, so the wait covers only

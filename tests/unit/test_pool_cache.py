@@ -386,3 +386,17 @@ def test_invariants_hold_after_every_call(steps: list[tuple[str, int, int, int, 
         else:
             cache.quarantine(key, "drill", now, for_s=float(amount) if amount % 2 else None)
         check_invariants(cache, now, honest, last)
+
+
+def test_drop_unloads_only_an_idle_loaded_part_and_is_no_quarantine() -> None:
+    cache = PoolCache(1000)
+    load(cache, A1, 100, 1.0)
+    load(cache, B, 100, 1.0)
+    cache.acquire(B, 2.0)
+    assert not cache.drop(B)  # in flight: stays
+    assert not cache.drop(C)  # not here
+    assert cache.drop(A1)
+    assert view(cache, A1) is not None and view(cache, A1).state == "evicting"  # type: ignore[union-attr]
+    cache.evicted(A1)
+    assert cache.stats(3.0).quarantined == ()
+    assert cache.admit(A1, 100, 3.0).kind is AdmitKind.LOAD  # it may come back at once

@@ -1,0 +1,289 @@
+"""A pool replica's live parts without Ray: loads shared by concurrent requests, eviction by
+bytes with the evicted part really let go, failed and hung loads, quarantine that spares the
+other parts, health checks, batching per part, retirement, and a caller that gives up mid-load.
+The loader is a test double (the seam `pool_app.load_entry` fills with real snapshots)."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from ipnext.policy.pool_cache import PartKey, PoolCache
+from ipnext.serving.layout import PartHostArgs
+from ipnext.serving.pool_layout import PoolEntry
+from ipnext.serving.pool_parts import PartLoadError, PartRefusedError, PoolParts
+from ipnext.spec.model import BatchingSpec
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def entry(
+    model: str, size: int = 100, snapshot: str = "s1", batching: BatchingSpec | None = None
+) -> PoolEntry:
+    host = PartHostArgs(
+        model=model,
+        part="ranker",
+        factory="tests.parts:Nothing",
+        uri="file:///nowhere",
+        sha256="0" * 64,
+        snapshot_id=snapshot,
+        pinned_store="/nowhere",
+        batching=batching,
+    )
+    return PoolEntry(host=host, estimate_bytes=size)
+
+
+class Part:
+    """A part that answers its model's name and counts its calls; `batch` answers a list."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.calls = 0
+        self.batches: list[int] = []
+        self.healthy = True
+
+    def __call__(self, inputs: Any) -> str:
+        self.calls += 1
+        return f"{self.name}:{inputs}"
+
+    async def batch(self, inputs: list[Any]) -> list[Any]:
+        self.batches.append(len(inputs))
+        return [ValueError("bad input") if x == "bad" else f"{self.name}:{x}" for x in inputs]
+
+    def check_health(self) -> None:
+        if not self.healthy:
+            raise RuntimeError("engine stalled")
+
+
+class Loader:
+    """Builds a `Part` per entry, counting loads; a model named in `fails` raises, one named in
+    `hangs` blocks until released (the thread cannot be stopped, as in a replica)."""
+
+    def __init__(self, fails: set[str] = frozenset(), hangs: set[str] = frozenset()) -> None:  # type: ignore[assignment]
+        self.fails = set(fails)
+        self.hangs = set(hangs)
+        self.loads: list[str] = []
+        self.built: dict[str, weakref.ref[Part]] = {}
+        self.release = threading.Event()
+        self.entered = threading.Event()
+
+    def __call__(self, e: PoolEntry) -> tuple[Any, int]:
+        model = e.host.model
+        self.loads.append(model)
+        self.entered.set()
+        if model in self.hangs:
+            self.release.wait(10)
+        if model in self.fails:
+            raise RuntimeError(f"{model}: tensor 'w' is missing from the snapshot")
+        part = Part(model)
+        self.built[model] = weakref.ref(part)
+        return part, e.estimate_bytes
+
+
+def pool(
+    loader: Loader, budget: int = 300, timeout_s: float = 5.0, clock: Callable[[], float] | None = None
+) -> PoolParts:
+    cache = PoolCache(budget, max_load_failures=2, quarantine_s=60)
+    return PoolParts(cache, loader, timeout_s, **({"clock": clock} if clock else {}))
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def test_first_use_loads_once_for_concurrent_requests_then_hits() -> None:
+    loader = Loader()
+
+    async def go() -> list[str]:
+        parts = pool(loader)
+        first = await asyncio.gather(*(parts.call(entry("alpha"), i) for i in range(5)))
+        return [*first, await parts.call(entry("alpha"), 9)]
+
+    assert run(go()) == [f"alpha:{i}" for i in range(5)] + ["alpha:9"]
+    assert loader.loads == ["alpha"]
+
+
+def test_budget_evicts_least_recently_used_and_lets_it_go() -> None:
+    loader = Loader()
+
+    async def go() -> PoolParts:
+        parts = pool(loader, budget=300)
+        for model in ("alpha", "beta", "gamma"):
+            await parts.call(entry(model), 0)
+        await parts.call(entry("alpha"), 1)  # beta is now the least recently used
+        await parts.call(entry("delta"), 0)
+        return parts
+
+    parts = run(go())
+    gc.collect()
+    assert {key.model for key in parts.held()} == {"alpha", "gamma", "delta"}
+    assert loader.built["beta"]() is None, "the evicted part is still referenced"
+    stats = parts.stats()
+    assert (stats.evictions, stats.used_bytes, stats.misses) == (1, 300, 4)
+
+
+def test_failed_loads_quarantine_that_part_and_the_pool_serves_the_rest() -> None:
+    loader = Loader(fails={"bad"})
+
+    async def go() -> list[str]:
+        parts = pool(loader)
+        seen = []
+        for _ in range(3):
+            try:
+                await parts.call(entry("bad"), 0)
+            except (PartLoadError, PartRefusedError) as err:
+                seen.append(type(err).__name__)
+            seen.append(await parts.call(entry("good"), 1))
+        assert [q.key.model for q in parts.stats().quarantined] == ["bad"]
+        return seen
+
+    assert run(go()) == ["PartLoadError", "good:1", "PartLoadError", "good:1", "PartRefusedError", "good:1"]
+    assert loader.loads.count("bad") == 2  # quarantined after two: the third was refused unloaded
+
+
+def test_a_new_snapshot_of_a_quarantined_part_still_loads() -> None:
+    loader = Loader(fails={"alpha"})
+
+    async def go() -> str:
+        parts = pool(loader)
+        for _ in range(2):
+            with pytest.raises(PartLoadError):
+                await parts.call(entry("alpha"), 0)
+        loader.fails.clear()
+        with pytest.raises(PartRefusedError, match="quarantined"):
+            await parts.call(entry("alpha"), 0)
+        return str(await parts.call(entry("alpha", snapshot="s2"), 0))
+
+    assert run(go()) == "alpha:0"
+
+
+def test_a_load_past_its_timeout_fails_and_its_late_part_is_never_served() -> None:
+    loader = Loader(hangs={"slow"})
+
+    async def go() -> None:
+        parts = pool(loader, timeout_s=0.2)
+        with pytest.raises(PartLoadError, match=r"no answer within 0\.2 s"):
+            await parts.call(entry("slow"), 0)
+        loader.release.set()
+        await asyncio.sleep(0.1)
+        assert PartKey("slow", "ranker", "s1") not in parts.held()
+        assert parts.stats().used_bytes == 0
+        assert await parts.call(entry("quick"), 1) == "quick:1"
+
+    run(go())
+
+
+def test_a_caller_that_gives_up_leaves_the_load_to_finish_for_the_next() -> None:
+    loader = Loader(hangs={"alpha"})
+
+    async def go() -> None:
+        parts = pool(loader)
+        waiting = asyncio.ensure_future(parts.call(entry("alpha"), 0))
+        await asyncio.to_thread(loader.entered.wait, 5)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        loader.release.set()
+        assert await parts.call(entry("alpha"), 1) == "alpha:1"
+        assert loader.loads == ["alpha"]
+        assert parts.stats().in_flight == 0
+
+    run(go())
+
+
+def test_failing_health_check_quarantines_the_part_after_its_last_request() -> None:
+    loader = Loader()
+
+    async def go() -> None:
+        parts = pool(loader)
+        await parts.call(entry("alpha"), 0)
+        await parts.call(entry("beta"), 0)
+        part = loader.built["alpha"]()
+        assert part is not None
+        part.healthy = False
+        del part
+        failed = await parts.check_health()
+        assert len(failed) == 1 and "alpha/ranker@s1: health check failed" in failed[0]
+        assert {key.model for key in parts.held()} == {"beta"}
+        with pytest.raises(PartRefusedError):
+            await parts.call(entry("alpha"), 1)
+        assert await parts.call(entry("beta"), 1) == "beta:1"
+
+    run(go())
+    gc.collect()
+    assert loader.built["alpha"]() is None
+
+
+def test_batching_gathers_each_parts_calls_on_their_own() -> None:
+    loader = Loader()
+    batching = BatchingSpec(max_batch_size=4, wait_ms=20)
+
+    async def go() -> list[Any]:
+        parts = pool(loader)
+        calls = [
+            parts.call(entry(model, batching=batching), i) for i in range(4) for model in ("alpha", "beta")
+        ]
+        calls.append(parts.call(entry("alpha", batching=batching), "bad"))
+        return await asyncio.gather(*calls, return_exceptions=True)
+
+    answers = run(go())
+    assert answers[:8] == [f"{m}:{i}" for i in range(4) for m in ("alpha", "beta")]
+    assert isinstance(answers[8], ValueError)  # one call's failure; its batch-mates answered
+    for model in ("alpha", "beta"):
+        part = loader.built[model]()
+        assert part is not None and sum(part.batches) == (5 if model == "alpha" else 4)
+        assert len(part.batches) < sum(part.batches), f"{model} was never batched: {part.batches}"
+
+
+def test_retire_unloads_idle_parts_no_entry_names() -> None:
+    loader = Loader()
+
+    async def go() -> None:
+        parts = pool(loader)
+        for model in ("alpha", "beta"):
+            await parts.call(entry(model), 0)
+        gone = parts.retire({entry("beta").key})
+        assert [key.model for key in gone] == ["alpha"]
+        assert {key.model for key in parts.held()} == {"beta"}
+        assert parts.stats().quarantined == ()  # retired, not quarantined: it may come back
+        assert await parts.call(entry("alpha"), 1) == "alpha:1"
+
+    run(go())
+    assert loader.loads == ["alpha", "beta", "alpha"]
+
+
+def test_no_room_waits_for_a_release_instead_of_failing() -> None:
+    loader = Loader()
+    gate = asyncio.Event
+
+    async def go() -> list[str]:
+        parts = pool(loader, budget=100)
+        hold = gate()
+
+        class Slow(Part):
+            async def __call__(self, inputs: Any) -> str:  # type: ignore[override]
+                await hold.wait()
+                return f"{self.name}:{inputs}"
+
+        loader_call = loader.__call__
+
+        def build(e: PoolEntry) -> tuple[Any, int]:
+            part, size = loader_call(e)
+            return (Slow(e.host.model) if e.host.model == "alpha" else part), size
+
+        parts._load = build  # the seam, swapped for this one test's slow part
+        busy = asyncio.ensure_future(parts.call(entry("alpha"), 0))
+        await asyncio.sleep(0.05)
+        other = asyncio.ensure_future(parts.call(entry("beta"), 0))  # no room while alpha runs
+        await asyncio.sleep(0.05)
+        assert not other.done()
+        hold.set()
+        return [await busy, await other]
+
+    assert run(go()) == ["alpha:0", "beta:0"]
