@@ -5,7 +5,6 @@ split it back into per-model plans."""
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from pydantic import Field
 from temporalio import activity
@@ -37,7 +36,6 @@ from ipnext.names import (
 from ipnext.planner import solve
 from ipnext.policy.demand import DemandReport, declared_only, model_demand, plan_demand
 from ipnext.policy.regions import Relaxation, lost_region_problems
-from ipnext.serving.layout import RAY_NAMESPACE, metrics_actor_name
 from ipnext.spec.demand_file import DeploymentDemand
 from ipnext.spec.model import ModelSpec
 from ipnext.store.plans import PlanStore, StoredPlan, now
@@ -154,6 +152,8 @@ def read_observed_demand(input: ReadDemandInput) -> ReadDemandResult:
     dead actor must not hold the whole fleet's replan)."""
     import ray
 
+    from ipnext.serving.metrics_hub import find_stores
+
     settings = _context.settings()
     regions = list(settings.fleet().regions)
     window = settings.demand.window_seconds
@@ -166,11 +166,11 @@ def read_observed_demand(input: ReadDemandInput) -> ReadDemandResult:
         failed = []
         for region in regions:
             try:
-                actor: Any = ray.get_actor(metrics_actor_name(model, region), namespace=RAY_NAMESPACE)
-            except ValueError:
-                continue  # no metrics actor: the model never served in that region
-            try:
-                raw = ray.get(actor.demand.remote(window), timeout=DEMAND_READ_TIMEOUT_S)
+                stores = find_stores(model, region)
+                if not stores:
+                    continue  # no metrics store: the model never served in that region
+                # Its own store first: a model moving into a pool has its demand history there.
+                raw = ray.get(stores[0].demand.remote(window), timeout=DEMAND_READ_TIMEOUT_S)
             except (ray.exceptions.RayError, TimeoutError) as err:
                 failed.append(f"{region}: {type(err).__name__}")
                 continue

@@ -53,7 +53,13 @@ from pydantic import Field
 from temporalio import activity
 
 from ipnext.activities import _context
-from ipnext.activities.serving import APPS_RUNNING_TIMEOUT_S, pool_envelope, publish_routing, render_set
+from ipnext.activities.serving import (
+    APPS_RUNNING_TIMEOUT_S,
+    pool_envelope,
+    pool_fold,
+    publish_routing,
+    render_set,
+)
 from ipnext.activities.validate import as_application_error
 from ipnext.contracts.plan import Plan
 from ipnext.contracts.router import RouterConfig
@@ -71,6 +77,7 @@ from ipnext.serving.layout import (
     router_max_replicas,
     set_app_plan,
 )
+from ipnext.serving.pool_layout import is_placeholder, render_pooled_router, serving_apps
 from ipnext.spec.model import ModelSpec, SnapshotSet
 from ipnext.spec.settings import Settings
 
@@ -110,7 +117,13 @@ class ReconcileResult(Frozen):
 @activity.defn
 @_context.heartbeat_throughout
 def reconcile_serving(input: ReconcileInput) -> ReconcileResult:
-    from ipnext.serving.control import live_regions, raise_if_failed, serve_applications, wait_apps_running
+    from ipnext.serving.control import (
+        live_regions,
+        raise_if_failed,
+        serve_applications,
+        wait_apps_running,
+        wait_served,
+    )
 
     current = _context.settings()
     writer: Any = _context.writer()
@@ -130,6 +143,7 @@ def reconcile_serving(input: ReconcileInput) -> ReconcileResult:
         else _serving_sets(input, store, current, live)
     )
     held = _ray_get(writer.app_configs.remote(sorted(wanted_sets)))
+    listed = _listed_as(wanted_sets, listed)
     for name, app in wanted_sets.items():
         why = _drift(name, app, held[name], listed)
         if why:
@@ -143,6 +157,7 @@ def reconcile_serving(input: ReconcileInput) -> ReconcileResult:
         activity.logger.info("reconcile %s: left alone (no live Ray node): %s", model, ", ".join(left_alone))
     wanted_routers = {r: c for r, c in every_router.items() if r in live}
     routers = _ray_get(writer.app_configs.remote([router_app_name(model, r) for r in wanted_routers]))
+    pooled = input.spec.pooled()
     generations: dict[str, int] = {}
     for region, config in sorted(wanted_routers.items()):
         name = router_app_name(model, region)
@@ -153,8 +168,14 @@ def reconcile_serving(input: ReconcileInput) -> ReconcileResult:
             max_ongoing_requests=input.spec.router.max_ongoing_requests,
             max_queued_requests=input.spec.router.max_queued_requests,
             router=input.spec.router,
-            max_replicas=router_max_replicas(input.spec.router, current.serve.autoscaling),
+            max_replicas=None
+            if pooled
+            else router_max_replicas(input.spec.router, current.serve.autoscaling),
         )
+        if pooled:  # a pooled model's router is listed as its region's pool router
+            listed = _listed_as(
+                {name: render_pooled_router(model, region, config, input.spec.router)}, listed
+            )
         floor = max(input.generation_floor, config.generation)
         generation = max(had.config.generation if had else 0, floor)
         same = (
@@ -180,7 +201,11 @@ def reconcile_serving(input: ReconcileInput) -> ReconcileResult:
         else:
             why = f"{name}: router missing in Serve"
         config = wanted.config.model_copy(update={"generation": generation})
-        upserts.append(render_router_app(model, region, config, input.spec.router, current.serve.autoscaling))
+        upserts.append(
+            render_pooled_router(model, region, config, input.spec.router)
+            if pooled
+            else render_router_app(model, region, config, input.spec.router, current.serve.autoscaling)
+        )
         generations[region] = generation
         repaired.append(why)
 
@@ -223,12 +248,14 @@ def reconcile_serving(input: ReconcileInput) -> ReconcileResult:
         if missing_only:  # the writer holds them all: Serve lost them
             _ray_get(writer.redeploy.remote(pool_envelope(current)))
         else:
-            _ray_get(writer.apply.remote(upserts, [], pool_envelope(current)))
+            _ray_get(writer.apply.remote(upserts, [], pool_envelope(current), pool_fold(current)))
     try:
         if names:
             activity.logger.warning("reconcile %s: repairing %s", model, "; ".join(repaired))
-            wait_apps_running(names, APPS_RUNNING_TIMEOUT_S, activity.heartbeat)
-        raise_if_failed(sorted(set(wanted_sets) | {router_app_name(model, r) for r in wanted_routers}))
+            wait_served(writer, names, APPS_RUNNING_TIMEOUT_S, activity.heartbeat)
+        checked = set(wanted_sets) | {router_app_name(model, r) for r in wanted_routers}
+        pooled_apps: dict[str, list[str]] = _ray_get(writer.pooled.remote(sorted(checked)))
+        raise_if_failed(sorted({a for n in checked for a in pooled_apps.get(n, [n])}))
         # The routing document: published again when the writer holds none for the model (a new
         # writer after a Ray restart); the app deployed again when Serve lost it.
         before = _ray_get(writer.routing_generation.remote(model))
@@ -271,7 +298,7 @@ def _serving_sets(
             store,
             factory_prefixes=settings.model_code.factory_prefixes,
         )
-        app = render_set(plan, settings)
+        app = render_set(plan, settings, input.spec.pooled())
         if app["name"] != name:
             raise as_application_error(
                 ServingError(
@@ -307,7 +334,7 @@ def _rollout_sets(
                 shares,
                 factory_prefixes=settings.model_code.factory_prefixes,
             )
-            app = render_set(plan, settings)
+            app = render_set(plan, settings, spec.pooled())
             apps[app["name"]] = app
     return apps
 
@@ -324,6 +351,18 @@ def _serving_routers(input: ReconcileInput, known: list[str]) -> dict[str, Route
 def _routes(config: RouterConfig) -> str:
     parts = f", parts {config.parts}" if config.parts else ""
     return f"{config.weights}{parts}"
+
+
+def _listed_as(apps: dict[str, dict[str, Any]], listed: dict[str, Any]) -> dict[str, Any]:
+    """Serve's apps, with each pooled placeholder among `apps` listed as its pool router's
+    status when Serve lists every app it is folded into (its pool router and pools)."""
+    view = dict(listed)
+    for name, app in apps.items():
+        if is_placeholder(app):
+            serving = serving_apps(app)
+            if all(a in listed for a in serving):
+                view[name] = listed[serving[0]]
+    return view
 
 
 def _drift(name: str, wanted: dict[str, Any], held: dict[str, Any] | None, listed: dict[str, Any]) -> str:

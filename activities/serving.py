@@ -11,6 +11,7 @@ from temporalio import activity
 
 from ipnext.activities import _context
 from ipnext.activities.validate import as_application_error
+from ipnext.contracts.counters import MetricsSnapshot
 from ipnext.contracts.plan import Plan
 from ipnext.contracts.router import ExperimentRoute, RouterConfig, ShadowRoute
 from ipnext.contracts.routing import routing_document
@@ -21,13 +22,13 @@ from ipnext.serving.layout import (
     DeployedRouter,
     PoolEnvelope,
     SetAppPlan,
-    metrics_actor_name,
     render_router_app,
     render_set_app,
     router_app_name,
     router_max_replicas,
     set_app_plan,
 )
+from ipnext.serving.pool_layout import PoolFold, render_pooled_router, render_pooled_set
 from ipnext.spec.model import DEFAULT_ROUTER_MAX_ONGOING, ModelSpec, RouterSpec, SnapshotSet
 from ipnext.spec.settings import Settings
 
@@ -42,7 +43,9 @@ __all__ = [
     "TeardownInput",
     "TeardownResult",
     "deploy_set_apps",
+    "merge_snapshots",
     "pool_envelope",
+    "pool_fold",
     "read_metrics",
     "remove_apps",
     "route_traffic",
@@ -94,6 +97,9 @@ class RouteInput(Frozen):
     experiments: dict[str, ExperimentRoute] = Field(default_factory=dict)
     # A running shadow's route per region (an ExperimentWorkflow in shadow mode); absent: none.
     shadows: dict[str, ShadowRoute] = Field(default_factory=dict)
+    # The model is served from shared pools (`serving: pooled`): its router is its region's pool
+    # router's (a placeholder the writer folds in), not an app of its own.
+    pooled: bool = False
 
 
 class RouteResult(Frozen):
@@ -130,6 +136,19 @@ def _heartbeat(detail: str) -> None:
     activity.heartbeat(detail)
 
 
+def pool_fold(settings: Settings) -> dict[str, Any]:
+    """How the writer renders shared pools under the settings (`pool_layout.PoolFold`), passed
+    with every apply, as the envelope is."""
+    serve = settings.serve
+    return PoolFold(
+        pools=serve.pools,
+        replica_num_cpus=settings.ray.replica_num_cpus,
+        health_check=serve.part_health_check,
+        autoscaling=serve.autoscaling,
+        shutdown_wait_s=serve.shutdown_wait_s,
+    ).model_dump(mode="json")
+
+
 def pool_envelope(settings: Settings) -> dict[str, Any]:
     """The fleet's pools and the burst setting, as the writer bounds every deployment's burst
     by them (`layout.burst_bounds`); passed with every apply, so a fleet file changed under a
@@ -140,9 +159,12 @@ def pool_envelope(settings: Settings) -> dict[str, Any]:
     return PoolEnvelope(pools=pools, burst=settings.serve.autoscaling.burst).model_dump(mode="json")
 
 
-def render_set(plan: SetAppPlan, settings: Settings) -> dict[str, Any]:
+def render_set(plan: SetAppPlan, settings: Settings, pooled: bool = False) -> dict[str, Any]:
     """A set app's Serve config under the settings: replica CPUs, health check, autoscaling and
-    shutdown wait. Deploys and the serving check render through it, so both render alike."""
+    shutdown wait; for a pooled model, its placeholder (the writer folds it into the pools).
+    Deploys and the serving check render through it, so both render alike."""
+    if pooled:
+        return render_pooled_set(plan)
     serve = settings.serve
     return render_set_app(
         plan, settings.ray.replica_num_cpus, serve.part_health_check, serve.autoscaling, serve.shutdown_wait_s
@@ -152,7 +174,7 @@ def render_set(plan: SetAppPlan, settings: Settings) -> dict[str, Any]:
 @activity.defn
 @_context.heartbeat_throughout
 def deploy_set_apps(input: DeploySetInput) -> DeploySetResult:
-    from ipnext.serving.control import wait_apps_running
+    from ipnext.serving.control import wait_served
 
     current = _context.settings()
     store = str(current.pinned_store())
@@ -171,10 +193,10 @@ def deploy_set_apps(input: DeploySetInput) -> DeploySetResult:
         for r in regions
     }
     writer: Any = _context.writer()
-    upserts = [render_set(p, current) for p in plans.values()]
-    _ray_get(writer.apply.remote(upserts, [], pool_envelope(current)))
+    upserts = [render_set(p, current, input.spec.pooled()) for p in plans.values()]
+    _ray_get(writer.apply.remote(upserts, [], pool_envelope(current), pool_fold(current)))
     try:
-        wait_apps_running([p.name for p in plans.values()], APPS_RUNNING_TIMEOUT_S, _heartbeat)
+        wait_served(writer, [p.name for p in plans.values()], APPS_RUNNING_TIMEOUT_S, _heartbeat)
         # A set brought to its plan's full size carries the model on that plan (a first rollout,
         # a rollout's last step, a capacity move, the old set after a rollback): its routing is
         # the model's from now on. Partial sizes are steps on the way and publish nothing.
@@ -212,7 +234,7 @@ def publish_routing(
 @_context.heartbeat_throughout
 def route_traffic(input: RouteInput) -> RouteResult:
     """Give each region's router the weights; a new generation only where they changed."""
-    from ipnext.serving.control import wait_apps_running, wait_router_generation
+    from ipnext.serving.control import wait_pooled_router_generation, wait_router_generation, wait_served
 
     writer: Any = _context.writer()
     autoscaling = _context.settings().serve.autoscaling
@@ -239,23 +261,31 @@ def route_traffic(input: RouteInput) -> RouteResult:
             max_ongoing_requests=router.max_ongoing_requests,
             max_queued_requests=router.max_queued_requests,
             router=router,
-            max_replicas=router_max_replicas(router, autoscaling),
+            # A pooled model's router scales with its pool router, not on its own.
+            max_replicas=None if input.pooled else router_max_replicas(router, autoscaling),
         )
         if wanted == current:
             generations[region] = generation
             continue
         config = wanted.config.model_copy(update={"generation": generation + 1})
         generations[region] = config.generation
-        upserts.append(render_router_app(input.model, region, config, router, autoscaling))
+        upserts.append(
+            render_pooled_router(input.model, region, config, router)
+            if input.pooled
+            else render_router_app(input.model, region, config, router, autoscaling)
+        )
     if upserts:
-        _ray_get(writer.apply.remote(upserts, []))
+        _ray_get(writer.apply.remote(upserts, [], None, pool_fold(_context.settings())))
     try:
         # A running router takes new weights by `reconfigure`, in place: its generation says
         # when. Only a router Serve starts now is waited for as an app first.
         if started:
-            wait_apps_running(started, APPS_RUNNING_TIMEOUT_S, _heartbeat)
+            wait_served(writer, started, APPS_RUNNING_TIMEOUT_S, _heartbeat)
         for region, generation in generations.items():
-            wait_router_generation(router_app_name(input.model, region), generation, 60)
+            if input.pooled:
+                wait_pooled_router_generation(input.model, region, generation, 60)
+            else:
+                wait_router_generation(router_app_name(input.model, region), generation, 60)
     except ServingError as err:
         raise as_application_error(err) from None
     return RouteResult(generations=generations)
@@ -265,17 +295,15 @@ def route_traffic(input: RouteInput) -> RouteResult:
 def read_metrics(input: ReadMetricsInput) -> ReadMetricsResult:
     """The cumulative request counters of the model's routers, per region (empty where no
     router pushed yet); gates diff two of these."""
-    import ray
+    from ipnext.serving.metrics_hub import find_stores
 
     _context.writer()  # connects this process to Ray
     snapshots: dict[str, dict[str, Any]] = {}
     for region in input.regions:
-        try:
-            actor = ray.get_actor(metrics_actor_name(input.model, region), namespace="ipnext")
-        except ValueError:
-            snapshots[region] = {"sets": {}}
-            continue
-        snapshots[region] = _ray_get(actor.snapshot.remote())
+        # A model moving between pooled and dedicated has figures in both stores, under the
+        # names of different set apps: their union is the model's.
+        found = [_ray_get(store.snapshot.remote()) for store in find_stores(input.model, region)]
+        snapshots[region] = merge_snapshots(found)
     return ReadMetricsResult(snapshots=snapshots)
 
 
@@ -295,10 +323,10 @@ def remove_apps(input: RemoveAppsInput) -> None:
 
 @activity.defn
 def teardown_model(input: TeardownInput) -> TeardownResult:
-    """Remove every app of the model (routers and sets) and its metrics actors."""
-    import ray
-
+    """Remove every app of the model (routers and sets; a pooled model's placeholders, so its
+    pools drop its entries) and its metrics stores."""
     from ipnext.serving.control import wait_apps_gone
+    from ipnext.serving.metrics_hub import drop_stores
 
     writer: Any = _context.writer()
     prefix = f"{input.model}."
@@ -307,13 +335,25 @@ def teardown_model(input: TeardownInput) -> TeardownResult:
     _ray_get(writer.apply.remote([], names))
     wait_apps_gone(names, APPS_RUNNING_TIMEOUT_S)
     for region in _context.settings().fleet().regions:
-        try:
-            ray.kill(ray.get_actor(metrics_actor_name(input.model, region), namespace="ipnext"))
-        except ValueError:
-            pass  # no metrics actor there: the model never served in that region
+        drop_stores(input.model, region)  # none there: the model never served in that region
     # Its observed demand goes with it: a model published again under the name starts afresh.
     shutil.rmtree(_context.settings().demand_store() / input.model, ignore_errors=True)
     return TeardownResult(removed=names)
+
+
+def merge_snapshots(found: list[dict[str, Any]]) -> dict[str, Any]:
+    """One snapshot of several stores' (`MetricsSnapshot`): their replicas side by side and each
+    set app's counters summed; none: empty, as a model no router pushed for yet."""
+    if len(found) <= 1:
+        return found[0] if found else {"sets": {}}
+    merged = MetricsSnapshot()
+    for raw in found:
+        snapshot = MetricsSnapshot.model_validate(raw)
+        sets = dict(merged.sets)
+        for app, counters in snapshot.sets.items():
+            sets[app] = sets[app].plus(counters) if app in sets else counters
+        merged = MetricsSnapshot(sets=sets, replicas={**merged.replicas, **snapshot.replicas})
+    return merged.model_dump()
 
 
 def _ray_get(ref: Any) -> Any:

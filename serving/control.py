@@ -41,6 +41,14 @@ from ipnext.serving.layout import (
     with_keys_file,
     without_keys_file,
 )
+from ipnext.serving.pool_layout import (
+    PoolFold,
+    fold_pools,
+    is_placeholder,
+    pool_router_app_name,
+    serving_apps,
+    unfold_pools,
+)
 from ipnext.spec.settings import Settings
 from ipnext.store.ray_token import LOOPBACK_ENV, is_loopback, use_ray_auth
 
@@ -54,7 +62,9 @@ __all__ = [
     "serve_applications",
     "wait_apps_gone",
     "wait_apps_running",
+    "wait_pooled_router_generation",
     "wait_router_generation",
+    "wait_served",
     "writer_for",
 ]
 
@@ -77,6 +87,9 @@ class ServeConfigWriter:
         # restarted writer has none until then and bounds every deployment at its floor.
         self._envelope: PoolEnvelope | None = None
         self._deployed: dict[str, Any] | None = None  # the whole config last applied
+        # How pools render (the settings' pool, replica and router sections), as the last activity
+        # that applied passed it; a restarted writer renders with the defaults until then.
+        self._fold = PoolFold()
         self._adopt_running_apps()
 
     def _client(self) -> Any:
@@ -93,15 +106,20 @@ class ServeConfigWriter:
     def _adopt_running_apps(self) -> None:
         # A restarted writer must not erase apps it did not know about.
         details = self._client().get_serve_details()
+        running: dict[str, dict[str, Any]] = {}
         for name, app in (details.get("applications") or {}).items():
             config = app.get("deployed_app_config")
             if config:
                 # Serve holds them with their burst and their keys file: back to the records' form.
-                self._apps[name] = without_keys_file(plan_bounds(config))
+                running[name] = without_keys_file(plan_bounds(config))
+        # A pool router's config holds its pooled models' placeholders: held again as they were.
+        self._apps.update(unfold_pools(running))
 
     def _render(self, apps: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        # Pooled models' placeholders become their pools and pool routers (pool_layout.py).
+        real = fold_pools(apps, self._fold)
         return render_serve_config(
-            with_keys_file(burst_bounds(apps, self._envelope), self._keys_file),
+            with_keys_file(burst_bounds(real, self._envelope), self._keys_file),
             self._host,
             self._port,
             self._proxy_location,
@@ -118,15 +136,22 @@ class ServeConfigWriter:
         return True
 
     def apply(
-        self, upserts: list[dict[str, Any]], removals: list[str], envelope: dict[str, Any] | None = None
+        self,
+        upserts: list[dict[str, Any]],
+        removals: list[str],
+        envelope: dict[str, Any] | None = None,
+        fold: dict[str, Any] | None = None,
     ) -> int:
         """Upsert and remove apps, and apply the whole config when it changed. `envelope` (a
         PoolEnvelope) replaces the pools the burst bounds are computed from: one model's apps
-        change what every other deployment of their pools may burst into."""
+        change what every other deployment of their pools may burst into. `fold` (a PoolFold)
+        replaces how shared pools render."""
         from ray.serve.schema import ServeDeploySchema
 
         if envelope is not None:
             self._envelope = PoolEnvelope.model_validate(envelope)
+        if fold is not None:
+            self._fold = PoolFold.model_validate(fold)
         desired = copy.deepcopy(self._apps)
         for name in removals:
             desired.pop(name, None)
@@ -189,6 +214,16 @@ class ServeConfigWriter:
 
     def app_names(self) -> list[str]:
         return sorted(self._apps)
+
+    def pooled(self, names: list[str]) -> dict[str, list[str]]:
+        """Which of the named apps the writer holds as pooled placeholders, and the Serve apps
+        each is folded into (`pool_layout.serving_apps`: its region's pool router first)."""
+        found: dict[str, list[str]] = {}
+        for name in names:
+            app = self._apps.get(name)
+            if app is not None and is_placeholder(app):
+                found[name] = serving_apps(app)
+        return found
 
     def export(self) -> dict[str, Any]:
         """The whole config as Serve gets it: every deployment with its burst bound."""
@@ -383,6 +418,54 @@ def wait_generation(app: str, current: Callable[[], int], generation: int, timeo
         return f"{app} still at generation {applied} < {generation}" if applied < generation else None
 
     _wait(check, timeout_s, 0.05)
+
+
+def wait_served(
+    writer: Any, names: list[str], timeout_s: float, heartbeat: Callable[[str], None] = lambda _: None
+) -> None:
+    """Block until every named app serves: a dedicated app RUNNING in Serve; a pooled model's
+    set (a placeholder the writer folds into pools) once its pool router and pools run, the
+    pool router holds it and a pool replica's catalogue has each of its parts. The pools'
+    replicas all took the new catalogue once their apps are RUNNING again."""
+    pooled: dict[str, list[str]] = ray.get(writer.pooled.remote(names), timeout=120)
+    dedicated = [name for name in names if name not in pooled]
+    serving = sorted({app for apps in pooled.values() for app in apps})
+    wait_apps_running(dedicated + serving, timeout_s, heartbeat)
+    if not pooled:
+        return
+    from ray import serve
+
+    by_router: dict[str, list[str]] = {}
+    for name, apps in pooled.items():
+        by_router.setdefault(apps[0], []).append(name)
+
+    def check() -> str | None:
+        waiting: list[str] = []
+        for router, sets in sorted(by_router.items()):
+            handle = serve.get_deployment_handle(ROUTER_DEPLOYMENT, app_name=router)
+            waiting += handle.pending.remote(sorted(sets)).result(timeout_s=timeout_s)
+        if waiting:
+            heartbeat("; ".join(waiting))
+        return "; ".join(waiting) or None
+
+    _wait(check, timeout_s, 0.2)
+    wait_apps_running(serving, timeout_s, heartbeat)
+
+
+def wait_pooled_router_generation(model: str, region: str, generation: int, timeout_s: float) -> None:
+    """Block until every replica of the region's pool router applied `model`'s routing at
+    `generation` (as `wait_router_generation` does for a model's own router)."""
+    from ray import serve
+
+    app = pool_router_app_name(region)
+    handle = serve.get_deployment_handle(ROUTER_DEPLOYMENT, app_name=app)
+
+    def current() -> int:
+        applied: int = handle.generation.remote(model).result(timeout_s=timeout_s)
+        return applied
+
+    wait_generation(app, current, generation, timeout_s)
+    wait_apps_running([app], timeout_s)
 
 
 def wait_apps_gone(names: list[str], timeout_s: float) -> None:

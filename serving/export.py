@@ -19,6 +19,7 @@ from ray.util import metrics
 from ipnext.contracts.counters import LATENCY_LAYOUT
 from ipnext.serving.layout import RAY_NAMESPACE, head_node_options, metrics_actor_name
 from ipnext.serving.metrics import MetricsStore
+from ipnext.serving.metrics_hub import hub_store
 from ipnext.serving.prometheus_text import FamilySpec, ProcessSeries, valid_name
 
 __all__ = [
@@ -83,6 +84,7 @@ async def push_forever(
     demand: Callable[[], dict[str, int]] | None = None,
     engine_stats: Callable[[], dict[str, Any]] | None = None,
     series: ProcessSeries | None = None,
+    hub_region: str | None = None,
 ) -> None:
     """Push this replica's cumulative counters (set app -> SetCounters) to a model's metrics
     actor every second, until the actor is gone; and after them this process's tally of ipnext
@@ -91,9 +93,14 @@ async def push_forever(
     The actor restarts when its process dies (`max_restarts`), empty: every replica's next push
     refills it, since each push carries the replica's whole cumulative counters. If it was
     killed for good (a deleted model, or by hand), the push fails, this task ends, and the
-    replica's next request or reconfigure starts a new one, which creates a new actor."""
-    actor = (
-        ray.remote(MetricsStore)
+    replica's next request or reconfigure starts a new one, which creates a new actor.
+
+    With `hub_region` (a pooled model's router), the store of that name lives in the region's
+    metrics hub (serving/metrics_hub.py), one process for every pooled model of the region."""
+    actor: Any = (
+        hub_store(hub_region, actor_name)
+        if hub_region is not None
+        else ray.remote(MetricsStore)
         .options(
             name=actor_name,
             namespace=RAY_NAMESPACE,
@@ -111,18 +118,18 @@ async def push_forever(
     while True:
         await asyncio.sleep(METRICS_PUSH_SECONDS)
         try:
-            await actor.push.remote(replica, payload())  # type: ignore[attr-defined]
+            await actor.push.remote(replica, payload())
             if demand is not None:  # a router's requests by source (ipnext.policy.demand)
-                await actor.push_demand.remote(replica, demand())  # type: ignore[attr-defined]
+                await actor.push_demand.remote(replica, demand())
             if engine_stats is not None:  # an LLM part's figures under vLLM's names
-                await actor.push_engine_stats.remote(replica, engine_stats())  # type: ignore[attr-defined]
+                await actor.push_engine_stats.remote(replica, engine_stats())
         except ray.exceptions.RayActorError:
             return  # the next request or reconfigure starts a new pusher
         tally = tallies.get(actor_name)  # after `payload`, which sets a part's gauges
         if tally is None or series_refused:
             continue
         try:
-            await actor.push_series.remote(tallies.key, tally.state().model_dump())  # type: ignore[attr-defined]
+            await actor.push_series.remote(tallies.key, tally.state().model_dump())
         except ray.exceptions.RayActorError:
             return
         except (AttributeError, ray.exceptions.RayTaskError) as err:
@@ -145,8 +152,10 @@ class CounterPusher:
         demand: Callable[[], dict[str, int]] | None = None,
         engine_stats: Callable[[], dict[str, Any]] | None = None,
         series: ProcessSeries | None = None,
+        hub_region: str | None = None,
     ) -> None:
         self._actor_name = actor_name
+        self._hub_region = hub_region
         self._replica = replica
         self._payload = payload
         self._demand = demand
@@ -164,8 +173,15 @@ class CounterPusher:
                     self._demand,
                     self._engine_stats,
                     self._series,
+                    self._hub_region,
                 )
             )
+
+    def stop(self) -> None:
+        """Push no more (the model left this process: a pool router dropped its router)."""
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
 
 
 def _ray_metric(spec: FamilySpec) -> Any:

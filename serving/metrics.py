@@ -11,7 +11,7 @@ import logging
 import re
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import ValidationError
 
@@ -22,11 +22,14 @@ from ipnext.serving.prometheus_text import SeriesState, replicas_total
 
 __all__ = [
     "LATENCY_LAYOUT",
+    "DemandPlace",
     "MetricsSnapshot",
     "MetricsStore",
     "SetCounters",
     "demand_file",
     "percentile",
+    "settings_place",
+    "store_key",
 ]
 
 logger = logging.getLogger(__name__)
@@ -36,11 +39,28 @@ ENGINE_STATS_STALE_S = 30.0  # an LLM replica silent this long is gone from GET 
 # The same rule for the gauges of a process's series (its counters stay: they must never go down).
 SERIES_GAUGES_STALE_S = ENGINE_STATS_STALE_S
 _ACTOR_NAME = re.compile(r"^ipnext-metrics/([a-z][a-z0-9-]*)/([a-z][a-z0-9-]*)$")
+DEMAND_SAVE_SECONDS = 5.0  # how often demand is saved where no settings say (`demand.save_seconds`)
+
+
+class DemandPlace(NamedTuple):
+    """Where a metrics store saves its demand history (None: in memory only), how often, and
+    whether Ray restarted the process it lives in (then each router's first push is a baseline)."""
+
+    path: Path | None
+    save_seconds: float
+    reconstructed: bool = False
 
 
 def demand_file(folder: Path, model: str, region: str) -> Path:
     """Where the metrics actor of (model, region) saves its demand history."""
     return folder / model / f"{region}.json"
+
+
+def store_key(name: str) -> tuple[str, str] | None:
+    """The (model, region) of a metrics store's name (`serving.layout.metrics_actor_name`), or
+    None for a name not of that shape."""
+    match = _ACTOR_NAME.fullmatch(name)
+    return (match[1], match[2]) if match is not None else None
 
 
 class MetricsStore:
@@ -52,11 +72,23 @@ class MetricsStore:
     (its next cumulative push is diffed against the counts saved for it). No file, or a corrupt
     one: the history starts empty and the actor says so in its log."""
 
-    def __init__(self, demand_path: str | None = None, save_seconds: float | None = None) -> None:
+    def __init__(
+        self,
+        demand_path: str | None = None,
+        save_seconds: float | None = None,
+        *,
+        place: DemandPlace | None = None,
+    ) -> None:
+        """`place` is for a store hosted by another actor (`serving.metrics_hub`), which knows
+        where its (model, region) saves; without it, the store finds out from its actor's name."""
+        if place is not None and (demand_path is not None or save_seconds is not None):
+            raise ValueError("MetricsStore: give `place`, or `demand_path` and `save_seconds`, not both")
         self._by_replica: dict[str, dict[str, SetCounters]] = {}
         self._engine_stats: dict[str, tuple[float, EngineStats]] = {}  # replica -> (pushed at, stats)
         self._series: dict[str, tuple[float, SeriesState]] = {}  # process -> (pushed at, series)
-        self._demand_path, self._save_seconds, reconstructed = _demand_place(demand_path, save_seconds)
+        self._demand_path, self._save_seconds, reconstructed = (
+            place if place is not None else _demand_place(demand_path, save_seconds)
+        )
         loaded = load_history(self._demand_path) if self._demand_path is not None else None
         self._demand = loaded or DemandHistory()
         # Restarted without its history: each router's first push is its baseline, not new demand
@@ -151,39 +183,45 @@ class MetricsStore:
         return MetricsSnapshot(sets=total, replicas=self._by_replica).model_dump()
 
 
-def _demand_place(path: str | None, save_seconds: float | None) -> tuple[Path | None, float, bool]:
-    """Where this actor saves its demand history, how often, and whether Ray restarted it.
-
-    Given a path (tests), that one. Inside the Ray actor, the file of its own name under the
-    settings' `demand_store()`: the settings of the stack's `IPNEXT_CONFIG`, which every Ray
-    process of the dev stack inherits. Outside an actor, with settings that cannot be read, or
-    with no config file and no absolute `IPNEXT_DEMAND_DIR`, the history stays in memory only
-    (logged): it is then lost with the actor."""
-    every = save_seconds if save_seconds is not None else 5.0
-    if path is not None:
-        return Path(path), every, False
-    import ray
-
-    if not ray.is_initialized():  # a bare MetricsStore (unit tests)
-        return None, every, False
-    context = ray.get_runtime_context()
-    match = _ACTOR_NAME.match(context.get_actor_name() or "")
-    reconstructed = match is not None and context.was_current_actor_reconstructed
-    if match is None:
-        return None, every, reconstructed
+def settings_place(model: str, region: str, save_seconds: float | None = None) -> DemandPlace:
+    """Where the metrics store of (model, region) saves its demand history, and how often: the
+    file under the settings' `demand_store()`, by the settings of the stack's `IPNEXT_CONFIG`,
+    which every Ray process of the dev stack inherits. With settings that cannot be read, or with
+    no config file and no absolute `IPNEXT_DEMAND_DIR`, the history stays in memory only (logged):
+    it is then lost with the process that holds it."""
     from ipnext.errors import IpnextError
     from ipnext.spec.settings import load_settings
 
+    every = save_seconds if save_seconds is not None else DEMAND_SAVE_SECONDS
     try:
         settings = load_settings()
     except (IpnextError, OSError) as err:
         logger.warning("demand history kept in memory only (settings unreadable: %s)", err)
-        return None, every, reconstructed
+        return DemandPlace(None, every)
     every = save_seconds if save_seconds is not None else settings.demand.save_seconds
     chosen = settings.demand_dir
     if settings.source is None and (chosen is None or not chosen.is_absolute()):
         # No config file reached this process (a Ray cluster ipnext did not start, without
         # IPNEXT_CONFIG): a relative default would land in whatever folder the worker runs in.
         logger.warning("demand history kept in memory only: no IPNEXT_CONFIG says where to save it")
-        return None, every, reconstructed
-    return demand_file(settings.demand_store(), match[1], match[2]), every, reconstructed
+        return DemandPlace(None, every)
+    return DemandPlace(demand_file(settings.demand_store(), model, region), every)
+
+
+def _demand_place(path: str | None, save_seconds: float | None) -> DemandPlace:
+    """Where this actor saves its demand history, how often, and whether Ray restarted it.
+
+    Given a path (tests), that one. Inside the Ray actor, the file of its own name by the
+    settings (`settings_place`). Outside an actor the history stays in memory only."""
+    every = save_seconds if save_seconds is not None else DEMAND_SAVE_SECONDS
+    if path is not None:
+        return DemandPlace(Path(path), every)
+    import ray
+
+    if not ray.is_initialized():  # a bare MetricsStore (unit tests)
+        return DemandPlace(None, every)
+    context = ray.get_runtime_context()
+    key = store_key(context.get_actor_name() or "")
+    if key is None:
+        return DemandPlace(None, every)
+    return settings_place(*key, save_seconds)._replace(reconstructed=context.was_current_actor_reconstructed)

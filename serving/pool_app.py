@@ -22,6 +22,7 @@ import asyncio
 import logging
 import os
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 from ray import serve
@@ -30,6 +31,7 @@ from ipnext.policy.pool_cache import PoolCache
 from ipnext.serving.pool_layout import POOL_DEPLOYMENT, PoolAppArgs, PoolCatalogue, PoolEntry
 from ipnext.serving.pool_parts import PartRefusedError, PoolParts
 from ipnext.serving.set_app import build_part
+from ipnext.store.pinned import pinned_path
 
 __all__ = ["PoolHost", "held_bytes", "load_entry", "pool_app"]
 
@@ -84,6 +86,7 @@ class PoolHost:
         )
         self._args = args
         self._catalogue = PoolCatalogue()
+        self._sizes: dict[str, int] = {}  # entry id -> its pinned file's size, read once
         self._parts = PoolParts(cache, load_entry, pools.load_timeout_s, on_change=self._held_changed)
         self._report_due = asyncio.Event()
         self._reporter: asyncio.Task[None] | None = None
@@ -96,9 +99,10 @@ class PoolHost:
         self._parts.retire({entry.key for entry in self._catalogue.entries.values()})
         self._held_changed()
 
-    async def generation(self) -> int:
-        """The catalogue generation this replica applied."""
-        return self._catalogue.generation
+    async def missing(self, entry_ids: list[str]) -> list[str]:
+        """The named entries this replica's catalogue lacks (none: it applied a catalogue that
+        serves them all), for a deploy to wait on."""
+        return [entry_id for entry_id in entry_ids if entry_id not in self._catalogue.entries]
 
     async def __call__(self, inputs: Any) -> dict[str, Any]:
         entry = self._entry()
@@ -121,7 +125,7 @@ class PoolHost:
         stats = self._parts.stats()
         return {
             "replica": f"{os.getpid()}",
-            "generation": self._catalogue.generation,
+            "entries": len(self._catalogue.entries),
             "held": sorted(str(key) for key in self._parts.held()),
             "stats": {
                 **{k: v for k, v in vars(stats).items() if k != "quarantined"},
@@ -136,10 +140,23 @@ class PoolHost:
         entry = self._catalogue.entries.get(entry_id)
         if entry is None:
             raise PartRefusedError(
-                f"pool {self._args.region}/{self._args.hardware}: no entry {entry_id!r} in catalogue "
-                f"generation {self._catalogue.generation} (its set is not deployed here, or was removed)"
+                f"pool {self._args.region}/{self._args.hardware}: no entry {entry_id!r} in its catalogue "
+                "(its set is not deployed here, or was removed)"
             )
+        if entry.estimate_bytes == 0:  # reserve its pinned file's size while it loads
+            size = self._sizes.get(entry_id)
+            if size is None:
+                size = self._sizes[entry_id] = self._file_size(entry)
+            entry = entry.model_copy(update={"estimate_bytes": size})
         return entry
+
+    def _file_size(self, entry: PoolEntry) -> int:
+        host = entry.host
+        suffix = ".json" if host.checkpoint else ".safetensors"
+        try:
+            return pinned_path(Path(host.pinned_store), host.sha256, suffix).stat().st_size
+        except OSError:  # the load will say what is wrong with the file; reserve nothing now
+            return 0
 
     def _held_changed(self) -> None:
         self._report_due.set()

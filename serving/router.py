@@ -12,7 +12,7 @@ import logging
 import os
 import random
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,22 +40,22 @@ from ipnext.serving.choices import FallbackReason, VariantRouter, variant_label
 from ipnext.serving.dag_run import Attempt, DagFailed, run_dag, run_parts
 from ipnext.serving.export import CounterPusher, RouterPrometheus
 from ipnext.serving.layout import (
-    RAY_NAMESPACE,
     ROUTER_DEPLOYMENT,
     SET_DEPLOYMENT,
     RouterAppArgs,
     SetDescription,
     metrics_actor_name,
 )
+from ipnext.serving.metrics_hub import find_stores
 from ipnext.serving.request_body import BodyError, parse_request_body
 from ipnext.serving.router_feedback import stamp_arm, take_feedback
-from ipnext.serving.set_routes import SetRoute
+from ipnext.serving.set_routes import DEDICATED, SetAccess, SetRoute
 from ipnext.serving.shadow_mirror import ShadowMirror
 from ipnext.serving.traffic import PickedApps, all_finite, jsonable, pick_apps, upstream_values
 from ipnext.spec.model import DAG_OUTPUT
 from ipnext.store.keys import KeyCheck
 
-__all__ = ["Router", "router_app"]
+__all__ = ["Router", "describe_set_app", "router_app"]
 
 logger = logging.getLogger("ray.serve")
 
@@ -70,7 +70,7 @@ CAPACITY_REFRESH_S = 5.0
 DESCRIBE_TIMEOUT_S = 10.0
 
 
-async def _describe(app: str) -> SetDescription | None:
+async def describe_set_app(app: str) -> SetDescription | None:
     """What a set app's ingress says of its set, or None when it does not answer within
     DESCRIBE_TIMEOUT_S or fails (going away, restarting, never deployed)."""
 
@@ -90,7 +90,17 @@ async def _describe(app: str) -> SetDescription | None:
 class Router:
     """The (model, region) HTTP entry: picks a set app by weight and runs the DAG against it."""
 
-    def __init__(self, args: RouterAppArgs) -> None:
+    def __init__(
+        self,
+        args: RouterAppArgs,
+        access: SetAccess = DEDICATED,
+        describe: Callable[[str], Awaitable[SetDescription | None]] | None = None,
+    ) -> None:
+        """`access` and `describe`: how this router reaches its set apps and learns what each
+        holds; by default its model's own set apps, each asked through its ingress (`describe_set_app`).
+        A shared pool's router (serving/pool_router.py) gives its pool's instead."""
+        self._access = access
+        self._describe = describe or describe_set_app
         self._model = args.model
         self._region = args.region
         self._limits = args.router  # deadline and request limits: the spec's router section
@@ -105,6 +115,7 @@ class Router:
             f"{os.getpid()}-{id(self)}",
             lambda: {a: c.model_dump() for a, c in self._counters.items()},
             lambda: dict(self._demand),
+            hub_region=access.hub_region,
         )
         self._prometheus = RouterPrometheus()
         self._following: asyncio.Task[None] | None = None
@@ -116,11 +127,11 @@ class Router:
         while True:
             await asyncio.sleep(CAPACITY_REFRESH_S)
             for app, route in list(self._routes.items()):
-                described = await _describe(app)
+                described = await self._describe(app)
                 if described is not None:  # else a set going away, or its ingress restarting
                     route.follow(described)
             for app in sorted(self._config.apps() - set(self._routes)):
-                found = await _describe(app)
+                found = await self._describe(app)
                 if found is not None and app in self._config.apps() and app not in self._routes:
                     self._routes = {**self._routes, app: self._route(app, found)}
                     logger.info("set app %s described itself: routed to from now on", app)
@@ -136,7 +147,7 @@ class Router:
         new = RouterConfig.model_validate(config)
         apps = sorted(new.apps())
         routes: dict[str, SetRoute] = {}
-        for app, described in zip(apps, await asyncio.gather(*map(_describe, apps)), strict=True):
+        for app, described in zip(apps, await asyncio.gather(*map(self._describe, apps)), strict=True):
             if described is not None:
                 routes[app] = self._route(app, described)
             elif app in self._routes:
@@ -153,9 +164,15 @@ class Router:
         if self._following is None or self._following.done():
             self._following = asyncio.create_task(self._follow_capacity())
 
+    def close(self) -> None:
+        """Stop this router's background work (a pool router dropped its model)."""
+        if self._following is not None:
+            self._following.cancel()
+        self._pusher.stop()
+
     def _route(self, app: str, described: SetDescription) -> SetRoute:
         variants = VariantRouter(described.dag, described.order, described.choices, self._observer(app))
-        route = SetRoute(app, described, variants)
+        route = SetRoute(app, described, variants, self._access)
         if app in self._routes:  # the same set app: keep its in-flight counts, breakers and queue
             variants.carry_over(self._routes[app].variants)
             route.queue = self._routes[app].queue
@@ -239,9 +256,12 @@ class Router:
                 *refusal(400, f"window_seconds: {raw[:40]!r} is not a number of seconds in (0, 86400]")
             )
         try:
-            store = ray.get_actor(metrics_actor_name(self._model, self._region), namespace=RAY_NAMESPACE)
-            report: dict[str, Any] = await asyncio.wait_for(store.demand.remote(window), timeout=10)
-        except (ValueError, TimeoutError, ray.exceptions.RayError) as err:  # no actor yet, or it died
+            stores = await asyncio.to_thread(find_stores, self._model, self._region)
+            if not stores:
+                raise ValueError(f"no metrics store for {self._model} in {self._region}")
+            # The model's own store first: a model moving into a pool has its demand there so far.
+            report: dict[str, Any] = await asyncio.wait_for(stores[0].demand.remote(window), timeout=10)
+        except (ValueError, TimeoutError, ray.exceptions.RayError) as err:  # no store yet, or it died
             return answer(*server_failure(503, "no demand recorded in this region yet", err))
         return JSONResponse(report)
 

@@ -17,7 +17,6 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import ray
 from prometheus_client import CONTENT_TYPE_LATEST
 from ray import serve
 from starlette.requests import Request
@@ -27,8 +26,9 @@ from ipnext.contracts.routing import RoutingTable, routing_model_of
 from ipnext.errors import ServingError
 from ipnext.names import Frozen, PollTimeoutError, wait_until
 from ipnext.serving.control import wait_generation
-from ipnext.serving.layout import RAY_NAMESPACE, ROUTING_APP, ROUTING_DEPLOYMENT, metrics_actor_name
+from ipnext.serving.layout import ROUTING_APP, ROUTING_DEPLOYMENT
 from ipnext.serving.llm.vllm_metrics import EngineStats, render
+from ipnext.serving.metrics_hub import find_stores
 from ipnext.serving.openai_door import OpenAIDoor, openai_route
 from ipnext.serving.prometheus_text import ActorFigures, SeriesState, gather_figures, render_series
 from ipnext.store.keys import KeyCheck
@@ -163,10 +163,10 @@ async def metrics_exposition(
 async def _ask_actor(model: str, region: str, generative: bool) -> ActorFigures | None:
     """What the (model, region) metrics actor holds: its series and, for a generative model, its
     engine figures (None: there is no actor). Its errors are the scrape's to report."""
-    try:
-        actor = await asyncio.to_thread(ray.get_actor, metrics_actor_name(model, region), RAY_NAMESPACE)
-    except ValueError:  # no actor of that name
+    stores = await asyncio.to_thread(find_stores, model, region)
+    if not stores:  # no store: the model never served there
         return None
+    actor = stores[0]  # its own actor first; a pooled model's store in its region's hub
     stats = actor.engine_stats.remote() if generative else None
     try:
         series: SeriesState | None = SeriesState.model_validate(await actor.series.remote())

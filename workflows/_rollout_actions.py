@@ -218,6 +218,7 @@ class RolloutActions:
                 router_max_ongoing_requests=self._input.spec.router.max_ongoing_requests,
                 router=self._input.spec.router,
                 generation_floor=max(self._progress.generations, default=0),
+                pooled=self._input.spec.pooled(),
             ),
             start_to_close_timeout=DEPLOY_TIMEOUT,
             heartbeat_timeout=HEARTBEAT_TIMEOUT,

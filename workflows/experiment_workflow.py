@@ -331,6 +331,7 @@ class ExperimentWorkflow:
                 router_max_ongoing_requests=input.spec.router.max_ongoing_requests,
                 router=input.spec.router,
                 generation_floor=max(s.generations, default=0),
+                pooled=input.spec.pooled(),
             ),
             start_to_close_timeout=DEPLOY_TIMEOUT,
             heartbeat_timeout=HEARTBEAT_TIMEOUT,

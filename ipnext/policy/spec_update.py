@@ -9,7 +9,8 @@ value and the new one) and sorts the update into one kind:
   its snapshots and its placement stay). Gates and rollout settings apply from the next rollout.
 - `capacity`: traffic, the latency budget, availability. A new placement for the same set,
   moved to through a capacity move when it differs from the current one.
-- `new_set`: parts (added, removed, their factory, config, hardware or shards), the DAG, `sync`.
+- `new_set`: parts (added, removed, their factory, config, hardware or shards), the DAG, `sync`,
+  `serving` (pooled or dedicated).
   The serving set's snapshots (or the ones the update brings) become a new set under the new spec,
   which rolls out through the normal steps; the new spec takes effect when that set serves.
 
@@ -37,7 +38,7 @@ class UpdateKind(StrEnum):
 
 _WEIGHT = {UpdateKind.NONE: 0, UpdateKind.IN_PLACE: 1, UpdateKind.CAPACITY: 2, UpdateKind.NEW_SET: 3}
 # Top-level fields by the kind of update they need (anything not named: in place).
-_NEW_SET_FIELDS = {"parts", "dag", "sync"}
+_NEW_SET_FIELDS = {"parts", "dag", "sync", "serving"}
 _CAPACITY_FIELDS = {"traffic", "latency_budget_ms", "availability"}
 # A part's own fields that its set's apps take in place.
 _PART_IN_PLACE = {"batching", "max_queued_requests"}

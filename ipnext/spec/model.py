@@ -372,6 +372,11 @@ class ModelSpec(_Spec):
     rollout: RolloutSpec = Field(default_factory=RolloutSpec)
     watch: WatchSpec = Field(default_factory=WatchSpec)
     router: RouterSpec = Field(default_factory=RouterSpec)
+    # `pooled`: the parts are served from the shared pool of their hardware class in each region
+    # (many models per replica, loaded on first use, the least recently used unloaded), with one
+    # router per region for every pooled model; `dedicated`: replicas and a router of its own.
+    # Changed by a spec update, rolled out as a new set like any other (docs: guides/pools.md).
+    serving: Literal["dedicated", "pooled"] = "dedicated"
 
     @model_validator(mode="before")
     @classmethod
@@ -397,6 +402,18 @@ class ModelSpec(_Spec):
         if highest < DEFAULT_ROUTER_MAX_ONGOING:
             return data
         return {**data, "router": {**(router or {}), "max_ongoing_requests": highest + 1}}
+
+    @model_validator(mode="after")
+    def _pooled_not_generative(self) -> ModelSpec:
+        if self.serving == "pooled" and self.generative():
+            raise ValueError(
+                "serving: pooled: an LLM part holds a KV cache and an engine per replica, which a "
+                "pool shared by many models cannot give it; serve it with `serving: dedicated`"
+            )
+        return self
+
+    def pooled(self) -> bool:
+        return self.serving == "pooled"
 
     @model_validator(mode="after")
     def _check_shards(self) -> ModelSpec:

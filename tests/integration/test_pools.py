@@ -96,11 +96,7 @@ def test_a_pool_serves_many_models_within_its_bytes(stack: Settings, tmp_path: P
     )
     name = pool_app_name("us-east", "cpu-std")
     writer = writer_for(stack)
-    ray.get(
-        writer.apply.remote(
-            [render_pool_app(args, PoolCatalogue(generation=1, entries=entries), 1, 1, 0)], []
-        )
-    )
+    ray.get(writer.apply.remote([render_pool_app(args, PoolCatalogue(entries=entries), 1, 1, 0)], []))
     try:
         wait_apps_running([name], timeout_s=120)
         for round_ in range(2):  # six models through a budget of four: the second round evicts again
@@ -122,15 +118,11 @@ def test_a_pool_serves_many_models_within_its_bytes(stack: Settings, tmp_path: P
         assert len(before["held"]) <= 4
 
         kept = {k: v for k, v in entries.items() if k.startswith(MODELS[5])}
-        ray.get(
-            writer.apply.remote(
-                [render_pool_app(args, PoolCatalogue(generation=2, entries=kept), 1, 1, 0)], []
-            )
-        )
+        ray.get(writer.apply.remote([render_pool_app(args, PoolCatalogue(entries=kept), 1, 1, 0)], []))
         wait_apps_running([name], timeout_s=120)
         after = describe(name)
         assert after["replica"] == before["replica"], "a catalogue change restarted the pool replica"
-        assert (after["generation"], after["held"]) == (2, [f"{MODELS[5]}/embed@{MODELS[5]}-v1"])
+        assert (after["entries"], after["held"]) == (1, [f"{MODELS[5]}/embed@{MODELS[5]}-v1"])
         with pytest.raises(Exception, match="no entry"):
             ask(name, f"{MODELS[0]}.us-east.s1.r1/embed", user=1)
     finally:

@@ -4,21 +4,48 @@ rendered app is one deployment whose catalogue rides in its user_config."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
 import pytest
 from ray.serve.schema import ServeDeploySchema
 
-from ipnext.serving.layout import PartHostArgs, SetAppArgs, is_set_app_of, render_serve_config, set_app_name
+from ipnext.contracts.router import RouterConfig
+from ipnext.policy.spec_update import UpdateKind, diff_specs
+from ipnext.serving.layout import (
+    PartHostArgs,
+    SetAppArgs,
+    SetAppPlan,
+    deployed_router,
+    is_set_app_of,
+    render_serve_config,
+    set_app_name,
+)
 from ipnext.serving.pool_layout import (
     POOL_IMPORT_PATH,
     PoolAppArgs,
     PoolCatalogue,
+    PooledSet,
+    PoolFold,
+    PoolRouterConfig,
+    fold_pools,
+    is_placeholder,
     is_pool_app,
     pool_app_name,
     pool_entries,
     pool_entry_id,
+    pooled_model,
     render_pool_app,
+    render_pooled_router,
+    render_pooled_set,
+    serving_apps,
+    unfold_pools,
 )
+from ipnext.spec.model import ModelSpec, RouterSpec, load_model_spec
 from ipnext.spec.settings import PoolSettings
+
+REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -57,18 +84,16 @@ def test_pool_names_are_never_a_models_apps() -> None:
 
 
 def test_a_sets_parts_become_entries_of_their_hardware_pools() -> None:
-    highmem = pool_entries(APP, ARGS, "cpu-highmem", {"embed": 5000, "dense": 700})
-    std = pool_entries(APP, ARGS, "cpu-std", {"embed": 5000, "dense": 700})
+    highmem = pool_entries(APP, ARGS, "cpu-highmem")
+    std = pool_entries(APP, ARGS, "cpu-std")
     assert sorted(highmem) == [pool_entry_id(APP, "dense"), pool_entry_id(APP, "embed")]
     assert list(std) == [f"{APP}/dense"]
-    assert std[f"{APP}/dense"].estimate_bytes == 700
+    assert std[f"{APP}/dense"].estimate_bytes == 0  # the replica reads its pinned file's size
     assert std[f"{APP}/dense"].key == highmem[f"{APP}/dense"].key  # one snapshot's part: one key
-    with pytest.raises(ValueError, match=r"estimate_bytes: none for part\(s\) \['embed'\]"):
-        pool_entries(APP, ARGS, "cpu-highmem", {"dense": 700})
 
 
 def test_the_rendered_pool_app_is_valid_serve_config_with_its_catalogue() -> None:
-    catalogue = PoolCatalogue(generation=4, entries=pool_entries(APP, ARGS, "cpu-std", {"dense": 700}))
+    catalogue = PoolCatalogue(entries=pool_entries(APP, ARGS, "cpu-std"))
     args = PoolAppArgs(region="us-east", hardware="cpu-std", pools=PoolSettings(budget_bytes=64 * 1024**2))
     app = render_pool_app(args, catalogue, replicas=2, units=1, replica_num_cpus=0)
     [deployment] = app["deployments"]
@@ -84,3 +109,108 @@ def test_the_rendered_pool_app_is_valid_serve_config_with_its_catalogue() -> Non
     ServeDeploySchema.model_validate(render_serve_config({app["name"]: app}, "127.0.0.1", 8000))
     with pytest.raises(ValueError, match="give replicas >= 1"):
         render_pool_app(args, catalogue, replicas=0, units=1, replica_num_cpus=0)
+
+
+def plan_of(model: str, set_number: int = 1, hardware: str = "cpu-std") -> SetAppPlan:
+    app = set_app_name(model, "us-east", set_number, 1)
+    args = ARGS.model_copy(
+        update={
+            "model": model,
+            "set_id": f"{model}@{set_number}",
+            "parts": {p: h.model_copy(update={"model": model, "app": app}) for p, h in ARGS.parts.items()},
+            "hardware": {"embed": [hardware], "dense": [hardware]},
+        }
+    )
+    return SetAppPlan(
+        name=app,
+        args=args,
+        replicas={"embed": {hardware: 1}, "dense": {hardware: 2}},
+        units={"embed": {hardware: 2}, "dense": {hardware: 1}},
+        qps={"embed": {hardware: 400.0}, "dense": {hardware: 300.0}},
+    )
+
+
+def pooled_apps() -> dict[str, dict[str, Any]]:
+    apps: dict[str, dict[str, Any]] = {}
+    for model in ("alpha", "beta"):
+        placeholder = render_pooled_set(plan_of(model))
+        apps[placeholder["name"]] = placeholder
+        router = render_pooled_router(
+            model, "us-east", RouterConfig(generation=3, weights={placeholder["name"]: 100.0}), RouterSpec()
+        )
+        apps[router["name"]] = router
+    beta2 = render_pooled_set(plan_of("beta", 2, hardware="cpu-highmem"))
+    apps[beta2["name"]] = beta2
+    return apps
+
+
+def test_placeholders_fold_into_one_pool_per_hardware_and_one_router_per_region() -> None:
+    dedicated = {"gamma.us-east": {"name": "gamma.us-east", "import_path": "x:y", "args": {}}}
+    folded = fold_pools({**pooled_apps(), **dedicated}, PoolFold())
+    assert sorted(folded) == [
+        "gamma.us-east",
+        "ipnext-pool.us-east.cpu-highmem",
+        "ipnext-pool.us-east.cpu-std",
+        "ipnext-pooled.us-east.router",
+    ]
+    assert folded["gamma.us-east"] == dedicated["gamma.us-east"]
+    [std] = folded["ipnext-pool.us-east.cpu-std"]["deployments"]
+    catalogue = PoolCatalogue.model_validate(std["user_config"])
+    assert sorted(catalogue.entries) == [
+        "alpha.us-east.s1.r1/dense",
+        "alpha.us-east.s1.r1/embed",
+        "beta.us-east.s1.r1/dense",
+        "beta.us-east.s1.r1/embed",
+    ]
+    assert (std["num_replicas"], std["ray_actor_options"]["resources"]["hw:cpu-std"]) == (2, 2)
+    router = folded["ipnext-pooled.us-east.router"]
+    assert router["route_prefix"] == "/us-east/models"
+    config = PoolRouterConfig.model_validate(router["deployments"][0]["user_config"])
+    assert sorted(config.routers) == ["alpha", "beta"] and len(config.sets) == 3
+    # Deterministic: the same placeholders in another order render the same config.
+    shuffled = dict(reversed(list({**pooled_apps(), **dedicated}.items())))
+    assert fold_pools(shuffled, PoolFold()) == folded
+    ServeDeploySchema.model_validate(render_serve_config(folded, "127.0.0.1", 8000))
+
+
+def test_a_restarted_writer_gets_every_placeholder_back_from_the_pool_router() -> None:
+    apps = pooled_apps()
+    as_serve_holds = json.loads(json.dumps(fold_pools(apps, PoolFold())))
+    assert unfold_pools(as_serve_holds) == apps
+    router = apps["alpha.us-east"]
+    assert deployed_router(router).config.weights == {"alpha.us-east.s1.r1": 100.0}
+    assert serving_apps(router) == ["ipnext-pooled.us-east.router"]
+    assert serving_apps(apps["beta.us-east.s2.r1"]) == [
+        "ipnext-pooled.us-east.router",
+        "ipnext-pool.us-east.cpu-highmem",
+    ]
+    assert all(is_placeholder(app) for app in apps.values())
+
+
+def test_a_pooled_set_describes_itself_at_its_planned_capacity() -> None:
+    described = PooledSet.model_validate(render_pooled_set(plan_of("alpha"))["args"]).describe()
+    assert described.deployments == {"embed": {"embed-cpu-std": 400.0}, "dense": {"dense-cpu-std": 600.0}}
+
+
+@pytest.mark.parametrize(
+    ("path", "model"),
+    [
+        ("/us-east/models/alpha/predict", "alpha"),
+        ("/us-east/models/alpha", "alpha"),
+        ("/alpha/predict", "alpha"),
+        ("/us-east/models/", None),
+    ],
+)
+def test_the_pool_router_finds_the_model_in_the_path(path: str, model: str | None) -> None:
+    assert pooled_model(path, "us-east") == model
+
+
+def test_a_spec_says_pooled_and_a_change_of_it_is_a_new_set() -> None:
+    spec = load_model_spec(REPO / "examples" / "click_ranker" / "model.yaml")
+    pooled = spec.model_copy(update={"serving": "pooled"})
+    assert pooled.pooled() and not spec.pooled()
+    diff = diff_specs(spec, ModelSpec.model_validate(pooled.model_dump()))
+    assert diff.kind is UpdateKind.NEW_SET and diff.changes == ['serving: "dedicated" -> "pooled"']
+    llm = load_model_spec(REPO / "examples" / "llm" / "model.yaml")
+    with pytest.raises(ValueError, match="serving: pooled: an LLM part"):
+        ModelSpec.model_validate({**llm.model_dump(), "serving": "pooled"})

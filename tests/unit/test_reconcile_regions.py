@@ -21,6 +21,7 @@ from ipnext.contracts.plan import DeploymentPlacement, Plan
 from ipnext.serving import control
 from ipnext.serving.app_health import given_up
 from ipnext.serving.layout import ROUTING_APP, deployed_router, render_router_app, router_app_name
+from ipnext.serving.pool_layout import is_placeholder, serving_apps
 from ipnext.spec.model import ModelSpec, SetStatus, SnapshotRef, SnapshotSet
 from ipnext.spec.settings import Settings
 
@@ -88,8 +89,13 @@ class Cluster:
     applied: list[list[str]] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
 
+    def pooled(self, names: list[str]) -> dict[str, list[str]]:
+        return {n: serving_apps(self.held[n]) for n in names if is_placeholder(self.held.get(n, {}))}
+
     def writer(self) -> SimpleNamespace:
-        def apply(upserts: list[dict[str, Any]], removes: list[str], envelope: Any = None) -> int:
+        def apply(
+            upserts: list[dict[str, Any]], removes: list[str], envelope: Any = None, fold: Any = None
+        ) -> int:
             self.applied.append(sorted(a["name"] for a in upserts))
             for name in removes:
                 self.removed.append(name)
@@ -106,6 +112,11 @@ class Cluster:
             apply=_Method(apply),
             redeploy=_Method(lambda envelope=None: 0),
             routing_generation=_Method(lambda model: 1),
+            pooled=_Method(
+                lambda names: {
+                    n: serving_apps(self.held[n]) for n in names if is_placeholder(self.held.get(n, {}))
+                }
+            ),
         )
 
 
@@ -122,6 +133,7 @@ def cluster(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Cluster:
     monkeypatch.setattr(control, "serve_applications", lambda: dict(cluster.listed))
     monkeypatch.setattr(control, "live_regions", lambda: set(cluster.live))
     monkeypatch.setattr(control, "wait_apps_running", lambda names, timeout_s, heartbeat=None: None)
+    monkeypatch.setattr(control, "wait_served", lambda writer, names, timeout_s, heartbeat=None: None)
     return cluster
 
 
