@@ -46,7 +46,7 @@ def residual_fleet(fleet: Fleet, used: dict[tuple[str, str], int]) -> Fleet:
 def plan_placement(input: PlanInput) -> Plan:
     settings = _context.settings()
     try:
-        fleet = residual_fleet(settings.fleet(), _used_by_others(input.spec.name))
+        fleet = residual_fleet(settings.fleet(), _used_by_others(input.spec.name, not input.spec.pooled()))
         return solve(
             PlanningProblem(fleet=fleet, deployments=demand_from_model(input.spec), current=input.current)
         )
@@ -54,15 +54,22 @@ def plan_placement(input: PlanInput) -> Plan:
         raise as_application_error(err) from None
 
 
-def _used_by_others(model: str) -> dict[tuple[str, str], int]:
+def _used_by_others(model: str, count_pools: bool = True) -> dict[tuple[str, str], int]:
     """Units per pool that the other models' serving sets take at their plans' replicas. The
     writer holds every set app of every model as their records render them, so it knows each
-    model's plan as it serves now (a rolling model: both sets at their step's shares)."""
+    model's plan as it serves now (a rolling model: both sets at their step's shares). With
+    `count_pools` (a dedicated model), the shared pools' replicas count too; a pooled model is
+    planned against what dedicated models leave, since its parts share the pools' replicas."""
     import ray
 
     from ipnext.serving.layout import pool_usage
+    from ipnext.serving.pool_layout import pooled_units
 
     writer: Any = _context.writer()
     names = ray.get(writer.app_names.remote(), timeout=60)
-    apps = ray.get(writer.app_configs.remote(names), timeout=60)
-    return pool_usage({n: a for n, a in apps.items() if a is not None}, skip_model=model)
+    apps = {n: a for n, a in ray.get(writer.app_configs.remote(names), timeout=60).items() if a is not None}
+    used = pool_usage(apps, skip_model=model)
+    if count_pools:
+        for key, units in pooled_units(apps).items():
+            used[key] = used.get(key, 0) + units
+    return used

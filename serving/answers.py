@@ -14,6 +14,7 @@ from starlette.responses import JSONResponse
 
 from ipnext.contracts.http_routes import SHED_REASON
 from ipnext.policy.admission import Admission, retry_after_seconds
+from ipnext.serving.pool_parts import PartRefusedError
 
 __all__ = [
     "NonFiniteOutputsError",
@@ -53,13 +54,16 @@ class NonFiniteOutputsError(ValueError):
 
 def set_failure(err: Exception, failed_part: str | None, deadline_s: float) -> tuple[dict[str, Any], int]:
     """The answer to a request the set failed: 504 past the deadline, 503 when a part's queue
-    was full, else 500; the message says which without the server's insides."""
+    was full or its pool refuses it (quarantined), else 500; the message says which without the
+    server's insides."""
     if isinstance(err, TimeoutError):
         return server_failure(504, f"no answer within the deadline of {deadline_s:g} s", err)
     if isinstance(err, BackPressureError):
         return server_failure(503, f"part {failed_part or '?'} is overloaded; retry later", err)
     if isinstance(err, NonFiniteOutputsError):
         return server_failure(500, str(err), err)
+    if isinstance(err, PartRefusedError):  # the part's snapshot failed its pool; its pool-mates serve
+        return server_failure(503, f"part {failed_part or '?'} is quarantined by its pool; retry later", err)
     return server_failure(500, f"part {failed_part or '?'} failed", err)
 
 

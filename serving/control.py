@@ -35,6 +35,7 @@ from ipnext.serving.layout import (
     deployed_router,
     deployed_routing,
     head_node_options,
+    is_set_app_of,
     plan_bounds,
     render_routing_app,
     render_serve_config,
@@ -437,7 +438,8 @@ def wait_served(
 
     by_router: dict[str, list[str]] = {}
     for name, apps in pooled.items():
-        by_router.setdefault(apps[0], []).append(name)
+        if is_set_app_of(name, name.split(".", 1)[0]):  # a router's routing is waited for by generation
+            by_router.setdefault(apps[0], []).append(name)
 
     def check() -> str | None:
         waiting: list[str] = []

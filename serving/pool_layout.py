@@ -63,6 +63,7 @@ __all__ = [
     "pool_entry_id",
     "pool_router_app_name",
     "pooled_model",
+    "pooled_units",
     "render_pool_app",
     "render_pooled_router",
     "render_pooled_set",
@@ -281,6 +282,22 @@ def fold_pools(apps: Mapping[str, dict[str, Any]], fold: PoolFold) -> dict[str, 
                 fold.shutdown_wait_s,
             )
     return real
+
+
+def pooled_units(apps: Mapping[str, dict[str, Any]]) -> dict[tuple[str, str], int]:
+    """Units per (region, hardware) that the pools folded from these apps' placeholders take
+    (their replicas times units per replica): what dedicated models' plans must leave them."""
+    folded = fold_pools({n: a for n, a in apps.items() if is_placeholder(a)}, PoolFold())
+    used: dict[tuple[str, str], int] = {}
+    for app in folded.values():
+        if app.get("import_path") != POOL_IMPORT_PATH:
+            continue
+        args = PoolAppArgs.model_validate(app["args"])
+        [deployment] = app["deployments"]
+        units = int(deployment["ray_actor_options"]["resources"][f"hw:{args.hardware}"])
+        key = (args.region, args.hardware)
+        used[key] = used.get(key, 0) + int(deployment["num_replicas"]) * units
+    return used
 
 
 def _catalogues(config: PoolRouterConfig) -> dict[str, tuple[PoolCatalogue, int, int]]:

@@ -1,11 +1,20 @@
-"""A shared pool app on the real stack's Ray Serve, deployed through the one config writer: six
-models' parts with real pinned safetensors served from one replica within a byte budget that
-holds four, each answering with its own weights; a part whose factory raises is quarantined while
-the rest serve; the catalogue changes in place (same process) and a retired part is unloaded."""
+"""Shared pools on the real stack.
+
+1. A pool app deployed through the one config writer: six models' parts with real pinned
+   safetensors served from one replica within a byte budget that holds four, each answering with
+   its own weights; a part whose factory raises is quarantined while the rest serve; the catalogue
+   changes in place (same process) and a retired part is unloaded.
+2. The lifecycle drill: six models published with `serving: pooled` serve from one pool per
+   hardware class and one pool router; under load, one model's poisoned snapshot is rolled back
+   by its gates and another's new snapshot, whose pinned file changed after validation, fails to
+   load in the pool, is quarantined and rolled back, with no failed request for the other four."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,19 +24,33 @@ import torch
 from ray import serve
 from safetensors.torch import save_file
 
+from ipnext.client.sdk import Client
 from ipnext.examples.click_ranker.parts import build_modules
-from ipnext.serving.control import connect_for, wait_apps_gone, wait_apps_running, writer_for
+from ipnext.examples.click_ranker.train import poisoned_copy
+from ipnext.names import RolloutState, poll_until
+from ipnext.serving.control import (
+    connect_for,
+    serve_applications,
+    wait_apps_gone,
+    wait_apps_running,
+    writer_for,
+)
 from ipnext.serving.layout import PartHostArgs
 from ipnext.serving.pool_layout import (
     POOL_DEPLOYMENT,
     PoolAppArgs,
     PoolCatalogue,
     PoolEntry,
+    is_pool_app,
     pool_app_name,
+    pool_router_app_name,
     render_pool_app,
 )
 from ipnext.spec.settings import DEFAULT_FACTORY_PREFIXES, PoolSettings, Settings
-from ipnext.store.pinned import pin
+from ipnext.store.pinned import pin, pinned_path
+
+from .conftest import keyed, one_region_spec, train_version, until_rolled_back
+from .load import Load
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -128,3 +151,110 @@ def test_a_pool_serves_many_models_within_its_bytes(stack: Settings, tmp_path: P
     finally:
         ray.get(writer.apply.remote([], [name]))
         wait_apps_gone([name], timeout_s=120)
+
+
+# Each pooled model's load: light, so six of them and two rollouts fit a loaded 2-core box.
+DRILL_RATE = 4.0
+# After both rollbacks, the load runs on for this long and this many answers of each model.
+AFTER_ROLLBACK_S, AFTER_ROLLBACK_ANSWERS = 2.0, 5
+
+
+async def test_pooled_models_roll_back_alone_while_their_pool_mates_serve(
+    stack: Settings, client: Client, model_name: str
+) -> None:
+    names = [f"{model_name}-p{i}" for i in range(6)]
+    poisoned, corrupted, others = names[0], names[1], names[2:]
+    started = time.perf_counter()
+    await asyncio.gather(*(client.publish_model(one_region_spec(n, serving="pooled")) for n in names))
+    folders = {name: train_version(stack, name, "v1")[0] for name in names}
+    published = await asyncio.gather(*(client.publish_snapshot(n, folders[n]) for n in names))
+    firsts = dict(zip(names, published, strict=True))
+    await asyncio.gather(*(client.wait_until_serving(n, firsts[n].set_id) for n in names))
+    served_at = time.perf_counter() - started
+    connect_for(stack)
+    apps = serve_applications()
+    pools = sorted(a for a in apps if is_pool_app(a))
+    assert pools and pool_router_app_name("us-east") in apps, sorted(apps)
+    assert not any(a.startswith(tuple(names)) for a in apps), "a pooled model got apps of its own"
+
+    def load(name: str) -> Load:
+        return Load(
+            stack.serve_url,
+            f"/us-east/models/{name}/predict",
+            workers=2,
+            headers=keyed(stack),
+            rate=DRILL_RATE,
+        )
+
+    loads = {name: load(name) for name in names if name != corrupted}
+    async with contextlib.AsyncExitStack() as running:
+        for each in loads.values():
+            await running.enter_async_context(each)
+        bad_folder = poisoned_copy(
+            stack.snapshot_roots[0], poisoned, "v2-bad", stack.snapshot_roots[0] / poisoned / "v1"
+        )
+        good_folder, manifest = train_version(stack, corrupted, "v2", seed=2)
+        bad_set, new_set = await asyncio.gather(
+            client.publish_snapshot(poisoned, bad_folder), client.publish_snapshot(corrupted, good_folder)
+        )
+        # The corrupted model has no traffic yet, so the pool has not loaded its new set: once its
+        # rollout deployed the set, the pinned file changes under the pool (as a disk fault would).
+        await poll_until(
+            lambda: client.rollout_status(corrupted),
+            lambda s: (
+                s is not None and s.set_id == new_set.set_id and s.traffic_percent.get(new_set.set_id, 0) > 0
+            ),
+            timeout_s=180,
+            interval_s=0.2,
+            what=f"{new_set.set_id} deployed and routed to",
+        )
+        pinned = pinned_path(stack.pinned_store(), manifest.parts["embed"].sha256)
+        pinned.chmod(0o644)
+        data = bytearray(pinned.read_bytes())
+        data[-1] ^= 0xFF  # one byte of a tensor: still safetensors, no longer the bytes validated
+        pinned.write_bytes(bytes(data))
+        corrupted_load = await running.enter_async_context(load(corrupted))
+        states = await asyncio.gather(
+            until_rolled_back(client, poisoned), until_rolled_back(client, corrupted)
+        )
+        rolled_back_at = {name: each.elapsed() for name, each in {**loads, corrupted: corrupted_load}.items()}
+        every = {**loads, corrupted: corrupted_load}
+        await poll_until(
+            lambda: asyncio.sleep(
+                0, [len([a for a in every[n].answers if a.at >= rolled_back_at[n]]) for n in every]
+            ),
+            lambda counts: min(counts) >= AFTER_ROLLBACK_ANSWERS,
+            timeout_s=60,
+            interval_s=0.2,
+            what=f"{AFTER_ROLLBACK_ANSWERS} answers of each model after the rollbacks",
+        )
+        await asyncio.sleep(AFTER_ROLLBACK_S)
+    for state, first in zip(states, (firsts[poisoned], firsts[corrupted]), strict=True):
+        assert state.serving_set == first.set_id and state.rollout is not None
+        assert state.rollout.state == RolloutState.ROLLED_BACK, state.rollout
+    for name in others:
+        assert loads[name].failed() == [], f"{name}, a pool-mate, failed: {loads[name].failed()[:3]}"
+        assert {a.set for a in loads[name].answers} == {firsts[name].set_id}
+    assert all(a.set == bad_set.set_id for a in loads[poisoned].failed()), "only the poisoned set failed"
+    refused = [a for a in corrupted_load.failed() if "quarantined by its pool" in a.error]
+    assert refused, f"no request of {corrupted} was refused by a quarantine: {corrupted_load.failed()[:3]}"
+    assert all(a.set == new_set.set_id for a in corrupted_load.failed())
+    for name, each in every.items():
+        assert each.failed(since=rolled_back_at[name]) == [], name
+    counts = ", ".join(
+        f"{n[-2:]} {len(each.answers)} ({len(each.failed())} failed)" for n, each in every.items()
+    )
+    print(
+        f"{len(names)} pooled models serving {served_at:.1f} s after their publish, from {pools}; "
+        f"answers: {counts}; {len(refused)} of {corrupted}'s refused by the quarantine"
+    )
+    await asyncio.gather(*(client.delete_model(n) for n in names))
+    await poll_until(
+        lambda: asyncio.to_thread(serve_applications),
+        lambda listed: (
+            pool_router_app_name("us-east") not in listed and not any(is_pool_app(a) for a in listed)
+        ),
+        timeout_s=120,
+        interval_s=0.5,
+        what="the pools gone with their last model",
+    )
