@@ -46,10 +46,12 @@ from ipnext.serving.pool_layout import (
     PoolFold,
     fold_pools,
     is_placeholder,
+    is_pool_app,
     pool_router_app_name,
     serving_apps,
     unfold_pools,
 )
+from ipnext.serving.pool_ledger import ledger_actor_name
 from ipnext.spec.settings import Settings
 from ipnext.store.ray_token import LOOPBACK_ENV, is_loopback, use_ray_auth
 
@@ -162,9 +164,12 @@ class ServeConfigWriter:
         if desired == self._apps and config == self._deployed and self._applies:
             return self._applies
         self._client().deploy_apps(ServeDeploySchema.model_validate(config))
+        gone = _pool_apps(self._deployed) - _pool_apps(config)
         self._apps = desired
         self._deployed = config
         self._applies += 1
+        for pool in sorted(gone):  # its last pooled model left: its ledger goes with it
+            _kill_quietly(ledger_actor_name(pool))
         return self._applies
 
     def redeploy(self, envelope: dict[str, Any] | None = None) -> int:
@@ -229,6 +234,17 @@ class ServeConfigWriter:
     def export(self) -> dict[str, Any]:
         """The whole config as Serve gets it: every deployment with its burst bound."""
         return self._render(self._apps)
+
+
+def _pool_apps(config: dict[str, Any] | None) -> set[str]:
+    return {app["name"] for app in (config or {}).get("applications", []) if is_pool_app(app["name"])}
+
+
+def _kill_quietly(actor_name: str) -> None:
+    try:
+        ray.kill(ray.get_actor(actor_name, namespace=RAY_NAMESPACE))
+    except ValueError:
+        pass  # none was made: no load ever ran in that pool
 
 
 _status_lock = threading.Lock()

@@ -27,6 +27,7 @@ __all__ = [
     "StoreRef",
     "drop_stores",
     "find_stores",
+    "hub_actor",
     "hub_actor_name",
     "hub_store",
 ]
@@ -109,6 +110,27 @@ class MetricsHub:
                 f"method {method!r} is not a metrics store's: use one of {', '.join(STORE_METHODS)}"
             )
         return getattr(self._store(store), method)(*args, **kwargs)
+
+    def push_many(self, process: str, pushes: dict[str, dict[str, Any]]) -> int:
+        """One pool router's pushes for all its models at once (one call a second for any
+        number of them, where a router of its own makes three): per store name, its router's
+        `replica` key with its cumulative `counters` and `demand`, and the process's `series`
+        for that store (absent: none yet). A bad entry is logged and skipped, never the rest.
+        How many stores took their push."""
+        taken = 0
+        for store, push in pushes.items():
+            try:
+                replica = str(push["replica"])  # before the store is made: a bad push makes none
+                held = self._store(store)
+                held.push(replica, push.get("counters") or {})
+                held.push_demand(replica, push.get("demand") or {})
+                if push.get("series") is not None:
+                    held.push_series(process, push["series"])
+            except (ValueError, KeyError, TypeError) as err:
+                logger.warning("metrics hub %s: push for %r refused: %s", self._region, store, err)
+                continue
+            taken += 1
+        return taken
 
     def holds(self, store: str) -> bool:
         _store_model(store, self._region)
@@ -234,6 +256,12 @@ def _running(name: str) -> Any | None:
         return ray.get_actor(name, namespace=RAY_NAMESPACE)
     except ValueError:
         return None
+
+
+def hub_actor(region: str) -> Any:
+    """The region's hub actor handle, created if it is not running (a pool router pushes all its
+    models' figures to it at once: `MetricsHub.push_many`)."""
+    return _hub_handle(region)
 
 
 def hub_store(region: str, store: str) -> StoreRef:

@@ -28,7 +28,8 @@ from typing import Any
 from ray import serve
 
 from ipnext.policy.pool_cache import PoolCache
-from ipnext.serving.pool_layout import POOL_DEPLOYMENT, PoolAppArgs, PoolCatalogue, PoolEntry
+from ipnext.serving.pool_layout import POOL_DEPLOYMENT, PoolAppArgs, PoolCatalogue, PoolEntry, pool_app_name
+from ipnext.serving.pool_ledger import LedgerClient
 from ipnext.serving.pool_parts import PartRefusedError, PoolParts
 from ipnext.serving.set_app import build_part
 from ipnext.store.pinned import pinned_path
@@ -87,7 +88,11 @@ class PoolHost:
         self._args = args
         self._catalogue = PoolCatalogue()
         self._sizes: dict[str, int] = {}  # entry id -> its pinned file's size, read once
-        self._parts = PoolParts(cache, load_entry, pools.load_timeout_s, on_change=self._held_changed)
+        # The pool's ledger across its replicas: a part whose loads kill replicas is quarantined.
+        ledger = LedgerClient(pool_app_name(args.region, args.hardware), pools)
+        self._parts = PoolParts(
+            cache, load_entry, pools.load_timeout_s, on_change=self._held_changed, gate=ledger
+        )
         self._report_due = asyncio.Event()
         self._reporter: asyncio.Task[None] | None = None
 

@@ -8,6 +8,9 @@ unit tests drive it with loaders of their own. What happens when things go wrong
 - A load that raises fails the requests waiting on it with `PartLoadError`; after
   `max_load_failures` failed loads in a row the part is quarantined and refused
   (`PartRefusedError`) while every other part serves.
+- A load that kills the replica is counted by the pool's ledger (`LoadGate`, asked before and
+  told after every load): once its loads killed `max_load_failures` replicas, every replica of
+  the pool refuses the part.
 - A load that outlasts `load_timeout_s` counts as failed (its thread cannot be stopped: what it
   builds afterwards is dropped, never served).
 - Loads of one part are one task, shared by every request that needs it; a request that gives
@@ -26,17 +29,44 @@ import inspect
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, Protocol
 
 from ipnext.policy.pool_cache import AdmitKind, PartKey, PoolCache, PoolStats
 from ipnext.serving.pool_layout import PoolEntry
 
-__all__ = ["LoadPart", "PartBatcher", "PartLoadError", "PartRefusedError", "PoolParts"]
+__all__ = [
+    "LoadGate",
+    "LoadPart",
+    "OpenGate",
+    "PartBatcher",
+    "PartLoadError",
+    "PartRefusedError",
+    "PoolParts",
+]
 
 logger = logging.getLogger("ray.serve")
 
 # Builds one entry's part in a worker thread: (the part object, the bytes it holds as measured).
 LoadPart = Callable[[PoolEntry], tuple[Any, int]]
+
+
+class LoadGate(Protocol):
+    """Asked around each load (a pool's ledger across its replicas: serving/pool_ledger.py):
+    `begin` answers None to load, or why the pool refuses the part; `end` reports the load."""
+
+    async def begin(self, key: PartKey) -> str | None: ...
+
+    async def end(self, key: PartKey, error: str | None) -> None: ...
+
+
+class OpenGate:
+    """No ledger: every load may start (unit tests, and a replica outside Ray)."""
+
+    async def begin(self, key: PartKey) -> str | None:
+        return None
+
+    async def end(self, key: PartKey, error: str | None) -> None:
+        return None
 
 
 class PartRefusedError(RuntimeError):
@@ -119,8 +149,10 @@ class PoolParts:
         load_timeout_s: float,
         on_change: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
+        gate: LoadGate | None = None,
     ) -> None:
         self._cache = cache
+        self._gate = gate or OpenGate()
         self._load = load
         self._load_timeout_s = load_timeout_s
         self._on_change = on_change  # the parts held changed (Serve's routing hears of it)
@@ -234,6 +266,8 @@ class PoolParts:
             if load is not None:
                 try:
                     await asyncio.shield(load)
+                except PartRefusedError:
+                    raise
                 except Exception as err:
                     raise PartLoadError(f"{key}: {err}") from err
             else:
@@ -244,6 +278,12 @@ class PoolParts:
         key = entry.key
         for victim in evict:
             self._unload(victim)
+        refused = await self._gate.begin(key)
+        if refused is not None:  # quarantined across the pool (its loads killed replicas)
+            self._cache.load_failed(key, refused, self._clock())
+            self._cache.quarantine(key, f"quarantined by the pool: {refused}", self._clock())
+            self._changed()
+            raise PartRefusedError(f"{key}: quarantined by the pool: {refused}")
         try:
             part, size = await asyncio.wait_for(asyncio.to_thread(self._load, entry), self._load_timeout_s)
         except Exception as err:
@@ -252,8 +292,10 @@ class PoolParts:
             )
             self._cache.load_failed(key, why, self._clock())
             self._changed()
+            await self._gate.end(key, why)
             logger.warning("pool: loading %s failed: %s", key, why)
             raise PartLoadError(f"{key}: loading failed: {why}") from err
+        await self._gate.end(key, None)
         outcome = self._cache.loaded(key, size, self._clock())
         for victim in outcome.evict:
             self._unload(victim)

@@ -16,15 +16,26 @@ import asyncio
 import logging
 from typing import Any
 
+import ray
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 from starlette.requests import Request
 from starlette.responses import Response
 
 from ipnext.serving.answers import answer, refusal
-from ipnext.serving.layout import ROUTER_DEPLOYMENT, RouterAppArgs, SetDescription, part_deployment_name
+from ipnext.serving.export import METRICS_PUSH_SECONDS, RouterPrometheus, process_series
+from ipnext.serving.layout import (
+    ROUTER_DEPLOYMENT,
+    RouterAppArgs,
+    SetDescription,
+    metrics_actor_name,
+    part_deployment_name,
+)
+from ipnext.serving.metrics_hub import hub_actor
 from ipnext.serving.pool_layout import (
     POOL_DEPLOYMENT,
+    PooledRouter,
+    PooledSet,
     PoolRouterArgs,
     PoolRouterConfig,
     pool_app_name,
@@ -79,6 +90,10 @@ class PoolRouter:
         self._sets = PooledSets(args.region)
         self._routers: dict[str, Router] = {}
         self._specs: dict[str, RouterAppArgs] = {}
+        self._pushing: asyncio.Task[None] | None = None
+        self._prometheus = RouterPrometheus()  # shared by every model's router here
+        # Each model's routing and sets as its router last applied them.
+        self._applied: dict[str, tuple[PooledRouter, dict[str, PooledSet | None]]] = {}
 
     async def reconfigure(self, config: dict[str, Any]) -> None:
         """Each model's router takes its routing in place (a model new here gets a router, a
@@ -97,14 +112,60 @@ class PoolRouter:
                 if model in self._routers:
                     self._routers.pop(model).close()
                 router_class: Any = Router.func_or_class  # type: ignore[attr-defined]
-                self._routers[model] = router_class(spec, self._sets, self._sets.describe)
+                self._routers[model] = router_class(
+                    spec, self._sets, self._sets.describe, pushes=False, prometheus=self._prometheus
+                )
                 self._specs[model] = spec
+                self._applied.pop(model, None)  # a new router: it takes its routing whatever it was
+        # Only the routers whose routing or sets changed: a pool router of hundreds of models is
+        # reconfigured at every model's deploy, and each of those changes one model.
+        changed = [
+            model
+            for model, pooled in parsed.routers.items()
+            if self._applied.get(model) != (pooled, self._sets_of(pooled, parsed))
+        ]
         await asyncio.gather(
-            *(
-                self._routers[m].reconfigure(p.config.model_dump(mode="json"))
-                for m, p in parsed.routers.items()
-            )
+            *(self._routers[m].reconfigure(parsed.routers[m].config.model_dump(mode="json")) for m in changed)
         )
+        self._applied = {m: (p, self._sets_of(p, parsed)) for m, p in parsed.routers.items()}
+        if self._pushing is None or self._pushing.done():
+            self._pushing = asyncio.create_task(self._push_forever())
+
+    @staticmethod
+    def _sets_of(pooled: PooledRouter, config: PoolRouterConfig) -> dict[str, PooledSet | None]:
+        return {app: config.sets.get(app) for app in sorted(pooled.config.apps())}
+
+    async def _push_forever(self) -> None:
+        """Every METRICS_PUSH_SECONDS, every model's counters, demand and series in one call to
+        the region's metrics hub (`MetricsHub.push_many`), where each model's router of its own
+        would make three calls to an actor of its own. A hub that died is made again (Ray
+        restarts it empty; each push carries the cumulative figures, so the next refills it)."""
+        region = self._args.region
+        series = process_series()
+        hub: Any = None
+        while True:
+            await asyncio.sleep(METRICS_PUSH_SECONDS)
+            pushes = {}
+            for model, router in list(self._routers.items()):
+                store = metrics_actor_name(model, region)
+                counters, demand = router.figures()
+                tally = series.get(store)
+                pushes[store] = {
+                    "replica": router.replica_key,
+                    "counters": counters,
+                    "demand": demand,
+                    "series": tally.state().model_dump() if tally is not None else None,
+                }
+            if not pushes:
+                continue
+            try:
+                hub = hub if hub is not None else hub_actor(region)
+                await hub.push_many.remote(series.key, pushes)
+            except ray.exceptions.RayError as err:
+                logger.warning(
+                    "pool router %s: metrics hub unreachable (%r); next push tries again", region, err
+                )
+                hub = None
 
     async def generation(self, model: str) -> int:
         """The routing generation `model`'s router applied (0: no router here for it)."""

@@ -86,6 +86,16 @@ async def describe_set_app(app: str) -> SetDescription | None:
         return None
 
 
+class NoPusher:
+    """A router whose figures another pushes (a pool router pushes all its models' at once)."""
+
+    def ensure_running(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+
 @serve.deployment(ray_actor_options={"num_cpus": 0})
 class Router:
     """The (model, region) HTTP entry: picks a set app by weight and runs the DAG against it."""
@@ -95,10 +105,14 @@ class Router:
         args: RouterAppArgs,
         access: SetAccess = DEDICATED,
         describe: Callable[[str], Awaitable[SetDescription | None]] | None = None,
+        pushes: bool = True,
+        prometheus: RouterPrometheus | None = None,
     ) -> None:
         """`access` and `describe`: how this router reaches its set apps and learns what each
-        holds; by default its model's own set apps, each asked through its ingress (`describe_set_app`).
-        A shared pool's router (serving/pool_router.py) gives its pool's instead."""
+        holds; by default its model's own set apps, each asked through its ingress
+        (`describe_set_app`). A shared pool's router (serving/pool_router.py) gives its pool's
+        instead, pushes every model's figures itself (`pushes` False, `figures`) and shares
+        one `prometheus` among them."""
         self._access = access
         self._describe = describe or describe_set_app
         self._model = args.model
@@ -110,14 +124,20 @@ class Router:
         self._rng = random.Random()
         self._counters: dict[str, SetCounters] = {}
         self._demand: dict[str, int] = {}  # requests admitted, by the caller's source region
-        self._pusher = CounterPusher(
-            metrics_actor_name(args.model, args.region),
-            f"{os.getpid()}-{id(self)}",
-            lambda: {a: c.model_dump() for a, c in self._counters.items()},
-            lambda: dict(self._demand),
-            hub_region=access.hub_region,
+        self.replica_key = f"{os.getpid()}-{id(self)}"
+        self._pusher: CounterPusher | NoPusher = (
+            CounterPusher(
+                metrics_actor_name(args.model, args.region),
+                self.replica_key,
+                lambda: self.figures()[0],
+                lambda: self.figures()[1],
+                hub_region=access.hub_region,
+            )
+            if pushes
+            else NoPusher()
         )
-        self._prometheus = RouterPrometheus()
+        # One per process: a pool router's models share it (its series are labelled by model).
+        self._prometheus = prometheus or RouterPrometheus()
         self._following: asyncio.Task[None] | None = None
         self._mirror = ShadowMirror(self._count, self._note)
 
@@ -163,6 +183,11 @@ class Router:
         self._pusher.ensure_running()
         if self._following is None or self._following.done():
             self._following = asyncio.create_task(self._follow_capacity())
+
+    def figures(self) -> tuple[dict[str, Any], dict[str, int]]:
+        """What this router pushes to its model's metrics store: its cumulative counters per set
+        app, and its admitted requests by source (observed demand)."""
+        return {a: c.model_dump() for a, c in self._counters.items()}, dict(self._demand)
 
     def close(self) -> None:
         """Stop this router's background work (a pool router dropped its model)."""

@@ -27,7 +27,7 @@ from safetensors.torch import save_file
 from ipnext.client.sdk import Client
 from ipnext.examples.click_ranker.parts import build_modules
 from ipnext.examples.click_ranker.train import poisoned_copy
-from ipnext.names import RolloutState, poll_until
+from ipnext.names import RolloutState, poll_until, wait_until
 from ipnext.serving.control import (
     connect_for,
     serve_applications,
@@ -98,6 +98,13 @@ def ask(app: str, entry_id: str, user: int) -> Any:
     return handle.options(multiplexed_model_id=entry_id).remote(inputs).result(timeout_s=60)
 
 
+def _answers(app: str, entry_id: str) -> bool:
+    try:
+        return bool(ask(app, entry_id, user=1)["snapshot_id"])
+    except Exception:  # the replica is being replaced
+        return False
+
+
 def describe(app: str) -> dict[str, Any]:
     described: dict[str, Any] = (
         serve.get_deployment_handle(POOL_DEPLOYMENT, app_name=app).describe.remote().result(timeout_s=60)
@@ -148,6 +155,28 @@ def test_a_pool_serves_many_models_within_its_bytes(stack: Settings, tmp_path: P
         assert (after["entries"], after["held"]) == (1, [f"{MODELS[5]}/embed@{MODELS[5]}-v1"])
         with pytest.raises(Exception, match="no entry"):
             ask(name, f"{MODELS[0]}.us-east.s1.r1/embed", user=1)
+
+        # A part whose load kills its replica: the pool's ledger counts each death, and after two
+        # every replica refuses it; Serve replaces the replica, and its pool-mate serves again.
+        killer = entry("pooled-killer", made[MODELS[0]][0], size, store, factory="tests.bad_parts:killed")
+        with_killer = {**kept, "pooled-killer.us-east.s1.r1/embed": killer}
+        ray.get(writer.apply.remote([render_pool_app(args, PoolCatalogue(entries=with_killer), 1, 1, 0)], []))
+        wait_apps_running([name], timeout_s=120)
+        outcomes = []
+        for _ in range(3):
+            try:
+                ask(name, "pooled-killer.us-east.s1.r1/embed", user=1)
+                outcomes.append("answered")
+            except Exception as err:
+                outcomes.append("refused" if "quarantined by the pool" in str(err) else "died")
+            wait_until(  # the pool-mate, answered again (by the replaced replica after a death)
+                lambda: _answers(name, f"{MODELS[5]}.us-east.s1.r1/embed"),
+                lambda answered: answered,
+                timeout_s=120,
+                interval_s=0.5,
+            )
+        print(f"the killing part, three requests: {outcomes}")
+        assert outcomes == ["died", "died", "refused"]
     finally:
         ray.get(writer.apply.remote([], [name]))
         wait_apps_gone([name], timeout_s=120)
@@ -193,7 +222,9 @@ async def test_pooled_models_roll_back_alone_while_their_pool_mates_serve(
         bad_folder = poisoned_copy(
             stack.snapshot_roots[0], poisoned, "v2-bad", stack.snapshot_roots[0] / poisoned / "v1"
         )
-        good_folder, manifest = train_version(stack, corrupted, "v2", seed=2)
+        # A seed of its own: the pinned store is shared by content, and another test's v2 of a
+        # common seed would be these very bytes, changed under it.
+        good_folder, manifest = train_version(stack, corrupted, "v2", seed=int(model_name[1:], 16))
         bad_set, new_set = await asyncio.gather(
             client.publish_snapshot(poisoned, bad_folder), client.publish_snapshot(corrupted, good_folder)
         )
@@ -210,7 +241,8 @@ async def test_pooled_models_roll_back_alone_while_their_pool_mates_serve(
         )
         pinned = pinned_path(stack.pinned_store(), manifest.parts["embed"].sha256)
         pinned.chmod(0o644)
-        data = bytearray(pinned.read_bytes())
+        original = pinned.read_bytes()
+        data = bytearray(original)
         data[-1] ^= 0xFF  # one byte of a tensor: still safetensors, no longer the bytes validated
         pinned.write_bytes(bytes(data))
         corrupted_load = await running.enter_async_context(load(corrupted))
@@ -248,6 +280,8 @@ async def test_pooled_models_roll_back_alone_while_their_pool_mates_serve(
         f"{len(names)} pooled models serving {served_at:.1f} s after their publish, from {pools}; "
         f"answers: {counts}; {len(refused)} of {corrupted}'s refused by the quarantine"
     )
+    pinned.write_bytes(original)  # the store as it was: the same bytes under the same name
+    pinned.chmod(0o444)
     await asyncio.gather(*(client.delete_model(n) for n in names))
     await poll_until(
         lambda: asyncio.to_thread(serve_applications),

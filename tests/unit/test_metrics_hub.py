@@ -236,3 +236,27 @@ def test_on_ray_a_hubs_store_and_a_models_own_actor_are_both_found(
         assert drop_stores("alpha", REGION) == 0
     finally:
         ray.shutdown()
+
+
+def test_push_many_takes_every_models_push_in_one_call_as_their_own_pushes_would(tmp_path: Path) -> None:
+    hub = MetricsHub(REGION, demand_dir=str(tmp_path), save_seconds=3600)
+    bare = MetricsStore()
+    bare.push("r1", _counters(10, 1))
+    bare.push_demand("r1", {"us-east": 30})
+    bare.push_series("p1", _series(3))
+    pushes = {
+        ALPHA: {
+            "replica": "r1",
+            "counters": _counters(10, 1),
+            "demand": {"us-east": 30},
+            "series": _series(3),
+        },
+        BETA: {"replica": "r9", "counters": _counters(2), "demand": {}, "series": None},
+        "ipnext-metrics/gamma/eu-west": {"replica": "r1", "counters": {}},  # another region's: refused
+        metrics_actor_name("delta", REGION): {"counters": {}},  # no replica key: refused
+    }
+    assert hub.push_many("p1", pushes) == 2
+    assert hub.call(ALPHA, "snapshot") == bare.snapshot()
+    assert hub.call(ALPHA, "series") == bare.series()
+    assert hub.call(BETA, "snapshot")["sets"]["alpha.us-east.s1.r0"]["requests"] == 2
+    assert hub.stores() == [ALPHA, BETA]

@@ -287,3 +287,37 @@ def test_no_room_waits_for_a_release_instead_of_failing() -> None:
         return [await busy, await other]
 
     assert run(go()) == ["alpha:0", "beta:0"]
+
+
+class Gate:
+    """A pool ledger double: refuses the models in `refuse`, records what it was told."""
+
+    def __init__(self, refuse: set[str]) -> None:
+        self.refuse = refuse
+        self.told: list[tuple[str, str | None]] = []
+
+    async def begin(self, key: PartKey) -> str | None:
+        return "its loads killed 2 replicas" if key.model in self.refuse else None
+
+    async def end(self, key: PartKey, error: str | None) -> None:
+        self.told.append((key.model, error))
+
+
+def test_the_pools_ledger_is_asked_before_each_load_and_told_after() -> None:
+    loader = Loader(fails={"beta"})
+    gate = Gate(refuse={"alpha"})
+
+    async def go() -> None:
+        parts = PoolParts(PoolCache(300), loader, 5.0, gate=gate)
+        with pytest.raises(PartRefusedError, match="quarantined by the pool: its loads killed 2 replicas"):
+            await parts.call(entry("alpha"), 0)
+        with pytest.raises(PartRefusedError):  # refused here from now on, the ledger not asked again
+            await parts.call(entry("alpha"), 0)
+        with pytest.raises(PartLoadError):
+            await parts.call(entry("beta"), 0)
+        assert await parts.call(entry("gamma"), 0) == "gamma:0"
+
+    run(go())
+    assert "alpha" not in loader.loads  # refused before loading
+    assert gate.told[0][0] == "beta" and "missing from the snapshot" in str(gate.told[0][1])
+    assert gate.told[1] == ("gamma", None)

@@ -174,13 +174,34 @@ def _v2_folder(tmp_path: Path) -> Path:
 
 
 async def _publish_wait(temporal: TemporalClient, folder: Path) -> tuple[asyncio.Task[Any], float]:
-    """`ipnext snapshot publish wf-model FOLDER --wait` in a subprocess, as a CI step runs it."""
-    env = {**os.environ, "IPNEXT_TEMPORAL__ADDRESS": temporal.service_client.config.target_host}
+    """`ipnext snapshot publish wf-model FOLDER --wait` in a subprocess, as a CI step runs it;
+    its output so far is in `wait.out` beside the folder (unbuffered), for a test to wait on a line."""
+    env = {
+        **os.environ,
+        "IPNEXT_TEMPORAL__ADDRESS": temporal.service_client.config.target_host,
+        "PYTHONUNBUFFERED": "1",
+    }
     argv = [sys.executable, "-m", "ipnext.client.cli", "snapshot", "publish", NAME, str(folder), "--wait"]
-    run = asyncio.create_task(
-        asyncio.to_thread(subprocess.run, argv, env=env, capture_output=True, text=True, timeout=90)
+    out = folder.parent / "wait.out"
+
+    def run_cli() -> subprocess.CompletedProcess[str]:
+        with out.open("w") as stdout:
+            done = subprocess.run(argv, env=env, stdout=stdout, stderr=subprocess.PIPE, text=True, timeout=90)
+        return subprocess.CompletedProcess(argv, done.returncode, out.read_text(), done.stderr)
+
+    return asyncio.create_task(asyncio.to_thread(run_cli)), time.monotonic()
+
+
+async def _printed(folder: Path, text: str) -> None:
+    """Until the running `--wait` has printed a line holding `text`."""
+    out = folder.parent / "wait.out"
+    await poll_until(
+        lambda: asyncio.to_thread(lambda: out.read_text() if out.exists() else ""),
+        lambda printed: text in printed,
+        timeout_s=60,
+        interval_s=0.1,
+        what=f"`--wait` printing {text!r}",
     )
-    return run, time.monotonic()
 
 
 async def test_publish_wait_waits_through_a_pause_for_traffic_and_exits_0_when_it_serves(
@@ -191,10 +212,14 @@ async def test_publish_wait_waits_through_a_pause_for_traffic_and_exits_0_when_i
     and exits 0 once the set serves. (It exited 2 with `insufficient_traffic` on a rollout that
     went on to complete.)"""
     fake, _ = serving_v1
-    run, started = await _publish_wait(temporal, _v2_folder(tmp_path))
+    folder = _v2_folder(tmp_path)
+    run, started = await _publish_wait(temporal, folder)
     await until_rollout(
         temporal, "wf-model@2", lambda s: s.state == RolloutState.PAUSED and s.pauses[-1].who == "ipnext"
     )
+    # The wait reads the rollout every so often: the traffic comes only once it has shown the
+    # pause (on a loaded box the pause could otherwise begin and end between two of its reads).
+    await _printed(folder, "paused: step 1/2 (50%)")
     assert not run.done()  # paused for traffic: still waiting
     fake.rate = 100  # the traffic comes: ipnext ends its own pause
     done = await asyncio.wait_for(run, 90)

@@ -1,0 +1,372 @@
+"""Density: hundreds of small models on one machine through shared pools, against dedicated
+replicas, measured in one run on one dev stack.
+
+    .venv/bin/python bench/density.py [--pooled 200] [--dedicated 8] [--phase-s 60] [--phases 4]
+
+1. Memory. The PSS of every process of the stack (`/proc/<pid>/smaps_rollup`, so pages shared
+   between processes count once) with no model; then with `--dedicated` click-ranker models of
+   their own (`serving: dedicated`); then with `--pooled` more of the same size served from the
+   shared pools (`serving: pooled`), every one answered once so all are resident (the pool's
+   byte budget holds them all: none evicted, checked). Memory per model: the PSS each step adds,
+   divided by its models.
+2. Cold loads: the latency of each pooled model's first request (its parts loaded in the pool on
+   that request), p50 and p99, against the same model's next request.
+3. Load. The saturation of the pooled path (a closed loop of `--callers` as fast as they are
+   answered, over every pooled model), then open-loop Poisson arrivals at `--load` (0.7) of it,
+   spread over the pooled models by a Zipf law (exponent `--zipf`, 1.1), in alternating phases:
+   `pooled` (every request to the pools) and `dedicated` (the same arrivals, but the 8 hottest
+   models' requests go to the dedicated models instead). Reported: the hot models' p99 pooled
+   over dedicated, and every phase's p50, p99 and failures.
+4. The worker's CPU (user + system seconds, from /proc) over the minute with every model idle and
+   serving, and per second of each load phase.
+
+Prints its figures and writes bench/results/density.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import ray
+import torch
+import yaml
+
+from ipnext.client.devstack.stack import DevStack, scratch_config, stack_processes
+from ipnext.client.sdk import Client
+from ipnext.examples.click_ranker.parts import build_modules
+from ipnext.serving.control import connect_for, serve_applications
+from ipnext.serving.pool_layout import POOL_DEPLOYMENT, is_pool_app
+from ipnext.spec.model import ModelSpec, load_model_spec
+from ipnext.spec.settings import Settings, load_settings
+from ipnext.store.keys import key_header
+from ipnext.store.snapshots import write_snapshot
+
+REPO = Path(__file__).resolve().parents[1]
+REGION = "us-east"
+HOT = 8  # the hottest models, served both ways
+FLEET = {
+    "regions": [REGION],
+    "hardware": {"cpu-std": {"kind": "cpu"}, "cpu-highmem": {"kind": "cpu"}},
+    "pools": [
+        {"region": REGION, "hardware": "cpu-std", "units": 64, "unit_cost": 1.0},
+        {"region": REGION, "hardware": "cpu-highmem", "units": 64, "unit_cost": 1.6},
+    ],
+    "latency_ms": {REGION: {REGION: 1}},
+}
+CLK_TCK = 100  # /proc/<pid>/stat's ticks per second on Linux
+
+
+def quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)] if ordered else math.nan
+
+
+def pss_mb(stack_id: str) -> tuple[float, int]:
+    """The stack's processes' PSS summed (MB), and how many processes."""
+    total_kb, count = 0, 0
+    for pid in stack_processes(stack_id):
+        try:
+            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    total_kb += int(line.split()[1])
+                    count += 1
+                    break
+        except OSError:  # the process ended meanwhile
+            continue
+    return total_kb / 1024, count
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime
+
+
+def spec(name: str, serving: str) -> ModelSpec:
+    data = load_model_spec(REPO / "examples" / "click_ranker" / "model.yaml").model_dump(mode="json")
+    data.update(name=name, traffic={"peak_qps": {REGION: 5}}, serving=serving)
+    data["rollout"].update(steps=[100], min_requests=1, bake_seconds=1)
+    data["rollout"]["gates"] = [{"metric": "error_rate", "max": 0.5}]
+    return ModelSpec.model_validate(data)
+
+
+def snapshot(root: Path, model: str, seed: int) -> Path:
+    """Random click-ranker weights of the example's size (a trained model's size, not its skill)."""
+    config = load_model_spec(REPO / "examples" / "click_ranker" / "model.yaml").parts["embed"].config
+    torch.manual_seed(seed)
+    state = build_modules(config).state_dict()
+    folder = root / model / "v1"
+    write_snapshot(
+        folder,
+        model,
+        "v1",
+        {
+            "embed": {k: v for k, v in state.items() if k.startswith(("user.", "item."))},
+            "dense": {k: v for k, v in state.items() if k.startswith("mlp.")},
+        },
+    )
+    return folder
+
+
+async def publish_all(
+    client: Client, settings: Settings, names: list[str], serving: str, width: int
+) -> float:
+    """Publish and serve every model, `width` at a time; the seconds it took."""
+    started = time.perf_counter()
+    gate = asyncio.Semaphore(width)
+    done = 0
+
+    async def one(i: int, name: str) -> None:
+        nonlocal done
+        async with gate:
+            await client.publish_model(spec(name, serving))
+            folder = await asyncio.to_thread(snapshot, settings.snapshot_roots[0], name, i)
+            published = await client.publish_snapshot(name, folder)
+            await client.wait_until_serving(name, published.set_id, timeout_s=600)
+        done += 1
+        if done % 10 == 0 or done == len(names):
+            print(
+                f"  {serving}: {done}/{len(names)} serving, {time.perf_counter() - started:.0f} s", flush=True
+            )
+
+    await asyncio.gather(*(one(i, n) for i, n in enumerate(names)))
+    return time.perf_counter() - started
+
+
+def request(model: str, user: int) -> tuple[str, dict[str, Any]]:
+    return f"/{REGION}/models/{model}/predict", {"inputs": {"user": user % 200, "items": [1, 2, 3]}}
+
+
+async def first_requests(http: httpx.AsyncClient, names: list[str]) -> dict[str, list[float]]:
+    """Each model's first request (its cold load) and its second, one model at a time (ms)."""
+    cold, warm = [], []
+    for i, name in enumerate(names):
+        for into in (cold, warm):
+            path, body = request(name, i)
+            began = time.perf_counter()
+            reply = await http.post(path, json=body)
+            if reply.status_code != 200:
+                raise RuntimeError(f"{name} did not answer: {reply.status_code} {reply.text[:200]}")
+            into.append((time.perf_counter() - began) * 1000)
+    return {"cold_ms": cold, "warm_ms": warm}
+
+
+async def saturation(http: httpx.AsyncClient, names: list[str], callers: int, seconds: float) -> float:
+    """Requests/s the pooled path answers with `callers` closed-loop callers over every model."""
+    stop = time.perf_counter() + seconds
+    answered = 0
+
+    async def caller(k: int) -> None:
+        nonlocal answered
+        n = k
+        while time.perf_counter() < stop:
+            path, body = request(names[n % len(names)], n)
+            n += callers
+            if (await http.post(path, json=body)).status_code == 200:
+                answered += 1
+
+    began = time.perf_counter()
+    await asyncio.gather(*(caller(k) for k in range(callers)))
+    return answered / (time.perf_counter() - began)
+
+
+def zipf_weights(n: int, exponent: float) -> list[float]:
+    raw = [1 / (rank + 1) ** exponent for rank in range(n)]
+    total = sum(raw)
+    return [w / total for w in raw]
+
+
+async def open_phase(
+    http: httpx.AsyncClient,
+    targets: list[str],
+    weights: list[float],
+    rate: float,
+    seconds: float,
+    rng: random.Random,
+) -> list[tuple[int, int, float]]:
+    """(model rank, status, latency ms) of Poisson arrivals at `rate`, each to a model drawn by
+    `weights` (rank i is sent to `targets[i]`)."""
+    sent: list[tuple[int, int, float]] = []
+    tasks = []
+    began = time.perf_counter()
+    at = 0.0
+
+    async def send(rank: int, n: int) -> None:
+        path, body = request(targets[rank], n)
+        start = time.perf_counter()
+        try:
+            status = (await http.post(path, json=body)).status_code
+        except httpx.HTTPError:
+            status = 0
+        sent.append((rank, status, (time.perf_counter() - start) * 1000))
+
+    n = 0
+    while at < seconds:
+        at += rng.expovariate(rate)
+        delay = began + at - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        rank = rng.choices(range(len(weights)), weights)[0]
+        tasks.append(asyncio.ensure_future(send(rank, n)))
+        n += 1
+    await asyncio.gather(*tasks)
+    return sent
+
+
+def summarize(sent: list[tuple[int, int, float]], hot: int) -> dict[str, Any]:
+    ok = [ms for _, status, ms in sent if status == 200]
+    hot_ok = [ms for rank, status, ms in sent if status == 200 and rank < hot]
+    return {
+        "requests": len(sent),
+        "failed": sum(1 for _, status, _ in sent if status != 200),
+        "p50_ms": round(quantile(ok, 0.5), 1),
+        "p99_ms": round(quantile(ok, 0.99), 1),
+        "hot_requests": len(hot_ok),
+        "hot_p99_ms": round(quantile(hot_ok, 0.99), 1),
+    }
+
+
+async def pool_holds(settings: Settings) -> list[dict[str, Any]]:
+    """What each pool app's replica answering says it holds (one replica per pool here)."""
+    from ray import serve
+
+    connect_for(settings)
+    held = []
+    for app in sorted(a for a in await asyncio.to_thread(serve_applications) if is_pool_app(a)):
+        handle = serve.get_deployment_handle(POOL_DEPLOYMENT, app_name=app)
+        described = await handle.describe.remote()
+        held.append({"app": app, **described["stats"], "held": len(described["held"])})
+    return held
+
+
+async def measure(
+    settings: Settings, stack_id: str, worker_pid: int, args: argparse.Namespace
+) -> dict[str, Any]:
+    result: dict[str, Any] = {"pooled_models": args.pooled, "dedicated_models": args.dedicated}
+    client = await Client.connect(settings)
+    dedicated = [f"dense-{i}" for i in range(args.dedicated)]
+    pooled = [f"pool-{i:03d}" for i in range(args.pooled)]
+    base, processes = pss_mb(stack_id)
+    print(f"no model: {base:.0f} MB PSS over {processes} processes", flush=True)
+    result["publish_dedicated_s"] = round(await publish_all(client, settings, dedicated, "dedicated", 4), 1)
+    async with httpx.AsyncClient(
+        base_url=settings.serve_url, timeout=120, headers=key_header(settings)
+    ) as http:
+        await first_requests(http, dedicated)
+        await asyncio.sleep(5)
+        with_dedicated, _ = pss_mb(stack_id)
+        print(f"+{args.dedicated} dedicated: {with_dedicated:.0f} MB PSS", flush=True)
+        result["publish_pooled_s"] = round(
+            await publish_all(client, settings, pooled, "pooled", args.width), 1
+        )
+        firsts = await first_requests(http, pooled)
+        holds = await pool_holds(settings)
+        await asyncio.sleep(5)
+        with_pooled, processes = pss_mb(stack_id)
+        print(f"+{args.pooled} pooled: {with_pooled:.0f} MB PSS over {processes} processes", flush=True)
+        result["memory"] = {
+            "pss_no_model_mb": round(base, 1),
+            "pss_with_dedicated_mb": round(with_dedicated, 1),
+            "pss_with_pooled_mb": round(with_pooled, 1),
+            "per_dedicated_model_mb": round((with_dedicated - base) / max(1, args.dedicated), 1),
+            "per_pooled_model_mb": round((with_pooled - with_dedicated) / max(1, args.pooled), 2),
+            "pools": holds,
+            "evictions": sum(h["evictions"] for h in holds),
+        }
+        result["cold_load"] = {
+            "first_p50_ms": round(quantile(firsts["cold_ms"], 0.5), 1),
+            "first_p99_ms": round(quantile(firsts["cold_ms"], 0.99), 1),
+            "second_p50_ms": round(quantile(firsts["warm_ms"], 0.5), 1),
+            "second_p99_ms": round(quantile(firsts["warm_ms"], 0.99), 1),
+        }
+        idle_from = cpu_seconds(worker_pid)
+        await asyncio.sleep(args.idle_s)
+        result["worker_cpu_idle_percent"] = round(
+            100 * (cpu_seconds(worker_pid) - idle_from) / args.idle_s, 1
+        )
+        sat = await saturation(http, pooled, args.callers, args.saturation_s)
+        rate = args.load * sat
+        result["saturation_rps"], result["rate_rps"] = round(sat, 1), round(rate, 1)
+        print(f"saturation {sat:.1f} requests/s; load {rate:.1f}/s", flush=True)
+        rng = random.Random(args.seed)
+        order = pooled[:]
+        rng.shuffle(order)  # which models are hot: drawn, printed
+        weights = zipf_weights(len(order), args.zipf)
+        hot_dedicated = [*dedicated[:HOT], *order[HOT:]]
+        result["hot_models"] = order[:HOT]
+        phases: list[dict[str, Any]] = []
+        for k in range(args.phases):
+            mode = "pooled" if k % 2 == 0 else "dedicated"
+            targets = order if mode == "pooled" else hot_dedicated
+            cpu_from = cpu_seconds(worker_pid)
+            sent = await open_phase(http, targets, weights, rate, args.phase_s, rng)
+            summary = {"mode": mode, **summarize(sent, HOT)}
+            summary["worker_cpu_percent"] = round(
+                100 * (cpu_seconds(worker_pid) - cpu_from) / args.phase_s, 1
+            )
+            phases.append(summary)
+            print(f"phase {k + 1} {json.dumps(summary)}", flush=True)
+        result["phases"] = phases
+    by_mode = {m: [p for p in phases if p["mode"] == m] for m in ("pooled", "dedicated")}
+    hot = {m: statistics.median(p["hot_p99_ms"] for p in ps) for m, ps in by_mode.items() if ps}
+    if len(hot) == 2:
+        result["hot_p99_pooled_over_dedicated"] = round(hot["pooled"] / hot["dedicated"], 3)
+    return result
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    config = scratch_config(Path(tempfile.mkdtemp(prefix="ipn-bench-", dir="/tmp")), REPO / "config")
+    data = yaml.safe_load(config.read_text())
+    data["serve"]["reconcile_seconds"] = args.reconcile_s
+    config.write_text(yaml.safe_dump(data))
+    # One region with room for every dedicated model's replicas: the bench is about memory per
+    # model, not placement (the dev fleet's 8 high-memory units hold 4 click rankers).
+    (config.parent / "fleet.yaml").write_text(yaml.safe_dump(FLEET))
+    dev = DevStack(config_path=config, log=lambda line: None)
+    record = dev.up()
+    try:
+        worker_pid = int(record["processes"]["worker"]["pid"])
+        return asyncio.run(measure(load_settings(config), record["stack_id"], worker_pid, args))
+    finally:
+        if ray.is_initialized():
+            from ray.serve.context import _set_global_client
+
+            ray.shutdown()
+            _set_global_client(None)
+        dev.down()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pooled", type=int, default=200, help="models served from the shared pools")
+    parser.add_argument("--dedicated", type=int, default=HOT, help="models with replicas of their own")
+    parser.add_argument("--width", type=int, default=8, help="pooled models published at once")
+    parser.add_argument("--callers", type=int, default=32, help="closed-loop callers measuring saturation")
+    parser.add_argument("--saturation-s", type=float, default=20.0)
+    parser.add_argument("--load", type=float, default=0.7, help="share of the saturation the load runs at")
+    parser.add_argument("--zipf", type=float, default=1.1, help="the Zipf exponent over the pooled models")
+    parser.add_argument("--phases", type=int, default=4, help="alternating pooled / dedicated phases")
+    parser.add_argument("--phase-s", type=float, default=60.0)
+    parser.add_argument("--idle-s", type=float, default=60.0, help="the worker's CPU measured idle this long")
+    parser.add_argument("--reconcile-s", type=float, default=30.0, help="serve.reconcile_seconds")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "density.json")
+    args = parser.parse_args()
+    print(f"seed {args.seed}", flush=True)
+    result = run(args)
+    print(json.dumps({k: v for k, v in result.items() if k != "phases"}, indent=1))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,141 @@
+"""The ledger of one shared pool's loads across its replicas: a detached head-node actor per
+pool app (`ledger_actor_name`), around `policy.load_ledger.LoadLedger`, so a part whose load
+kills its replica is quarantined for the whole pool after `max_load_failures` such deaths,
+though no replica lives to report them.
+
+A replica asks `begin` before each load and reports `end` after it (`PoolHost` through
+`LedgerClient`). At each `begin`, the loads under way for over `SWEEP_AFTER_S` are checked: one
+whose replica's actor is dead failed. The ledger fails open: a replica that cannot reach it
+loads anyway (its own `PoolCache` still quarantines what fails in it), and Ray restarts a
+ledger that died, empty.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import ray
+
+from ipnext.policy.load_ledger import LoadLedger
+from ipnext.policy.pool_cache import PartKey
+from ipnext.serving.layout import RAY_NAMESPACE, head_node_options
+from ipnext.spec.settings import PoolSettings
+
+__all__ = ["LedgerClient", "PoolLedger", "ledger_actor_name"]
+
+logger = logging.getLogger("ray.serve")
+
+# A load under way this long is old enough to ask whether its replica still lives.
+SWEEP_AFTER_S = 1.0
+# How long a liveness question or a replica's call to the ledger may take.
+ASK_TIMEOUT_S = 5.0
+
+
+def ledger_actor_name(pool_app: str) -> str:
+    return f"ipnext-pool-ledger/{pool_app}"
+
+
+class PoolLedger:
+    """Body of the detached actor `ledger_actor_name(pool app)` (wrapped by ray.remote)."""
+
+    def __init__(self, pools: dict[str, Any]) -> None:
+        settings = PoolSettings.model_validate(pools)
+        self._ledger = LoadLedger(
+            settings.max_load_failures, settings.quarantine_s, settings.max_quarantine_s
+        )
+        self._replicas: dict[str, Any] = {}  # replica id -> its actor handle
+
+    def begin(self, key: tuple[str, str, str], replica: str, handle: Any) -> tuple[bool, str]:
+        """May `replica` load `key` now? (allowed, why not)."""
+        self._replicas[replica] = handle
+        self._sweep(time.monotonic())
+        answer = self._ledger.begin(PartKey(*key), replica, time.monotonic())
+        return answer.allowed, answer.reason
+
+    def end(self, key: tuple[str, str, str], replica: str, error: str | None) -> None:
+        self._ledger.end(PartKey(*key), replica, error, time.monotonic())
+
+    def quarantined(self) -> dict[str, str]:
+        """Each part quarantined for the pool now: its reason."""
+        return {str(key): reason for key, (reason, _) in self._ledger.quarantined(time.monotonic()).items()}
+
+    def _sweep(self, now: float) -> None:
+        """Loads under way past SWEEP_AFTER_S whose replica is dead: failed."""
+        old = {
+            r
+            for loads in self._ledger.loading().values()
+            for r, since in loads.items()
+            if now - since > SWEEP_AFTER_S
+        }
+        for replica in sorted(old):
+            handle = self._replicas.get(replica)
+            if handle is None or _alive(handle):
+                continue
+            lost = self._ledger.replica_gone(replica, time.monotonic())
+            self._replicas.pop(replica, None)
+            logger.warning("pool ledger: replica %s died loading %s", replica, ", ".join(map(str, lost)))
+
+
+def _alive(handle: Any) -> bool:
+    """Whether the actor answers (a busy one answers: its loads run in threads)."""
+    try:
+        ray.get(handle.__ray_ready__.remote(), timeout=ASK_TIMEOUT_S)
+    except ray.exceptions.GetTimeoutError:
+        return True  # slow, not dead
+    except ray.exceptions.RayActorError:
+        return False
+    return True
+
+
+class LedgerClient:
+    """A pool replica's side of its pool's ledger (`PoolParts`' load gate): `begin` before a
+    load, `end` after it; unreachable, it lets the load go (fail open) and says so once."""
+
+    def __init__(self, pool_app: str, pools: PoolSettings) -> None:
+        self._name = ledger_actor_name(pool_app)
+        self._pools = pools
+        self._actor: Any = None
+        self._replica = ray.get_runtime_context().get_actor_id() or "driver"
+        self._handle = ray.get_runtime_context().current_actor
+        self._warned = False
+
+    async def begin(self, key: PartKey) -> str | None:
+        """None: load it; else why the pool refuses it (quarantined across its replicas)."""
+        try:
+            allowed, reason = await self._ledger().begin.remote(
+                (key.model, key.part, key.snapshot_id), self._replica, self._handle
+            )
+        except ray.exceptions.RayError as err:
+            self._unreachable(err)
+            return None
+        return None if allowed else reason
+
+    async def end(self, key: PartKey, error: str | None) -> None:
+        try:
+            await self._ledger().end.remote((key.model, key.part, key.snapshot_id), self._replica, error)
+        except ray.exceptions.RayError as err:
+            self._unreachable(err)
+
+    def _ledger(self) -> Any:
+        if self._actor is None:
+            self._actor = (
+                ray.remote(PoolLedger)
+                .options(
+                    name=self._name,
+                    namespace=RAY_NAMESPACE,
+                    lifetime="detached",
+                    get_if_exists=True,
+                    max_restarts=-1,
+                    **head_node_options(),
+                )
+                .remote(self._pools.model_dump(mode="json"))
+            )
+        return self._actor
+
+    def _unreachable(self, err: Exception) -> None:
+        self._actor = None  # made again at the next load
+        if not self._warned:
+            logger.warning("pool ledger %s unreachable (%r): loading without it", self._name, err)
+            self._warned = True
