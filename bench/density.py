@@ -301,15 +301,16 @@ async def measure(
         order = pooled[:]
         rng.shuffle(order)  # which models are hot: drawn, printed
         weights = zipf_weights(len(order), args.zipf)
-        hot_dedicated = [*dedicated[:HOT], *order[HOT:]]
-        result["hot_models"] = order[:HOT]
+        hot = min(HOT, len(dedicated))
+        hot_dedicated = [*dedicated[:hot], *order[hot:]]
+        result["hot_models"] = order[:hot]
         phases: list[dict[str, Any]] = []
         for k in range(args.phases):
             mode = "pooled" if k % 2 == 0 else "dedicated"
             targets = order if mode == "pooled" else hot_dedicated
             cpu_from = cpu_seconds(worker_pid)
             sent = await open_phase(http, targets, weights, rate, args.phase_s, rng)
-            summary = {"mode": mode, **summarize(sent, HOT)}
+            summary = {"mode": mode, **summarize(sent, hot)}
             summary["worker_cpu_percent"] = round(
                 100 * (cpu_seconds(worker_pid) - cpu_from) / args.phase_s, 1
             )

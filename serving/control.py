@@ -164,12 +164,13 @@ class ServeConfigWriter:
         if desired == self._apps and config == self._deployed and self._applies:
             return self._applies
         self._client().deploy_apps(ServeDeploySchema.model_validate(config))
-        gone = _pool_apps(self._deployed) - _pool_apps(config)
+        after = _pool_apps(config)
+        gone = _pool_apps(self._deployed) - after
         self._apps = desired
         self._deployed = config
         self._applies += 1
-        for pool in sorted(gone):  # its last pooled model left: its ledger goes with it
-            _kill_quietly(ledger_actor_name(pool))
+        for pool in sorted(gone):  # its last pooled model left: its loads and quarantines go too
+            _forget_pool(pool, keep_ledger=any(p.split(".")[1] == pool.split(".")[1] for p in after))
         return self._applies
 
     def redeploy(self, envelope: dict[str, Any] | None = None) -> int:
@@ -240,11 +241,18 @@ def _pool_apps(config: dict[str, Any] | None) -> set[str]:
     return {app["name"] for app in (config or {}).get("applications", []) if is_pool_app(app["name"])}
 
 
-def _kill_quietly(actor_name: str) -> None:
+def _forget_pool(pool: str, keep_ledger: bool) -> None:
+    """A pool app that is gone: its region's ledger forgets it, or goes, when the region has no
+    pool left (no pooled model there)."""
+    region = pool.split(".")[1]
     try:
-        ray.kill(ray.get_actor(actor_name, namespace=RAY_NAMESPACE))
+        ledger = ray.get_actor(ledger_actor_name(region), namespace=RAY_NAMESPACE)
     except ValueError:
-        pass  # none was made: no load ever ran in that pool
+        return  # none was made: no load ever ran in that region's pools
+    if keep_ledger:
+        ray.get(ledger.forget.remote(pool), timeout=60)
+    else:
+        ray.kill(ledger)
 
 
 _status_lock = threading.Lock()

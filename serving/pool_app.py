@@ -89,7 +89,7 @@ class PoolHost:
         self._catalogue = PoolCatalogue()
         self._sizes: dict[str, int] = {}  # entry id -> its pinned file's size, read once
         # The pool's ledger across its replicas: a part whose loads kill replicas is quarantined.
-        ledger = LedgerClient(pool_app_name(args.region, args.hardware), pools)
+        ledger = LedgerClient(args.region, pool_app_name(args.region, args.hardware), pools)
         self._parts = PoolParts(
             cache, load_entry, pools.load_timeout_s, on_change=self._held_changed, gate=ledger
         )

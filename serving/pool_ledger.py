@@ -1,7 +1,7 @@
-"""The ledger of one shared pool's loads across its replicas: a detached head-node actor per
-pool app (`ledger_actor_name`), around `policy.load_ledger.LoadLedger`, so a part whose load
-kills its replica is quarantined for the whole pool after `max_load_failures` such deaths,
-though no replica lives to report them.
+"""The ledger of shared pools' loads across their replicas: one detached head-node actor per
+region (`ledger_actor_name`) holding a `policy.load_ledger.LoadLedger` per pool app, so a part
+whose load kills its replica is quarantined for the whole pool after `max_load_failures` such
+deaths, though no replica lives to report them.
 
 A replica asks `begin` before each load and reports `end` after it (`PoolHost` through
 `LedgerClient`). At each `begin`, the loads under way for over `SWEEP_AFTER_S` are checked: one
@@ -33,47 +33,56 @@ SWEEP_AFTER_S = 1.0
 ASK_TIMEOUT_S = 5.0
 
 
-def ledger_actor_name(pool_app: str) -> str:
-    return f"ipnext-pool-ledger/{pool_app}"
+def ledger_actor_name(region: str) -> str:
+    return f"ipnext-pool-ledger/{region}"
 
 
 class PoolLedger:
-    """Body of the detached actor `ledger_actor_name(pool app)` (wrapped by ray.remote)."""
+    """Body of the detached actor `ledger_actor_name(region)` (wrapped by ray.remote): a
+    `LoadLedger` per pool app of the region, made on its first load."""
 
     def __init__(self, pools: dict[str, Any]) -> None:
-        settings = PoolSettings.model_validate(pools)
-        self._ledger = LoadLedger(
-            settings.max_load_failures, settings.quarantine_s, settings.max_quarantine_s
-        )
+        self._settings = PoolSettings.model_validate(pools)
+        self._ledgers: dict[str, LoadLedger] = {}
         self._replicas: dict[str, Any] = {}  # replica id -> its actor handle
 
-    def begin(self, key: tuple[str, str, str], replica: str, handle: Any) -> tuple[bool, str]:
-        """May `replica` load `key` now? (allowed, why not)."""
+    def begin(self, pool: str, key: tuple[str, str, str], replica: str, handle: Any) -> tuple[bool, str]:
+        """May `replica` of `pool` load `key` now? (allowed, why not)."""
         self._replicas[replica] = handle
-        self._sweep(time.monotonic())
-        answer = self._ledger.begin(PartKey(*key), replica, time.monotonic())
+        ledger = self._ledger(pool)
+        self._sweep(ledger, time.monotonic())
+        answer = ledger.begin(PartKey(*key), replica, time.monotonic())
         return answer.allowed, answer.reason
 
-    def end(self, key: tuple[str, str, str], replica: str, error: str | None) -> None:
-        self._ledger.end(PartKey(*key), replica, error, time.monotonic())
+    def end(self, pool: str, key: tuple[str, str, str], replica: str, error: str | None) -> None:
+        self._ledger(pool).end(PartKey(*key), replica, error, time.monotonic())
 
-    def quarantined(self) -> dict[str, str]:
+    def forget(self, pool: str) -> bool:
+        """The pool is gone (its last pooled model left): its loads and quarantines with it."""
+        return self._ledgers.pop(pool, None) is not None
+
+    def quarantined(self, pool: str) -> dict[str, str]:
         """Each part quarantined for the pool now: its reason."""
-        return {str(key): reason for key, (reason, _) in self._ledger.quarantined(time.monotonic()).items()}
+        found = self._ledger(pool).quarantined(time.monotonic())
+        return {str(key): reason for key, (reason, _) in found.items()}
 
-    def _sweep(self, now: float) -> None:
+    def _ledger(self, pool: str) -> LoadLedger:
+        ledger = self._ledgers.get(pool)
+        if ledger is None:
+            pools = self._settings
+            ledger = LoadLedger(pools.max_load_failures, pools.quarantine_s, pools.max_quarantine_s)
+            self._ledgers[pool] = ledger
+        return ledger
+
+    def _sweep(self, ledger: LoadLedger, now: float) -> None:
         """Loads under way past SWEEP_AFTER_S whose replica is dead: failed."""
-        old = {
-            r
-            for loads in self._ledger.loading().values()
-            for r, since in loads.items()
-            if now - since > SWEEP_AFTER_S
-        }
+        loading = ledger.loading().values()
+        old = {r for loads in loading for r, since in loads.items() if now - since > SWEEP_AFTER_S}
         for replica in sorted(old):
             handle = self._replicas.get(replica)
             if handle is None or _alive(handle):
                 continue
-            lost = self._ledger.replica_gone(replica, time.monotonic())
+            lost = ledger.replica_gone(replica, time.monotonic())
             self._replicas.pop(replica, None)
             logger.warning("pool ledger: replica %s died loading %s", replica, ", ".join(map(str, lost)))
 
@@ -93,8 +102,9 @@ class LedgerClient:
     """A pool replica's side of its pool's ledger (`PoolParts`' load gate): `begin` before a
     load, `end` after it; unreachable, it lets the load go (fail open) and says so once."""
 
-    def __init__(self, pool_app: str, pools: PoolSettings) -> None:
-        self._name = ledger_actor_name(pool_app)
+    def __init__(self, region: str, pool_app: str, pools: PoolSettings) -> None:
+        self._name = ledger_actor_name(region)
+        self._pool = pool_app
         self._pools = pools
         self._actor: Any = None
         self._replica = ray.get_runtime_context().get_actor_id() or "driver"
@@ -105,7 +115,7 @@ class LedgerClient:
         """None: load it; else why the pool refuses it (quarantined across its replicas)."""
         try:
             allowed, reason = await self._ledger().begin.remote(
-                (key.model, key.part, key.snapshot_id), self._replica, self._handle
+                self._pool, (key.model, key.part, key.snapshot_id), self._replica, self._handle
             )
         except ray.exceptions.RayError as err:
             self._unreachable(err)
@@ -114,7 +124,9 @@ class LedgerClient:
 
     async def end(self, key: PartKey, error: str | None) -> None:
         try:
-            await self._ledger().end.remote((key.model, key.part, key.snapshot_id), self._replica, error)
+            await self._ledger().end.remote(
+                self._pool, (key.model, key.part, key.snapshot_id), self._replica, error
+            )
         except ray.exceptions.RayError as err:
             self._unreachable(err)
 
