@@ -6,9 +6,10 @@ replicas, measured in one run on one dev stack.
 1. Memory. The PSS of every process of the stack (`/proc/<pid>/smaps_rollup`, so pages shared
    between processes count once) with no model; then with `--dedicated` click-ranker models of
    their own (`serving: dedicated`); then with `--pooled` more of the same size served from the
-   shared pools (`serving: pooled`), every one answered once so all are resident (the pool's
-   byte budget holds them all: none evicted, checked). Memory per model: the PSS each step adds,
-   divided by its models.
+   shared pools (`serving: pooled`), published in two halves, every one answered once so all are
+   resident (the pool's byte budget holds them all: evictions reported). Memory per model: the
+   PSS each step adds, divided by its models; and the second half's slope, what one more pooled
+   model costs beside the pools' fixed processes.
 2. Cold loads: the latency of each pooled model's first request (its parts loaded in the pool on
    that request), p50 and p99, against the same model's next request.
 3. Load. The saturation of the pooled path (a closed loop of `--callers` as fast as they are
@@ -265,10 +266,18 @@ async def measure(
         await asyncio.sleep(5)
         with_dedicated, _ = pss_mb(stack_id)
         print(f"+{args.dedicated} dedicated: {with_dedicated:.0f} MB PSS", flush=True)
-        result["publish_pooled_s"] = round(
-            await publish_all(client, settings, pooled, "pooled", args.width), 1
-        )
-        firsts = await first_requests(http, pooled)
+        # In two halves, the PSS read after each: the second half's slope is what one more model
+        # costs, apart from the pools' fixed processes (which the first half brought).
+        half = pooled[: len(pooled) // 2]
+        took = await publish_all(client, settings, half, "pooled", args.width)
+        firsts = await first_requests(http, half)
+        await asyncio.sleep(5)
+        with_half, _ = pss_mb(stack_id)
+        print(f"+{len(half)} pooled: {with_half:.0f} MB PSS", flush=True)
+        took += await publish_all(client, settings, pooled[len(half) :], "pooled", args.width)
+        result["publish_pooled_s"] = round(took, 1)
+        rest = await first_requests(http, pooled[len(half) :])
+        firsts = {k: firsts[k] + rest[k] for k in firsts}
         holds = await pool_holds(settings)
         await asyncio.sleep(5)
         with_pooled, processes = pss_mb(stack_id)
@@ -278,7 +287,11 @@ async def measure(
             "pss_with_dedicated_mb": round(with_dedicated, 1),
             "pss_with_pooled_mb": round(with_pooled, 1),
             "per_dedicated_model_mb": round((with_dedicated - base) / max(1, args.dedicated), 1),
+            "pss_with_half_pooled_mb": round(with_half, 1),
             "per_pooled_model_mb": round((with_pooled - with_dedicated) / max(1, args.pooled), 2),
+            "per_pooled_model_slope_mb": round(
+                (with_pooled - with_half) / max(1, len(pooled) - len(half)), 2
+            ),
             "pools": holds,
             "evictions": sum(h["evictions"] for h in holds),
         }
