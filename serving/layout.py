@@ -32,6 +32,7 @@ from ipnext.spec.settings import DEFAULT_FACTORY_PREFIXES, AutoscalingSettings, 
 
 __all__ = [
     "HEAD_NODE_RESOURCE",
+    "POOL_ROUTER_IMPORT_PATH",
     "PROXY_TIMEOUT_S",
     "ROUTER_DEPLOYMENT",
     "ROUTER_IMPORT_PATH",
@@ -80,6 +81,8 @@ ROUTER_IMPORT_PATH = "ipnext.serving.router:router_app"
 ROUTING_APP = "ipnext-routing"
 ROUTING_DEPLOYMENT = "routing"
 ROUTING_IMPORT_PATH = "ipnext.serving.routing_app:routing_app"
+# A region's pool router, the door of every pooled model there (pool_layout.py renders it).
+POOL_ROUTER_IMPORT_PATH = "ipnext.serving.pool_router:pool_router_app"
 # Serve's proxy gives up on a request after this long (its 408 comes after the router was
 # cancelled, so nothing counts it): only a backstop, above every deadline a router enforces.
 PROXY_TIMEOUT_S = MAX_DEADLINE_SECONDS + 30
@@ -586,8 +589,9 @@ def render_routing_app(table: RoutingTable) -> dict[str, Any]:
 
 
 def _is_door(app: dict[str, Any]) -> bool:
-    """An app that answers HTTP with ipnext's own code: a model's router, the routing app."""
-    return app.get("import_path") in (ROUTER_IMPORT_PATH, ROUTING_IMPORT_PATH)
+    """An app that answers HTTP with ipnext's own code: a model's router, a region's pool router
+    (every pooled model's), the routing app."""
+    return app.get("import_path") in (ROUTER_IMPORT_PATH, POOL_ROUTER_IMPORT_PATH, ROUTING_IMPORT_PATH)
 
 
 def with_keys_file(apps: dict[str, dict[str, Any]], keys_file: str | None) -> dict[str, dict[str, Any]]:

@@ -29,6 +29,7 @@ from ipnext.contracts.router import RouterConfig
 from ipnext.names import Frozen
 from ipnext.policy.pool_cache import PartKey
 from ipnext.serving.layout import (
+    POOL_ROUTER_IMPORT_PATH,
     ROUTER_DEPLOYMENT,
     PartHostArgs,
     RouterAppArgs,
@@ -74,7 +75,6 @@ __all__ = [
 POOL_DEPLOYMENT = "pool"
 # The builders Serve imports by path (changing one restarts every app rendered with it).
 POOL_IMPORT_PATH = "ipnext.serving.pool_app:pool_app"
-POOL_ROUTER_IMPORT_PATH = "ipnext.serving.pool_router:pool_router_app"
 # The import paths of placeholders: held by the writer, folded into pools, never given to Serve.
 POOLED_SET = "ipnext:pooled-set"
 POOLED_ROUTER = "ipnext:pooled-router"

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import ray
 import torch
@@ -205,6 +206,11 @@ async def test_pooled_models_roll_back_alone_while_their_pool_mates_serve(
     pools = sorted(a for a in apps if is_pool_app(a))
     assert pools and pool_router_app_name("us-east") in apps, sorted(apps)
     assert not any(a.startswith(tuple(names)) for a in apps), "a pooled model got apps of its own"
+    async with httpx.AsyncClient(base_url=stack.serve_url, timeout=30) as http:
+        unkeyed = await http.post(
+            f"/us-east/models/{names[2]}/predict", json={"inputs": {"user": 1, "items": [1]}}
+        )
+    assert unkeyed.status_code == 401, unkeyed.text  # the pool router checks keys as every door does
 
     def load(name: str) -> Load:
         return Load(

@@ -21,6 +21,8 @@ from ipnext.serving.layout import (
     is_set_app_of,
     render_serve_config,
     set_app_name,
+    with_keys_file,
+    without_keys_file,
 )
 from ipnext.serving.pool_layout import (
     POOL_IMPORT_PATH,
@@ -28,6 +30,7 @@ from ipnext.serving.pool_layout import (
     PoolCatalogue,
     PooledSet,
     PoolFold,
+    PoolRouterArgs,
     PoolRouterConfig,
     fold_pools,
     is_placeholder,
@@ -214,3 +217,12 @@ def test_a_spec_says_pooled_and_a_change_of_it_is_a_new_set() -> None:
     llm = load_model_spec(REPO / "examples" / "llm" / "model.yaml")
     with pytest.raises(ValueError, match="serving: pooled: an LLM part"):
         ModelSpec.model_validate({**llm.model_dump(), "serving": "pooled"})
+
+
+def test_the_pool_router_is_a_door_that_checks_api_keys() -> None:
+    folded = fold_pools(pooled_apps(), PoolFold())
+    keyed = with_keys_file(folded, "/keys.json")
+    router = keyed["ipnext-pooled.us-east.router"]
+    assert PoolRouterArgs.model_validate(router["args"]).keys_file == "/keys.json"
+    assert "keys_file" not in keyed["ipnext-pool.us-east.cpu-std"]["args"]  # a pool answers no HTTP
+    assert without_keys_file(router) == folded["ipnext-pooled.us-east.router"]
