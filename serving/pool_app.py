@@ -100,7 +100,12 @@ class PoolHost:
         """A new catalogue, in place (async: on the replica's event loop, where requests change
         the pool too): entries added are served from now on; the parts no entry
         names any more are unloaded once idle."""
-        self._catalogue = PoolCatalogue.model_validate(config)
+        catalogue = PoolCatalogue.model_validate(config)
+        # Each entry's load reservation filled in here, once per entry, not on every request.
+        self._catalogue = catalogue.model_copy(
+            update={"entries": {i: self._estimated(i, e) for i, e in catalogue.entries.items()}}
+        )
+        self._sizes = {i: size for i, size in self._sizes.items() if i in catalogue.entries}
         self._parts.retire({entry.key for entry in self._catalogue.entries.values()})
         self._held_changed()
 
@@ -148,12 +153,16 @@ class PoolHost:
                 f"pool {self._args.region}/{self._args.hardware}: no entry {entry_id!r} in its catalogue "
                 "(its set is not deployed here, or was removed)"
             )
-        if entry.estimate_bytes == 0:  # reserve its pinned file's size while it loads
-            size = self._sizes.get(entry_id)
-            if size is None:
-                size = self._sizes[entry_id] = self._file_size(entry)
-            entry = entry.model_copy(update={"estimate_bytes": size})
         return entry
+
+    def _estimated(self, entry_id: str, entry: PoolEntry) -> PoolEntry:
+        """The entry with its load reservation: its own, else its pinned file's size."""
+        if entry.estimate_bytes:
+            return entry
+        size = self._sizes.get(entry_id)
+        if size is None:
+            size = self._sizes[entry_id] = self._file_size(entry)
+        return entry.model_copy(update={"estimate_bytes": size})
 
     def _file_size(self, entry: PoolEntry) -> int:
         host = entry.host

@@ -310,9 +310,7 @@ def _catalogues(config: PoolRouterConfig) -> dict[str, tuple[PoolCatalogue, int,
     for name, pooled in sorted(config.sets.items()):
         for part, by_hw in pooled.replicas.items():
             for hw, n in by_hw.items():
-                entries.setdefault(hw, {}).update(
-                    {pool_entry_id(name, part): PoolEntry(host=pooled.args.parts[part])}
-                )
+                entries.setdefault(hw, {}).update(pool_entries(name, pooled.args, hw))
                 replicas[hw] = max(replicas.get(hw, 1), n)
                 units[hw] = max(units.get(hw, 0), pooled.units[part][hw])
     return {hw: (PoolCatalogue(entries=found), replicas[hw], units[hw]) for hw, found in entries.items()}
