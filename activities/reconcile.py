@@ -47,6 +47,7 @@ message; a leftover whose removal fails is removed at a later check.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import Field
@@ -118,6 +119,7 @@ class ReconcileResult(Frozen):
 @_context.heartbeat_throughout
 def reconcile_serving(input: ReconcileInput) -> ReconcileResult:
     from ipnext.serving.control import (
+        STATUS_TICK_S,
         live_regions,
         raise_if_failed,
         serve_applications,
@@ -128,10 +130,91 @@ def reconcile_serving(input: ReconcileInput) -> ReconcileResult:
     current = _context.settings()
     writer: Any = _context.writer()
     model = input.spec.name
+    live = live_regions()
+    # Serve's status from the worker's shared read (one per tick for every model's check: the
+    # issue's "one status read per tick"); anything found to push is confirmed on a read begun
+    # now, so a read a tick old never makes a repair of its own.
+    found = _find_repairs(input, writer, current, serve_applications(max_age_s=STATUS_TICK_S), live)
+    if found.upserts or found.leftovers:
+        found = _find_repairs(input, writer, current, serve_applications(), live)
+    repaired, upserts, held, routers = found.repaired, found.upserts, found.held, found.routers
+    wanted_sets, wanted_routers, generations = found.wanted_sets, found.wanted_routers, found.generations
+    if found.left_alone:
+        activity.logger.info(
+            "reconcile %s: left alone (no live Ray node): %s", model, ", ".join(found.left_alone)
+        )
+    if found.leftovers:
+        activity.logger.warning(
+            "reconcile %s: removing set apps the record does not know: %s", model, found.leftovers
+        )
+        _ray_get(writer.apply.remote([], found.leftovers))
+        repaired.extend(
+            f"{name}: not in the record (a rollout that did not clean up); removed"
+            for name in found.leftovers
+        )
+
+    names = [app["name"] for app in upserts]
+    if upserts:
+        missing_only = all(_held_equal(app, held, routers) for app in upserts)
+        if missing_only:  # the writer holds them all: Serve lost them
+            _ray_get(writer.redeploy.remote(pool_envelope(current)))
+        else:
+            _ray_get(writer.apply.remote(upserts, [], pool_envelope(current), pool_fold(current)))
+    try:
+        if names:
+            activity.logger.warning("reconcile %s: repairing %s", model, "; ".join(repaired))
+            wait_served(writer, names, APPS_RUNNING_TIMEOUT_S, activity.heartbeat)
+        checked = set(wanted_sets) | {router_app_name(model, r) for r in wanted_routers}
+        pooled_apps: dict[str, list[str]] = _ray_get(writer.pooled.remote(sorted(checked)))
+        serving = sorted({a for n in checked for a in pooled_apps.get(n, [n])})
+        try:  # on the shared read; a failure it shows is confirmed on a fresh one
+            raise_if_failed(serving, serve_applications(max_age_s=0.0 if names else STATUS_TICK_S))
+        except ServingError:
+            raise_if_failed(serving)
+        # The routing document: published again when the writer holds none for the model (a new
+        # writer after a Ray restart); the app deployed again when Serve lost it.
+        before = _ray_get(writer.routing_generation.remote(model))
+        if before is None:
+            publish_routing(
+                writer, model, input.plan, current.serve.routing_ttl_seconds, input.spec.generative()
+            )
+            repaired.append(f"routing document of {model}: lost (the writer holds none)")
+        elif all(ROUTING_APP not in serve_applications(max_age_s=age) for age in (STATUS_TICK_S, 0.0)):
+            _ray_get(writer.redeploy.remote())
+            wait_apps_running([ROUTING_APP], APPS_RUNNING_TIMEOUT_S, activity.heartbeat)
+            repaired.append(f"{ROUTING_APP}: missing in Serve")
+    except ServingError as err:
+        raise as_application_error(err) from None
+    return ReconcileResult(
+        repaired=repaired,
+        left_alone=found.left_alone,
+        generations=generations,
+        interval_seconds=current.serve.reconcile_seconds,
+    )
+
+
+@dataclass
+class _Repairs:
+    """What one pass over the writer's and Serve's state found to push again."""
+
+    repaired: list[str]  # why, one line per app
+    upserts: list[dict[str, Any]]  # the apps to push
+    held: dict[str, dict[str, Any] | None]  # the wanted set apps as the writer holds them
+    routers: dict[str, dict[str, Any] | None]  # the wanted routers as the writer holds them
+    wanted_sets: dict[str, dict[str, Any]]
+    wanted_routers: dict[str, RouterConfig]
+    generations: dict[str, int]  # region -> the router's generation after the push
+    left_alone: list[str]  # regions with no live node
+    leftovers: list[str]  # set apps of the model the record does not know
+
+
+def _find_repairs(
+    input: ReconcileInput, writer: Any, current: Settings, listed: dict[str, Any], live: set[str]
+) -> _Repairs:
+    """Compare the record's desired serving with what the writer holds and Serve `listed`."""
+    model = input.spec.name
     store = str(current.pinned_store())
     known = _ray_get(writer.app_names.remote())
-    listed = serve_applications()
-    live = live_regions()
     repaired: list[str] = []
     upserts: list[dict[str, Any]] = []
 
@@ -153,8 +236,6 @@ def reconcile_serving(input: ReconcileInput) -> ReconcileResult:
     # Every router: its weights to the serving apps, at a generation never below what it had.
     every_router = input.routers or _serving_routers(input, known)
     left_alone = sorted({r for r in every_router if r not in live} | {r for r in input.apps if r not in live})
-    if left_alone:
-        activity.logger.info("reconcile %s: left alone (no live Ray node): %s", model, ", ".join(left_alone))
     wanted_routers = {r: c for r, c in every_router.items() if r in live}
     routers = _ray_get(writer.app_configs.remote([router_app_name(model, r) for r in wanted_routers]))
     pooled = input.spec.pooled()
@@ -233,48 +314,16 @@ def reconcile_serving(input: ReconcileInput) -> ReconcileResult:
             and name.removeprefix(f"{model}.").split(".")[0] in live
         )
     )
-    if leftovers:
-        activity.logger.warning(
-            "reconcile %s: removing set apps the record does not know: %s", model, leftovers
-        )
-        _ray_get(writer.apply.remote([], leftovers))
-        repaired.extend(
-            f"{name}: not in the record (a rollout that did not clean up); removed" for name in leftovers
-        )
-
-    names = [app["name"] for app in upserts]
-    if upserts:
-        missing_only = all(_held_equal(app, held, routers) for app in upserts)
-        if missing_only:  # the writer holds them all: Serve lost them
-            _ray_get(writer.redeploy.remote(pool_envelope(current)))
-        else:
-            _ray_get(writer.apply.remote(upserts, [], pool_envelope(current), pool_fold(current)))
-    try:
-        if names:
-            activity.logger.warning("reconcile %s: repairing %s", model, "; ".join(repaired))
-            wait_served(writer, names, APPS_RUNNING_TIMEOUT_S, activity.heartbeat)
-        checked = set(wanted_sets) | {router_app_name(model, r) for r in wanted_routers}
-        pooled_apps: dict[str, list[str]] = _ray_get(writer.pooled.remote(sorted(checked)))
-        raise_if_failed(sorted({a for n in checked for a in pooled_apps.get(n, [n])}))
-        # The routing document: published again when the writer holds none for the model (a new
-        # writer after a Ray restart); the app deployed again when Serve lost it.
-        before = _ray_get(writer.routing_generation.remote(model))
-        if before is None:
-            publish_routing(
-                writer, model, input.plan, current.serve.routing_ttl_seconds, input.spec.generative()
-            )
-            repaired.append(f"routing document of {model}: lost (the writer holds none)")
-        elif ROUTING_APP not in serve_applications():
-            _ray_get(writer.redeploy.remote())
-            wait_apps_running([ROUTING_APP], APPS_RUNNING_TIMEOUT_S, activity.heartbeat)
-            repaired.append(f"{ROUTING_APP}: missing in Serve")
-    except ServingError as err:
-        raise as_application_error(err) from None
-    return ReconcileResult(
+    return _Repairs(
         repaired=repaired,
-        left_alone=left_alone,
+        upserts=upserts,
+        held=held,
+        routers=routers,
+        wanted_sets=wanted_sets,
+        wanted_routers=wanted_routers,
         generations=generations,
-        interval_seconds=current.serve.reconcile_seconds,
+        left_alone=left_alone,
+        leftovers=leftovers,
     )
 
 

@@ -4,6 +4,7 @@ through the one Serve config writer and waits until Serve reports it, so retries
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 from typing import Any
 
 from pydantic import Field, model_validator
@@ -20,6 +21,7 @@ from ipnext.names import Frozen
 from ipnext.serving.layout import (
     ROUTING_APP,
     DeployedRouter,
+    PartHostArgs,
     PoolEnvelope,
     SetAppPlan,
     render_router_app,
@@ -31,6 +33,7 @@ from ipnext.serving.layout import (
 from ipnext.serving.pool_layout import PoolFold, render_pooled_router, render_pooled_set
 from ipnext.spec.model import DEFAULT_ROUTER_MAX_ONGOING, ModelSpec, RouterSpec, SnapshotSet
 from ipnext.spec.settings import Settings
+from ipnext.store.pinned import pinned_path
 
 __all__ = [
     "DeploySetInput",
@@ -164,11 +167,21 @@ def render_set(plan: SetAppPlan, settings: Settings, pooled: bool = False) -> di
     shutdown wait; for a pooled model, its placeholder (the writer folds it into the pools).
     Deploys and the serving check render through it, so both render alike."""
     if pooled:
-        return render_pooled_set(plan)
+        return render_pooled_set(plan, {part: _pinned_bytes(host) for part, host in plan.args.parts.items()})
     serve = settings.serve
     return render_set_app(
         plan, settings.ray.replica_num_cpus, serve.part_health_check, serve.autoscaling, serve.shutdown_wait_s
     )
+
+
+def _pinned_bytes(host: PartHostArgs) -> int:
+    """A part's pinned file size: what it takes of a pool replica's byte budget until it is
+    loaded (0 when the file cannot be read: its load will say why)."""
+    suffix = ".json" if host.checkpoint else ".safetensors"
+    try:
+        return pinned_path(Path(host.pinned_store), host.sha256, suffix).stat().st_size
+    except OSError:
+        return 0
 
 
 @activity.defn
@@ -242,12 +255,17 @@ def route_traffic(input: RouteInput) -> RouteResult:
     started: list[str] = []  # routers that did not exist: Serve starts them
     router = input.router or RouterSpec(max_ongoing_requests=input.router_max_ongoing_requests)
     upserts = []
+    names = [router_app_name(input.model, region) for region in input.weights]
+    held_pooled = _ray_get(writer.pooled.remote(names))
     for region, weights in sorted(input.weights.items()):
         name = router_app_name(input.model, region)
         current: DeployedRouter | None = _ray_get(writer.deployed_router.remote(name))
         parts = input.parts.get(region, {})
         generation = max(current.config.generation if current is not None else 0, input.generation_floor)
-        if current is None:
+        # A router that did not exist, or that changes kind (a model moving between pooled and
+        # dedicated: a router app of its own, or its pool router's), is waited for as an app.
+        switching = current is not None and (name in held_pooled) != input.pooled
+        if current is None or switching:
             started.append(name)
         wanted = DeployedRouter(
             config=RouterConfig(
@@ -264,7 +282,7 @@ def route_traffic(input: RouteInput) -> RouteResult:
             # A pooled model's router scales with its pool router, not on its own.
             max_replicas=None if input.pooled else router_max_replicas(router, autoscaling),
         )
-        if wanted == current:
+        if wanted == current and not switching:
             generations[region] = generation
             continue
         config = wanted.config.model_copy(update={"generation": generation + 1})

@@ -56,6 +56,7 @@ from ipnext.spec.settings import Settings
 from ipnext.store.ray_token import LOOPBACK_ENV, is_loopback, use_ray_auth
 
 __all__ = [
+    "STATUS_TICK_S",
     "ServeConfigWriter",
     "connect",
     "connect_for",
@@ -255,19 +256,52 @@ def _forget_pool(pool: str, keep_ledger: bool) -> None:
         ray.kill(ledger)
 
 
-_status_lock = threading.Lock()
+class _StatusReads:
+    """`serve.status().applications`, read one call at a time in this process and shared.
+
+    One at a time: with autoscaled deployments Serve's status pickles their policy module by
+    value, registering and unregistering it around the call, and two threads in it at once make
+    one raise ("is not registered for pickle by value"). Shared: a caller is answered by a read
+    that began after it asked, so every thread waiting while one read runs takes the next read,
+    not one each; a caller that accepts `max_age_s` takes a read that old. So the serving checks
+    and waits of many models in one worker cost one status read per tick, not one per model
+    (`reads` counts them)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._value: dict[str, Any] | None = None
+        self._began = float("-inf")  # when the read that gave `_value` began (monotonic)
+        self.reads = 0
+
+    def get(self, max_age_s: float) -> dict[str, Any]:
+        from ray import serve
+
+        asked = time.monotonic()
+        with self._lock:
+            if self._value is None or self._began < asked - max(0.0, max_age_s):
+                began = time.monotonic()
+                self._value = dict(serve.status().applications)
+                self._began = began
+                self.reads += 1
+            return dict(self._value)
+
+    def forget(self) -> None:
+        """Drop the shared read (the cluster changed: a read of the old one says nothing)."""
+        with self._lock:
+            self._value, self._began = None, float("-inf")
 
 
-def serve_applications() -> dict[str, Any]:
-    """`serve.status().applications`, one call at a time in this process: with autoscaled
-    deployments Serve's status pickles their policy module by value, registering and
-    unregistering it around the call, and two threads in it at once make one raise
-    ("is not registered for pickle by value"). Activities run in threads, so every status
-    read of ipnext goes through here."""
-    from ray import serve
+STATUS_READS = _StatusReads()
+# How old a shared status read the periodic serving checks accept: one read per second serves
+# every model's check in the worker (activities/reconcile.py confirms a repair on a fresh read).
+STATUS_TICK_S = 1.0
 
-    with _status_lock:
-        return dict(serve.status().applications)
+
+def serve_applications(max_age_s: float = 0.0) -> dict[str, Any]:
+    """Serve's applications by name (`serve.status().applications`), from a read that began
+    after this call, or at most `max_age_s` before it; every status read of ipnext goes through
+    here (`_StatusReads`)."""
+    return STATUS_READS.get(max_age_s)
 
 
 def live_regions() -> set[str]:
@@ -310,6 +344,7 @@ def connect(address: str) -> None:
             from ray.serve.context import _set_global_client
 
             _set_global_client(None)
+            STATUS_READS.forget()
         keep_loopback(address)  # a loopback cluster's drivers keep 127.0.0.1 (ipnext/store/ray_token.py)
         ray.init(address=address, namespace=RAY_NAMESPACE, log_to_driver=False)
         _connected = address

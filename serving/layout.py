@@ -32,6 +32,7 @@ from ipnext.spec.settings import DEFAULT_FACTORY_PREFIXES, AutoscalingSettings, 
 
 __all__ = [
     "HEAD_NODE_RESOURCE",
+    "POOL_IMPORT_PATH",
     "POOL_ROUTER_IMPORT_PATH",
     "PROXY_TIMEOUT_S",
     "ROUTER_DEPLOYMENT",
@@ -81,8 +82,10 @@ ROUTER_IMPORT_PATH = "ipnext.serving.router:router_app"
 ROUTING_APP = "ipnext-routing"
 ROUTING_DEPLOYMENT = "routing"
 ROUTING_IMPORT_PATH = "ipnext.serving.routing_app:routing_app"
-# A region's pool router, the door of every pooled model there (pool_layout.py renders it).
+# A region's pool router, the door of every pooled model there, and a shared pool of one
+# hardware class (pool_layout.py renders both).
 POOL_ROUTER_IMPORT_PATH = "ipnext.serving.pool_router:pool_router_app"
+POOL_IMPORT_PATH = "ipnext.serving.pool_app:pool_app"
 # Serve's proxy gives up on a request after this long (its 408 comes after the router was
 # cancelled, so nothing counts it): only a backstop, above every deadline a router enforces.
 PROXY_TIMEOUT_S = MAX_DEADLINE_SECONDS + 30
@@ -245,6 +248,10 @@ class SetAppPlan(Frozen):
     units: dict[str, dict[str, int]]  # part -> hardware -> units per replica
     qps: dict[str, dict[str, float]]  # part -> hardware -> QPS per replica
     max_queued: dict[str, int] = Field(default_factory=dict)  # part -> its calls waiting at a caller, at most
+    # part -> hardware -> the QPS the plan sends it here at peak, headroom included: the peak
+    # traffic of each source times the share the plan routes to this region, split over the
+    # part's hardware classes by their capacity, times the step's scale (what sizes a pool).
+    demand: dict[str, dict[str, float]] = Field(default_factory=dict)
 
 
 def set_app_plan(
@@ -303,7 +310,26 @@ def set_app_plan(
         units={p: {hw: spec.parts[p].hardware[hw].units for hw in r} for p, r in replicas.items()},
         qps={p: {hw: spec.parts[p].hardware[hw].qps for hw in r} for p, r in replicas.items()},
         max_queued={p: spec.parts[p].max_queued_requests for p in replicas},
+        demand={
+            part: _part_demand(spec, plan, part, region, by_hw, (part_scales or {}).get(part, scale))
+            for part, by_hw in replicas.items()
+        },
     )
+
+
+def _part_demand(
+    spec: ModelSpec, plan: Plan, part: str, region: str, replicas: dict[str, int], scale: float
+) -> dict[str, float]:
+    """The QPS the plan sends `part` in `region` at peak, headroom included, per hardware class
+    (split by the capacity the plan gives each)."""
+    fractions = plan.deployments[f"{spec.name}/{part}"].fractions
+    load = sum(
+        qps * fractions.get(source, {}).get(region, 0.0) for source, qps in spec.traffic.peak_qps.items()
+    )
+    load *= (1.0 + spec.availability.headroom) * min(1.0, max(0.0, scale))
+    capacity = {hw: n * spec.parts[part].hardware[hw].qps for hw, n in replicas.items()}
+    total = sum(capacity.values())
+    return {hw: load * c / total if total > 0 else 0.0 for hw, c in capacity.items()}
 
 
 def head_node_options() -> dict[str, Any]:
@@ -415,9 +441,9 @@ class PoolEnvelope(Frozen):
 
 
 def _part_deployments(app: dict[str, Any]) -> list[tuple[str, str, dict[str, Any], int]]:
-    """The part deployments of a rendered set app: (region, hardware, deployment, units per
-    replica); none for apps of other kinds."""
-    if app.get("import_path") != SET_IMPORT_PATH:
+    """The part deployments of a rendered set app, or the deployment of a shared pool: (region,
+    hardware, deployment, units per replica); none for apps of other kinds."""
+    if app.get("import_path") not in (SET_IMPORT_PATH, POOL_IMPORT_PATH):
         return []
     region = str((app.get("args") or {}).get("region", ""))
     found = []

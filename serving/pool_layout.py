@@ -20,6 +20,7 @@ a replica that holds the part when one does.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -29,8 +30,10 @@ from ipnext.contracts.router import RouterConfig
 from ipnext.names import Frozen
 from ipnext.policy.pool_cache import PartKey
 from ipnext.serving.layout import (
+    POOL_IMPORT_PATH,
     POOL_ROUTER_IMPORT_PATH,
     ROUTER_DEPLOYMENT,
+    ROUTER_IMPORT_PATH,
     PartHostArgs,
     RouterAppArgs,
     SetAppArgs,
@@ -54,6 +57,7 @@ __all__ = [
     "PoolFold",
     "PoolRouterArgs",
     "PoolRouterConfig",
+    "PoolSize",
     "PooledRouter",
     "PooledSet",
     "fold_pools",
@@ -63,6 +67,7 @@ __all__ = [
     "pool_entries",
     "pool_entry_id",
     "pool_router_app_name",
+    "pool_size",
     "pooled_model",
     "pooled_units",
     "render_pool_app",
@@ -73,8 +78,6 @@ __all__ = [
 ]
 
 POOL_DEPLOYMENT = "pool"
-# The builders Serve imports by path (changing one restarts every app rendered with it).
-POOL_IMPORT_PATH = "ipnext.serving.pool_app:pool_app"
 # The import paths of placeholders: held by the writer, folded into pools, never given to Serve.
 POOLED_SET = "ipnext:pooled-set"
 POOLED_ROUTER = "ipnext:pooled-router"
@@ -146,12 +149,16 @@ class PoolAppArgs(Frozen):
 
 class PooledSet(Frozen):
     """A pooled model's set app as its placeholder holds it: its args as a dedicated set app
-    would get them, and the plan's replicas, units and QPS per part and hardware class."""
+    would get them; the plan's replicas, units and QPS per replica per part and hardware class;
+    the QPS the plan sends each part here (`demand`, headroom included) and each part's pinned
+    file size (`bytes`): what sizes its pools (`pool_size`)."""
 
     args: SetAppArgs
     replicas: dict[str, dict[str, int]]
     units: dict[str, dict[str, int]]
     qps: dict[str, dict[str, float]]
+    demand: dict[str, dict[str, float]] = Field(default_factory=dict)
+    bytes: dict[str, int] = Field(default_factory=dict)
 
     def describe(self) -> SetDescription:
         """The set as a router sees it; each part's capacity is the plan's (its replicas times
@@ -195,9 +202,17 @@ class PoolFold(Frozen):
     shutdown_wait_s: float | None = None
 
 
-def render_pooled_set(app: SetAppPlan) -> dict[str, Any]:
-    """A pooled model's set app as the writer holds it: a placeholder under the set app's name."""
-    pooled = PooledSet(args=app.args, replicas=app.replicas, units=app.units, qps=app.qps)
+def render_pooled_set(app: SetAppPlan, part_bytes: Mapping[str, int] | None = None) -> dict[str, Any]:
+    """A pooled model's set app as the writer holds it: a placeholder under the set app's name.
+    `part_bytes`: each part's pinned file size (what it takes of a pool replica's budget)."""
+    pooled = PooledSet(
+        args=app.args,
+        replicas=app.replicas,
+        units=app.units,
+        qps=app.qps,
+        demand=app.demand,
+        bytes=dict(part_bytes or {}),
+    )
     return {"name": app.name, "import_path": POOLED_SET, "args": pooled.model_dump(mode="json")}
 
 
@@ -269,19 +284,41 @@ def fold_pools(apps: Mapping[str, dict[str, Any]], fold: PoolFold) -> dict[str, 
                 update={"routers": {**config.routers, args.model: router}}
             )
     for region, config in sorted(routers.items()):
+        config = _keep_routing_moved(config, region, real)
         real[pool_router_app_name(region)] = _render_pool_router(region, config, fold)
-        for hardware, (catalogue, replicas, units) in sorted(_catalogues(config).items()):
+        for hardware, (catalogue, size) in sorted(_catalogues(config, fold.pools.budget_bytes).items()):
             pool = PoolAppArgs(region=region, hardware=hardware, pools=fold.pools)
             real[pool_app_name(region, hardware)] = render_pool_app(
                 pool,
                 catalogue,
-                replicas,
-                units,
+                size.replicas,
+                size.units,
                 fold.replica_num_cpus,
                 fold.health_check,
                 fold.shutdown_wait_s,
+                fold.autoscaling,
             )
     return real
+
+
+def _keep_routing_moved(config: PoolRouterConfig, region: str, real: Mapping[str, Any]) -> PoolRouterConfig:
+    """Make before break for a model moving from pooled to dedicated: its router became an app
+    of its own, which Serve starts only now, while its old pooled set is still held. The pool
+    router keeps routing it, by the new router's weights (a pool router reaches dedicated sets
+    too), until the old set goes; the new router's longer route prefix takes its requests once
+    it runs. Without this the pool router would drop it at once, and answer 404 until then."""
+    moving = {pooled.args.model for pooled in config.sets.values()} - set(config.routers)
+    routers = dict(config.routers)
+    for model in sorted(moving):
+        app = real.get(router_app_name(model, region))
+        if app is None or app.get("import_path") != ROUTER_IMPORT_PATH:
+            continue
+        args = RouterAppArgs.model_validate(app.get("args") or {})
+        router = next(d for d in app["deployments"] if d["name"] == ROUTER_DEPLOYMENT)
+        routers[model] = PooledRouter(
+            router=args.router, config=RouterConfig.model_validate(router.get("user_config") or {})
+        )
+    return config if routers == config.routers else config.model_copy(update={"routers": routers})
 
 
 def pooled_units(apps: Mapping[str, dict[str, Any]]) -> dict[tuple[str, str], int]:
@@ -296,24 +333,57 @@ def pooled_units(apps: Mapping[str, dict[str, Any]]) -> dict[tuple[str, str], in
         [deployment] = app["deployments"]
         units = int(deployment["ray_actor_options"]["resources"][f"hw:{args.hardware}"])
         key = (args.region, args.hardware)
-        used[key] = used.get(key, 0) + int(deployment["num_replicas"]) * units
+        used[key] = used.get(key, 0) + int(deployment["autoscaling_config"]["min_replicas"]) * units
     return used
 
 
-def _catalogues(config: PoolRouterConfig) -> dict[str, tuple[PoolCatalogue, int, int]]:
-    """Per hardware class of one region: its pool's catalogue, replicas and units per replica.
-    Until the planner sizes pools, a pool runs as many replicas as the most any of its parts
-    was planned (at least 1), each taking the most units any of them asks."""
-    entries: dict[str, dict[str, PoolEntry]] = {}
-    replicas: dict[str, int] = {}
-    units: dict[str, int] = {}
-    for name, pooled in sorted(config.sets.items()):
+class PoolSize(Frozen):
+    """How many replicas a pool of one region and hardware class runs, and why: the most of
+    what its parts' plans give them one by one (a part planned on 2 replicas for availability
+    keeps 2), what their summed demand takes at their QPS per replica, and what their pinned
+    bytes take of the replicas' budget (so every part can stay resident)."""
+
+    replicas: int
+    units: int  # per replica: the most any of its parts asks
+    by_plan: int
+    by_demand: int
+    by_memory: int
+
+
+def pool_size(sets: Mapping[str, PooledSet], hardware: str, budget_bytes: int) -> PoolSize:
+    """The size of the pool of `hardware` holding the parts of `sets` (set app name -> set)."""
+    by_plan, units, load, held = 1, 0, 0.0, 0
+    for pooled in sets.values():
         for part, by_hw in pooled.replicas.items():
-            for hw, n in by_hw.items():
+            if hardware not in by_hw:
+                continue
+            by_plan = max(by_plan, by_hw[hardware])
+            units = max(units, pooled.units[part][hardware])
+            qps = pooled.qps[part][hardware]
+            load += pooled.demand.get(part, {}).get(hardware, 0.0) / qps if qps > 0 else 0.0
+            held += pooled.bytes.get(part, 0)
+    by_demand = math.ceil(load - 1e-9)
+    by_memory = math.ceil(held / budget_bytes) if budget_bytes > 0 else 0
+    return PoolSize(
+        replicas=max(by_plan, by_demand, by_memory),
+        units=units,
+        by_plan=by_plan,
+        by_demand=by_demand,
+        by_memory=by_memory,
+    )
+
+
+def _catalogues(config: PoolRouterConfig, budget_bytes: int) -> dict[str, tuple[PoolCatalogue, PoolSize]]:
+    """Per hardware class of one region: its pool's catalogue and size (`pool_size`)."""
+    entries: dict[str, dict[str, PoolEntry]] = {}
+    for name, pooled in sorted(config.sets.items()):
+        for by_hw in pooled.replicas.values():
+            for hw in by_hw:
                 entries.setdefault(hw, {}).update(pool_entries(name, pooled.args, hw))
-                replicas[hw] = max(replicas.get(hw, 1), n)
-                units[hw] = max(units.get(hw, 0), pooled.units[part][hw])
-    return {hw: (PoolCatalogue(entries=found), replicas[hw], units[hw]) for hw, found in entries.items()}
+    return {
+        hw: (PoolCatalogue(entries=found), pool_size(config.sets, hw, budget_bytes))
+        for hw, found in entries.items()
+    }
 
 
 def _render_pool_router(region: str, config: PoolRouterConfig, fold: PoolFold) -> dict[str, Any]:
@@ -362,9 +432,10 @@ def unfold_pools(apps: Mapping[str, dict[str, Any]]) -> dict[str, dict[str, Any]
         [deployment] = app["deployments"]
         config = PoolRouterConfig.model_validate(deployment.get("user_config") or {})
         for model, pooled in config.routers.items():
-            held[router_app_name(model, region)] = render_pooled_router(
-                model, region, pooled.config, pooled.router
-            )
+            name = router_app_name(model, region)
+            if name in apps:  # a router of its own, kept in the pool router for a move
+                continue
+            held[name] = render_pooled_router(model, region, pooled.config, pooled.router)
         for set_name, pooled_set in config.sets.items():
             held[set_name] = {
                 "name": set_name,
@@ -382,18 +453,32 @@ def render_pool_app(
     replica_num_cpus: float,
     health_check: PartHealthCheckSettings | None = None,
     shutdown_wait_s: float | None = None,
+    autoscaling: AutoscalingSettings | None = None,
 ) -> dict[str, Any]:
-    """The pool app's Serve config: `replicas` replicas of the pool deployment, each taking
-    `units` of its hardware class, its catalogue as `user_config`. Serve calls
-    `PoolHost.check_health`, which checks each loaded part and quarantines a failing one instead
-    of failing the replica, so one model's part never restarts its pool-mates."""
+    """The pool app's Serve config: the pool deployment from `replicas` replicas up, each
+    taking `units` of its hardware class, its catalogue as `user_config`. It scales on its
+    requests (`serve.autoscaling`, aiming at half a replica's `max_ongoing_requests`) inside the
+    plan's envelope: rendered with `max_replicas` at its floor, raised by the writer to its
+    share of the pool's unallocated units (`layout.burst_bounds`), as a part deployment is.
+    Serve calls `PoolHost.check_health`, which checks each loaded part and quarantines a failing
+    one instead of failing the replica, so one model's part never restarts its pool-mates."""
     if replicas < 1 or units < 0:
         where = f"pool {args.region}/{args.hardware}"
         raise ValueError(f"{where}: replicas {replicas}, units {units}; give replicas >= 1, units >= 0")
     health_check = health_check or PartHealthCheckSettings()
+    scaling = autoscaling or AutoscalingSettings()
     deployment: dict[str, Any] = {
         "name": POOL_DEPLOYMENT,
-        "num_replicas": replicas,
+        # Serve refuses num_replicas beside autoscaling_config: the pool's size is the floor.
+        "autoscaling_config": {
+            "min_replicas": replicas,
+            "max_replicas": replicas,
+            "target_ongoing_requests": max(1.0, args.pools.max_ongoing_requests / 2),
+            "upscale_delay_s": scaling.upscale_delay_s,
+            "downscale_delay_s": scaling.downscale_delay_s,
+            "look_back_period_s": scaling.look_back_period_s,
+            "metrics_interval_s": scaling.metrics_interval_s,
+        },
         "max_ongoing_requests": args.pools.max_ongoing_requests,
         "ray_actor_options": {
             "num_cpus": replica_num_cpus,

@@ -205,6 +205,23 @@ class RolloutActions:
             return self._input.spec_of_old()
         return self._input.spec
 
+    def _pool_routes(self, weights: Weights) -> bool:
+        """Whether the model's routers are its regions' pool routers for these weights: when its
+        new set is pooled, and while a pooled old set still takes traffic (a model moving to
+        dedicated keeps the pool router, which reaches both kinds of set, until its last step;
+        a router of its own reaches no pooled set)."""
+        if self._input.spec.pooled():
+            return True
+        old = self._input.old_set
+        if old is None or not self._input.spec_of_old().pooled():
+            return False
+        old_apps = f"s{old.number}"  # set apps are named <model>.<region>.s<set>.r<revision>
+        return any(
+            weight > 0 and app.rsplit(".", 2)[-2:-1] == [old_apps]
+            for row in weights.values()
+            for app, weight in row.items()
+        )
+
     async def _route(
         self, weights: Weights, parts: PartWeights | None = None, gated: str | None = None
     ) -> None:
@@ -218,7 +235,7 @@ class RolloutActions:
                 router_max_ongoing_requests=self._input.spec.router.max_ongoing_requests,
                 router=self._input.spec.router,
                 generation_floor=max(self._progress.generations, default=0),
-                pooled=self._input.spec.pooled(),
+                pooled=self._pool_routes(weights),
             ),
             start_to_close_timeout=DEPLOY_TIMEOUT,
             heartbeat_timeout=HEARTBEAT_TIMEOUT,

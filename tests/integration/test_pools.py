@@ -7,7 +7,8 @@
 2. The lifecycle drill: six models published with `serving: pooled` serve from one pool per
    hardware class and one pool router; under load, one model's poisoned snapshot is rolled back
    by its gates and another's new snapshot, whose pinned file changed after validation, fails to
-   load in the pool, is quarantined and rolled back, with no failed request for the other four."""
+   load in the pool, is quarantined and rolled back, while a third moves to replicas of its own by
+   a spec update, with no failed request for it nor the other three."""
 
 from __future__ import annotations
 
@@ -193,7 +194,7 @@ async def test_pooled_models_roll_back_alone_while_their_pool_mates_serve(
     stack: Settings, client: Client, model_name: str
 ) -> None:
     names = [f"{model_name}-p{i}" for i in range(6)]
-    poisoned, corrupted, others = names[0], names[1], names[2:]
+    poisoned, corrupted, mover, others = names[0], names[1], names[2], names[3:]
     started = time.perf_counter()
     await asyncio.gather(*(client.publish_model(one_region_spec(n, serving="pooled")) for n in names))
     folders = {name: train_version(stack, name, "v1")[0] for name in names}
@@ -234,6 +235,10 @@ async def test_pooled_models_roll_back_alone_while_their_pool_mates_serve(
         bad_set, new_set = await asyncio.gather(
             client.publish_snapshot(poisoned, bad_folder), client.publish_snapshot(corrupted, good_folder)
         )
+        # Meanwhile a pool-mate moves to replicas of its own by a spec update, rolled out under
+        # its load like any new set (its router leaves the pool router at the last step).
+        moved = await client.update_model(one_region_spec(mover, serving="dedicated"), who="test-move")
+        assert moved.kind == "new_set" and moved.set_id is not None, moved
         # The corrupted model has no traffic yet, so the pool has not loaded its new set: once its
         # rollout deployed the set, the pinned file changes under the pool (as a disk fault would).
         await poll_until(
@@ -252,8 +257,10 @@ async def test_pooled_models_roll_back_alone_while_their_pool_mates_serve(
         data[-1] ^= 0xFF  # one byte of a tensor: still safetensors, no longer the bytes validated
         pinned.write_bytes(bytes(data))
         corrupted_load = await running.enter_async_context(load(corrupted))
-        states = await asyncio.gather(
-            until_rolled_back(client, poisoned), until_rolled_back(client, corrupted)
+        *states, mover_state = await asyncio.gather(
+            until_rolled_back(client, poisoned),
+            until_rolled_back(client, corrupted),
+            client.wait_until_serving(mover, moved.set_id, timeout_s=240),
         )
         rolled_back_at = {name: each.elapsed() for name, each in {**loads, corrupted: corrupted_load}.items()}
         every = {**loads, corrupted: corrupted_load}
@@ -273,6 +280,13 @@ async def test_pooled_models_roll_back_alone_while_their_pool_mates_serve(
     for name in others:
         assert loads[name].failed() == [], f"{name}, a pool-mate, failed: {loads[name].failed()[:3]}"
         assert {a.set for a in loads[name].answers} == {firsts[name].set_id}
+    # The mover: no failed request through the move, its router and set now apps of their own.
+    assert loads[mover].failed() == [], f"{mover} failed in its move: {loads[mover].failed()[:3]}"
+    assert {a.set for a in loads[mover].answers} <= {firsts[mover].set_id, moved.set_id}
+    assert loads[mover].answers[-1].set == moved.set_id
+    assert mover_state.spec is not None and not mover_state.spec.pooled()
+    listed = await asyncio.to_thread(serve_applications)
+    assert f"{mover}.us-east" in listed and mover_state.serving_apps["us-east"] in listed, sorted(listed)
     assert all(a.set == bad_set.set_id for a in loads[poisoned].failed()), "only the poisoned set failed"
     refused = [a for a in corrupted_load.failed() if "quarantined by its pool" in a.error]
     assert refused, f"no request of {corrupted} was refused by a quarantine: {corrupted_load.failed()[:3]}"

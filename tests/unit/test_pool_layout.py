@@ -15,10 +15,14 @@ from ipnext.contracts.router import RouterConfig
 from ipnext.policy.spec_update import UpdateKind, diff_specs
 from ipnext.serving.layout import (
     PartHostArgs,
+    PoolEnvelope,
     SetAppArgs,
     SetAppPlan,
+    burst_bounds,
     deployed_router,
     is_set_app_of,
+    pool_usage,
+    render_router_app,
     render_serve_config,
     set_app_name,
     with_keys_file,
@@ -38,7 +42,9 @@ from ipnext.serving.pool_layout import (
     pool_app_name,
     pool_entries,
     pool_entry_id,
+    pool_size,
     pooled_model,
+    pooled_units,
     render_pool_app,
     render_pooled_router,
     render_pooled_set,
@@ -105,7 +111,8 @@ def test_the_rendered_pool_app_is_valid_serve_config_with_its_catalogue() -> Non
         POOL_IMPORT_PATH,
         None,
     )
-    assert deployment["num_replicas"] == 2
+    scaling = deployment["autoscaling_config"]
+    assert (scaling["min_replicas"], scaling["max_replicas"]) == (2, 2)  # the writer raises the max
     assert deployment["ray_actor_options"]["resources"] == {"region:us-east": 0.001, "hw:cpu-std": 1}
     assert PoolCatalogue.model_validate(deployment["user_config"]) == catalogue
     assert PoolAppArgs.model_validate(app["args"]) == args
@@ -165,7 +172,8 @@ def test_placeholders_fold_into_one_pool_per_hardware_and_one_router_per_region(
         "beta.us-east.s1.r1/dense",
         "beta.us-east.s1.r1/embed",
     ]
-    assert (std["num_replicas"], std["ray_actor_options"]["resources"]["hw:cpu-std"]) == (2, 2)
+    floor = std["autoscaling_config"]["min_replicas"]
+    assert (floor, std["ray_actor_options"]["resources"]["hw:cpu-std"]) == (2, 2)
     router = folded["ipnext-pooled.us-east.router"]
     assert router["route_prefix"] == "/us-east/models"
     config = PoolRouterConfig.model_validate(router["deployments"][0]["user_config"])
@@ -226,3 +234,88 @@ def test_the_pool_router_is_a_door_that_checks_api_keys() -> None:
     assert PoolRouterArgs.model_validate(router["args"]).keys_file == "/keys.json"
     assert "keys_file" not in keyed["ipnext-pool.us-east.cpu-std"]["args"]  # a pool answers no HTTP
     assert without_keys_file(router) == folded["ipnext-pooled.us-east.router"]
+
+
+def sized(model: str, demand: float, part_bytes: int, replicas: int = 1) -> PooledSet:
+    """A one-part pooled set on cpu-std: 100 QPS a replica, `demand` QPS planned here."""
+    plan = plan_of(model)
+    plan = plan.model_copy(
+        update={
+            "replicas": {"dense": {"cpu-std": replicas}},
+            "units": {"dense": {"cpu-std": 1}},
+            "qps": {"dense": {"cpu-std": 100.0}},
+            "demand": {"dense": {"cpu-std": demand}},
+        }
+    )
+    return PooledSet.model_validate(render_pooled_set(plan, {"dense": part_bytes})["args"])
+
+
+def test_a_pool_is_sized_by_its_models_plans_demand_and_bytes() -> None:
+    """The most of: any part's own plan (availability), the parts' summed demand at their QPS
+    per replica (many small models add up), their pinned bytes over a replica's budget."""
+    mb = 1024**2
+    small = {f"m{i}.us-east.s1.r1": sized(f"m{i}", demand=30.0, part_bytes=5 * mb) for i in range(10)}
+    size = pool_size(small, "cpu-std", budget_bytes=64 * mb)
+    # 10 x 30 QPS over 100 a replica: 3 replicas by demand; 50 MB in 64 MB: 1 by memory.
+    assert (size.by_plan, size.by_demand, size.by_memory, size.replicas) == (1, 3, 1, 3)
+    heavy = {f"h{i}.us-east.s1.r1": sized(f"h{i}", demand=1.0, part_bytes=40 * mb) for i in range(5)}
+    size = pool_size(heavy, "cpu-std", budget_bytes=64 * mb)
+    assert (size.by_demand, size.by_memory, size.replicas) == (1, 4, 4)  # 200 MB in 64 MB budgets
+    spare = {"s.us-east.s1.r1": sized("s", demand=1.0, part_bytes=mb, replicas=2)}
+    assert pool_size(spare, "cpu-std", budget_bytes=64 * mb).replicas == 2  # its plan's 2 stand
+    assert pool_size(small, "cpu-highmem", budget_bytes=64 * mb).replicas == 1  # no part there: the floor
+
+
+def test_the_fold_renders_each_pool_at_its_size_and_the_planner_counts_it() -> None:
+    apps = {
+        name: {"name": name, "import_path": "ipnext:pooled-set", "args": pooled.model_dump(mode="json")}
+        for i in range(10)
+        for name, pooled in [(f"m{i}.us-east.s1.r1", sized(f"m{i}", demand=30.0, part_bytes=1024))]
+    }
+    folded = fold_pools(apps, PoolFold())
+    [pool] = folded["ipnext-pool.us-east.cpu-std"]["deployments"]
+    assert pool["autoscaling_config"]["min_replicas"] == 3
+    assert pooled_units(apps) == {("us-east", "cpu-std"): 3}  # what dedicated plans must leave
+
+
+def test_a_pool_bursts_inside_the_envelope_as_a_part_deployment_does() -> None:
+    """The writer raises a pool's max_replicas to its share of its hardware's unallocated units
+    (`burst_bounds`), and counts the pool's floor as taken (`pool_usage`)."""
+    catalogue = PoolCatalogue(entries=pool_entries(APP, ARGS, "cpu-std"))
+    args = PoolAppArgs(region="us-east", hardware="cpu-std")
+    pool = render_pool_app(args, catalogue, replicas=2, units=1, replica_num_cpus=0)
+    apps = {pool["name"]: pool}
+    assert pool_usage(apps) == {("us-east", "cpu-std"): 2}
+    envelope = PoolEnvelope(pools={"us-east": {"cpu-std": 6}}, burst=0.5)
+    [deployment] = burst_bounds(apps, envelope)[pool["name"]]["deployments"]
+    assert deployment["autoscaling_config"]["min_replicas"] == 2
+    assert deployment["autoscaling_config"]["max_replicas"] == 4  # 2 + half of the 4 spare units
+    full = PoolEnvelope(pools={"us-east": {"cpu-std": 2}}, burst=1.0)
+    [capped] = burst_bounds(apps, full)[pool["name"]]["deployments"]
+    assert capped["autoscaling_config"]["max_replicas"] == 2  # the plans fill it: no burst
+
+
+def test_a_model_moving_to_dedicated_stays_in_its_pool_router_until_its_pooled_set_goes() -> None:
+    """Make before break: alpha's last rollout step gave it a router of its own (Serve starts it
+    now) while its old pooled set is still held. The pool router keeps routing alpha by the new
+    router's weights until the old set goes; a restarted writer holds the app, not a placeholder."""
+    apps = pooled_apps()
+    moved = RouterConfig(generation=4, weights={"alpha.us-east.s2.r1": 100.0})
+    own = render_router_app("alpha", "us-east", moved, RouterSpec(max_ongoing_requests=7))
+    apps["alpha.us-east"] = own
+    folded = fold_pools(apps, PoolFold())
+    router = folded["ipnext-pooled.us-east.router"]
+    config = PoolRouterConfig.model_validate(router["deployments"][0]["user_config"])
+    assert config.routers["alpha"].config == moved
+    assert config.routers["alpha"].router.max_ongoing_requests == 7
+    assert folded["alpha.us-east"] == own  # and the router of its own runs beside
+    held = unfold_pools(json.loads(json.dumps(folded)))
+    assert held["alpha.us-east"]["import_path"] == own["import_path"] and not is_placeholder(
+        held["alpha.us-east"]
+    )
+    # Its old set gone, the pool router forgets it.
+    del apps["alpha.us-east.s1.r1"]
+    after = PoolRouterConfig.model_validate(
+        fold_pools(apps, PoolFold())["ipnext-pooled.us-east.router"]["deployments"][0]["user_config"]
+    )
+    assert sorted(after.routers) == ["beta"]

@@ -88,6 +88,13 @@ class Cluster:
     live: set[str] = field(default_factory=lambda: set(REGIONS))
     applied: list[list[str]] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
+    # The worker's shared status read, when a test holds one a tick old (None: always fresh).
+    shared: dict[str, Any] | None = None
+    reads: list[float] = field(default_factory=list)  # the age each status read accepted
+
+    def serve_applications(self, max_age_s: float = 0.0) -> dict[str, Any]:
+        self.reads.append(max_age_s)
+        return dict(self.shared if self.shared is not None and max_age_s > 0 else self.listed)
 
     def pooled(self, names: list[str]) -> dict[str, list[str]]:
         return {n: serving_apps(self.held[n]) for n in names if is_placeholder(self.held.get(n, {}))}
@@ -130,7 +137,7 @@ def cluster(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Cluster:
     monkeypatch.setattr(_context, "settings", lambda: settings)
     monkeypatch.setattr(_context, "writer", lambda: writer)
     monkeypatch.setattr(reconcile, "_ray_get", lambda ref: ref)
-    monkeypatch.setattr(control, "serve_applications", lambda: dict(cluster.listed))
+    monkeypatch.setattr(control, "serve_applications", cluster.serve_applications)
     monkeypatch.setattr(control, "live_regions", lambda: set(cluster.live))
     monkeypatch.setattr(control, "wait_apps_running", lambda names, timeout_s, heartbeat=None: None)
     monkeypatch.setattr(control, "wait_served", lambda writer, names, timeout_s, heartbeat=None: None)
@@ -252,3 +259,27 @@ def test_a_leftover_a_router_still_routes_to_goes_only_after_the_router_moved(cl
     assert moved is not None and terminated not in moved.config.apps()
     check(cluster)
     assert cluster.removed == [terminated]
+
+
+def test_a_shared_status_read_a_tick_old_never_makes_a_repair_of_its_own(cluster: Cluster) -> None:
+    """The periodic check reads Serve's status from the worker's shared read (one per tick for
+    every model); what that read shows missing is confirmed on a read begun now before anything
+    is pushed: an app deployed since the shared read is not pushed again."""
+    cluster.listed[ROUTING_APP] = RUNNING_APP
+    check(cluster)
+    applied = list(cluster.applied)
+    cluster.shared = {name: a for name, a in cluster.listed.items() if name != APPS["eu-west"]}
+    cluster.reads.clear()
+    result = check(cluster)
+    assert result.repaired == [] and cluster.applied == applied
+    assert cluster.reads[0] > 0 and 0.0 in cluster.reads  # shared first, then confirmed fresh
+    # Quiet: the shared read alone answers the check.
+    cluster.shared = dict(cluster.listed)
+    cluster.reads.clear()
+    assert check(cluster).repaired == []
+    assert cluster.reads and all(age > 0 for age in cluster.reads), cluster.reads
+    # Really missing: both reads miss it, and it is pushed.
+    cluster.listed.pop(APPS["eu-west"])
+    cluster.shared = dict(cluster.listed)
+    repaired = check(cluster).repaired
+    assert repaired == [f"{APPS['eu-west']}: missing in Serve"], repaired

@@ -109,6 +109,17 @@ def test_set_app_plan(example_spec: ModelSpec, snapshot_set: SnapshotSet, plan: 
     assert embed.pinned_store == PINNED
     assert embed.config == example_spec.parts["embed"].config
     assert embed.factory_prefixes == ["ipnext.examples.", "ipnext.serving.llm.part"]  # the default
+    # Demand: each source's peak times the share the plan routes to us-east, headroom on top;
+    # half of it at a rollout step of 50%.
+    for part, hw in (("embed", "cpu-highmem"), ("dense", "cpu-std")):
+        routed = plan.deployments[f"{MODEL}/{part}"].fractions
+        here = sum(
+            q * routed.get(s, {}).get("us-east", 0.0) for s, q in {"us-east": 60, "eu-west": 30}.items()
+        )
+        assert app.demand[part] == {hw: pytest.approx(here * 1.2)}
+        assert here > 0
+    half = set_app_plan(example_spec, snapshot_set, plan, "us-east", PINNED, scale=0.5)
+    assert half.demand["dense"]["cpu-std"] == pytest.approx(app.demand["dense"]["cpu-std"] / 2)
     listed = set_app_plan(example_spec, snapshot_set, plan, "us-east", PINNED, factory_prefixes=["acme."])
     assert {p.factory_prefixes[0] for p in listed.args.parts.values()} == {"acme."}  # the worker's own list
 
