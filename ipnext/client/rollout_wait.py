@@ -31,7 +31,7 @@ from ipnext.contracts.rollout import (
     RolloutStatus,
     resumes_by_itself,
 )
-from ipnext.errors import RolloutPausedError, RolloutStoppedError, ServingError
+from ipnext.errors import ModelNotFoundError, RolloutPausedError, RolloutStoppedError, ServingError
 from ipnext.names import ModelStatus, PollTimeoutError, RolloutState, poll_until
 
 if TYPE_CHECKING:
@@ -49,6 +49,11 @@ class _ReadsRollouts(Protocol):
 __all__ = ["WAIT_INTERVAL_S", "paused_error", "progress_line", "stopped_line", "wait_until_serving"]
 
 WAIT_INTERVAL_S = 0.5  # how often a wait reads the model and its rollout
+# Reads in a row that may find no model before a wait says so: an overloaded Temporal dev server
+# (SQLite past its deadlines) answered a describe of a running model with NOT_FOUND once, in
+# the density bench, right after the model was published. A model deleted meanwhile still ends
+# the wait, these few reads later.
+NOT_FOUND_READS = 10
 
 
 async def wait_until_serving(
@@ -74,8 +79,17 @@ async def wait_until_serving(
     def serves(state: ModelState) -> bool:
         return state.serving_set == set_id and state.state == ModelStatus.SERVING
 
-    async def read() -> tuple[ModelState, RolloutStatus | None]:
-        state = await client.get_model(name)
+    missing = [0]
+
+    async def read() -> tuple[ModelState | None, RolloutStatus | None]:
+        try:
+            state = await client.get_model(name)
+        except ModelNotFoundError:
+            missing[0] += 1
+            if missing[0] >= NOT_FOUND_READS:
+                raise
+            return None, None
+        missing[0] = 0
         if serves(state):
             return state, None
         mine = next((s for s in state.sets if s.id == set_id), None)
@@ -105,7 +119,7 @@ async def wait_until_serving(
     try:
         state, _ = await poll_until(
             read,
-            lambda found: serves(found[0]),
+            lambda found: found[0] is not None and serves(found[0]),
             timeout_s=timeout_s,
             interval_s=WAIT_INTERVAL_S,
             what=set_id,
@@ -120,6 +134,7 @@ async def wait_until_serving(
             f"{set_id} not serving after {timeout_s:.0f}s (model is {model_is}{where})",
             fix=f"`ipnext rollout status {name}` shows where it is",
         ) from None
+    assert state is not None  # the condition held
     return state
 
 

@@ -172,3 +172,40 @@ def test_rollout_watch_gives_up_at_its_timeout(monkeypatch: pytest.MonkeyPatch) 
     paused = status("step 1/3 (10%): baking", {"m@1": 90, "m@2": 10}, state=RolloutState.PAUSED)
     with pytest.raises(ServingError, match="still paused at step 1/3"):
         watch(monkeypatch, WatchedClient([paused]), "--timeout", "0")
+
+
+def test_a_wait_reads_through_a_few_not_found_answers_but_not_a_deleted_model() -> None:
+    """An overloaded Temporal dev server once answered NOT_FOUND for a running model: a wait
+    reads on through a few such answers; a model that stays missing ends the wait."""
+    import asyncio
+
+    from ipnext.client import rollout_wait
+    from ipnext.contracts.model import ModelState
+    from ipnext.errors import ModelNotFoundError
+    from ipnext.names import ModelStatus
+
+    serving = SimpleNamespace(serving_set="m@2", state=ModelStatus.SERVING, sets=[])
+
+    class Flaky:
+        def __init__(self, misses: int) -> None:
+            self.misses, self.reads = misses, 0
+
+        async def get_model(self, name: str) -> ModelState:
+            self.reads += 1
+            if self.reads <= self.misses:
+                raise ModelNotFoundError(f"model {name!r} is not registered")
+            return serving  # type: ignore[return-value]
+
+        async def rollout_status(self, name: str) -> None:
+            return None
+
+    rollout_wait.WAIT_INTERVAL_S, interval = 0.0, rollout_wait.WAIT_INTERVAL_S
+    try:
+        flaky = Flaky(misses=rollout_wait.NOT_FOUND_READS - 1)
+        assert asyncio.run(rollout_wait.wait_until_serving(flaky, "m", "m@2", 30)) is serving
+        gone = Flaky(misses=10**6)
+        with pytest.raises(ModelNotFoundError):
+            asyncio.run(rollout_wait.wait_until_serving(gone, "m", "m@2", 30))
+        assert gone.reads == rollout_wait.NOT_FOUND_READS
+    finally:
+        rollout_wait.WAIT_INTERVAL_S = interval

@@ -261,3 +261,30 @@ def test_every_router_sends_all_its_traffic_somewhere(percent: float, part: str 
     weights, parts, _ = step_routes(start, end, percent, part, ["embed"] if part == "dense" else [])
     for by_app in [*weights.values(), *(w for by_part in parts.values() for w in by_part.values())]:
         assert sum(by_app.values()) == pytest.approx(100.0, abs=1e-4)
+
+
+# ---- which router a model moving between pooled and dedicated is routed by --------------------
+
+
+def test_a_model_leaving_its_pool_is_routed_by_the_pool_router_while_its_pooled_set_takes_traffic() -> None:
+    """A pool router reaches both kinds of set, a router of the model's own no pooled one: while
+    the old, pooled set takes traffic the rollout routes through the pool router; its last step
+    (all on the new, dedicated set) gives the model its own router. Into the pool: always pooled."""
+    from ipnext.workflows._rollout_actions import RolloutActions
+
+    dedicated = spec()
+    pooled = dedicated.model_copy(update={"serving": "pooled"})
+
+    def routes_pooled(new: ModelSpec, old: ModelSpec | None, weights: dict[str, dict[str, float]]) -> bool:
+        actions = RolloutActions.__new__(RolloutActions)
+        actions._input = rollout(new, {"embed": "v2"}, {"embed": "v1"}, old_spec=old)
+        return actions._pool_routes(weights)
+
+    step = {"us-east": {"m.us-east.s1.r1": 50.0, "m.us-east.s2.r1": 50.0}}
+    last = {"us-east": {"m.us-east.s1.r1": 0.0, "m.us-east.s2.r1": 100.0}}
+    back = {"us-east": {"m.us-east.s1.r1": 100.0}}  # a rollback
+    assert routes_pooled(dedicated, pooled, step) and routes_pooled(dedicated, pooled, back)
+    assert not routes_pooled(dedicated, pooled, last)
+    assert all(routes_pooled(pooled, dedicated, w) for w in (step, last, back))
+    assert not any(routes_pooled(dedicated, None, w) for w in (step, last, back))
+    assert all(routes_pooled(pooled, None, w) for w in (step, last, back))
