@@ -4,12 +4,12 @@ replicas, measured in one run on one dev stack.
     .venv/bin/python bench/density.py [--pooled 200] [--dedicated 8] [--phase-s 60] [--phases 4]
 
 1. Memory. The PSS of every process of the stack (`/proc/<pid>/smaps_rollup`, so pages shared
-   between processes count once) with no model; then with `--dedicated` click-ranker models of
-   their own (`serving: dedicated`); then with `--pooled` more of the same size served from the
-   shared pools (`serving: pooled`), published in two halves, every one answered once so all are
-   resident (the pool's byte budget holds them all: evictions reported). Memory per model: the
-   PSS each step adds, divided by its models; and the second half's slope, what one more pooled
-   model costs beside the pools' fixed processes.
+   between processes count once) with no model; then with `--pooled` click-ranker models served
+   from the shared pools (`serving: pooled`), published in two halves, every one answered once so
+   all are resident (the pool's byte budget holds them all: evictions reported); then with
+   `--dedicated` more of the same size with replicas of their own (`serving: dedicated`).
+   Memory per model: the PSS each step adds, divided by its models; and the second half's slope,
+   what one more pooled model costs beside the pools' fixed processes.
 2. Cold loads: the latency of each pooled model's first request (its parts loaded in the pool on
    that request), p50 and p99, against the same model's next request.
 3. Load. The saturation of the pooled path (a closed loop of `--callers` as fast as they are
@@ -18,8 +18,8 @@ replicas, measured in one run on one dev stack.
    `pooled` (every request to the pools) and `dedicated` (the same arrivals, but the 8 hottest
    models' requests go to the dedicated models instead). Reported: the hot models' p99 pooled
    over dedicated, and every phase's p50, p99 and failures.
-4. The worker's CPU (user + system seconds, from /proc) over the minute with every model idle and
-   serving, and per second of each load phase.
+4. The worker's CPU (user + system seconds, from /proc) over `--idle-s` with every pooled model
+   idle and serving (before the dedicated ones), and per second of each load phase.
 
 Prints its figures and writes bench/results/density.json.
 """
@@ -258,16 +258,14 @@ async def measure(
     pooled = [f"pool-{i:03d}" for i in range(args.pooled)]
     base, processes = pss_mb(stack_id)
     print(f"no model: {base:.0f} MB PSS over {processes} processes", flush=True)
-    result["publish_dedicated_s"] = round(await publish_all(client, settings, dedicated, "dedicated", 4), 1)
     async with httpx.AsyncClient(
         base_url=settings.serve_url, timeout=120, headers=key_header(settings)
     ) as http:
-        await first_requests(http, dedicated)
-        await asyncio.sleep(5)
-        with_dedicated, _ = pss_mb(stack_id)
-        print(f"+{args.dedicated} dedicated: {with_dedicated:.0f} MB PSS", flush=True)
-        # In two halves, the PSS read after each: the second half's slope is what one more model
-        # costs, apart from the pools' fixed processes (which the first half brought).
+        # The pooled models first, in two halves, the PSS read after each: the second half's
+        # slope is what one more model costs, apart from the pools' fixed processes (which the
+        # first half brought). Then the dedicated ones: published after, so the 2-core machine
+        # is not publishing 200 models beside their replicas (8 dedicated models starting took
+        # it to where the Temporal dev server's SQLite missed its deadlines).
         half = pooled[: len(pooled) // 2]
         took = await publish_all(client, settings, half, "pooled", args.width)
         firsts = await first_requests(http, half)
@@ -282,16 +280,31 @@ async def measure(
         await asyncio.sleep(5)
         with_pooled, processes = pss_mb(stack_id)
         print(f"+{args.pooled} pooled: {with_pooled:.0f} MB PSS over {processes} processes", flush=True)
+        idle_from = cpu_seconds(worker_pid)
+        await asyncio.sleep(args.idle_s)
+        result["worker_cpu_idle_percent"] = round(
+            100 * (cpu_seconds(worker_pid) - idle_from) / args.idle_s, 1
+        )
+        print(
+            f"worker CPU, {args.pooled} pooled models idle: {result['worker_cpu_idle_percent']}%", flush=True
+        )
+        result["publish_dedicated_s"] = round(
+            await publish_all(client, settings, dedicated, "dedicated", 4), 1
+        )
+        await first_requests(http, dedicated)
+        await asyncio.sleep(5)
+        with_both, _ = pss_mb(stack_id)
+        print(f"+{args.dedicated} dedicated: {with_both:.0f} MB PSS", flush=True)
         result["memory"] = {
             "pss_no_model_mb": round(base, 1),
-            "pss_with_dedicated_mb": round(with_dedicated, 1),
-            "pss_with_pooled_mb": round(with_pooled, 1),
-            "per_dedicated_model_mb": round((with_dedicated - base) / max(1, args.dedicated), 1),
             "pss_with_half_pooled_mb": round(with_half, 1),
-            "per_pooled_model_mb": round((with_pooled - with_dedicated) / max(1, args.pooled), 2),
+            "pss_with_pooled_mb": round(with_pooled, 1),
+            "pss_with_dedicated_too_mb": round(with_both, 1),
+            "per_pooled_model_mb": round((with_pooled - base) / max(1, args.pooled), 2),
             "per_pooled_model_slope_mb": round(
                 (with_pooled - with_half) / max(1, len(pooled) - len(half)), 2
             ),
+            "per_dedicated_model_mb": round((with_both - with_pooled) / max(1, args.dedicated), 1),
             "pools": holds,
             "evictions": sum(h["evictions"] for h in holds),
         }
@@ -301,11 +314,6 @@ async def measure(
             "second_p50_ms": round(quantile(firsts["warm_ms"], 0.5), 1),
             "second_p99_ms": round(quantile(firsts["warm_ms"], 0.99), 1),
         }
-        idle_from = cpu_seconds(worker_pid)
-        await asyncio.sleep(args.idle_s)
-        result["worker_cpu_idle_percent"] = round(
-            100 * (cpu_seconds(worker_pid) - idle_from) / args.idle_s, 1
-        )
         sat = await saturation(http, pooled, args.callers, args.saturation_s)
         rate = args.load * sat
         result["saturation_rps"], result["rate_rps"] = round(sat, 1), round(rate, 1)
