@@ -21,7 +21,6 @@ from ipnext.names import Frozen
 from ipnext.serving.layout import (
     ROUTING_APP,
     DeployedRouter,
-    PartHostArgs,
     PoolEnvelope,
     SetAppPlan,
     render_router_app,
@@ -33,7 +32,7 @@ from ipnext.serving.layout import (
 from ipnext.serving.pool_layout import PoolFold, render_pooled_router, render_pooled_set
 from ipnext.spec.model import DEFAULT_ROUTER_MAX_ONGOING, ModelSpec, RouterSpec, SnapshotSet
 from ipnext.spec.settings import Settings
-from ipnext.store.pinned import pinned_path
+from ipnext.store.pinned import pinned_size
 
 __all__ = [
     "DeploySetInput",
@@ -167,21 +166,15 @@ def render_set(plan: SetAppPlan, settings: Settings, pooled: bool = False) -> di
     shutdown wait; for a pooled model, its placeholder (the writer folds it into the pools).
     Deploys and the serving check render through it, so both render alike."""
     if pooled:
-        return render_pooled_set(plan, {part: _pinned_bytes(host) for part, host in plan.args.parts.items()})
+        sizes = {
+            part: pinned_size(Path(host.pinned_store), host.sha256, host.checkpoint)
+            for part, host in plan.args.parts.items()
+        }
+        return render_pooled_set(plan, sizes)
     serve = settings.serve
     return render_set_app(
         plan, settings.ray.replica_num_cpus, serve.part_health_check, serve.autoscaling, serve.shutdown_wait_s
     )
-
-
-def _pinned_bytes(host: PartHostArgs) -> int:
-    """A part's pinned file size: what it takes of a pool replica's byte budget until it is
-    loaded (0 when the file cannot be read: its load will say why)."""
-    suffix = ".json" if host.checkpoint else ".safetensors"
-    try:
-        return pinned_path(Path(host.pinned_store), host.sha256, suffix).stat().st_size
-    except OSError:
-        return 0
 
 
 @activity.defn

@@ -32,7 +32,7 @@ from ipnext.serving.pool_layout import POOL_DEPLOYMENT, PoolAppArgs, PoolCatalog
 from ipnext.serving.pool_ledger import LedgerClient
 from ipnext.serving.pool_parts import PartRefusedError, PoolParts
 from ipnext.serving.set_app import build_part
-from ipnext.store.pinned import pinned_path
+from ipnext.store.pinned import pinned_size
 
 __all__ = ["PoolHost", "held_bytes", "load_entry", "pool_app"]
 
@@ -166,11 +166,7 @@ class PoolHost:
 
     def _file_size(self, entry: PoolEntry) -> int:
         host = entry.host
-        suffix = ".json" if host.checkpoint else ".safetensors"
-        try:
-            return pinned_path(Path(host.pinned_store), host.sha256, suffix).stat().st_size
-        except OSError:  # the load will say what is wrong with the file; reserve nothing now
-            return 0
+        return pinned_size(Path(host.pinned_store), host.sha256, host.checkpoint)
 
     def _held_changed(self) -> None:
         self._report_due.set()

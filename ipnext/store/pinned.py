@@ -65,6 +65,7 @@ __all__ = [
     "pinned_files",
     "pinned_name",
     "pinned_path",
+    "pinned_size",
     "store_lock",
     "verify",
     "verify_ref",
@@ -91,6 +92,16 @@ def pinned_name(sha256: str, suffix: str = ".safetensors") -> str:
 def pinned_path(store: Path, sha256: str, suffix: str = ".safetensors") -> Path:
     """Where the file with this sha256 lives in the store (whether it is there or not)."""
     return store / sha256[:2] / pinned_name(sha256, suffix)
+
+
+def pinned_size(store: Path, sha256: str, checkpoint: bool = False) -> int:
+    """The size of a part's pinned file (a checkpoint's manifest, else its safetensors file),
+    what a pool replica reserves for it while it loads; 0 when it cannot be read (its load will
+    say what is wrong with it)."""
+    try:
+        return pinned_path(store, sha256, ".json" if checkpoint else ".safetensors").stat().st_size
+    except OSError:
+        return 0
 
 
 def pinned_files(ref: SnapshotRef) -> list[str]:

@@ -319,3 +319,16 @@ def test_a_model_moving_to_dedicated_stays_in_its_pool_router_until_its_pooled_s
         fold_pools(apps, PoolFold())["ipnext-pooled.us-east.router"]["deployments"][0]["user_config"]
     )
     assert sorted(after.routers) == ["beta"]
+
+
+def test_a_parts_pinned_size_is_its_file_or_zero(tmp_path: Path) -> None:
+    """What a pool reserves for a part while it loads, and what sizes pools by memory."""
+    from ipnext.store.pinned import pinned_path, pinned_size
+
+    sha = "ab" * 32
+    file = pinned_path(tmp_path, sha)
+    file.parent.mkdir(parents=True)
+    file.write_bytes(b"x" * 1234)
+    assert pinned_size(tmp_path, sha) == 1234
+    assert pinned_size(tmp_path, sha, checkpoint=True) == 0  # its manifest is not there
+    assert pinned_size(tmp_path, "cd" * 32) == 0
