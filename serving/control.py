@@ -1,15 +1,12 @@
 """Driving Ray Serve from the worker: the one Serve config writer and health waits.
 
 Serve replaces the whole multi-app config on every apply, so two writers would erase
-each other's apps. All changes go through one detached actor, `ipnext-serve-writer`,
-whose methods run one at a time; it keeps the desired state of every app, renders
-the whole declarative config and applies it. Holding every model's set apps, it is also
-where each autoscaled deployment's burst bound is computed (`layout.burst_bounds`).
+each other's apps. All changes go through one detached actor, `ipnext-serve-writer`
+(`config_writer.py`), made or found here by `get_writer`.
 """
 
 from __future__ import annotations
 
-import copy
 import os
 import threading
 import time
@@ -20,38 +17,17 @@ from typing import Any
 import ray
 
 from ipnext.contracts.fleet import region_resource
-from ipnext.contracts.routing import RoutingDocument, succeed
 from ipnext.errors import ServingError
 from ipnext.names import PollTimeoutError, wait_until
+from ipnext.serving.config_writer import ServeConfigWriter
 from ipnext.serving.layout import (
-    PROXY_TIMEOUT_S,
     RAY_NAMESPACE,
     ROUTER_DEPLOYMENT,
-    ROUTING_APP,
     WRITER_ACTOR,
-    DeployedRouter,
-    PoolEnvelope,
-    burst_bounds,
-    deployed_router,
-    deployed_routing,
     head_node_options,
     is_set_app_of,
-    plan_bounds,
-    render_routing_app,
-    render_serve_config,
-    with_keys_file,
-    without_keys_file,
 )
-from ipnext.serving.pool_layout import (
-    PoolFold,
-    fold_pools,
-    is_placeholder,
-    is_pool_app,
-    pool_router_app_name,
-    serving_apps,
-    unfold_pools,
-)
-from ipnext.serving.pool_ledger import ledger_actor_name
+from ipnext.serving.pool_layout import pool_router_app_name
 from ipnext.spec.settings import Settings
 from ipnext.store.ray_token import LOOPBACK_ENV, is_loopback, use_ray_auth
 
@@ -71,189 +47,6 @@ __all__ = [
     "wait_served",
     "writer_for",
 ]
-
-
-class ServeConfigWriter:
-    """Body of the detached writer actor. Sync methods: Ray runs them serially."""
-
-    def __init__(
-        self, host: str, port: int, proxy_location: str = "HeadOnly", keys_file: str | None = None
-    ) -> None:
-        self._host = host
-        self._port = port
-        self._proxy_location = proxy_location
-        # The API keys file every HTTP door checks (None: open); added to the doors' args when the
-        # whole config is rendered (`layout.with_keys_file`), never to the apps held here.
-        self._keys_file = keys_file
-        self._apps: dict[str, dict[str, Any]] = {}  # as rendered from the records: the plans' bounds
-        self._applies = 0
-        # The fleet's pools and burst setting, as the last activity that applied passed them; a
-        # restarted writer has none until then and bounds every deployment at its floor.
-        self._envelope: PoolEnvelope | None = None
-        self._deployed: dict[str, Any] | None = None  # the whole config last applied
-        # How pools render (the settings' pool, replica and router sections), as the last activity
-        # that applied passed it; a restarted writer renders with the defaults until then.
-        self._fold = PoolFold()
-        self._adopt_running_apps()
-
-    def _client(self) -> Any:
-        from ray import serve
-        from ray.serve.context import _get_global_client
-
-        serve.start(
-            proxy_location=self._proxy_location,
-            http_options={"host": self._host, "port": self._port, "request_timeout_s": PROXY_TIMEOUT_S},
-            logging_config={"enable_access_log": False},
-        )
-        return _get_global_client()
-
-    def _adopt_running_apps(self) -> None:
-        # A restarted writer must not erase apps it did not know about.
-        details = self._client().get_serve_details()
-        running: dict[str, dict[str, Any]] = {}
-        for name, app in (details.get("applications") or {}).items():
-            config = app.get("deployed_app_config")
-            if config:
-                # Serve holds them with their burst and their keys file: back to the records' form.
-                running[name] = without_keys_file(plan_bounds(config))
-        # A pool router's config holds its pooled models' placeholders: held again as they were.
-        self._apps.update(unfold_pools(running))
-
-    def _render(self, apps: dict[str, dict[str, Any]]) -> dict[str, Any]:
-        # Pooled models' placeholders become their pools and pool routers (pool_layout.py).
-        real = fold_pools(apps, self._fold)
-        return render_serve_config(
-            with_keys_file(burst_bounds(real, self._envelope), self._keys_file),
-            self._host,
-            self._port,
-            self._proxy_location,
-        )
-
-    def use_keys_file(self, keys_file: str | None) -> bool:
-        """Check every HTTP door against `keys_file` from now on (None: open); applied at once
-        when it differs from the file the doors check now. Whether anything changed."""
-        if keys_file == self._keys_file:
-            return False
-        self._keys_file = keys_file
-        if self._applies or self._apps:
-            self.redeploy()
-        return True
-
-    def apply(
-        self,
-        upserts: list[dict[str, Any]],
-        removals: list[str],
-        envelope: dict[str, Any] | None = None,
-        fold: dict[str, Any] | None = None,
-    ) -> int:
-        """Upsert and remove apps, and apply the whole config when it changed. `envelope` (a
-        PoolEnvelope) replaces the pools the burst bounds are computed from: one model's apps
-        change what every other deployment of their pools may burst into. `fold` (a PoolFold)
-        replaces how shared pools render."""
-        from ray.serve.schema import ServeDeploySchema
-
-        if envelope is not None:
-            self._envelope = PoolEnvelope.model_validate(envelope)
-        if fold is not None:
-            self._fold = PoolFold.model_validate(fold)
-        desired = copy.deepcopy(self._apps)
-        for name in removals:
-            desired.pop(name, None)
-        for app in upserts:
-            desired[app["name"]] = app
-        config = self._render(desired)
-        if desired == self._apps and config == self._deployed and self._applies:
-            return self._applies
-        self._client().deploy_apps(ServeDeploySchema.model_validate(config))
-        after = _pool_apps(config)
-        gone = _pool_apps(self._deployed) - after
-        self._apps = desired
-        self._deployed = config
-        self._applies += 1
-        for pool in sorted(gone):  # its last pooled model left: its loads and quarantines go too
-            _forget_pool(pool, keep_ledger=any(p.split(".")[1] == pool.split(".")[1] for p in after))
-        return self._applies
-
-    def redeploy(self, envelope: dict[str, Any] | None = None) -> int:
-        """Apply the whole desired config again, unchanged: Serve lost apps the writer holds."""
-        from ray.serve.schema import ServeDeploySchema
-
-        if envelope is not None:
-            self._envelope = PoolEnvelope.model_validate(envelope)
-        config = self._render(self._apps)
-        self._client().deploy_apps(ServeDeploySchema.model_validate(config))
-        self._deployed = config
-        self._applies += 1
-        return self._applies
-
-    def app_configs(self, names: list[str]) -> dict[str, dict[str, Any] | None]:
-        """The named apps' configs as last applied (None for an app the writer does not hold)."""
-        return {name: self._apps.get(name) for name in names}
-
-    def routing_generation(self, model: str) -> int | None:
-        """The generation of the model's published routing document (None: none published)."""
-        document = deployed_routing(self._apps.get(ROUTING_APP)).documents.get(model)
-        return document.generation if document is not None else None
-
-    def deployed_router(self, name: str) -> DeployedRouter | None:
-        """The routing and cap of router app `name` as last applied (None if it has none)."""
-        app = self._apps.get(name)
-        return deployed_router(app) if app is not None else None
-
-    def publish_routing(self, draft: dict[str, Any]) -> int:
-        """Make `draft` (a RoutingDocument) its model's routing document, at the next generation
-        if it says something new (read and written here, so two models never race); returns the
-        generation now published."""
-        table = deployed_routing(self._apps.get(ROUTING_APP))
-        document = RoutingDocument.model_validate(draft)
-        previous = table.documents.get(document.model)
-        published = succeed(previous, document)
-        if published is not previous:
-            self.apply([render_routing_app(table.with_document(published))], [])
-        return published.generation
-
-    def withdraw_routing(self, model: str) -> bool:
-        """Drop the model's routing document (the app stays, answering 404 for it)."""
-        table = deployed_routing(self._apps.get(ROUTING_APP))
-        if model not in table.documents:
-            return False
-        self.apply([render_routing_app(table.without(model))], [])
-        return True
-
-    def app_names(self) -> list[str]:
-        return sorted(self._apps)
-
-    def pooled(self, names: list[str]) -> dict[str, list[str]]:
-        """Which of the named apps the writer holds as pooled placeholders, and the Serve apps
-        each is folded into (`pool_layout.serving_apps`: its region's pool router first)."""
-        found: dict[str, list[str]] = {}
-        for name in names:
-            app = self._apps.get(name)
-            if app is not None and is_placeholder(app):
-                found[name] = serving_apps(app)
-        return found
-
-    def export(self) -> dict[str, Any]:
-        """The whole config as Serve gets it: every deployment with its burst bound."""
-        return self._render(self._apps)
-
-
-def _pool_apps(config: dict[str, Any] | None) -> set[str]:
-    return {app["name"] for app in (config or {}).get("applications", []) if is_pool_app(app["name"])}
-
-
-def _forget_pool(pool: str, keep_ledger: bool) -> None:
-    """A pool app that is gone: its region's ledger forgets it, or goes, when the region has no
-    pool left (no pooled model there)."""
-    region = pool.split(".")[1]
-    try:
-        ledger = ray.get_actor(ledger_actor_name(region), namespace=RAY_NAMESPACE)
-    except ValueError:
-        return  # none was made: no load ever ran in that region's pools
-    if keep_ledger:
-        ray.get(ledger.forget.remote(pool), timeout=60)
-    else:
-        ray.kill(ledger)
 
 
 class _StatusReads:
@@ -400,6 +193,11 @@ def writer_for(settings: Settings) -> Any:
     return writer
 
 
+# Threads of the writer actor: callers waiting for a commit each hold one (a caller beyond them
+# waits in Ray's queue, then joins a later commit).
+WRITER_CONCURRENCY = 64
+
+
 def get_writer(host: str, port: int, proxy_location: str = "HeadOnly", keys_file: Path | None = None) -> Any:
     """The one writer, created if it is not there yet; pinned to the head node, so it outlives
     a lost region (a writer that comes back empty-handed would adopt, not lose, the apps).
@@ -412,6 +210,7 @@ def get_writer(host: str, port: int, proxy_location: str = "HeadOnly", keys_file
             lifetime="detached",
             get_if_exists=True,
             max_restarts=-1,
+            max_concurrency=WRITER_CONCURRENCY,
             **head_node_options(),
         )
         .remote(host, port, proxy_location, str(keys_file) if keys_file is not None else None)
