@@ -1,7 +1,7 @@
 """Density: hundreds of small models on one machine through shared pools, against dedicated
 replicas, measured in one run on one dev stack.
 
-    .venv/bin/python bench/density.py [--pooled 200] [--dedicated 8] [--phase-s 60] [--phases 4]
+    .venv/bin/python bench/density.py [--pooled 200] [--dedicated 8] [--peak-qps 1] [--phase-s 60]
 
 1. Memory. The PSS of every process of the stack (`/proc/<pid>/smaps_rollup`, so pages shared
    between processes count once) with no model; then with `--pooled` click-ranker models served
@@ -19,7 +19,11 @@ replicas, measured in one run on one dev stack.
    models' requests go to the dedicated models instead). Reported: the hot models' p99 pooled
    over dedicated, and every phase's p50, p99 and failures.
 4. The worker's CPU (user + system seconds, from /proc) over `--idle-s` with every pooled model
-   idle and serving (before the dedicated ones), and per second of each load phase.
+   idle and serving (before the dedicated ones), and per second of each load phase; and the
+   config writer's group commits (`commit_stats`): how many applies carried the publishes.
+
+Every model declares `--peak-qps` (1: a tail model), which sizes its pool's floor or its own
+replicas; the load phases run at a share of the measured saturation, whatever that size is.
 
 Prints its figures and writes bench/results/density.json.
 """
@@ -45,7 +49,7 @@ import yaml
 from ipnext.client.devstack.stack import DevStack, scratch_config, stack_processes
 from ipnext.client.sdk import Client
 from ipnext.examples.click_ranker.parts import build_modules
-from ipnext.serving.control import connect_for, serve_applications
+from ipnext.serving.control import connect_for, serve_applications, writer_for
 from ipnext.serving.pool_layout import POOL_DEPLOYMENT, is_pool_app
 from ipnext.spec.model import ModelSpec, load_model_spec
 from ipnext.spec.settings import Settings, load_settings
@@ -92,9 +96,9 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime
 
 
-def spec(name: str, serving: str) -> ModelSpec:
+def spec(name: str, serving: str, peak_qps: float) -> ModelSpec:
     data = load_model_spec(REPO / "examples" / "click_ranker" / "model.yaml").model_dump(mode="json")
-    data.update(name=name, traffic={"peak_qps": {REGION: 5}}, serving=serving)
+    data.update(name=name, traffic={"peak_qps": {REGION: peak_qps}}, serving=serving)
     data["rollout"].update(steps=[100], min_requests=1, bake_seconds=1)
     data["rollout"]["gates"] = [{"metric": "error_rate", "max": 0.5}]
     return ModelSpec.model_validate(data)
@@ -119,7 +123,7 @@ def snapshot(root: Path, model: str, seed: int) -> Path:
 
 
 async def publish_all(
-    client: Client, settings: Settings, names: list[str], serving: str, width: int
+    client: Client, settings: Settings, names: list[str], serving: str, width: int, peak_qps: float
 ) -> float:
     """Publish and serve every model, `width` at a time; the seconds it took."""
     started = time.perf_counter()
@@ -129,7 +133,7 @@ async def publish_all(
     async def one(i: int, name: str) -> None:
         nonlocal done
         async with gate:
-            await client.publish_model(spec(name, serving))
+            await client.publish_model(spec(name, serving, peak_qps))
             folder = await asyncio.to_thread(snapshot, settings.snapshot_roots[0], name, i)
             published = await client.publish_snapshot(name, folder)
             await client.wait_until_serving(name, published.set_id, timeout_s=600)
@@ -236,6 +240,13 @@ def summarize(sent: list[tuple[int, int, float]], hot: int) -> dict[str, Any]:
     }
 
 
+def writer_commits(settings: Settings) -> dict[str, int]:
+    """The config writer's group commits so far: how many applies carried how many changes."""
+    connect_for(settings)
+    stats: dict[str, int] = ray.get(writer_for(settings).commit_stats.remote(), timeout=60)
+    return stats
+
+
 async def pool_holds(settings: Settings) -> list[dict[str, Any]]:
     """What each pool app's replica answering says it holds (one replica per pool here)."""
     from ray import serve
@@ -246,6 +257,9 @@ async def pool_holds(settings: Settings) -> list[dict[str, Any]]:
         handle = serve.get_deployment_handle(POOL_DEPLOYMENT, app_name=app)
         described = await handle.describe.remote()
         held.append({"app": app, **described["stats"], "held": len(described["held"])})
+        # Its router would push metrics to the controller for as long as this process lives,
+        # and log a failure each time once the stack is down.
+        await handle.shutdown_async()
     return held
 
 
@@ -267,13 +281,15 @@ async def measure(
         # is not publishing 200 models beside their replicas (8 dedicated models starting took
         # it to where the Temporal dev server's SQLite missed its deadlines).
         half = pooled[: len(pooled) // 2]
-        took = await publish_all(client, settings, half, "pooled", args.width)
+        took = await publish_all(client, settings, half, "pooled", args.width, args.peak_qps)
         firsts = await first_requests(http, half)
         await asyncio.sleep(5)
         with_half, _ = pss_mb(stack_id)
         print(f"+{len(half)} pooled: {with_half:.0f} MB PSS", flush=True)
-        took += await publish_all(client, settings, pooled[len(half) :], "pooled", args.width)
+        took += await publish_all(client, settings, pooled[len(half) :], "pooled", args.width, args.peak_qps)
         result["publish_pooled_s"] = round(took, 1)
+        result["writer_commits_pooled"] = await asyncio.to_thread(writer_commits, settings)
+        print(f"the writer, after {args.pooled} pooled: {result['writer_commits_pooled']}", flush=True)
         rest = await first_requests(http, pooled[len(half) :])
         firsts = {k: firsts[k] + rest[k] for k in firsts}
         holds = await pool_holds(settings)
@@ -289,8 +305,9 @@ async def measure(
             f"worker CPU, {args.pooled} pooled models idle: {result['worker_cpu_idle_percent']}%", flush=True
         )
         result["publish_dedicated_s"] = round(
-            await publish_all(client, settings, dedicated, "dedicated", 4), 1
+            await publish_all(client, settings, dedicated, "dedicated", 4, args.peak_qps), 1
         )
+        result["writer_commits"] = await asyncio.to_thread(writer_commits, settings)
         await first_requests(http, dedicated)
         await asyncio.sleep(5)
         with_both, _ = pss_mb(stack_id)
@@ -372,6 +389,12 @@ def main() -> None:
     parser.add_argument("--pooled", type=int, default=200, help="models served from the shared pools")
     parser.add_argument("--dedicated", type=int, default=HOT, help="models with replicas of their own")
     parser.add_argument("--width", type=int, default=8, help="pooled models published at once")
+    parser.add_argument(
+        "--peak-qps",
+        type=float,
+        default=1.0,
+        help="each model's declared peak (traffic.peak_qps): what sizes the pools and replicas",
+    )
     parser.add_argument("--callers", type=int, default=32, help="closed-loop callers measuring saturation")
     parser.add_argument("--saturation-s", type=float, default=20.0)
     parser.add_argument("--load", type=float, default=0.7, help="share of the saturation the load runs at")

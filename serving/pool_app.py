@@ -91,7 +91,12 @@ class PoolHost:
         # The pool's ledger across its replicas: a part whose loads kill replicas is quarantined.
         ledger = LedgerClient(args.region, pool_app_name(args.region, args.hardware), pools)
         self._parts = PoolParts(
-            cache, load_entry, pools.load_timeout_s, on_change=self._held_changed, gate=ledger
+            cache,
+            load_entry,
+            pools.load_timeout_s,
+            on_change=self._held_changed,
+            gate=ledger,
+            probation_calls=pools.probation_calls,
         )
         self._report_due = asyncio.Event()
         self._reporter: asyncio.Task[None] | None = None

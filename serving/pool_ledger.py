@@ -1,13 +1,14 @@
-"""The ledger of shared pools' loads across their replicas: one detached head-node actor per
-region (`ledger_actor_name`) holding a `policy.load_ledger.LoadLedger` per pool app, so a part
-whose load kills its replica is quarantined for the whole pool after `max_load_failures` such
-deaths, though no replica lives to report them.
+"""The ledger of shared pools' loads and first calls across their replicas: one detached
+head-node actor per region (`ledger_actor_name`) holding a `policy.load_ledger.LoadLedger` per
+pool app, so a part whose load, or whose call in its probation after a load, kills its replica is
+quarantined for the whole pool after `max_load_failures` such deaths, though no replica lives to
+report them.
 
-A replica asks `begin` before each load and reports `end` after it (`PoolHost` through
-`LedgerClient`). At each `begin`, the loads under way for over `SWEEP_AFTER_S` are checked: one
-whose replica's actor is dead failed. The ledger fails open: a replica that cannot reach it
-loads anyway (its own `PoolCache` still quarantines what fails in it), and Ray restarts a
-ledger that died, empty.
+A replica asks `begin` before each load and each probation call, and reports `end` after it
+(`PoolHost` through `LedgerClient`). At each `begin`, what has been under way for over
+`SWEEP_AFTER_S` is checked: what a replica whose actor is dead had under way failed. The ledger
+fails open: a replica that cannot reach it goes on anyway (its own `PoolCache` still
+quarantines what fails in it), and Ray restarts a ledger that died, empty.
 """
 
 from __future__ import annotations
@@ -46,16 +47,20 @@ class PoolLedger:
         self._ledgers: dict[str, LoadLedger] = {}
         self._replicas: dict[str, Any] = {}  # replica id -> its actor handle
 
-    def begin(self, pool: str, key: tuple[str, str, str], replica: str, handle: Any) -> tuple[bool, str]:
-        """May `replica` of `pool` load `key` now? (allowed, why not)."""
+    def begin(
+        self, pool: str, key: tuple[str, str, str], replica: str, handle: Any, kind: str = "load"
+    ) -> tuple[bool, str]:
+        """May `replica` of `pool` load `key` (or run it: `kind` "call") now? (allowed, why not)."""
         self._replicas[replica] = handle
         ledger = self._ledger(pool)
         self._sweep(ledger, time.monotonic())
-        answer = ledger.begin(PartKey(*key), replica, time.monotonic())
+        answer = ledger.begin(PartKey(*key), replica, time.monotonic(), kind)
         return answer.allowed, answer.reason
 
-    def end(self, pool: str, key: tuple[str, str, str], replica: str, error: str | None) -> None:
-        self._ledger(pool).end(PartKey(*key), replica, error, time.monotonic())
+    def end(
+        self, pool: str, key: tuple[str, str, str], replica: str, error: str | None, kind: str = "load"
+    ) -> None:
+        self._ledger(pool).end(PartKey(*key), replica, error, time.monotonic(), kind)
 
     def forget(self, pool: str) -> bool:
         """The pool is gone (its last pooled model left): its loads and quarantines with it."""
@@ -75,16 +80,15 @@ class PoolLedger:
         return ledger
 
     def _sweep(self, ledger: LoadLedger, now: float) -> None:
-        """Loads under way past SWEEP_AFTER_S whose replica is dead: failed."""
-        loading = ledger.loading().values()
-        old = {r for loads in loading for r, since in loads.items() if now - since > SWEEP_AFTER_S}
+        """Loads and calls under way past SWEEP_AFTER_S whose replica is dead: failed."""
+        old = {r for r, since in ledger.replicas_under_way().items() if now - since > SWEEP_AFTER_S}
         for replica in sorted(old):
             handle = self._replicas.get(replica)
             if handle is None or _alive(handle):
                 continue
             lost = ledger.replica_gone(replica, time.monotonic())
             self._replicas.pop(replica, None)
-            logger.warning("pool ledger: replica %s died loading %s", replica, ", ".join(map(str, lost)))
+            logger.warning("pool ledger: replica %s died running %s", replica, ", ".join(map(str, lost)))
 
 
 def _alive(handle: Any) -> bool:
@@ -100,7 +104,8 @@ def _alive(handle: Any) -> bool:
 
 class LedgerClient:
     """A pool replica's side of its pool's ledger (`PoolParts`' load gate): `begin` before a
-    load, `end` after it; unreachable, it lets the load go (fail open) and says so once."""
+    load or probation call, `end` after it; unreachable, it lets it go (fail open) and says so
+    once."""
 
     def __init__(self, region: str, pool_app: str, pools: PoolSettings) -> None:
         self._name = ledger_actor_name(region)
@@ -111,21 +116,21 @@ class LedgerClient:
         self._handle = ray.get_runtime_context().current_actor
         self._warned = False
 
-    async def begin(self, key: PartKey) -> str | None:
-        """None: load it; else why the pool refuses it (quarantined across its replicas)."""
+    async def begin(self, key: PartKey, kind: str = "load") -> str | None:
+        """None: load (or run) it; else why the pool refuses it (quarantined across its replicas)."""
         try:
             allowed, reason = await self._ledger().begin.remote(
-                self._pool, (key.model, key.part, key.snapshot_id), self._replica, self._handle
+                self._pool, (key.model, key.part, key.snapshot_id), self._replica, self._handle, kind
             )
         except ray.exceptions.RayError as err:
             self._unreachable(err)
             return None
         return None if allowed else reason
 
-    async def end(self, key: PartKey, error: str | None) -> None:
+    async def end(self, key: PartKey, error: str | None, kind: str = "load") -> None:
         try:
             await self._ledger().end.remote(
-                self._pool, (key.model, key.part, key.snapshot_id), self._replica, error
+                self._pool, (key.model, key.part, key.snapshot_id), self._replica, error, kind
             )
         except ray.exceptions.RayError as err:
             self._unreachable(err)

@@ -10,7 +10,10 @@ unit tests drive it with loaders of their own. What happens when things go wrong
   (`PartRefusedError`) while every other part serves.
 - A load that kills the replica is counted by the pool's ledger (`LoadGate`, asked before and
   told after every load): once its loads killed `max_load_failures` replicas, every replica of
-  the pool refuses the part.
+  the pool refuses the part. So is a call that kills it among the part's first
+  `probation_calls` calls after each load (each written down in the ledger, as a load is); a
+  part that kills its replica on a later call is restarted with it by Serve and loaded again,
+  and so is on probation again.
 - A load that outlasts `load_timeout_s` counts as failed (its thread cannot be stopped: what it
   builds afterwards is dropped, never served).
 - Loads of one part are one task, shared by every request that needs it; a request that gives
@@ -24,6 +27,7 @@ unit tests drive it with loaders of their own. What happens when things go wrong
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import inspect
 import logging
@@ -51,21 +55,22 @@ LoadPart = Callable[[PoolEntry], tuple[Any, int]]
 
 
 class LoadGate(Protocol):
-    """Asked around each load (a pool's ledger across its replicas: serving/pool_ledger.py):
-    `begin` answers None to load, or why the pool refuses the part; `end` reports the load."""
+    """Asked around each load and probation call, `kind` "load" or "call" (a pool's ledger across
+    its replicas: serving/pool_ledger.py): `begin` answers None to go on, or why the pool refuses
+    the part; `end` reports how it ended."""
 
-    async def begin(self, key: PartKey) -> str | None: ...
+    async def begin(self, key: PartKey, kind: str = "load") -> str | None: ...
 
-    async def end(self, key: PartKey, error: str | None) -> None: ...
+    async def end(self, key: PartKey, error: str | None, kind: str = "load") -> None: ...
 
 
 class OpenGate:
-    """No ledger: every load may start (unit tests, and a replica outside Ray)."""
+    """No ledger: every load and call may start (unit tests, and a replica outside Ray)."""
 
-    async def begin(self, key: PartKey) -> str | None:
+    async def begin(self, key: PartKey, kind: str = "load") -> str | None:
         return None
 
-    async def end(self, key: PartKey, error: str | None) -> None:
+    async def end(self, key: PartKey, error: str | None, kind: str = "load") -> None:
         return None
 
 
@@ -150,9 +155,12 @@ class PoolParts:
         on_change: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
         gate: LoadGate | None = None,
+        probation_calls: int = 0,
     ) -> None:
         self._cache = cache
         self._gate = gate or OpenGate()
+        self._probation_calls = probation_calls
+        self._probation: dict[PartKey, int] = {}  # calls still written down in the gate, per part
         self._load = load
         self._load_timeout_s = load_timeout_s
         self._on_change = on_change  # the parts held changed (Serve's routing hears of it)
@@ -174,15 +182,40 @@ class PoolParts:
         key = entry.key
         part = await self._hold(entry)
         try:
-            batching = entry.host.batching
-            if batching is not None:
-                return await self._batcher(key, part, batching.max_batch_size, batching.wait_ms).submit(
-                    inputs
-                )
-            result = part(inputs)
-            return await result if inspect.isawaitable(result) else result
+            async with self._watched(key):
+                return await self._run(entry, part, inputs)
         finally:
             self._release(key)
+
+    async def _run(self, entry: PoolEntry, part: Any, inputs: Any) -> Any:
+        """One call of a held part: through its batcher when its set batches it."""
+        batching = entry.host.batching
+        if batching is not None:
+            batcher = self._batcher(entry.key, part, batching.max_batch_size, batching.wait_ms)
+            return await batcher.submit(inputs)
+        result = part(inputs)
+        return await result if inspect.isawaitable(result) else result
+
+    @contextlib.asynccontextmanager
+    async def _watched(self, key: PartKey) -> AsyncIterator[None]:
+        """A probation call (one of the part's first `probation_calls` since its load) is
+        written down in the gate before it runs and reported after, so the pool counts a call
+        that kills this replica; a part the pool refuses meanwhile is quarantined here too."""
+        left = self._probation.get(key, 0)
+        if left <= 0:
+            yield
+            return
+        self._probation[key] = left - 1
+        refused = await self._gate.begin(key, "call")
+        if refused is not None:
+            self.quarantine(key, f"quarantined by the pool: {refused}")
+            raise PartRefusedError(f"{key}: quarantined by the pool: {refused}")
+        try:
+            yield
+        finally:
+            # A call that raised is the caller's or the model's error, for its gates: it did not
+            # kill the replica, which is all the ledger counts.
+            await self._gate.end(key, None, "call")
 
     async def stream(self, entry: PoolEntry, inputs: Any) -> AsyncIterator[Any]:
         """The part's answer piece by piece (one piece for a part without `stream`); the part
@@ -190,16 +223,17 @@ class PoolParts:
         key = entry.key
         part = await self._hold(entry)
         try:
-            if not hasattr(part, "stream"):
-                result = part(inputs)
-                yield await result if inspect.isawaitable(result) else result
-                return
-            pieces = part.stream(inputs)
-            try:
-                async for piece in pieces:
-                    yield piece
-            finally:
-                await pieces.aclose()
+            async with self._watched(key):
+                if not hasattr(part, "stream"):
+                    result = part(inputs)
+                    yield await result if inspect.isawaitable(result) else result
+                    return
+                pieces = part.stream(inputs)
+                try:
+                    async for piece in pieces:
+                        yield piece
+                finally:
+                    await pieces.aclose()
         finally:
             self._release(key)
 
@@ -301,6 +335,7 @@ class PoolParts:
             self._unload(victim)
         if outcome.kept:
             self._objects[key] = part
+            self._probation[key] = self._probation_calls
         else:
             del part
             self._cache.evicted(key)
@@ -323,6 +358,7 @@ class PoolParts:
         """Drop the part as the cache decided, free its memory, confirm."""
         self._objects.pop(key, None)
         self._batchers.pop(key, None)
+        self._probation.pop(key, None)
         gc.collect()  # a part's modules hold reference cycles; their tensors free only now
         self._cache.evicted(key)
 

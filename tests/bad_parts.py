@@ -1,6 +1,7 @@
-"""Part factories that misbehave when validation builds them with their weights, named by the
-tests of activities/spec_check.py and by the publish drill; they import cleanly, so a spec
-naming them passes the import check and fails only where the part is built."""
+"""Part factories that misbehave when validation builds them with their weights (or, for
+`killed_on_call`, when the part is first called), named by the tests of activities/spec_check.py,
+the publish drill and the pool drill; they import cleanly, so a spec naming them passes the
+import check and fails only where the part is built or run."""
 
 from __future__ import annotations
 
@@ -27,6 +28,17 @@ def killed(weights: dict[str, Any], config: dict[str, Any]) -> object:
     """Ends as the kernel's out-of-memory killer would end it."""
     os.kill(os.getpid(), signal.SIGKILL)
     return None
+
+
+class _KillsOnCall:
+    def __call__(self, inputs: Any) -> object:
+        os.kill(os.getpid(), signal.SIGKILL)
+        return None
+
+
+def killed_on_call(weights: dict[str, Any], config: dict[str, Any]) -> object:
+    """Builds fine; its first call ends the process as the out-of-memory killer would."""
+    return _KillsOnCall()
 
 
 def allocates(weights: dict[str, Any], config: dict[str, Any]) -> object:

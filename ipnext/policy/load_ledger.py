@@ -1,14 +1,17 @@
-"""Loads of a shared pool across its replicas (pure; the pool's ledger actor calls it): a part
-whose load kills the replica that loads it never reports its own failure, so the loads under way
-are written down before they start, and a load whose replica died counts as a failed one.
+"""Loads and first calls of a shared pool's parts across its replicas (pure; the pool's ledger
+actor calls it): a part whose load or call kills the replica that runs it never reports its own
+failure, so what is under way is written down before it starts, and whatever a dead replica had
+under way counts as failed.
 
 `PoolCache` quarantines what fails in one replica; this quarantines across the pool what no
-replica lives to report. Each replica asks `begin` before a load (refused while the part is
-quarantined) and reports `end`; `replica_gone` turns that replica's loads under way into
-failures ("its replica died while loading it"). `max_failures` in a row quarantine the part for
-`quarantine_s`, doubled at each repeat up to `max_quarantine_s`; a successful load clears the
-failures, never the repeats. A `PartKey` is one snapshot's part, so a bad snapshot is
-quarantined alone.
+replica lives to report. Each replica asks `begin` before a load, and before each of a part's
+first calls after a load (`kind` "call": `PoolParts`' probation), and reports `end`;
+`replica_gone` turns that replica's loads and calls under way into failures ("its replica died
+while loading it", "while running it"). `max_failures` of one kind in a row quarantine the part
+for `quarantine_s`, doubled at each repeat up to `max_quarantine_s`; a load that succeeds clears
+the load failures, a call the call failures (a replica that loads the part again after a death
+its call caused must not clear that death), never the repeats. A `PartKey` is one snapshot's
+part, so a bad snapshot is quarantined alone.
 
 Bad input raises `ValueError` naming the field and the fix, and changes nothing.
 """
@@ -20,7 +23,10 @@ from dataclasses import dataclass
 
 from ipnext.policy.pool_cache import PartKey
 
-__all__ = ["LedgerAnswer", "LoadLedger"]
+__all__ = ["KINDS", "LedgerAnswer", "LoadLedger"]
+
+KINDS = ("load", "call")  # what a replica writes down before it runs it
+_DIED = {"load": "its replica died while loading it", "call": "its replica died while running it"}
 
 
 @dataclass(frozen=True)
@@ -46,63 +52,79 @@ class LoadLedger:
         self.max_failures = max_failures
         self.quarantine_s = float(quarantine_s)
         self.max_quarantine_s = max(self.quarantine_s, float(max_quarantine_s))
-        self._under_way: dict[PartKey, dict[str, float]] = {}  # key -> replica -> since
-        self._failures: dict[PartKey, int] = {}
+        # kind -> key -> replica -> since
+        self._under_way: dict[str, dict[PartKey, dict[str, float]]] = {kind: {} for kind in KINDS}
+        self._failures: dict[tuple[PartKey, str], int] = {}
         self._repeats: dict[PartKey, int] = {}
         self._quarantine: dict[PartKey, tuple[str, float]] = {}  # reason, until
 
-    def begin(self, key: PartKey, replica: str, now: float) -> LedgerAnswer:
-        """Replica `replica` is about to load `key`: allowed (and written down), or refused."""
-        self._check(key, replica)
+    def begin(self, key: PartKey, replica: str, now: float, kind: str = "load") -> LedgerAnswer:
+        """Replica `replica` is about to load `key` (or run it, `kind` "call"): allowed (and
+        written down), or refused."""
+        self._check(key, replica, kind)
         held = self._quarantine.get(key)
         if held is not None and held[1] > now:
             return LedgerAnswer(False, held[0], held[1])
-        self._under_way.setdefault(key, {})[replica] = now
+        self._under_way[kind].setdefault(key, {})[replica] = now
         return LedgerAnswer(True)
 
-    def end(self, key: PartKey, replica: str, error: str | None, now: float) -> None:
-        """The load `begin` allowed ended: loaded (`error` None) or failed with `error`."""
-        self._check(key, replica)
-        loads = self._under_way.get(key, {})
-        if loads.pop(replica, None) is None:
+    def end(self, key: PartKey, replica: str, error: str | None, now: float, kind: str = "load") -> None:
+        """The load (or call) `begin` allowed ended: done (`error` None) or failed with `error`."""
+        self._check(key, replica, kind)
+        under_way = self._under_way[kind]
+        runs = under_way.get(key, {})
+        if runs.pop(replica, None) is None:
             return  # already counted (its replica was reported gone meanwhile), or never begun
-        if not loads:
-            self._under_way.pop(key, None)
+        if not runs:
+            under_way.pop(key, None)
         if error is None:
-            self._failures.pop(key, None)
+            self._failures.pop((key, kind), None)
         else:
-            self._fail(key, error, now)
+            self._fail(key, kind, error, now)
 
     def replica_gone(self, replica: str, now: float) -> list[PartKey]:
-        """`replica` died: each load it had under way failed (it may have been what killed it).
-        The parts whose loads it had, in order."""
+        """`replica` died: each load and call it had under way failed (one may have been what
+        killed it). The parts it had under way, in order."""
         if type(replica) is not str or not replica:
             raise ValueError(f"replica: {replica!r}; give the replica's id")
-        lost = sorted(key for key, loads in self._under_way.items() if replica in loads)
-        for key in lost:
-            del self._under_way[key][replica]
-            if not self._under_way[key]:
-                del self._under_way[key]
-            self._fail(key, "its replica died while loading it", now)
-        return lost
+        lost = set()
+        for kind, under_way in self._under_way.items():
+            for key in sorted(k for k, runs in under_way.items() if replica in runs):
+                del under_way[key][replica]
+                if not under_way[key]:
+                    del under_way[key]
+                self._fail(key, kind, _DIED[kind], now)
+                lost.add(key)
+        return sorted(lost)
 
     def loading(self) -> dict[PartKey, dict[str, float]]:
         """Every load under way: part -> replica -> since."""
-        return {key: dict(loads) for key, loads in self._under_way.items()}
+        return {key: dict(runs) for key, runs in self._under_way["load"].items()}
+
+    def replicas_under_way(self) -> dict[str, float]:
+        """Each replica with a load or call under way: since when (its oldest)."""
+        since: dict[str, float] = {}
+        for under_way in self._under_way.values():
+            for runs in under_way.values():
+                for replica, at in runs.items():
+                    since[replica] = min(at, since.get(replica, at))
+        return since
 
     def quarantined(self, now: float) -> dict[PartKey, tuple[str, float]]:
         return {key: held for key, held in self._quarantine.items() if held[1] > now}
 
-    def _fail(self, key: PartKey, error: str, now: float) -> None:
-        failures = self._failures[key] = self._failures.get(key, 0) + 1
+    def _fail(self, key: PartKey, kind: str, error: str, now: float) -> None:
+        failures = self._failures[(key, kind)] = self._failures.get((key, kind), 0) + 1
         if failures < self.max_failures:
             return
         repeats = self._repeats[key] = self._repeats.get(key, 0) + 1
         for_s = min(self.max_quarantine_s, self.quarantine_s * 2.0 ** min(repeats - 1, 60))
-        self._quarantine[key] = (f"load failed {failures} times in a row; last: {error}", now + for_s)
-        self._failures[key] = 0
+        self._quarantine[key] = (f"{kind} failed {failures} times in a row; last: {error}", now + for_s)
+        self._failures[(key, kind)] = 0
 
-    def _check(self, key: PartKey, replica: str) -> None:
+    def _check(self, key: PartKey, replica: str, kind: str = "load") -> None:
+        if kind not in KINDS:
+            raise ValueError(f"kind: {kind!r}; give one of {', '.join(KINDS)}")
         if not isinstance(key, PartKey):
             raise ValueError(f"key: {key!r} is no PartKey; build one with PartKey(model, part, snapshot_id)")
         if type(replica) is not str or not replica:

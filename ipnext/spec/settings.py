@@ -123,10 +123,14 @@ class PoolSettings(_Section):
     file size while it loads, then the bytes of its tensors), not read from RSS: freed torch
     memory does not shrink RSS. A part that fails to load `max_load_failures` times in a row, or
     whose load outlasts `load_timeout_s`, is refused for `quarantine_s`, doubled at each repeat
-    up to `max_quarantine_s`, while the pool serves the rest."""
+    up to `max_quarantine_s`, while the pool serves the rest. A part's first `probation_calls`
+    calls after each load are written down in the pool's ledger, as its loads are: a part whose
+    calls kill `max_load_failures` replicas in a row is quarantined as one whose loads do (0: only
+    loads are watched)."""
 
     budget_bytes: int = Field(default=2 * 1024**3, ge=1024**2)
     max_load_failures: int = Field(default=2, ge=1, le=100)
+    probation_calls: int = Field(default=3, ge=0, le=1000)
     quarantine_s: float = Field(default=60.0, gt=0, allow_inf_nan=False)
     max_quarantine_s: float = Field(default=3600.0, gt=0, allow_inf_nan=False)
     load_timeout_s: float = Field(default=60.0, gt=0, le=3600, allow_inf_nan=False)

@@ -3,7 +3,8 @@
 1. A pool app deployed through the one config writer: six models' parts with real pinned
    safetensors served from one replica within a byte budget that holds four, each answering with
    its own weights; a part whose factory raises is quarantined while the rest serve; the catalogue
-   changes in place (same process) and a retired part is unloaded.
+   changes in place (same process) and a retired part is unloaded; a part whose first call kills
+   its replica is quarantined across the pool by its ledger after two deaths.
 2. The lifecycle drill: six models published with `serving: pooled` serve from one pool per
    hardware class and one pool router; under load, one model's poisoned snapshot is rolled back
    by its gates and another's new snapshot, whose pinned file changed after validation, fails to
@@ -158,9 +159,11 @@ def test_a_pool_serves_many_models_within_its_bytes(stack: Settings, tmp_path: P
         with pytest.raises(Exception, match="no entry"):
             ask(name, f"{MODELS[0]}.us-east.s1.r1/embed", user=1)
 
-        # A part whose load kills its replica: the pool's ledger counts each death, and after two
-        # every replica refuses it; Serve replaces the replica, and its pool-mate serves again.
-        killer = entry("pooled-killer", made[MODELS[0]][0], size, store, factory="tests.bad_parts:killed")
+        # A part whose first call kills its replica (it loads fine): the pool's ledger counts each
+        # death of a replica running it on probation, and after two every replica refuses it;
+        # Serve replaces the replica, and its pool-mate serves again.
+        killing = "tests.bad_parts:killed_on_call"
+        killer = entry("pooled-killer", made[MODELS[0]][0], size, store, factory=killing)
         with_killer = {**kept, "pooled-killer.us-east.s1.r1/embed": killer}
         ray.get(writer.apply.remote([render_pool_app(args, PoolCatalogue(entries=with_killer), 1, 1, 0)], []))
         wait_apps_running([name], timeout_s=120)
@@ -177,8 +180,11 @@ def test_a_pool_serves_many_models_within_its_bytes(stack: Settings, tmp_path: P
                 timeout_s=120,
                 interval_s=0.5,
             )
-        print(f"the killing part, three requests: {outcomes}")
+        print(f"the part that kills its replica when called, three requests: {outcomes}")
         assert outcomes == ["died", "died", "refused"]
+        quarantined = describe(name)["stats"]["quarantined"]
+        assert [q["part"] for q in quarantined] == ["pooled-killer/embed@pooled-killer-v1"], quarantined
+        assert "died while running it" in quarantined[0]["reason"], quarantined
     finally:
         ray.get(writer.apply.remote([], [name]))
         wait_apps_gone([name], timeout_s=120)

@@ -48,12 +48,44 @@ def test_a_successful_load_clears_the_count_and_reports_after_a_death_are_ignore
     assert ledger.loading() == {BAD: {"r2": 7.0}}
 
 
+def test_calls_that_kill_their_replicas_quarantine_the_part_and_a_new_load_does_not_clear_them() -> None:
+    ledger = LoadLedger(max_failures=2, quarantine_s=10)
+    assert ledger.begin(BAD, "r1", 0.0).allowed
+    ledger.end(BAD, "r1", None, 0.5)  # loaded
+    assert ledger.begin(BAD, "r1", 1.0, "call").allowed and ledger.begin(GOOD, "r1", 1.0, "call").allowed
+    ledger.end(GOOD, "r1", None, 1.2, "call")
+    assert ledger.replicas_under_way() == {"r1": 1.0}
+    assert ledger.replica_gone("r1", 2.0) == [BAD]  # died running BAD's call
+    assert ledger.begin(BAD, "r2", 3.0).allowed
+    ledger.end(BAD, "r2", None, 3.5)  # loaded again on the new replica: the death still counts
+    assert ledger.begin(BAD, "r2", 4.0, "call").allowed
+    assert ledger.replica_gone("r2", 5.0) == [BAD]
+    refused = ledger.begin(BAD, "r3", 6.0)
+    assert not refused.allowed and refused.until == 15.0
+    assert refused.reason == "call failed 2 times in a row; last: its replica died while running it"
+    assert not ledger.begin(BAD, "r3", 6.0, "call").allowed
+    assert ledger.begin(GOOD, "r3", 6.0).allowed  # its pool-mates load as ever
+    assert ledger.loading() == {GOOD: {"r3": 6.0}}
+
+
+def test_a_call_that_ends_clears_the_call_deaths_before_it() -> None:
+    ledger = LoadLedger(max_failures=2)
+    ledger.begin(BAD, "r1", 0.0, "call")
+    ledger.replica_gone("r1", 1.0)
+    ledger.begin(BAD, "r2", 2.0, "call")
+    ledger.end(BAD, "r2", None, 3.0, "call")  # ran: the death before it is forgotten
+    ledger.begin(BAD, "r2", 4.0, "call")
+    ledger.replica_gone("r2", 5.0)
+    assert ledger.quarantined(6.0) == {} and ledger.begin(BAD, "r3", 6.0, "call").allowed
+
+
 @pytest.mark.parametrize(
     ("call", "says"),
     [
         (lambda ledger: ledger.begin(("alpha", "embed", "s1"), "r1", 0.0), "key: .* no PartKey"),
         (lambda ledger: ledger.begin(BAD, "", 0.0), "replica: ''"),
         (lambda ledger: ledger.replica_gone(None, 0.0), "replica: None"),
+        (lambda ledger: ledger.begin(BAD, "r1", 0.0, "predict"), "kind: 'predict'; give one of load, call"),
         (lambda ledger: LoadLedger(max_failures=0), "max_failures: 0"),
         (lambda ledger: LoadLedger(quarantine_s=float("inf")), "quarantine_s: inf"),
     ],

@@ -290,17 +290,26 @@ def test_no_room_waits_for_a_release_instead_of_failing() -> None:
 
 
 class Gate:
-    """A pool ledger double: refuses the models in `refuse`, records what it was told."""
+    """A pool ledger double: refuses the loads and calls of the models in `refuse`, and the calls
+    of those in `refuse_calls`; records what it was told of loads (`told`) and every begin and
+    end (`log`)."""
 
-    def __init__(self, refuse: set[str]) -> None:
+    def __init__(self, refuse: set[str], refuse_calls: set[str] = frozenset()) -> None:  # type: ignore[assignment]
         self.refuse = refuse
+        self.refuse_calls = set(refuse_calls)
         self.told: list[tuple[str, str | None]] = []
+        self.log: list[tuple[str, str, str]] = []
 
-    async def begin(self, key: PartKey) -> str | None:
+    async def begin(self, key: PartKey, kind: str = "load") -> str | None:
+        self.log.append(("begin", kind, key.model))
+        if kind == "call" and key.model in self.refuse_calls:
+            return "its calls killed 2 replicas"
         return "its loads killed 2 replicas" if key.model in self.refuse else None
 
-    async def end(self, key: PartKey, error: str | None) -> None:
-        self.told.append((key.model, error))
+    async def end(self, key: PartKey, error: str | None, kind: str = "load") -> None:
+        self.log.append(("end", kind, key.model))
+        if kind == "load":
+            self.told.append((key.model, error))
 
 
 def test_the_pools_ledger_is_asked_before_each_load_and_told_after() -> None:
@@ -321,3 +330,56 @@ def test_the_pools_ledger_is_asked_before_each_load_and_told_after() -> None:
     assert "alpha" not in loader.loads  # refused before loading
     assert gate.told[0][0] == "beta" and "missing from the snapshot" in str(gate.told[0][1])
     assert gate.told[1] == ("gamma", None)
+
+
+def test_a_parts_first_calls_after_each_load_are_written_down_in_the_pools_ledger() -> None:
+    """Probation: the first `probation_calls` calls after a load are begun and ended in the
+    gate (a call that raised ends as one that did not kill the replica); later calls are not;
+    a part evicted and loaded again is on probation again; a probation call the pool refuses
+    quarantines the part here while its pool-mates serve."""
+    loader = Loader()
+    gate = Gate(refuse=set(), refuse_calls={"gamma"})
+
+    async def go() -> list[Any]:
+        parts = PoolParts(PoolCache(200), loader, 5.0, gate=gate, probation_calls=2)
+        answers = [await parts.call(entry("alpha"), n) for n in range(3)]
+        answers.append(await parts.call(entry("beta"), 0))
+        answers.append(await parts.call(entry("delta"), 0))  # evicts alpha (200 bytes: two parts)
+        answers.append(await parts.call(entry("alpha"), 3))  # loaded again: on probation again
+        with pytest.raises(PartRefusedError, match="its calls killed 2 replicas"):
+            await parts.call(entry("gamma"), 0)
+        with pytest.raises(PartRefusedError, match="quarantined"):  # refused here from now on
+            await parts.call(entry("gamma"), 0)
+        answers.append(await parts.call(entry("alpha"), 4))
+        return answers
+
+    answers = run(go())
+    assert answers == ["alpha:0", "alpha:1", "alpha:2", "beta:0", "delta:0", "alpha:3", "alpha:4"]
+    calls = [(what, model) for what, kind, model in gate.log if kind == "call"]
+    assert calls[:4] == [("begin", "alpha"), ("end", "alpha"), ("begin", "alpha"), ("end", "alpha")]
+    assert calls.count(("begin", "alpha")) == 4  # two after each of its two loads, none for its third call
+    assert ("begin", "gamma") in calls and ("end", "gamma") not in calls  # refused before it ran
+    assert loader.loads.count("gamma") == 1
+
+
+def test_a_probation_call_that_raises_is_ended_as_one_that_did_not_kill_the_replica() -> None:
+    gate = Gate(refuse=set())
+
+    class Raises(Part):
+        def __call__(self, inputs: Any) -> str:
+            raise ValueError("bad input")
+
+    async def go() -> None:
+        parts = PoolParts(
+            PoolCache(300), lambda e: (Raises(e.host.model), 100), 5.0, gate=gate, probation_calls=1
+        )
+        with pytest.raises(ValueError, match="bad input"):
+            await parts.call(entry("alpha"), 0)
+
+    run(go())
+    assert [(what, kind) for what, kind, _ in gate.log] == [
+        ("begin", "load"),
+        ("end", "load"),
+        ("begin", "call"),
+        ("end", "call"),
+    ]
