@@ -19,7 +19,8 @@ replicas, measured in one run on one dev stack.
    models' requests go to the dedicated models instead). Reported: the hot models' p99 pooled
    over dedicated, and every phase's p50, p99 and failures.
 4. The worker's CPU (user + system seconds, from /proc) over `--idle-s` with every pooled model
-   idle and serving (before the dedicated ones), and per second of each load phase; and the
+   idle and serving (before the dedicated ones), and per second of each load phase; Serve's
+   controller's CPU over the same idle window and over the saturation measurement; and the
    config writer's group commits (`commit_stats`): how many applies carried the publishes.
 
 Every model declares `--peak-qps` (1: a tail model), which sizes its pool's floor or its own
@@ -89,6 +90,17 @@ def pss_mb(stack_id: str) -> tuple[float, int]:
         except OSError:  # the process ended meanwhile
             continue
     return total_kb / 1024, count
+
+
+def controller_pid(stack_id: str) -> int | None:
+    """Serve's controller among the stack's processes (its title: ray::ServeController...)."""
+    for pid in stack_processes(stack_id):
+        try:
+            if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"ray::ServeController"):
+                return int(pid)
+        except OSError:
+            continue
+    return None
 
 
 def cpu_seconds(pid: int) -> float:
@@ -296,13 +308,21 @@ async def measure(
         await asyncio.sleep(5)
         with_pooled, processes = pss_mb(stack_id)
         print(f"+{args.pooled} pooled: {with_pooled:.0f} MB PSS over {processes} processes", flush=True)
+        controller = controller_pid(stack_id)
         idle_from = cpu_seconds(worker_pid)
+        controller_from = cpu_seconds(controller) if controller else 0.0
         await asyncio.sleep(args.idle_s)
         result["worker_cpu_idle_percent"] = round(
             100 * (cpu_seconds(worker_pid) - idle_from) / args.idle_s, 1
         )
+        if controller:
+            result["controller_cpu_idle_percent"] = round(
+                100 * (cpu_seconds(controller) - controller_from) / args.idle_s, 1
+            )
         print(
-            f"worker CPU, {args.pooled} pooled models idle: {result['worker_cpu_idle_percent']}%", flush=True
+            f"worker CPU, {args.pooled} pooled models idle: {result['worker_cpu_idle_percent']}%; "
+            f"Serve's controller: {result.get('controller_cpu_idle_percent')}%",
+            flush=True,
         )
         result["publish_dedicated_s"] = round(
             await publish_all(client, settings, dedicated, "dedicated", 4, args.peak_qps), 1
@@ -331,10 +351,19 @@ async def measure(
             "second_p50_ms": round(quantile(firsts["warm_ms"], 0.5), 1),
             "second_p99_ms": round(quantile(firsts["warm_ms"], 0.99), 1),
         }
+        controller_from = cpu_seconds(controller) if controller else 0.0
         sat = await saturation(http, pooled, args.callers, args.saturation_s)
+        if controller:
+            result["controller_cpu_saturation_percent"] = round(
+                100 * (cpu_seconds(controller) - controller_from) / args.saturation_s, 1
+            )
         rate = args.load * sat
         result["saturation_rps"], result["rate_rps"] = round(sat, 1), round(rate, 1)
-        print(f"saturation {sat:.1f} requests/s; load {rate:.1f}/s", flush=True)
+        print(
+            f"saturation {sat:.1f} requests/s (Serve's controller at "
+            f"{result.get('controller_cpu_saturation_percent')}% meanwhile); load {rate:.1f}/s",
+            flush=True,
+        )
         rng = random.Random(args.seed)
         order = pooled[:]
         rng.shuffle(order)  # which models are hot: drawn, printed

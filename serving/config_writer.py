@@ -12,12 +12,15 @@ placeholders are folded into their pools (`pool_layout.fold_pools`).
 from __future__ import annotations
 
 import copy
+import logging
 from collections.abc import Callable
 from typing import Any
 
 import ray
 
 from ipnext.contracts.routing import RoutingDocument, succeed
+from ipnext.errors import ServingError
+from ipnext.serving.config_store import ConfigStore
 from ipnext.serving.group_commit import Change, GroupCommit
 from ipnext.serving.layout import (
     PROXY_TIMEOUT_S,
@@ -39,12 +42,15 @@ from ipnext.serving.pool_layout import (
     fold_pools,
     is_placeholder,
     is_pool_app,
+    is_pool_router_app,
     serving_apps,
     unfold_pools,
 )
 from ipnext.serving.pool_ledger import ledger_actor_name
 
 __all__ = ["ServeConfigWriter"]
+
+logger = logging.getLogger(__name__)
 
 
 class _WriterChange(Change):
@@ -90,7 +96,14 @@ class ServeConfigWriter:
         # that applied passed it; a restarted writer renders with the defaults until then.
         self._fold = PoolFold()
         self._commits: GroupCommit[_WriterChange] = GroupCommit(self._commit)
+        # The fleet-sized user_configs (pools, pool routers, the routing table) live in Ray's KV
+        # store, Serve holds references to them (config_store.py); each deployment's key now.
+        self._store = self._config_store()
+        self._stored: dict[str, str] = {}
         self._adopt_running_apps()
+
+    def _config_store(self) -> ConfigStore:
+        return ConfigStore()
 
     def _client(self) -> Any:
         from ray import serve
@@ -109,9 +122,15 @@ class ServeConfigWriter:
         running: dict[str, dict[str, Any]] = {}
         for name, app in (details.get("applications") or {}).items():
             config = app.get("deployed_app_config")
-            if config:
-                # Serve holds them with their burst and their keys file: back to the records' form.
-                running[name] = without_keys_file(plan_bounds(config))
+            if not config:
+                continue
+            try:
+                config = self._store.adopt(config)
+            except ServingError as err:  # its models' serving checks apply it again
+                logger.warning("config writer: not adopting %s: %s", name, err)
+                continue
+            # Serve holds them with their burst and their keys file: back to the records' form.
+            running[name] = without_keys_file(plan_bounds(config))
         # A pool router's config holds its pooled models' placeholders: held again as they were.
         self._apps.update(unfold_pools(running))
 
@@ -155,9 +174,15 @@ class ServeConfigWriter:
             answers.append(change.payload(desired))
         config = self._render(desired, envelope, fold)
         if force or desired != self._apps or config != self._deployed or not self._applies:
-            self._client().deploy_apps(ServeDeploySchema.model_validate(config))
+            served, stored = self._store.externalize(config, _stored_app)
+            self._client().deploy_apps(ServeDeploySchema.model_validate(served))
             gone = _pool_apps(self._deployed) - _pool_apps(config)
             self._apps, self._deployed, self._applies = desired, config, self._applies + 1
+            try:  # what no deployment serves any more; a failure leaves keys for the next apply
+                self._store.prune(stored, self._stored)
+            except Exception as err:
+                logger.warning("config writer: pruning stored configs failed: %r", err)
+            self._stored = stored
             after = _pool_apps(config)
             for pool in sorted(gone):  # its last pooled model left: its loads and quarantines go too
                 _forget_pool(pool, keep_ledger=any(p.split(".")[1] == pool.split(".")[1] for p in after))
@@ -279,6 +304,11 @@ class ServeConfigWriter:
     def export(self) -> dict[str, Any]:
         """The whole config as Serve gets it: every deployment with its burst bound."""
         return self._render(self._apps, self._envelope, self._fold)
+
+
+def _stored_app(name: str) -> bool:
+    """The apps whose user_configs grow with the fleet: kept in the config store."""
+    return name == ROUTING_APP or is_pool_app(name) or is_pool_router_app(name)
 
 
 def _pool_apps(config: dict[str, Any] | None) -> set[str]:

@@ -28,6 +28,7 @@ from typing import Any
 from ray import serve
 
 from ipnext.policy.pool_cache import PoolCache
+from ipnext.serving.config_store import resolve
 from ipnext.serving.pool_layout import POOL_DEPLOYMENT, PoolAppArgs, PoolCatalogue, PoolEntry, pool_app_name
 from ipnext.serving.pool_ledger import LedgerClient
 from ipnext.serving.pool_parts import PartRefusedError, PoolParts
@@ -105,7 +106,8 @@ class PoolHost:
         """A new catalogue, in place (async: on the replica's event loop, where requests change
         the pool too): entries added are served from now on; the parts no entry
         names any more are unloaded once idle."""
-        catalogue = PoolCatalogue.model_validate(config)
+        # The writer keeps the catalogue in Ray's KV store and Serve a reference (config_store.py).
+        catalogue = PoolCatalogue.model_validate(await asyncio.to_thread(resolve, config))
         # Each entry's load reservation filled in here, once per entry, not on every request.
         self._catalogue = catalogue.model_copy(
             update={"entries": {i: self._estimated(i, e) for i, e in catalogue.entries.items()}}

@@ -104,6 +104,10 @@ def pool_router_app_name(region: str) -> str:
     return f"{_POOL_ROUTER_PREFIX}.{region}.router"
 
 
+def is_pool_router_app(name: str) -> bool:
+    return name.startswith(f"{_POOL_ROUTER_PREFIX}.") and name.endswith(".router") and name.count(".") == 2
+
+
 def pool_entry_id(set_app: str, part: str) -> str:
     """One part of one set app in a pool: the multiplexed model id its requests carry."""
     return f"{set_app}/{part}"

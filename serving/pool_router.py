@@ -23,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ipnext.serving.answers import answer, refusal
+from ipnext.serving.config_store import resolve
 from ipnext.serving.export import METRICS_PUSH_SECONDS, RouterPrometheus, process_series
 from ipnext.serving.layout import (
     ROUTER_DEPLOYMENT,
@@ -99,7 +100,8 @@ class PoolRouter:
         """Each model's router takes its routing in place (a model new here gets a router, a
         model whose router section changed a new one, a model gone is closed). The sets are
         replaced first, so every router finds the sets its new routing names."""
-        parsed = PoolRouterConfig.model_validate(config)
+        # The writer keeps the config in Ray's KV store and Serve a reference (config_store.py).
+        parsed = PoolRouterConfig.model_validate(await asyncio.to_thread(resolve, config))
         self._sets.config = parsed
         for model in sorted(set(self._routers) - set(parsed.routers)):
             self._routers.pop(model).close()

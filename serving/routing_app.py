@@ -25,6 +25,7 @@ from starlette.responses import JSONResponse, Response
 from ipnext.contracts.routing import RoutingTable, routing_model_of
 from ipnext.errors import ServingError
 from ipnext.names import Frozen, PollTimeoutError, wait_until
+from ipnext.serving.config_store import resolve
 from ipnext.serving.control import wait_generation
 from ipnext.serving.layout import ROUTING_APP, ROUTING_DEPLOYMENT
 from ipnext.serving.llm.vllm_metrics import EngineStats, render
@@ -66,7 +67,9 @@ class RoutingService:
         self._door = OpenAIDoor(self._keys)
 
     def reconfigure(self, config: dict[str, Any]) -> None:
-        self._table = RoutingTable.model_validate(config)
+        # Every model's document: the writer keeps the table in Ray's KV store and Serve a
+        # reference (config_store.py).
+        self._table = RoutingTable.model_validate(resolve(config))
 
     def generation(self, model: str) -> int:
         """The generation of the model's document here (0: none)."""

@@ -13,24 +13,28 @@ import pytest
 
 from ipnext.contracts.routing import RoutingDocument
 from ipnext.names import wait_until
+from ipnext.serving.config_store import REF_KEY, ConfigStore, DictKV, resolve
 from ipnext.serving.config_writer import ServeConfigWriter
 from ipnext.serving.group_commit import Change, GroupCommit
 from ipnext.serving.layout import ROUTING_APP, deployed_routing
 
 
 class FakeServe:
-    """Serve's client: records each whole config applied; refuses any config holding an app
-    named in `refuse`; holds each apply until `gate` is set (cleared: the apply waits)."""
+    """Serve's client: records each whole config applied (`applied`, the apps' names; `configs`,
+    the configs); refuses any config holding an app named in `refuse`; holds each apply until
+    `gate` is set (cleared: the apply waits); `running` is what `get_serve_details` reports."""
 
     def __init__(self) -> None:
         self.applied: list[list[str]] = []
+        self.configs: list[dict[str, Any]] = []
+        self.running: dict[str, Any] = {}
         self.refuse: set[str] = set()
         self.gate = threading.Event()
         self.gate.set()
         self.entered = threading.Event()
 
     def get_serve_details(self) -> dict[str, Any]:
-        return {}
+        return {"applications": self.running}
 
     def deploy_apps(self, config: Any) -> None:
         names = [app.name for app in config.applications]
@@ -39,15 +43,20 @@ class FakeServe:
         if self.refuse & set(names):
             raise ValueError(f"Serve refused {sorted(self.refuse & set(names))}")
         self.applied.append(names)
+        self.configs.append(config.model_dump(mode="json", exclude_unset=True))
 
 
 class Writer(ServeConfigWriter):
-    def __init__(self, serve: FakeServe) -> None:
+    def __init__(self, serve: FakeServe, kv: DictKV | None = None) -> None:
         self.serve = serve
+        self.kv = kv or DictKV()
         super().__init__("127.0.0.1", 8000)
 
     def _client(self) -> Any:
         return self.serve
+
+    def _config_store(self) -> ConfigStore:
+        return ConfigStore(self.kv)
 
 
 def app(name: str) -> dict[str, Any]:
@@ -140,3 +149,30 @@ def test_an_error_in_the_commit_reaches_every_caller_of_its_batch_and_the_next_c
     forgetful: GroupCommit[Change] = GroupCommit(lambda batch: None)
     with pytest.raises(RuntimeError, match="did not answer"):
         forgetful.submit(Change(payload=1))
+
+
+def test_the_routing_table_reaches_serve_as_a_reference_to_the_store_and_a_new_writer_adopts_it() -> None:
+    """The fleet-sized user_configs (here the routing app's table) are stored, content-addressed,
+    and Serve gets a reference its replica resolves; an unchanged table is the same key; keys no
+    deployment serves are pruned down to the one before; a restarted writer reads the table
+    back from the store, and one whose reference is gone is not adopted."""
+    serve, kv = FakeServe(), DictKV()
+    writer = Writer(serve, kv)
+    writer.apply([app("a0")], [])
+    for model in ("m0", "m1", "m2"):
+        writer.publish_routing(document(model))
+    served = {a["name"]: a for a in serve.configs[-1]["applications"]}
+    reference = served[ROUTING_APP]["deployments"][0]["user_config"]
+    assert set(reference) == {REF_KEY} and reference[REF_KEY] in kv.values
+    assert served["a0"]["deployments"] == []  # a model's own apps stay inline
+    assert sorted(resolve(reference, kv)["documents"]) == ["m0", "m1", "m2"]
+    assert len(kv.keys(f"{ROUTING_APP}/")) == 2  # the table now and the one before
+    writer.redeploy()
+    assert serve.configs[-1]["applications"] == serve.configs[-2]["applications"]  # same key
+    # A writer that restarts adopts what Serve runs, the table read back through its reference.
+    serve.running = {a["name"]: {"deployed_app_config": a} for a in serve.configs[-1]["applications"]}
+    again = Writer(serve, kv)
+    table = deployed_routing(again.app_configs([ROUTING_APP])[ROUTING_APP])
+    assert sorted(table.documents) == ["m0", "m1", "m2"] and again.app_names() == sorted([ROUTING_APP, "a0"])
+    kv.values.clear()  # the store lost it: not adopted (the models' checks apply it again)
+    assert Writer(serve, kv).app_names() == ["a0"]
