@@ -80,12 +80,16 @@ def test_a_loopback_cluster_keeps_loopback_and_any_other_gets_rays_default(
     """`keep_loopback`, before each connection: a driver of a loopback cluster keeps 127.0.0.1 as
     its node address (else it looks for a raylet where the cluster does not listen); attaching to
     another cluster after gives Ray its default back, in the process and for its children."""
+    import ray._private.worker
     from ray._private import ray_constants, services
 
     from ipnext.serving.control import keep_loopback
     from ipnext.store.ray_token import LOOPBACK_ENV, loopback_env
 
     monkeypatch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", ray_constants.ENABLE_RAY_CLUSTER)
+    # A unit test run before this one in the same process may have started a local Ray, whose
+    # node Ray asks first for the node's address: this test is about the address with none.
+    monkeypatch.setattr(ray._private.worker, "_global_node", None)
     monkeypatch.delenv(LOOPBACK_ENV, raising=False)
     assert loopback_env("127.0.0.1:6379") == {LOOPBACK_ENV: "0"} and loopback_env("10.0.0.5:6379") == {}
     keep_loopback("127.0.0.1:6379")
