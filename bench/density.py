@@ -18,10 +18,13 @@ replicas, measured in one run on one dev stack.
    `pooled` (every request to the pools) and `dedicated` (the same arrivals, but the 8 hottest
    models' requests go to the dedicated models instead). Reported: the hot models' p99 pooled
    over dedicated, and every phase's p50, p99 and failures.
-4. The worker's CPU (user + system seconds, from /proc) over `--idle-s` with every pooled model
-   idle and serving (before the dedicated ones), and per second of each load phase; Serve's
-   controller's CPU over the same idle window and over the saturation measurement; and the
-   config writer's group commits (`commit_stats`): how many applies carried the publishes.
+4. The worker's CPU (user + system seconds, from /proc) over `--idle-s` three times: with no
+   model, with every pooled model idle and serving, and with the dedicated ones beside them
+   (their difference over the models' count: what one pooled and one dedicated model cost the
+   worker; `--idle-s` is at least `--model-check-s`, so every pooled model's own safety-net check
+   falls in each window once); and per second of each load phase. Serve's controller's CPU over
+   the pooled idle window and over the saturation measurement; the config writer's group
+   commits (`commit_stats`): how many applies carried the publishes.
 
 Every model declares `--peak-qps` (1: a tail model), which sizes its pool's floor or its own
 replicas; the load phases run at a share of the measured saturation, whatever that size is.
@@ -252,6 +255,13 @@ def summarize(sent: list[tuple[int, int, float]], hot: int) -> dict[str, Any]:
     }
 
 
+async def worker_cpu(pid: int, seconds: float) -> float:
+    """The worker's CPU over the next `seconds`, in percent of one core."""
+    before = cpu_seconds(pid)
+    await asyncio.sleep(seconds)
+    return round(100 * (cpu_seconds(pid) - before) / seconds, 1)
+
+
 def writer_commits(settings: Settings) -> dict[str, int]:
     """The config writer's group commits so far: how many applies carried how many changes."""
     connect_for(settings)
@@ -284,6 +294,8 @@ async def measure(
     pooled = [f"pool-{i:03d}" for i in range(args.pooled)]
     base, processes = pss_mb(stack_id)
     print(f"no model: {base:.0f} MB PSS over {processes} processes", flush=True)
+    result["worker_cpu_no_model_percent"] = await worker_cpu(worker_pid, args.idle_s)
+    print(f"worker CPU, no model: {result['worker_cpu_no_model_percent']}%", flush=True)
     async with httpx.AsyncClient(
         base_url=settings.serve_url, timeout=120, headers=key_header(settings)
     ) as http:
@@ -332,6 +344,24 @@ async def measure(
         await asyncio.sleep(5)
         with_both, _ = pss_mb(stack_id)
         print(f"+{args.dedicated} dedicated: {with_both:.0f} MB PSS", flush=True)
+        # The same window again with the dedicated models beside: what they add to the worker.
+        result["worker_cpu_idle_with_dedicated_percent"] = await worker_cpu(worker_pid, args.idle_s)
+        result["worker_cpu_per_dedicated_model_percent"] = round(
+            (result["worker_cpu_idle_with_dedicated_percent"] - result["worker_cpu_idle_percent"])
+            / max(1, args.dedicated),
+            2,
+        )
+        result["worker_cpu_per_pooled_model_percent"] = round(
+            (result["worker_cpu_idle_percent"] - result["worker_cpu_no_model_percent"]) / max(1, args.pooled),
+            3,
+        )
+        print(
+            f"worker CPU, {args.pooled} pooled and {args.dedicated} dedicated idle: "
+            f"{result['worker_cpu_idle_with_dedicated_percent']}% (a pooled model "
+            f"{result['worker_cpu_per_pooled_model_percent']}%, a dedicated one "
+            f"{result['worker_cpu_per_dedicated_model_percent']}%)",
+            flush=True,
+        )
         result["memory"] = {
             "pss_no_model_mb": round(base, 1),
             "pss_with_half_pooled_mb": round(with_half, 1),
@@ -395,6 +425,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     config = scratch_config(Path(tempfile.mkdtemp(prefix="ipn-bench-", dir="/tmp")), REPO / "config")
     data = yaml.safe_load(config.read_text())
     data["serve"]["reconcile_seconds"] = args.reconcile_s
+    data["serve"].setdefault("pools", {})["model_check_seconds"] = args.model_check_s
     config.write_text(yaml.safe_dump(data))
     # One region with room for every dedicated model's replicas: the bench is about memory per
     # model, not placement (the dev fleet's 8 high-memory units hold 4 click rankers).
@@ -430,7 +461,16 @@ def main() -> None:
     parser.add_argument("--zipf", type=float, default=1.1, help="the Zipf exponent over the pooled models")
     parser.add_argument("--phases", type=int, default=4, help="alternating pooled / dedicated phases")
     parser.add_argument("--phase-s", type=float, default=60.0)
-    parser.add_argument("--idle-s", type=float, default=60.0, help="the worker's CPU measured idle this long")
+    parser.add_argument(
+        "--idle-s",
+        type=float,
+        default=120.0,
+        help="the worker's CPU measured idle this long (no model, pooled, pooled and dedicated); "
+        "at least --model-check-s, so each pooled model's own check falls in it once",
+    )
+    parser.add_argument(
+        "--model-check-s", type=float, default=120.0, help="serve.pools.model_check_seconds (600 by default)"
+    )
     parser.add_argument("--reconcile-s", type=float, default=30.0, help="serve.reconcile_seconds")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "density.json")
