@@ -113,6 +113,7 @@ class ReconcileResult(Frozen):
     left_alone: list[str] = Field(default_factory=list)  # regions with no live Ray node: not checked
     generations: dict[str, int]  # region -> the router's generation now
     interval_seconds: float  # the worker's setting: when to check again
+    idle_seconds: float | None = None  # an idle model's next own check, when not the above (pooled)
 
 
 @activity.defn
@@ -190,6 +191,9 @@ def reconcile_serving(input: ReconcileInput) -> ReconcileResult:
         left_alone=found.left_alone,
         generations=generations,
         interval_seconds=current.serve.reconcile_seconds,
+        # A pooled model's own idle check is a safety net: the fleet's pool check watches its
+        # pools at every tick and asks it to check at once when they lose anything.
+        idle_seconds=current.serve.pools.model_check_seconds if input.spec.pooled() else None,
     )
 
 

@@ -301,6 +301,15 @@ class ServeConfigWriter:
                 found[name] = serving_apps(app)
         return found
 
+    def pool_members(self) -> dict[str, list[str]]:
+        """Every pooled model the writer holds a placeholder of, with the Serve apps its
+        placeholders are folded into: the whole input of the fleet's pool check, in one read."""
+        members: dict[str, set[str]] = {}
+        for name, app in self._apps.items():  # replaced whole by each apply, never edited in place
+            if is_placeholder(app):
+                members.setdefault(name.split(".", 1)[0], set()).update(serving_apps(app))
+        return {model: sorted(apps) for model, apps in sorted(members.items())}
+
     def export(self) -> dict[str, Any]:
         """The whole config as Serve gets it: every deployment with its burst bound."""
         return self._render(self._apps, self._envelope, self._fold)

@@ -36,6 +36,7 @@ __all__ = [
     "ServeConfigWriter",
     "connect",
     "connect_for",
+    "existing_writer",
     "forbid_implicit_init",
     "get_writer",
     "live_regions",
@@ -215,6 +216,15 @@ def get_writer(host: str, port: int, proxy_location: str = "HeadOnly", keys_file
         )
         .remote(host, port, proxy_location, str(keys_file) if keys_file is not None else None)
     )
+
+
+def existing_writer() -> Any | None:
+    """The one writer if it runs (None: nobody has made it yet, or Ray lost it): for readers that
+    must not start Serve by asking (`activities/pool_check.py`)."""
+    try:
+        return ray.get_actor(WRITER_ACTOR, namespace=RAY_NAMESPACE)
+    except ValueError:
+        return None
 
 
 def _wait(check: Callable[[], str | None], timeout_s: float, interval_s: float) -> None:

@@ -64,6 +64,19 @@ def held_bytes(part: Any) -> int:
     return sum(storages.values())
 
 
+def resident_bytes() -> int:
+    """This process's resident memory (RSS) in bytes, from /proc/self/statm (0 where there is
+    none: no growth is ever seen, so no part is found leaking)."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * _PAGE_BYTES
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+
+
 def load_entry(entry: PoolEntry) -> tuple[Any, int]:
     """Build one entry's part from its pinned snapshot (in a worker thread): the part and the
     bytes it holds, the larger of its weights and what its modules keep."""
@@ -98,6 +111,8 @@ class PoolHost:
             on_change=self._held_changed,
             gate=ledger,
             probation_calls=pools.probation_calls,
+            rss=resident_bytes,
+            leak_bytes=pools.leak_bytes,
         )
         self._report_due = asyncio.Event()
         self._reporter: asyncio.Task[None] | None = None
@@ -144,6 +159,7 @@ class PoolHost:
             "replica": f"{os.getpid()}",
             "entries": len(self._catalogue.entries),
             "held": sorted(str(key) for key in self._parts.held()),
+            "grown_bytes": {str(key): n for key, n in self._parts.grown().items()},
             "stats": {
                 **{k: v for k, v in vars(stats).items() if k != "quarantined"},
                 "quarantined": [

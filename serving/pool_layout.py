@@ -64,6 +64,7 @@ __all__ = [
     "is_placeholder",
     "is_pool_app",
     "pool_app_name",
+    "pool_app_region",
     "pool_entries",
     "pool_entry_id",
     "pool_router_app_name",
@@ -106,6 +107,11 @@ def pool_router_app_name(region: str) -> str:
 
 def is_pool_router_app(name: str) -> bool:
     return name.startswith(f"{_POOL_ROUTER_PREFIX}.") and name.endswith(".router") and name.count(".") == 2
+
+
+def pool_app_region(name: str) -> str:
+    """The region of a pool app or a pool router app (its second dotted field)."""
+    return name.split(".")[1]
 
 
 def pool_entry_id(set_app: str, part: str) -> str:

@@ -62,6 +62,11 @@ class PoolLedger:
     ) -> None:
         self._ledger(pool).end(PartKey(*key), replica, error, time.monotonic(), kind)
 
+    def quarantine(self, pool: str, key: tuple[str, str, str], reason: str) -> None:
+        """A replica of `pool` found `key` leaking: every replica refuses it from now on."""
+        self._ledger(pool).quarantine(PartKey(*key), reason, time.monotonic())
+        logger.warning("pool ledger: %s quarantined in %s: %s", PartKey(*key), pool, reason)
+
     def forget(self, pool: str) -> bool:
         """The pool is gone (its last pooled model left): its loads and quarantines with it."""
         return self._ledgers.pop(pool, None) is not None
@@ -133,6 +138,12 @@ class LedgerClient:
                 self._pool, (key.model, key.part, key.snapshot_id), self._replica, error, kind
             )
         except ray.exceptions.RayError as err:
+            self._unreachable(err)
+
+    async def quarantine(self, key: PartKey, reason: str) -> None:
+        try:
+            await self._ledger().quarantine.remote(self._pool, (key.model, key.part, key.snapshot_id), reason)
+        except ray.exceptions.RayError as err:  # this replica refuses it still
             self._unreachable(err)
 
     def _ledger(self) -> Any:

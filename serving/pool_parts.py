@@ -20,6 +20,9 @@ unit tests drive it with loaders of their own. What happens when things go wrong
   up (its deadline) leaves the load running for the others, so the cache's books stay true.
 - A part whose health check fails is quarantined and unloaded once its last request ends; the
   replica stays healthy for its other parts.
+- A part whose calls grow the replica's resident memory by more than `leak_bytes` (net, over
+  its calls that ran alone: `policy.leak_watch.LeakWatch`) leaks: it is quarantined here and
+  across the pool (the gate's `quarantine`), and unloaded once its last request ends.
 - Loads of different parts run at once, each in a thread; the event loop keeps serving the
   parts already loaded.
 """
@@ -35,6 +38,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
+from ipnext.policy.leak_watch import LeakWatch
 from ipnext.policy.pool_cache import AdmitKind, PartKey, PoolCache, PoolStats
 from ipnext.serving.pool_layout import PoolEntry
 
@@ -57,11 +61,14 @@ LoadPart = Callable[[PoolEntry], tuple[Any, int]]
 class LoadGate(Protocol):
     """Asked around each load and probation call, `kind` "load" or "call" (a pool's ledger across
     its replicas: serving/pool_ledger.py): `begin` answers None to go on, or why the pool refuses
-    the part; `end` reports how it ended."""
+    the part; `end` reports how it ended; `quarantine` refuses a part across the pool at once
+    (it leaks)."""
 
     async def begin(self, key: PartKey, kind: str = "load") -> str | None: ...
 
     async def end(self, key: PartKey, error: str | None, kind: str = "load") -> None: ...
+
+    async def quarantine(self, key: PartKey, reason: str) -> None: ...
 
 
 class OpenGate:
@@ -71,6 +78,9 @@ class OpenGate:
         return None
 
     async def end(self, key: PartKey, error: str | None, kind: str = "load") -> None:
+        return None
+
+    async def quarantine(self, key: PartKey, reason: str) -> None:
         return None
 
 
@@ -156,8 +166,12 @@ class PoolParts:
         clock: Callable[[], float] = time.monotonic,
         gate: LoadGate | None = None,
         probation_calls: int = 0,
+        rss: Callable[[], int] = lambda: 0,
+        leak_bytes: int = 0,
     ) -> None:
         self._cache = cache
+        self._rss = rss  # the process's resident bytes now
+        self._leaks = LeakWatch(leak_bytes)  # 0: not watched
         self._gate = gate or OpenGate()
         self._probation_calls = probation_calls
         self._probation: dict[PartKey, int] = {}  # calls still written down in the gate, per part
@@ -177,12 +191,16 @@ class PoolParts:
     def stats(self) -> PoolStats:
         return self._cache.stats(self._clock())
 
+    def grown(self) -> dict[PartKey, int]:
+        """Each held part's net memory growth charged to its lone calls since its load."""
+        return self._leaks.grown()
+
     async def call(self, entry: PoolEntry, inputs: Any) -> Any:
         """Run `entry`'s part on `inputs`, loading it first if it is not held."""
         key = entry.key
         part = await self._hold(entry)
         try:
-            async with self._watched(key):
+            async with self._watched(key), self._measured(key):
                 return await self._run(entry, part, inputs)
         finally:
             self._release(key)
@@ -217,13 +235,29 @@ class PoolParts:
             # kill the replica, which is all the ledger counts.
             await self._gate.end(key, None, "call")
 
+    @contextlib.asynccontextmanager
+    async def _measured(self, key: PartKey) -> AsyncIterator[None]:
+        """The call's net change of the process's memory, charged to its part when it ran alone
+        (`LeakWatch`); a part found leaking is quarantined here and across the pool."""
+        if not self._leaks.on:
+            yield
+            return
+        call = self._leaks.begin(key, self._rss())
+        try:
+            yield
+        finally:
+            why = self._leaks.end(call, self._rss())
+            if why is not None:
+                self.quarantine(key, f"leaks memory: {why}")
+                await self._gate.quarantine(key, f"leaks memory: {why}")
+
     async def stream(self, entry: PoolEntry, inputs: Any) -> AsyncIterator[Any]:
         """The part's answer piece by piece (one piece for a part without `stream`); the part
         is held until the stream ends or its caller goes away."""
         key = entry.key
         part = await self._hold(entry)
         try:
-            async with self._watched(key):
+            async with self._watched(key), self._measured(key):
                 if not hasattr(part, "stream"):
                     result = part(inputs)
                     yield await result if inspect.isawaitable(result) else result
@@ -318,6 +352,7 @@ class PoolParts:
             self._cache.quarantine(key, f"quarantined by the pool: {refused}", self._clock())
             self._changed()
             raise PartRefusedError(f"{key}: quarantined by the pool: {refused}")
+        self._leaks.load_began()  # memory that is no call's: no call running beside it is charged
         try:
             part, size = await asyncio.wait_for(asyncio.to_thread(self._load, entry), self._load_timeout_s)
         except Exception as err:
@@ -329,6 +364,8 @@ class PoolParts:
             await self._gate.end(key, why)
             logger.warning("pool: loading %s failed: %s", key, why)
             raise PartLoadError(f"{key}: loading failed: {why}") from err
+        finally:
+            self._leaks.load_ended(key)
         await self._gate.end(key, None)
         outcome = self._cache.loaded(key, size, self._clock())
         for victim in outcome.evict:
@@ -359,6 +396,7 @@ class PoolParts:
         self._objects.pop(key, None)
         self._batchers.pop(key, None)
         self._probation.pop(key, None)
+        self._leaks.unloaded(key)
         gc.collect()  # a part's modules hold reference cycles; their tensors free only now
         self._cache.evicted(key)
 

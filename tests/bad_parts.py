@@ -1,7 +1,7 @@
 """Part factories that misbehave when validation builds them with their weights (or, for
-`killed_on_call`, when the part is first called), named by the tests of activities/spec_check.py,
-the publish drill and the pool drill; they import cleanly, so a spec naming them passes the
-import check and fails only where the part is built or run."""
+`killed_on_call` and `leaks_on_call`, when the part is called), named by the tests of
+activities/spec_check.py, the publish drill and the pool drill; they import cleanly, so a spec
+naming them passes the import check and fails only where the part is built or run."""
 
 from __future__ import annotations
 
@@ -34,6 +34,24 @@ class _KillsOnCall:
     def __call__(self, inputs: Any) -> object:
         os.kill(os.getpid(), signal.SIGKILL)
         return None
+
+
+LEAK_BYTES_PER_CALL = 8 * 1024**2
+_LEAKED: list[bytearray] = []  # what leaks_on_call's calls keep, for the life of the process
+
+
+class _LeaksOnCall:
+    def __call__(self, inputs: Any) -> object:
+        chunk = bytearray(LEAK_BYTES_PER_CALL)
+        for offset in range(0, LEAK_BYTES_PER_CALL, PAGE_BYTES):  # each page really used
+            chunk[offset] = 1
+        _LEAKED.append(chunk)
+        return {"kept": len(_LEAKED)}
+
+
+def leaks_on_call(weights: dict[str, Any], config: dict[str, Any]) -> object:
+    """Builds fine; each call keeps 8 MiB in a global list, as a cache that never forgets would."""
+    return _LeaksOnCall()
 
 
 def killed_on_call(weights: dict[str, Any], config: dict[str, Any]) -> object:

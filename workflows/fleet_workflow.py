@@ -25,6 +25,7 @@ from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
     from ipnext.activities import QUICK_TIMEOUT, RECONCILE_RETRY
+    from ipnext.activities.pool_check import PoolCheckActivities, PoolCheckInput
     from ipnext.activities.regions import RegionActivities, RouteAroundInput, check_regions
     from ipnext.contracts.fleet import (
         DOWN_BY_IPNEXT,
@@ -62,6 +63,7 @@ EMERGENCY, RETURN = "emergency", "return"
 # Ray lists a dead node without its resources: since this patch a region's nodes are also the
 # ones its state last saw (by id), so a killed node makes its region down. Older runs replay without.
 DEAD_NODES_PATCH = "dead-nodes-by-id"
+POOL_CHECK_PATCH = "pool-check"  # the fleet checks the pools pooled models share
 
 
 @workflow.defn
@@ -182,6 +184,7 @@ class FleetWorkflow:
     @workflow.run
     async def run(self, input: FleetWorkflowInput) -> None:
         await self._check()  # the fleet's regions first: the doors need them
+        await self._check_pools()
         while True:
             if self._route_due:
                 await self._route_around()
@@ -201,6 +204,7 @@ class FleetWorkflow:
                 )
             except TimeoutError:
                 await self._check()
+                await self._check_pools()
 
     async def _check(self) -> None:
         """Read the fleet file's regions and Ray's node table; apply what the nodes say."""
@@ -246,6 +250,25 @@ class FleetWorkflow:
         if s.down():  # put right a document republished from a plan meanwhile
             self._route_due = True
         self._publish()
+
+    async def _check_pools(self) -> None:
+        """One serving check for every pooled model (activities/pool_check.py): the models whose
+        shared apps Serve lost are asked to check their own serving now."""
+        if not workflow.patched(POOL_CHECK_PATCH):
+            return
+        s = self._state
+        try:
+            seen = await workflow.execute_activity_method(
+                PoolCheckActivities.check_pools,
+                PoolCheckInput(members=s.pool_members, asked=s.pool_asked),
+                start_to_close_timeout=QUICK_TIMEOUT,
+                retry_policy=RECONCILE_RETRY,
+                summary="check the pools every pooled model shares",
+            )
+        except ActivityError as err:
+            s.last_pool_check_error = _root_cause(err)
+            return
+        s.pool_members, s.pool_asked, s.last_pool_check_error = seen.members, seen.asked, ""
 
     def _change(
         self,

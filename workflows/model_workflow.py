@@ -407,7 +407,7 @@ class ModelWorkflow:
             return None
         if not workflow.patched(RECONCILE_PATCH):
             return None
-        return timedelta(seconds=r.reconcile.interval_seconds)
+        return timedelta(seconds=r.reconcile.idle_seconds or r.reconcile.interval_seconds)
 
     async def _reconcile(self) -> None:
         """Check Serve against the record and push what it lost (activities/reconcile.py). A
@@ -444,6 +444,7 @@ class ModelWorkflow:
         update: dict[str, object] = {
             "checks": done.checks + 1,
             "interval_seconds": result.interval_seconds,
+            "idle_seconds": result.idle_seconds,
             "generation_floor": max([done.generation_floor, *result.generations.values()]),
         }
         if result.repaired:

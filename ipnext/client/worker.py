@@ -26,6 +26,7 @@ from ipnext.activities.freeze import freeze_windows
 from ipnext.activities.metadata import WatchActivities, discover_snapshots
 from ipnext.activities.pinned_refs import PinnedActivities
 from ipnext.activities.plan import plan_placement
+from ipnext.activities.pool_check import PoolCheckActivities
 from ipnext.activities.reconcile import reconcile_serving
 from ipnext.activities.regions import RegionActivities, check_regions
 from ipnext.activities.rollouts import RolloutActivities
@@ -74,6 +75,7 @@ def worker_activities(client: Client) -> list[Callable[..., Any]]:
     fleet = FleetActivities(client)
     rollouts = RolloutActivities(client)
     regions = RegionActivities(client)
+    pools = PoolCheckActivities(client)
     pinned = PinnedActivities(client)
     return [
         validate_model_spec,
@@ -99,6 +101,7 @@ def worker_activities(client: Client) -> list[Callable[..., Any]]:
         check_regions,
         regions.route_around_regions,
         regions.cancel_scheduled_replan,
+        pools.check_pools,
     ]
 
 

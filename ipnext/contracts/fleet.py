@@ -160,6 +160,11 @@ class FleetState(BaseModel):
     replan_due: str | None = None
     last_check: datetime | None = None
     last_check_error: str = ""
+    # The pool check's memory (activities/pool_check.py): pooled model -> when the writer last
+    # held it, and when each model in doubt was last asked to check (unix seconds).
+    pool_members: dict[str, float] = Field(default_factory=dict)
+    pool_asked: dict[str, float] = Field(default_factory=dict)
+    last_pool_check_error: str = ""
 
     def down(self) -> list[str]:
         return sorted(r for r, s in self.regions.items() if s.health == RegionHealth.DOWN)

@@ -62,6 +62,9 @@ class ReconcileRecord(Frozen):
     last_repair_at: datetime | None = None
     last_failure: str = ""
     interval_seconds: float = 30.0  # the worker's `serve.reconcile_seconds`, learned at each check
+    # An idle model's next own check when not `interval_seconds`: a pooled model's
+    # `serve.pools.model_check_seconds` (the fleet's pool check watches its pools meanwhile).
+    idle_seconds: float | None = None
     generation_floor: int = 0  # the highest router generation applied that the record saw
 
 

@@ -110,6 +110,15 @@ class LoadLedger:
                     since[replica] = min(at, since.get(replica, at))
         return since
 
+    def quarantine(self, key: PartKey, reason: str, now: float) -> float:
+        """Quarantine `key` across the pool now, for what one replica saw itself (its calls leak
+        memory): as long as a quarantine by failures would last at this repeat. Until when."""
+        if not isinstance(key, PartKey):
+            raise ValueError(f"key: {key!r} is no PartKey; build one with PartKey(model, part, snapshot_id)")
+        if type(reason) is not str or not reason:
+            raise ValueError(f"reason: {reason!r}; say why the part is quarantined")
+        return self._hold(key, reason, now)
+
     def quarantined(self, now: float) -> dict[PartKey, tuple[str, float]]:
         return {key: held for key, held in self._quarantine.items() if held[1] > now}
 
@@ -117,10 +126,14 @@ class LoadLedger:
         failures = self._failures[(key, kind)] = self._failures.get((key, kind), 0) + 1
         if failures < self.max_failures:
             return
+        self._hold(key, f"{kind} failed {failures} times in a row; last: {error}", now)
+        self._failures[(key, kind)] = 0
+
+    def _hold(self, key: PartKey, reason: str, now: float) -> float:
         repeats = self._repeats[key] = self._repeats.get(key, 0) + 1
         for_s = min(self.max_quarantine_s, self.quarantine_s * 2.0 ** min(repeats - 1, 60))
-        self._quarantine[key] = (f"{kind} failed {failures} times in a row; last: {error}", now + for_s)
-        self._failures[(key, kind)] = 0
+        self._quarantine[key] = (reason, now + for_s)
+        return now + for_s
 
     def _check(self, key: PartKey, replica: str, kind: str = "load") -> None:
         if kind not in KINDS:

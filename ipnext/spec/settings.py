@@ -126,7 +126,8 @@ class PoolSettings(_Section):
     up to `max_quarantine_s`, while the pool serves the rest. A part's first `probation_calls`
     calls after each load are written down in the pool's ledger, as its loads are: a part whose
     calls kill `max_load_failures` replicas in a row is quarantined as one whose loads do (0: only
-    loads are watched)."""
+    loads are watched); one whose calls grow the replica's resident memory by `leak_bytes` is
+    quarantined across the pool as leaking."""
 
     budget_bytes: int = Field(default=2 * 1024**3, ge=1024**2)
     max_load_failures: int = Field(default=2, ge=1, le=100)
@@ -136,6 +137,14 @@ class PoolSettings(_Section):
     load_timeout_s: float = Field(default=60.0, gt=0, le=3600, allow_inf_nan=False)
     # Requests one pool replica takes at once (many models' parts share it; Serve's default is 5).
     max_ongoing_requests: int = Field(default=64, ge=1, le=10_000)
+    # A part whose calls grow a pool replica's resident memory by more than this (net, over its
+    # calls that ran alone, after its first three: policy/leak_watch.py) is quarantined across
+    # the pool as leaking (0: not watched).
+    leak_bytes: int = Field(default=256 * 1024**2, ge=0)
+    # How often a pooled model checks its own serving against its record. The fleet's pool check
+    # (activities/pool_check.py) watches the apps pooled models share at every tick of `fleet`
+    # and asks a model to check at once when they lose anything, so this is a safety net.
+    model_check_seconds: float = Field(default=600.0, ge=1, allow_inf_nan=False)
 
 
 class ServeSettings(_Section):

@@ -95,3 +95,14 @@ def test_bad_input_names_the_field_and_changes_nothing(call: object, says: str) 
     with pytest.raises(ValueError, match=says):
         call(ledger)  # type: ignore[operator]
     assert ledger.loading() == {} and ledger.quarantined(0.0) == {}
+
+
+def test_a_part_one_replica_saw_leaking_is_refused_by_every_replica_with_back_off() -> None:
+    ledger = LoadLedger(max_failures=2, quarantine_s=10)
+    assert ledger.quarantine(BAD, "leaks memory: 300 MiB over 40 lone calls", 5.0) == 15.0
+    refused = ledger.begin(BAD, "r2", 6.0)
+    assert not refused.allowed and "leaks memory" in refused.reason
+    assert ledger.begin(GOOD, "r2", 6.0).allowed
+    assert ledger.quarantine(BAD, "leaks memory again", 20.0) == 40.0  # the repeat doubles it
+    with pytest.raises(ValueError, match="reason"):
+        ledger.quarantine(BAD, "", 21.0)

@@ -90,7 +90,7 @@ def pool(
     loader: Loader, budget: int = 300, timeout_s: float = 5.0, clock: Callable[[], float] | None = None
 ) -> PoolParts:
     cache = PoolCache(budget, max_load_failures=2, quarantine_s=60)
-    return PoolParts(cache, loader, timeout_s, **({"clock": clock} if clock else {}))
+    return PoolParts(cache, loader, timeout_s, clock=clock) if clock else PoolParts(cache, loader, timeout_s)
 
 
 def run(coro: Any) -> Any:
@@ -311,6 +311,9 @@ class Gate:
         if kind == "load":
             self.told.append((key.model, error))
 
+    async def quarantine(self, key: PartKey, reason: str) -> None:
+        self.log.append(("quarantine", reason, key.model))
+
 
 def test_the_pools_ledger_is_asked_before_each_load_and_told_after() -> None:
     loader = Loader(fails={"beta"})
@@ -383,3 +386,83 @@ def test_a_probation_call_that_raises_is_ended_as_one_that_did_not_kill_the_repl
         ("begin", "call"),
         ("end", "call"),
     ]
+
+
+MIB = 1024 * 1024
+
+
+class Memory:
+    """The process's resident bytes as the replica reads them: each call of a model named in
+    `leaks` keeps 8 MiB; every other call uses 2 MiB and gives it back."""
+
+    def __init__(self, leaks: set[str]) -> None:
+        self.rss = 500 * MIB
+        self.leaks = leaks
+
+    def part(self, name: str) -> Part:
+        memory = self
+
+        class Measured(Part):
+            def __call__(self, inputs: Any) -> str:
+                memory.rss += 8 * MIB if name in memory.leaks else 0
+                return super().__call__(inputs)
+
+        return Measured(name)
+
+
+def test_a_part_whose_calls_grow_the_replica_is_quarantined_here_and_across_the_pool() -> None:
+    memory = Memory(leaks={"leaky"})
+    gate = Gate(refuse=set())
+
+    def load(e: PoolEntry) -> tuple[Any, int]:
+        memory.rss += 3 * MIB  # a load's own memory is never a call's
+        return memory.part(e.host.model), e.estimate_bytes
+
+    async def go() -> list[str]:
+        parts = PoolParts(PoolCache(300), load, 5.0, gate=gate, rss=lambda: memory.rss, leak_bytes=64 * MIB)
+        outcomes = []
+        for i in range(20):
+            assert await parts.call(entry("steady"), i) == f"steady:{i}"
+            try:
+                await parts.call(entry("leaky"), i)
+                outcomes.append("answered")
+            except PartRefusedError as err:
+                outcomes.append(str(err))
+        assert parts.grown()[PartKey("steady", "ranker", "s1")] == 0
+        assert PartKey("leaky", "ranker", "s1") not in parts.held()  # unloaded after its last call
+        return outcomes
+
+    outcomes = run(go())
+    # 3 warm calls not charged, then 8 MiB a call: the ninth charged call passes 64 MiB.
+    assert outcomes[:12] == ["answered"] * 12
+    assert all("leaks memory" in o for o in outcomes[12:]), outcomes[12:]
+    [(_, reason, model)] = [entry_ for entry_ in gate.log if entry_[0] == "quarantine"]
+    assert model == "leaky" and "grew the replica's memory by 72 MiB over 9 lone calls" in reason
+
+
+def test_calls_that_overlap_are_never_charged() -> None:
+    memory = Memory(leaks={"leaky"})
+
+    def load(e: PoolEntry) -> tuple[Any, int]:
+        if e.host.model == "slow":
+
+            class Slow(Part):
+                async def __call__(self, inputs: Any) -> str:  # type: ignore[override]
+                    await asyncio.sleep(0.5)
+                    return "slow"
+
+            return Slow("slow"), e.estimate_bytes
+        return memory.part(e.host.model), e.estimate_bytes
+
+    async def overlapped() -> dict[PartKey, int]:
+        parts = PoolParts(PoolCache(300), load, 5.0, rss=lambda: memory.rss, leak_bytes=64 * MIB)
+        await parts.call(entry("slow"), 0)  # loaded, its calls sleep half a second
+        slow = asyncio.ensure_future(parts.call(entry("slow"), 1))
+        await asyncio.sleep(0.05)
+        for i in range(20):  # each beside the slow call still running: nothing charged
+            await parts.call(entry("leaky"), i)
+        await slow
+        return parts.grown()
+
+    grown = run(overlapped())
+    assert grown.get(PartKey("leaky", "ranker", "s1"), 0) == 0

@@ -31,6 +31,7 @@ WORKFLOW_NAMES = {
 }
 ACTIVITY_NAMES = [
     "cancel_scheduled_replan",
+    "check_pools",
     "check_regions",
     "collect_models",
     "deploy_set_apps",
@@ -64,6 +65,7 @@ PATCH_IDS = [
     "experiment-arms-take-in-place-replans",
     "observed-demand",
     "pinned-store-references",
+    "pool-check",
     "remove-down-regions-apps",
     "restore-after-outside-end",
     "rollout-cancel-aborts",

@@ -26,6 +26,7 @@ from ipnext.activities.fleet import (
     SolveFleetInput,
     SolveFleetResult,
 )
+from ipnext.activities.pool_check import PoolCheckInput, PoolCheckResult
 from ipnext.activities.regions import RegionActivities, RouteAroundInput, RouteAroundResult
 from ipnext.client.fleet import fleet_status, mark_region
 from ipnext.client.sdk import Client as IpnextClient
@@ -72,6 +73,14 @@ class FakeRegions:
         self.release = asyncio.Event()
         self.log: list[str] = []  # "route <down>" and "solve <down>", in order
         self.node_checks = 0  # checks that read the node table
+        self.pool_checks: list[PoolCheckInput] = []
+
+    @activity.defn(name="check_pools")
+    async def pools(self, input: PoolCheckInput) -> PoolCheckResult:
+        """Each check adds a member `m<n>`: the n-th check's input must hold m1..m(n-1)."""
+        self.pool_checks.append(input)
+        n = len(self.pool_checks)
+        return PoolCheckResult(members={**input.members, f"m{n}": float(n)}, asked={"m1": 1.0})
 
     @activity.defn(name="check_regions")
     async def check(self, input: RegionsCheckInput) -> RegionsCheckResult:
@@ -142,6 +151,7 @@ async def fleet(
             fake.route,
             collect,
             fake.solve,
+            fake.pools,
             RegionActivities(client).cancel_scheduled_replan,
         ],
     )
@@ -328,6 +338,12 @@ async def test_the_regions_states_survive_continue_as_new(temporal: Client) -> N
         status = await until(temporal, lambda s: s.last_check is not None)
     assert status.down == ["eu-west"] and region(status, "eu-west").who == "alice"
     assert [r.workflow_id for r in status.replans] == ["fleet-replan/emergency-1"]
+    # The pool check's memory went from each check to the next, across continue-as-new too.
+    checks = list(fake.pool_checks)
+    assert len(checks) > 2
+    for n, seen in enumerate(checks):
+        assert sorted(seen.members) == sorted(f"m{k}" for k in range(1, n + 1)), n
+        assert seen.asked == ({} if n == 0 else {"m1": 1.0})
 
 
 async def test_every_replan_plans_without_the_regions_fleet_holds_down(temporal: Client) -> None:
