@@ -7,20 +7,24 @@ model's own set apps. `pool_router_app` is the builder the rendered Serve config
 
 One model's failures stay its own: each model's `Router` counts its requests against its own
 set apps, so a bad snapshot trips only its model's gates; a part refused by the pool (quarantined)
-fails that model's requests, never another's.
+fails that model's requests, never another's. One model's load stays its own too: each model
+holds its router's `max_ongoing_requests` slots per pool router replica and queues at most its
+`max_queued_requests` (`model_slots.ModelSlots`); past that its requests are refused with a 503,
+and its pool-mates' requests never wait behind them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterable, AsyncIterator, Callable
 from typing import Any
 
 import ray
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 
 from ipnext.serving.answers import answer, refusal
 from ipnext.serving.config_store import resolve
@@ -33,6 +37,7 @@ from ipnext.serving.layout import (
     part_deployment_name,
 )
 from ipnext.serving.metrics_hub import hub_actor
+from ipnext.serving.model_slots import ModelSlots, SlotsFull
 from ipnext.serving.pool_layout import (
     POOL_DEPLOYMENT,
     PooledRouter,
@@ -91,6 +96,7 @@ class PoolRouter:
         self._sets = PooledSets(args.region)
         self._routers: dict[str, Router] = {}
         self._specs: dict[str, RouterAppArgs] = {}
+        self._slots: dict[str, ModelSlots] = {}  # each model's caps in this replica
         self._pushing: asyncio.Task[None] | None = None
         self._prometheus = RouterPrometheus()  # shared by every model's router here
         # Each model's routing and sets as its router last applied them.
@@ -106,6 +112,7 @@ class PoolRouter:
         for model in sorted(set(self._routers) - set(parsed.routers)):
             self._routers.pop(model).close()
             self._specs.pop(model)
+            self._slots.pop(model, None)
         for model, pooled in sorted(parsed.routers.items()):
             spec = RouterAppArgs(
                 model=model, region=self._args.region, router=pooled.router, keys_file=self._args.keys_file
@@ -118,6 +125,10 @@ class PoolRouter:
                     spec, self._sets, self._sets.describe, pushes=False, prometheus=self._prometheus
                 )
                 self._specs[model] = spec
+                # Requests holding the old slots finish on them; new ones take the new caps.
+                self._slots[model] = ModelSlots(
+                    pooled.router.max_ongoing_requests, pooled.router.max_queued_requests
+                )
                 self._applied.pop(model, None)  # a new router: it takes its routing whatever it was
         # Only the routers whose routing or sets changed: a pool router of hundreds of models is
         # reconfigured at every model's deploy, and each of those changes one model.
@@ -179,14 +190,37 @@ class PoolRouter:
         router = self._routers.get(model or "")
         if router is None:
             return answer(*refusal(404, f"no pooled model {model!r} in {self._args.region}"))
-        return await router(request)
+        try:
+            release = await self._slots[model or ""].take()
+        except SlotsFull as full:
+            return answer(*self._full(model or "", full))
+        try:
+            response = await router(request)
+        except BaseException:
+            release()
+            raise
+        if isinstance(response, StreamingResponse):  # the slot is held until the stream ends
+            response.body_iterator = _released_after(response.body_iterator, release)
+        else:
+            release()
+        return response
 
     async def predict(self, model: str, inputs: Any, **options: Any) -> tuple[dict[str, Any], int]:
         """`Router.predict` of `model` (the OpenAI door and tests call it over a handle)."""
         router = self._routers.get(model)
         if router is None:
             return refusal(404, f"no pooled model {model!r} in {self._args.region}")
-        return await router.predict(inputs, **options)
+        try:
+            async with self._slots[model].slot():
+                return await router.predict(inputs, **options)
+        except SlotsFull as full:
+            return self._full(model, full)
+
+    def _full(self, model: str, full: SlotsFull) -> tuple[dict[str, Any], int]:
+        """A request over its model's caps: refused at once, told when to come back."""
+        body, status = refusal(503, f"model {model!r}: {full}; try again later")
+        body["retry_after"] = self._specs[model].router.retry_after_seconds
+        return body, status
 
     async def pending(self, set_apps: list[str]) -> list[str]:
         """What keeps the named sets from serving here, one line each (none: they serve): a set
@@ -213,6 +247,15 @@ class PoolRouter:
     async def state(self, model: str) -> dict[str, Any]:
         router = self._routers.get(model)
         return router.state() if router is not None else {}
+
+
+async def _released_after(pieces: AsyncIterable[Any], release: Callable[[], None]) -> AsyncIterator[Any]:
+    """A stream's pieces; `release` once it ends, fails, or its caller goes away."""
+    try:
+        async for piece in pieces:
+            yield piece
+    finally:
+        release()
 
 
 def pool_router_app(args: dict[str, Any]) -> serve.Application:
