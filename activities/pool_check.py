@@ -134,7 +134,7 @@ def _read_and_judge(remembered: dict[str, float]) -> tuple[dict[str, list[str]],
 
     connect_for(_context.settings())
     writer = existing_writer()
-    held: dict[str, list[str]] = {} if writer is None else ray.get(writer.pool_members.remote(), timeout=60)
+    held: dict[str, list[str]] = {} if writer is None else ray.get(writer.pool_members.remote(), timeout=20)
     if not held:  # nothing pooled now: only the remembered are in doubt; no status to read
         return held, pools_in_doubt(held, remembered, {}, set())
     live = live_regions()
