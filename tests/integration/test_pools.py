@@ -242,13 +242,19 @@ DRILL_RATE = 4.0
 AFTER_ROLLBACK_S, AFTER_ROLLBACK_ANSWERS = 2.0, 5
 
 
+@pytest.mark.timeout(420)  # seven models published, a move each way and two rollbacks, on 2 cores
 async def test_pooled_models_roll_back_alone_while_their_pool_mates_serve(
     stack: Settings, client: Client, model_name: str
 ) -> None:
-    names = [f"{model_name}-p{i}" for i in range(6)]
-    poisoned, corrupted, mover, others = names[0], names[1], names[2], names[3:]
+    pooled = [f"{model_name}-p{i}" for i in range(6)]
+    poisoned, corrupted, mover, others = pooled[0], pooled[1], pooled[2], pooled[3:]
+    joiner = f"{model_name}-d6"  # starts dedicated, moves into the pool
+    names = [*pooled, joiner]
     started = time.perf_counter()
-    await asyncio.gather(*(client.publish_model(one_region_spec(n, serving="pooled")) for n in names))
+    await asyncio.gather(
+        *(client.publish_model(one_region_spec(n, serving="pooled")) for n in pooled),
+        client.publish_model(one_region_spec(joiner, serving="dedicated")),
+    )
     folders = {name: train_version(stack, name, "v1")[0] for name in names}
     published = await asyncio.gather(*(client.publish_snapshot(n, folders[n]) for n in names))
     firsts = dict(zip(names, published, strict=True))
@@ -258,7 +264,8 @@ async def test_pooled_models_roll_back_alone_while_their_pool_mates_serve(
     apps = serve_applications()
     pools = sorted(a for a in apps if is_pool_app(a))
     assert pools and pool_router_app_name("us-east") in apps, sorted(apps)
-    assert not any(a.startswith(tuple(names)) for a in apps), "a pooled model got apps of its own"
+    assert not any(a.startswith(tuple(pooled)) for a in apps), "a pooled model got apps of its own"
+    assert f"{joiner}.us-east" in apps, sorted(apps)
     async with httpx.AsyncClient(base_url=stack.serve_url, timeout=30) as http:
         unkeyed = await http.post(
             f"/us-east/models/{names[2]}/predict", json={"inputs": {"user": 1, "items": [1]}}
@@ -291,6 +298,10 @@ async def test_pooled_models_roll_back_alone_while_their_pool_mates_serve(
         # its load like any new set (its router leaves the pool router at the last step).
         moved = await client.update_model(one_region_spec(mover, serving="dedicated"), who="test-move")
         assert moved.kind == "new_set" and moved.set_id is not None, moved
+        # And a dedicated model moves into the pool the same way (its router joins the pool
+        # router once its old, dedicated set is gone).
+        joined = await client.update_model(one_region_spec(joiner, serving="pooled"), who="test-join")
+        assert joined.kind == "new_set" and joined.set_id is not None, joined
         # The corrupted model has no traffic yet, so the pool has not loaded its new set: once its
         # rollout deployed the set, the pinned file changes under the pool (as a disk fault would).
         await poll_until(
@@ -309,10 +320,11 @@ async def test_pooled_models_roll_back_alone_while_their_pool_mates_serve(
         data[-1] ^= 0xFF  # one byte of a tensor: still safetensors, no longer the bytes validated
         pinned.write_bytes(bytes(data))
         corrupted_load = await running.enter_async_context(load(corrupted))
-        *states, mover_state = await asyncio.gather(
+        *states, mover_state, joiner_state = await asyncio.gather(
             until_rolled_back(client, poisoned),
             until_rolled_back(client, corrupted),
             client.wait_until_serving(mover, moved.set_id, timeout_s=240),
+            client.wait_until_serving(joiner, joined.set_id, timeout_s=240),
         )
         rolled_back_at = {name: each.elapsed() for name, each in {**loads, corrupted: corrupted_load}.items()}
         every = {**loads, corrupted: corrupted_load}
@@ -339,6 +351,11 @@ async def test_pooled_models_roll_back_alone_while_their_pool_mates_serve(
     assert mover_state.spec is not None and not mover_state.spec.pooled()
     listed = await asyncio.to_thread(serve_applications)
     assert f"{mover}.us-east" in listed and mover_state.serving_apps["us-east"] in listed, sorted(listed)
+    # The joiner: no failed request through the move, and no app of its own left.
+    assert loads[joiner].failed() == [], f"{joiner} failed in its move: {loads[joiner].failed()[:3]}"
+    assert loads[joiner].answers[-1].set == joined.set_id
+    assert joiner_state.spec is not None and joiner_state.spec.pooled()
+    assert not any(a.startswith(f"{joiner}.") for a in listed), sorted(listed)
     assert all(a.set == bad_set.set_id for a in loads[poisoned].failed()), "only the poisoned set failed"
     refused = [a for a in corrupted_load.failed() if "quarantined by its pool" in a.error]
     assert refused, f"no request of {corrupted} was refused by a quarantine: {corrupted_load.failed()[:3]}"
@@ -349,13 +366,14 @@ async def test_pooled_models_roll_back_alone_while_their_pool_mates_serve(
         f"{n[-2:]} {len(each.answers)} ({len(each.failed())} failed)" for n, each in every.items()
     )
     print(
-        f"{len(names)} pooled models serving {served_at:.1f} s after their publish, from {pools}; "
+        f"{len(pooled)} pooled models and a dedicated one serving {served_at:.1f} s after their "
+        f"publish, from {pools}; "
         f"answers: {counts}; {len(refused)} of {corrupted}'s refused by the quarantine"
     )
     # One serving check for the pools: Serve loses the pool router every pooled model of the
     # region shares. The models' own idle checks wait `serve.pools.model_check_seconds` (600 s),
     # so it is the fleet's pool check that asks them, and the first to check puts it back.
-    pooled_now = [poisoned, corrupted, *others]
+    pooled_now = [poisoned, corrupted, *others, joiner]
     before = await _repairs(client, pooled_now)
     lost_at = time.perf_counter()
     await asyncio.to_thread(serve.delete, pool_router_app_name("us-east"))
