@@ -20,9 +20,11 @@ pool-mates too, and theirs then find nothing to do. A model asked is not asked a
 `serve.reconcile_seconds`, so a pool that takes a while to come back is not a signal storm.
 Regions with no live Ray node are left alone, as the models' own checks leave them.
 
-Faults: Ray unreachable raises (the workflow records it and checks at its next tick); no writer
-running is not an error (nothing was ever pooled, or every remembered model is in doubt); a
-signal to a workflow that is gone is dropped with its model."""
+Faults: Ray or the writer unreachable is reported, not raised (`error`: the workflow records it,
+keeps its memory and checks at its next tick, as `check_regions` does, so the fleet's loop never
+waits on retries); no writer running is not an error (nothing was ever pooled, or every
+remembered model is in doubt); a signal to a workflow that is gone is dropped with its model;
+any other signal failure raises."""
 
 from __future__ import annotations
 
@@ -52,6 +54,7 @@ class PoolCheckResult(Frozen):
     asked: dict[str, float] = Field(default_factory=dict)
     doubts: dict[str, str] = Field(default_factory=dict)  # model -> why its serving is in doubt
     signalled: list[str] = Field(default_factory=list)  # asked to check now (not asked lately)
+    error: str = ""  # why nothing could be judged this time (Ray or the writer unreachable)
 
 
 def pools_in_doubt(
@@ -91,7 +94,11 @@ class PoolCheckActivities:
     async def check_pools(self, input: PoolCheckInput) -> PoolCheckResult:
         settings = _context.settings()
         now = time.time()
-        held, doubts = await asyncio.to_thread(_read_and_judge, input.members)
+        try:
+            held, doubts = await asyncio.to_thread(_read_and_judge, input.members)
+        except Exception as err:  # Ray or the writer unreachable: no judgement this time
+            why = f"the pools could not be checked: {err!r}"
+            return PoolCheckResult(members=input.members, asked=input.asked, error=why)
         keep_s = settings.serve.pools.model_check_seconds
         members = {m: now for m in held} | {
             m: seen for m, seen in input.members.items() if m not in held and now - seen < keep_s

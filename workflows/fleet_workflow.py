@@ -268,7 +268,7 @@ class FleetWorkflow:
         except ActivityError as err:
             s.last_pool_check_error = _root_cause(err)
             return
-        s.pool_members, s.pool_asked, s.last_pool_check_error = seen.members, seen.asked, ""
+        s.pool_members, s.pool_asked, s.last_pool_check_error = seen.members, seen.asked, seen.error
 
     def _change(
         self,

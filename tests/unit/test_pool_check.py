@@ -128,3 +128,17 @@ async def test_a_model_the_writer_lost_is_remembered_for_a_while_and_a_gone_work
     judged["now"] = 9_900.0 + 600 + 1  # past serve.pools.model_check_seconds: its own check ran
     later = await env.run(check, PoolCheckInput(members=seen.members, asked=seen.asked))
     assert later.members == {}
+
+
+async def test_ray_unreachable_is_reported_and_the_memory_kept(
+    judged: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def unreachable(remembered: dict[str, float]) -> Any:
+        raise ConnectionError("GCS at 127.0.0.1:6379 not answering")
+
+    monkeypatch.setattr(pool_check, "_read_and_judge", unreachable)
+    client = FakeClient()
+    before = PoolCheckInput(members={"alpha": 9_000.0}, asked={"alpha": 9_990.0})
+    seen = await ActivityEnvironment().run(PoolCheckActivities(client).check_pools, before)  # type: ignore[arg-type]
+    assert "GCS" in seen.error and seen.signalled == [] and client.signals == []
+    assert (seen.members, seen.asked) == (before.members, before.asked)
