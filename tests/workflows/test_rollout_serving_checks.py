@@ -93,6 +93,7 @@ async def test_counters_lost_between_a_bakes_first_check_and_its_first_read(temp
     assert fake.repairing[0].routers["us-east"].weights == {"app-1": 70.0, "app-2": 30.0}, fake.repairing
 
 
+@pytest.mark.timeout(300)
 async def test_a_bake_whose_serving_check_cannot_run_neither_ends_nor_pauses_for_traffic(
     temporal: Client,
 ) -> None:
@@ -115,9 +116,11 @@ async def test_a_bake_whose_serving_check_cannot_run_neither_ends_nor_pauses_for
         await until_rollout(temporal, "wf-model@2", lambda s: s.serving_unchecked != "")
         routes = len(fake.routes)
         # Past three bakes without traffic: had its checks run, the rollout would have paused.
-        await until_reads(fake, fake.reads + checks, "checks without traffic", routes)
+        # Each check fails three attempts first: on a loaded box 8 of them outlast WAIT_S (CI
+        # beside a CPU hog saw 7 in 30 s), so these waits get 90 s.
+        await until_reads(fake, fake.reads + checks, "checks without traffic", routes, timeout=90)
         fake.rate = 100  # traffic counted while Serve is still unchecked: it does not end the bake
-        await until_reads(fake, fake.reads + checks, "checks with traffic", routes)
+        await until_reads(fake, fake.reads + checks, "checks with traffic", routes, timeout=90)
         held, held_routes = await until_rollout(temporal, "wf-model@2", lambda s: True), list(fake.routes)
         fake.reconcile_error = None
         done = await until_rollout(temporal, "wf-model@2", lambda s: s.state == RolloutState.COMPLETED)
