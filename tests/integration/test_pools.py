@@ -128,6 +128,14 @@ def _answers_http(stack: Settings, model: str) -> bool:
     return answer.status_code == 200
 
 
+def serve_beside(writer: Any, args: PoolAppArgs, kept: dict[str, PoolEntry], bad: PoolEntry) -> None:
+    """The pool's catalogue: the `kept` entries and `bad` (a misbehaving part), applied and
+    running."""
+    entries = {**kept, f"{bad.host.app}/{bad.host.part}": bad}
+    ray.get(writer.apply.remote([render_pool_app(args, PoolCatalogue(entries=entries), 1, 1, 0)], []))
+    wait_apps_running([pool_app_name(args.region, args.hardware)], timeout_s=120)
+
+
 def describe(app: str) -> dict[str, Any]:
     described: dict[str, Any] = (
         serve.get_deployment_handle(POOL_DEPLOYMENT, app_name=app).describe.remote().result(timeout_s=60)
@@ -184,11 +192,10 @@ def test_a_pool_serves_many_models_within_its_bytes(stack: Settings, tmp_path: P
         # A part whose first call kills its replica (it loads fine): the pool's ledger counts each
         # death of a replica running it on probation, and after two every replica refuses it;
         # Serve replaces the replica, and its pool-mate serves again.
-        killing = "tests.bad_parts:killed_on_call"
-        killer = entry("pooled-killer", made[MODELS[0]][0], size, store, factory=killing)
-        with_killer = {**kept, "pooled-killer.us-east.s1.r1/embed": killer}
-        ray.get(writer.apply.remote([render_pool_app(args, PoolCatalogue(entries=with_killer), 1, 1, 0)], []))
-        wait_apps_running([name], timeout_s=120)
+        sha = made[MODELS[0]][0]
+        serve_beside(
+            writer, args, kept, entry("pooled-killer", sha, size, store, "tests.bad_parts:killed_on_call")
+        )
         outcomes = []
         for _ in range(3):
             try:
@@ -210,11 +217,9 @@ def test_a_pool_serves_many_models_within_its_bytes(stack: Settings, tmp_path: P
 
         # A part whose calls keep 8 MiB each: after its three warm calls, its third charged one
         # passes the 20 MiB the test sets; refused from then on, its pool-mate serving between.
-        leaking = "tests.bad_parts:leaks_on_call"
-        leaker = entry("pooled-leaker", made[MODELS[0]][0], size, store, factory=leaking)
-        with_leaker = {**kept, "pooled-leaker.us-east.s1.r1/embed": leaker}
-        ray.get(writer.apply.remote([render_pool_app(args, PoolCatalogue(entries=with_leaker), 1, 1, 0)], []))
-        wait_apps_running([name], timeout_s=120)
+        serve_beside(
+            writer, args, kept, entry("pooled-leaker", sha, size, store, "tests.bad_parts:leaks_on_call")
+        )
         leaked = []
         for _ in range(10):
             try:
